@@ -1,0 +1,442 @@
+"""``AsymmetricEmbedder``: a small query tower and a large document tower in one embedding space.
+
+On disk a CARE model is a sentence-transformers model whose first module is a ``Router`` with a
+``query`` and a ``document`` route, followed by ``Normalize``; ``care_config.json`` beside it keeps
+what sentence-transformers has no field for (dims, poolings, the instruction template, the
+fingerprint of the document space). So ``SentenceTransformer(folder).encode_query(...)`` works,
+and ``AsymmetricEmbedder.from_pretrained(folder, load="query")`` reads only the query route: a
+search process never materialises the document tower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Module, Normalize, Router, Transformer
+from sentence_transformers.util import import_module_class, load_file_path
+
+from care_retriever import __version__
+from care_retriever.encoding import check_texts, encode_texts, logger
+from care_retriever.errors import ModelError
+from care_retriever.towers.modules import (
+    DEFAULT_MAX_LENGTH,
+    load_transformer,
+    tower_modules,
+    tower_native_dim,
+    tower_output_dim,
+    tower_pooling,
+)
+from care_retriever.towers.tokenizer import ensure_eos_appended
+
+CONFIG_NAME = "care_config.json"
+FORMAT_VERSION = 1
+QUERY_PROMPT_TEMPLATE = "Instruct: {instruction}\nQuery: "
+DEFAULT_INSTRUCTION = "Given a Chinese medical question, retrieve medical documents that answer the question."
+
+Load = Literal["both", "query", "document"]
+ROUTES: dict[str, tuple[str, ...]] = {"both": ("query", "document"), "query": ("query",), "document": ("document",)}
+
+
+@dataclass
+class TowerInfo:
+    pooling: str
+    native_dim: int
+    max_length: int = DEFAULT_MAX_LENGTH
+    base_model: str | None = None
+
+
+@dataclass
+class CareConfig:
+    """What a saved CARE model needs beyond the sentence-transformers modules."""
+
+    mode: Literal["asymmetric", "symmetric"]
+    dim: int
+    query: TowerInfo
+    document: TowerInfo
+    # A prompt template with an ``{instruction}`` slot, or None for towers that take no prompt.
+    query_prompt_template: str | None = None
+    default_instruction: str | None = None
+    space_fingerprint: str | None = None
+    preset: str | None = None
+    format_version: int = FORMAT_VERSION
+    care_retriever_version: str = __version__
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = CONFIG_NAME) -> CareConfig:
+        version = data.get("format_version", 1)
+        if version > FORMAT_VERSION:
+            raise ModelError(
+                f"{source}: format_version {version} is newer than this care-retriever understands "
+                f"({FORMAT_VERSION}); upgrade care-retriever"
+            )
+        try:
+            return cls(
+                **{
+                    **data,
+                    "query": TowerInfo(**data["query"]),
+                    "document": TowerInfo(**data["document"]),
+                }
+            )
+        except (KeyError, TypeError) as exc:
+            raise ModelError(f"{source}: malformed CARE config ({exc})") from None
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``auto``: fp32 on CPU, bf16 on CUDA where supported, else fp16."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    names = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+             "fp16": torch.float16, "float16": torch.float16}
+    try:
+        return names[str(dtype)]
+    except KeyError:
+        raise ModelError(f"Unknown dtype {dtype!r}. Available dtypes: ['auto', {', '.join(map(repr, names))}]") from None
+
+
+def _assemble(modules: list[Module], device: torch.device, prompts: dict[str, str]) -> SentenceTransformer:
+    return SentenceTransformer(modules=[*modules, Normalize()], device=str(device), prompts=prompts)
+
+
+def _merge_lora(modules: list[Module]) -> None:
+    """Fold LoRA adapters into the base weights: inference then costs what the plain model costs."""
+    for module in modules:
+        if isinstance(module, Transformer):
+            model = module.auto_model
+            if hasattr(model, "merge_and_unload") and hasattr(model, "peft_config"):
+                module.model = model.merge_and_unload()
+
+
+class AsymmetricEmbedder:
+    """Encode queries with the query tower and documents with the document tower.
+
+    Build one from two pretrained towers with :meth:`from_towers`, or load a saved model with
+    :meth:`from_pretrained`. ``embed_queries`` / ``embed_documents`` return L2-normalised float32
+    arrays of width :attr:`dim`.
+    """
+
+    def __init__(
+        self,
+        config: CareConfig,
+        query_modules: list[Module] | None,
+        document_modules: list[Module] | None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.config = config
+        self.device = resolve_device(device)
+        self.query_modules = query_modules
+        self.document_modules = document_modules
+        self._query_model = _assemble(query_modules, self.device, {}) if query_modules else None
+        self._document_model = _assemble(document_modules, self.device, {}) if document_modules else None
+        for side, model in (("query", self._query_model), ("document", self._document_model)):
+            if model is not None and model.get_embedding_dimension() != config.dim:
+                raise ModelError(
+                    f"dimension mismatch: the {side} tower gives {model.get_embedding_dimension()} dims, "
+                    f"the model's embedding dim is {config.dim}"
+                )
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_towers(
+        cls,
+        query_model: str,
+        document_model: str | None = None,
+        *,
+        query_pooling: str | None = None,
+        document_pooling: str = "last_token",
+        query_prompt_template: str | None | Literal["auto"] = "auto",
+        default_instruction: str = DEFAULT_INSTRUCTION,
+        max_length: int = DEFAULT_MAX_LENGTH,
+        document_adapter: str | None = None,
+        merge_adapter: bool = True,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = "auto",
+        trust_remote_code: bool = False,
+        preset: str | None = None,
+    ) -> AsymmetricEmbedder:
+        """Pair two pretrained towers (hub ids or folders); ``document_model=None`` is symmetric.
+
+        The document tower is truncated (Matryoshka) to the query tower's width. ``query_pooling``
+        defaults to ``cls`` for encoder models and ``last_token`` for decoders. ``query_prompt_template``
+        ``"auto"`` gives decoder query towers the Qwen3-Embedding instruction form and BERT towers none.
+        """
+        dev = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, dev)
+        q_tf = load_transformer(query_model, max_length=max_length, dtype=torch_dtype,
+                                trust_remote_code=trust_remote_code)
+        q_is_decoder = _is_decoder(q_tf)
+        q_pool = query_pooling or ("last_token" if q_is_decoder else "cls")
+        if q_pool == "last_token":
+            ensure_eos_appended(q_tf.tokenizer)
+        if document_model is None:
+            q_mods = tower_modules(q_tf, q_pool)
+            d_mods = q_mods
+            mode: Literal["asymmetric", "symmetric"] = "symmetric"
+            d_pool = q_pool
+        else:
+            d_tf = load_transformer(document_model, max_length=max_length, dtype=torch_dtype,
+                                    trust_remote_code=trust_remote_code)
+            if document_adapter:
+                _attach_adapter(d_tf, document_adapter, merge_adapter)
+            d_pool = document_pooling
+            if d_pool == "last_token" and ensure_eos_appended(d_tf.tokenizer):
+                logger.info("document tower tokenizer now appends %s", d_tf.tokenizer.eos_token)
+            q_dim = q_tf.get_embedding_dimension()
+            q_mods = tower_modules(q_tf, q_pool)
+            d_mods = tower_modules(d_tf, d_pool, output_dim=q_dim)
+            mode = "asymmetric"
+        template = (QUERY_PROMPT_TEMPLATE if q_pool == "last_token" else None) \
+            if query_prompt_template == "auto" else query_prompt_template
+        config = CareConfig(
+            mode=mode,
+            dim=tower_output_dim(q_mods),
+            query=TowerInfo(q_pool, tower_native_dim(q_mods), max_length, query_model),
+            document=TowerInfo(d_pool, tower_native_dim(d_mods), max_length, document_model or query_model),
+            query_prompt_template=template,
+            default_instruction=default_instruction if template else None,
+            preset=preset,
+        )
+        return cls(config, q_mods, d_mods, device=dev)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_name_or_path: str | os.PathLike[str],
+        load: Load = "both",
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = "auto",
+        trust_remote_code: bool = False,
+        merge_lora: bool = True,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_folder: str | None = None,
+    ) -> AsymmetricEmbedder:
+        """Load a saved CARE model from a folder or hub id; ``load`` picks the towers to build."""
+        if load not in ROUTES:
+            raise ModelError(f"Unknown load {load!r}. Available: {sorted(ROUTES)}")
+        name = str(model_name_or_path)
+        _check_model_location(name)
+        hub = {"token": token, "cache_folder": cache_folder, "revision": revision,
+               "local_files_only": os.environ.get("HF_HUB_OFFLINE") == "1"}
+        config_path = _file(name, CONFIG_NAME, hub)
+        if config_path is None:
+            raise ModelError(
+                f"{name}: no {CONFIG_NAME}; not a CARE model (plain sentence-transformers models load with "
+                "care_retriever.baselines.SentenceTransformerEmbedder)"
+            )
+        config = CareConfig.from_dict(json.loads(Path(config_path).read_text("utf-8")), f"{name}/{CONFIG_NAME}")
+        router_path = _file(name, Router.config_file_name, hub)
+        if router_path is None:
+            raise ModelError(f"{name}: missing {Router.config_file_name}; the model folder is incomplete")
+        router = json.loads(Path(router_path).read_text("utf-8"))
+        dev = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, dev)
+        loaded: dict[str, Module] = {}
+        routes: dict[str, list[Module]] = {}
+        for route in ROUTES[load]:
+            if route not in router["structure"]:
+                raise ModelError(
+                    f"No route found for task {route!r} in {name}. Available routes: {sorted(router['structure'])}"
+                )
+            modules = []
+            for module_id in router["structure"][route]:
+                if module_id not in loaded:
+                    loaded[module_id] = _load_module(
+                        name, module_id, router["types"][module_id], hub, torch_dtype, trust_remote_code
+                    )
+                modules.append(loaded[module_id])
+            if merge_lora:
+                _merge_lora(modules)
+            routes[route] = modules
+        return cls(config, routes.get("query"), routes.get("document"), device=dev)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def dim(self) -> int:
+        """Width of the shared embedding space (what a store holds)."""
+        return self.config.dim
+
+    @property
+    def query_dim(self) -> int:
+        return self.config.dim
+
+    @property
+    def document_dim(self) -> int:
+        """Native width of the document tower, before Matryoshka truncation to :attr:`dim`."""
+        return self.config.document.native_dim
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    @property
+    def query_model(self) -> SentenceTransformer:
+        if self._query_model is None:
+            raise ModelError("this embedder was loaded with load='document'; the query tower is not loaded")
+        return self._query_model
+
+    @property
+    def document_model(self) -> SentenceTransformer:
+        if self._document_model is None:
+            raise ModelError("this embedder was loaded with load='query'; the document tower is not loaded")
+        return self._document_model
+
+    @property
+    def space_fingerprint(self) -> str:
+        """Identifies the document embedding space; a store built with another one refuses searches.
+
+        It hashes the document tower's weights, so a Stage-I update of the query tower alone keeps
+        existing indexes valid, while any change to the document tower invalidates them.
+        """
+        if self.config.space_fingerprint is None:
+            self.config.space_fingerprint = _fingerprint(self.document_modules or [], self.config.dim)
+        return self.config.space_fingerprint
+
+    def query_prompt(self, instruction: str | None = None) -> str | None:
+        template = self.config.query_prompt_template
+        if not template:
+            return None
+        return template.format(instruction=instruction or self.config.default_instruction or "")
+
+    # ------------------------------------------------------------------ encoding
+    def embed_queries(
+        self,
+        texts: Sequence[str],
+        *,
+        instruction: str | None = None,
+        batch_size: int = 32,
+        show_progress: bool = False,
+    ) -> np.ndarray:
+        """Encode queries with the query tower: ``(len(texts), dim)`` float32, unit norm."""
+        texts = check_texts(texts, "queries")
+        return encode_texts(self.query_model, texts, prompt=self.query_prompt(instruction), batch_size=batch_size,
+                            show_progress=show_progress, desc="Encoding queries", unit="query")
+
+    def embed_documents(
+        self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False
+    ) -> np.ndarray:
+        """Encode documents with the document tower: ``(len(texts), dim)`` float32, unit norm."""
+        texts = check_texts(texts, "documents")
+        return encode_texts(self.document_model, texts, batch_size=batch_size, show_progress=show_progress,
+                            desc="Encoding documents", unit="doc")
+
+    # ------------------------------------------------------------------ saving
+    def to_sentence_transformer(self) -> SentenceTransformer:
+        """One ``SentenceTransformer`` with a ``Router`` over both towers (shared parameters)."""
+        if self.query_modules is None or self.document_modules is None:
+            raise ModelError("saving or training needs both towers; load the model with load='both'")
+        router = Router.for_query_document(self.query_modules, self.document_modules, default_route="document")
+        prompts = {"query": self.query_prompt() or "", "document": ""}
+        return SentenceTransformer(modules=[router, Normalize()], device=str(self.device), prompts=prompts,
+                                   similarity_fn_name="cosine")
+
+    def save_pretrained(self, path: str | os.PathLike[str]) -> Path:
+        """Write the model to ``path`` atomically (a temp folder renamed into place)."""
+        target = Path(path)
+        st = self.to_sentence_transformer()
+        self.config.space_fingerprint = _fingerprint(self.document_modules or [], self.config.dim)
+        self.config.care_retriever_version = __version__
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            st.save(str(tmp))
+            (tmp / CONFIG_NAME).write_text(self.config.to_json(), encoding="utf-8")
+            if target.exists():
+                old = target.with_name(f".{target.name}.old")
+                shutil.rmtree(old, ignore_errors=True)
+                target.rename(old)
+                tmp.rename(target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
+
+    def __repr__(self) -> str:
+        loaded = [s for s, m in (("query", self._query_model), ("document", self._document_model)) if m]
+        return (f"AsymmetricEmbedder(mode={self.mode}, dim={self.dim}, document_dim={self.document_dim}, "
+                f"loaded={loaded})")
+
+
+# ---------------------------------------------------------------------- helpers
+def _is_decoder(transformer: Transformer) -> bool:
+    config = transformer.auto_model.config
+    archs = getattr(config, "architectures", None) or []
+    return bool(getattr(config, "is_decoder", False)) or any("CausalLM" in a for a in archs) or \
+        config.model_type in {"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt2"}
+
+
+def _attach_adapter(transformer: Transformer, adapter: str, merge: bool) -> None:
+    from peft import PeftModel
+
+    try:
+        model = PeftModel.from_pretrained(transformer.auto_model, adapter)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load LoRA adapter {adapter!r}: {str(exc).splitlines()[0]}") from None
+    transformer.model = model.merge_and_unload() if merge else model
+
+
+def _check_model_location(name: str) -> None:
+    looks_local = name.startswith((".", "/", "~")) or os.sep in name.rstrip(os.sep).split(os.sep, 1)[-1] \
+        or Path(name).exists()
+    if looks_local and not Path(name).is_dir():
+        raise ModelError(f"model folder not found: {name}")
+
+
+def _file(name: str, filename: str, hub: dict[str, Any]) -> str | None:
+    if Path(name).is_dir():
+        path = Path(name) / filename
+        return str(path) if path.is_file() else None
+    try:
+        return load_file_path(name, filename, **hub)
+    except Exception as exc:  # hub errors come in many types; the message is what matters
+        raise ModelError(f"cannot fetch {filename} of {name!r}: {str(exc).splitlines()[0]}") from None
+
+
+def _load_module(
+    name: str, module_id: str, class_ref: str, hub: dict[str, Any], dtype: torch.dtype, trust_remote_code: bool
+) -> Module:
+    module_class = import_module_class(class_ref, model_name_or_path=name, trust_remote_code=False)
+    if issubclass(module_class, Transformer):
+        return module_class.load(
+            name, subfolder=module_id, trust_remote_code=trust_remote_code,
+            model_kwargs={"dtype": dtype, "use_safetensors": not trust_remote_code}, **hub,
+        )
+    return module_class.load(name, subfolder=module_id, **hub)
+
+
+def _fingerprint(modules: list[Module], dim: int) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"dim={dim};".encode())
+    for module in modules:
+        for key, tensor in sorted(module.state_dict().items()):
+            digest.update(key.encode())
+            digest.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

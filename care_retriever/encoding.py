@@ -1,0 +1,74 @@
+"""The encoding loop shared by both towers.
+
+Texts are sorted by length so each batch pads to similar lengths (fewer wasted FLOPs), encoded in
+inference mode, and written back in input order. Texts that reach ``max_length`` are counted and
+reported once per call instead of once per text.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.util import batch_to_device
+from tqdm.auto import tqdm
+
+from care_retriever.errors import InputError
+
+logger = logging.getLogger("care_retriever")
+
+
+def check_texts(texts: Sequence[str], what: str) -> list[str]:
+    """Validate a batch of texts: a list of str, no None. Empty strings are allowed here."""
+    if isinstance(texts, str):
+        raise InputError(f"{what}: expected a list of texts, got a single str (wrap it in a list)")
+    out = list(texts)
+    for i, text in enumerate(out):
+        if not isinstance(text, str):
+            raise InputError(f"{what}[{i}]: expected str, got {type(text).__name__}")
+    return out
+
+
+@torch.inference_mode()
+def encode_texts(
+    model: SentenceTransformer,
+    texts: Sequence[str],
+    *,
+    prompt: str | None = None,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    desc: str = "Encoding",
+    unit: str = "text",
+    max_length: int | None = None,
+) -> np.ndarray:
+    """Encode ``texts`` with ``model`` (a tower ending in ``Normalize``) into float32 rows."""
+    n = len(texts)
+    dim = model.get_embedding_dimension()
+    out = np.empty((n, dim), dtype=np.float32)
+    if n == 0:
+        return out
+    if batch_size < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    model.eval()
+    device = model.device
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    limit = max_length or model.max_seq_length
+    truncated = 0
+    with tqdm(total=n, desc=desc, unit=unit, disable=not show_progress, dynamic_ncols=True) as bar:
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            features = model.preprocess([texts[i] for i in idx], prompt=prompt)
+            if limit and "attention_mask" in features and features["attention_mask"].shape[1] >= limit:
+                truncated += int((features["attention_mask"].sum(dim=1) >= limit).sum())
+            features = batch_to_device(features, device)
+            emb = model(features)["sentence_embedding"]
+            if not torch.isfinite(emb).all():
+                raise FloatingPointError(f"{desc}: the model produced non-finite embeddings")
+            out[idx] = emb.float().cpu().numpy()
+            bar.update(len(idx))
+    if truncated:
+        logger.warning("%s: %d of %d texts reached max_length=%s tokens and were truncated", desc, truncated, n, limit)
+    return out

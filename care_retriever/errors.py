@@ -1,0 +1,31 @@
+"""User-facing errors.
+
+Every error a user can cause (bad input, a missing model, a store built by another model) is a
+:class:`CareError` subclass whose message is one line naming the file, line or argument at fault.
+The CLI prints that line and exits non-zero, without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class CareError(Exception):
+    """Base class of the errors caused by input rather than by a bug."""
+
+    exit_code = 2
+
+
+class InputError(CareError, ValueError):
+    """A corpus, query set or argument is malformed."""
+
+
+class ModelError(CareError):
+    """A model folder is missing, incomplete or inconsistent (dimension mismatch, unknown pooling)."""
+
+
+class StoreError(CareError):
+    """A vector store is missing, corrupted, or was built by another model."""
+
+
+def at(path: object, line: int | None = None) -> str:
+    """Format a location: ``corpus.jsonl:12`` or ``corpus.jsonl``."""
+    return f"{path}:{line}" if line is not None else f"{path}"

@@ -1,0 +1,1 @@
+"""CMedTEB-style evaluation: retrieval, rerank and STS tasks, baselines, metrics from maintained libraries."""

@@ -1,0 +1,1 @@
+"""Tower construction: sentence-transformers modules, presets, offline tokenizers."""

@@ -1,0 +1,101 @@
+"""Offline tokenizer training for towers built from scratch.
+
+Chinese has no spaces, so both tokenizers split CJK ideographs into single characters before
+WordPiece / BPE merges run (``BertNormalizer(handle_chinese_chars=True)``). The query tower gets a
+BERT-style tokenizer ([CLS] text [SEP]); the document tower gets a decoder-style one that appends
+the EOS token to every text, because the decoder tower pools the EOS hidden state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+BERT_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+DECODER_EOS = "<|endoftext|>"
+DECODER_PAD = "<|pad|>"
+DECODER_UNK = "<|unk|>"
+
+
+def _normalizer() -> normalizers.Normalizer:
+    return normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=True
+    )
+
+
+def train_query_tokenizer(texts: Iterable[str], vocab_size: int = 8000) -> PreTrainedTokenizerFast:
+    """A WordPiece tokenizer for the BERT-style query tower, trained on ``texts``."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = _normalizer()
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIAL_TOKENS)
+    tokenizer.train_from_iterator(_nonempty(texts), trainer=trainer)
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=512,
+    )
+
+
+def train_document_tokenizer(texts: Iterable[str], vocab_size: int = 8000) -> PreTrainedTokenizerFast:
+    """A BPE tokenizer for the decoder document tower that appends EOS to every text."""
+    tokenizer = Tokenizer(models.BPE(unk_token=DECODER_UNK))
+    tokenizer.normalizer = _normalizer()
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.BPEDecoder()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[DECODER_PAD, DECODER_UNK, DECODER_EOS])
+    tokenizer.train_from_iterator(_nonempty(texts), trainer=trainer)
+    tokenizer.post_processor = append_eos_processor(DECODER_EOS, tokenizer.token_to_id(DECODER_EOS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token=DECODER_UNK,
+        pad_token=DECODER_PAD,
+        eos_token=DECODER_EOS,
+        model_max_length=512,
+    )
+
+
+def append_eos_processor(eos_token: str, eos_id: int) -> processors.TemplateProcessing:
+    """Post-processor that ends every sequence with EOS (the decoder tower pools that position)."""
+    return processors.TemplateProcessing(
+        single=f"$A {eos_token}",
+        pair=f"$A {eos_token} $B:1 {eos_token}:1",
+        special_tokens=[(eos_token, eos_id)],
+    )
+
+
+def ensure_eos_appended(tokenizer: PreTrainedTokenizerFast) -> bool:
+    """Make a pretrained decoder tokenizer append EOS; return True if it had to be changed.
+
+    Qwen3-Embedding's tokenizer already does; a base LLM's (Qwen3-4B) does not, and last-token
+    pooling over a non-EOS token gives a much weaker embedding.
+    """
+    eos = tokenizer.eos_token
+    if eos is None:
+        raise ValueError("the document tower's tokenizer has no eos_token; last-token pooling needs one")
+    probe = tokenizer("测试")["input_ids"]
+    if probe and probe[-1] == tokenizer.eos_token_id:
+        return False
+    tokenizer.backend_tokenizer.post_processor = append_eos_processor(eos, tokenizer.eos_token_id)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = eos
+    return True
+
+
+def _nonempty(texts: Iterable[str]) -> Iterator[str]:
+    for text in texts:
+        if text and not text.isspace():
+            yield text

@@ -1,0 +1,1 @@
+"""Framework integrations: Haystack components and LangChain adapters over the core (``care_retriever``)."""

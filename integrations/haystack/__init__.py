@@ -1,0 +1,1 @@
+"""Haystack components over care-retriever. Requires ``pip install care-retriever[haystack]``."""

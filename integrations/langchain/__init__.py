@@ -1,0 +1,1 @@
+"""LangChain adapters over care-retriever. Requires ``pip install care-retriever[langchain]``."""
