@@ -8,7 +8,9 @@ reported once per call instead of once per text.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -19,6 +21,16 @@ from tqdm.auto import tqdm
 from care_retriever.errors import InputError
 
 logger = logging.getLogger("care_retriever")
+
+# Fast tokenizers are not safe to call from several threads at once ("Already borrowed");
+# the forward pass is, so only tokenisation is serialised.
+_TOKENIZER_LOCKS: dict[int, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _tokenizer_lock(model: SentenceTransformer) -> threading.Lock:
+    with _LOCKS_GUARD:
+        return _TOKENIZER_LOCKS.setdefault(id(model), threading.Lock())
 
 
 def check_texts(texts: Sequence[str], what: str) -> list[str]:
@@ -43,8 +55,12 @@ def encode_texts(
     desc: str = "Encoding",
     unit: str = "text",
     max_length: int | None = None,
+    progress: tqdm | None = None,
 ) -> np.ndarray:
-    """Encode ``texts`` with ``model`` (a tower ending in ``Normalize``) into float32 rows."""
+    """Encode ``texts`` with ``model`` (a tower ending in ``Normalize``) into float32 rows.
+
+    ``progress``: an outer bar to advance instead of drawing one (the index writer's docs/s bar).
+    """
     n = len(texts)
     dim = model.get_embedding_dimension()
     out = np.empty((n, dim), dtype=np.float32)
@@ -57,10 +73,15 @@ def encode_texts(
     order = np.argsort([-len(t) for t in texts], kind="stable")
     limit = max_length or model.max_seq_length
     truncated = 0
-    with tqdm(total=n, desc=desc, unit=unit, disable=not show_progress, dynamic_ncols=True) as bar:
+    lock = _tokenizer_lock(model)
+    own_bar = progress is None
+    bar_cm = tqdm(total=n, desc=desc, unit=unit, disable=not show_progress, dynamic_ncols=True) if own_bar \
+        else nullcontext(progress)
+    with bar_cm as bar:
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
-            features = model.preprocess([texts[i] for i in idx], prompt=prompt)
+            with lock:
+                features = model.preprocess([texts[i] for i in idx], prompt=prompt)
             if limit and "attention_mask" in features and features["attention_mask"].shape[1] >= limit:
                 truncated += int((features["attention_mask"].sum(dim=1) >= limit).sum())
             features = batch_to_device(features, device)

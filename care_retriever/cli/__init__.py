@@ -1,0 +1,1 @@
+"""The ``care-retriever`` command line. Each command group lives in its own module with ``register(app)``."""

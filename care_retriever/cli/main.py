@@ -1,0 +1,72 @@
+"""Entry point of ``care-retriever``.
+
+Errors caused by input (:class:`care_retriever.errors.CareError`) print one line and exit non-zero;
+tracebacks are for bugs, and ``CARE_DEBUG=1`` shows them for everything.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="care-retriever",
+    help="CARE: Chinese medical asymmetric retriever. Small query tower online, LLM document tower offline.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Command modules, each with ``register(app)``; kept light at import (heavy imports inside commands).
+COMMAND_MODULES = ("core", "quickstart", "train", "data", "eval", "bench", "serve")
+
+
+def _register_all() -> None:
+    for name in COMMAND_MODULES:
+        module_name = f"care_retriever.cli.{name}"
+        if importlib.util.find_spec(module_name) is not None:
+            importlib.import_module(module_name).register(app)
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    logging.getLogger("care_retriever").setLevel(logging.INFO)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from care_retriever.errors import CareError
+
+    _quiet_libraries()
+    _register_all()
+    try:
+        app(args=argv, standalone_mode=False)
+    except CareError as exc:
+        if os.environ.get("CARE_DEBUG"):
+            raise
+        typer.secho(f"error: {exc}", err=True, fg="red")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        typer.secho("interrupted", err=True)
+        return 130
+    except SystemExit as exc:  # typer/click exits for --help and usage errors
+        return int(exc.code or 0)
+    except Exception as exc:  # click usage errors surface here with standalone_mode=False
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            return exc.exit_code
+        if isinstance(exc, click.exceptions.Abort):
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

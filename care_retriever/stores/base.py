@@ -1,0 +1,166 @@
+"""What every vector store provides, and the manifest that ties a store to a model."""
+
+from __future__ import annotations
+
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from care_retriever import __version__
+from care_retriever.corpus import Document
+from care_retriever.errors import InputError, StoreError
+
+STORE_FORMAT_VERSION = 1
+Filters = dict[str, Any]
+_FILTER_KEY = re.compile(r"^[\w.\-]+$")
+
+
+@dataclass
+class Hit:
+    """One search result. ``score`` is the cosine similarity of query and document embeddings."""
+
+    id: str
+    score: float
+    text: str
+    title: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Manifest:
+    """Describes a store: who built it (model fingerprint), its width, metric, size and versions."""
+
+    backend: str
+    dim: int
+    space_fingerprint: str
+    model_name: str = ""
+    metric: str = "cosine"
+    count: int = 0
+    index: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    checksums: dict[str, str] = field(default_factory=dict)
+    format_version: int = STORE_FORMAT_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str) -> Manifest:
+        version = data.get("format_version", 1)
+        if not isinstance(version, int) or version > STORE_FORMAT_VERSION:
+            raise StoreError(
+                f"{source}: store format_version {version} is newer than this care-retriever reads "
+                f"({STORE_FORMAT_VERSION}); upgrade care-retriever"
+            )
+        known = set(cls.__dataclass_fields__)
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as exc:
+            raise StoreError(f"{source}: malformed manifest ({exc})") from None
+
+
+def default_versions(**extra: str) -> dict[str, str]:
+    return {"care_retriever": __version__, **extra}
+
+
+def validate_filters(filters: Filters | None) -> Filters | None:
+    """Filters match metadata fields: ``{"topic": "高血压"}`` (equal) or ``{"topic": [a, b]}`` (any of)."""
+    if not filters:
+        return None
+    if not isinstance(filters, dict):
+        raise InputError(f"filters must be a dict of metadata field -> value or list of values, got {filters!r}")
+    for key, value in filters.items():
+        if not isinstance(key, str) or not _FILTER_KEY.match(key):
+            raise InputError(f"invalid filter field {key!r}: use letters, digits, '_', '-' or '.'")
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
+            raise InputError(f"filter {key!r}: values must be str, int, float or bool (or a non-empty list of them)")
+    return filters
+
+
+class VectorStore(ABC):
+    """A store of document vectors plus their text, title and metadata, keyed by document id."""
+
+    backend: str
+    manifest: Manifest | None
+
+    @property
+    def dim(self) -> int:
+        return self.require_manifest().dim
+
+    def require_manifest(self) -> Manifest:
+        if self.manifest is None:
+            raise StoreError(f"{self.describe()}: store is empty or does not exist (run `care-retriever index` first)")
+        return self.manifest
+
+    def check_compatible(self, space_fingerprint: str, dim: int) -> None:
+        """Refuse a model whose document space is not the one this store was built with."""
+        manifest = self.require_manifest()
+        if manifest.dim != dim:
+            raise StoreError(
+                f"{self.describe()}: dimension mismatch: the store holds {manifest.dim}-dim vectors, the model gives {dim}"
+            )
+        if manifest.space_fingerprint != space_fingerprint:
+            raise StoreError(
+                f"{self.describe()}: built with another model (fingerprint {manifest.space_fingerprint[:12]}, "
+                f"model {manifest.model_name or '?'}); this model's is {space_fingerprint[:12]}. Re-index with this model"
+            )
+
+    @abstractmethod
+    def describe(self) -> str:
+        """The store spec, for messages."""
+
+    @abstractmethod
+    def prepare(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
+        """Create the store, or check that an existing one matches; then accept writes."""
+
+    @abstractmethod
+    def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
+        """Stored content hash for each of ``ids`` that exists."""
+
+    @abstractmethod
+    def upsert(self, documents: Sequence[Document], vectors: np.ndarray) -> None:
+        """Insert documents, replacing any stored under the same id."""
+
+    @abstractmethod
+    def delete(self, ids: Sequence[str]) -> int:
+        """Remove documents by id; return how many existed."""
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Make everything written so far durable (a checkpoint a crashed run resumes from)."""
+
+    @abstractmethod
+    def finalize(self) -> None:
+        """Publish the writes: after this, readers see the new store."""
+
+    @abstractmethod
+    def search(self, vectors: np.ndarray, top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
+        """Top-``k`` hits for each query vector (rows of ``vectors``)."""
+
+    @abstractmethod
+    def get(self, ids: Sequence[str]) -> list[Document | None]:
+        """Stored documents by id (None where missing)."""
+
+    @abstractmethod
+    def count(self) -> int:
+        """Number of live documents."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release files and connections."""
+
+    def __enter__(self) -> VectorStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,469 @@
+"""The embedded default store: a folder with a FAISS index, a SQLite docstore and a manifest.
+
+Layout (also read by the Haystack and LangChain adapters)::
+
+    DIR/manifest.json      Manifest: model fingerprint, dim, metric, count, index type, versions, checksums
+    DIR/index.faiss        faiss.IndexIDMap2 over Flat (exact inner product), HNSW or IVF; ids = row ids
+    DIR/docstore.sqlite    documents(row_id INTEGER PRIMARY KEY, id TEXT UNIQUE, text, title, metadata JSON, content_hash)
+
+Vectors are unit-norm, so inner product is cosine. Writes go to a staging folder beside ``DIR``
+(checkpointed by :meth:`commit`); :meth:`finalize` swaps it into place, so readers never see a
+half-written store, and a killed writer resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from care_retriever.corpus import Document
+from care_retriever.errors import InputError, StoreError
+from care_retriever.stores.base import Filters, Hit, Manifest, VectorStore, default_versions, validate_filters
+
+MANIFEST = "manifest.json"
+INDEX = "index.faiss"
+DOCSTORE = "docstore.sqlite"
+INDEX_TYPES = ("flat", "hnsw", "ivf")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+    row_id INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    text TEXT NOT NULL,
+    title TEXT NOT NULL DEFAULT '',
+    metadata TEXT NOT NULL DEFAULT '{}',
+    content_hash TEXT NOT NULL
+);
+"""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build_index(dim: int, options: dict[str, Any]) -> faiss.Index:
+    kind = options.get("type", "flat")
+    if kind == "flat":
+        inner = faiss.IndexFlatIP(dim)
+    elif kind == "hnsw":
+        inner = faiss.IndexHNSWFlat(dim, int(options.get("m", 32)), faiss.METRIC_INNER_PRODUCT)
+        inner.hnsw.efConstruction = int(options.get("ef_construction", 200))
+    elif kind == "ivf":
+        quantizer = faiss.IndexFlatIP(dim)
+        inner = faiss.IndexIVFFlat(quantizer, dim, int(options.get("nlist", 1024)), faiss.METRIC_INNER_PRODUCT)
+    else:
+        raise InputError(f"Unknown FAISS index type {kind!r}. Available index types: {list(INDEX_TYPES)}")
+    return faiss.IndexIDMap2(inner)
+
+
+class FaissStore(VectorStore):
+    """FAISS + SQLite store in a folder. Safe for concurrent searches from many threads."""
+
+    backend = "faiss"
+
+    def __init__(self, path: str | Path, *, use_gpu: bool | None = None) -> None:
+        self.path = Path(path)
+        self.staging = self.path.with_name(f".{self.path.name}.staging")
+        self.use_gpu = use_gpu
+        self.manifest: Manifest | None = None
+        self._index: faiss.Index | None = None
+        self._search_index: faiss.Index | None = None
+        self._db: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+        self._writing = False
+        self._next_row_id = 0
+        if (self.path / MANIFEST).exists():
+            self._open(self.path)
+        elif self.path.exists() and any(self.path.iterdir()):
+            raise StoreError(f"{self.path}: folder exists but is not a care-retriever FAISS store (no {MANIFEST})")
+
+    def describe(self) -> str:
+        return f"faiss:{self.path}"
+
+    # ------------------------------------------------------------------ opening
+    def _open(self, folder: Path) -> None:
+        manifest_path = folder / MANIFEST
+        try:
+            data = json.loads(manifest_path.read_text("utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise StoreError(f"{manifest_path}: unreadable manifest ({exc})") from None
+        self.manifest = Manifest.from_dict(data, str(manifest_path))
+        for name in (INDEX, DOCSTORE):
+            if not (folder / name).is_file():
+                raise StoreError(f"{folder / name}: missing; the store is incomplete")
+        self._verify_checksums(folder)
+        try:
+            self._index = faiss.read_index(str(folder / INDEX))
+        except RuntimeError as exc:
+            raise StoreError(f"{folder / INDEX}: corrupted FAISS index ({str(exc).splitlines()[0]})") from None
+        self._db = self._connect(folder / DOCSTORE)
+        self._check_counts(folder)
+        self._search_index = None
+
+    def _verify_checksums(self, folder: Path) -> None:
+        assert self.manifest is not None
+        for name, expected in self.manifest.checksums.items():
+            if _sha256(folder / name) != expected:
+                raise StoreError(f"{folder / name}: checksum mismatch with {MANIFEST}; the file is corrupted")
+
+    def _connect(self, path: Path) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(str(path), check_same_thread=False, isolation_level="DEFERRED")
+            db.execute(_SCHEMA)
+            db.execute("PRAGMA synchronous=FULL")
+            return db
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path}: corrupted docstore ({exc})") from None
+
+    def _check_counts(self, folder: Path) -> None:
+        assert self.manifest is not None and self._db is not None and self._index is not None
+        rows = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
+        tombstones = int(self.manifest.index.get("tombstones", 0))
+        if rows != self.manifest.count or self._index.ntotal != rows + tombstones:
+            raise StoreError(
+                f"{folder}: count mismatch: manifest says {self.manifest.count}, docstore has {rows}, "
+                f"index has {self._index.ntotal} vectors ({tombstones} tombstones); the store is corrupted"
+            )
+
+    # ------------------------------------------------------------------ writing
+    def prepare(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
+        options = {"type": "flat", **(index or {})}
+        if options["type"] not in INDEX_TYPES:
+            raise InputError(f"Unknown FAISS index type {options['type']!r}. Available index types: {list(INDEX_TYPES)}")
+        if self.manifest is not None:
+            self.check_compatible(space_fingerprint, dim)
+        if (self.staging / MANIFEST).exists():
+            self._resume_staging(dim, space_fingerprint)
+        else:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging.mkdir(parents=True)
+            if self.manifest is not None:  # update an existing store: work on a copy
+                for name in (INDEX, DOCSTORE):
+                    shutil.copy2(self.path / name, self.staging / name)
+                manifest = Manifest.from_dict(self.manifest.to_dict(), MANIFEST)
+            else:
+                manifest = Manifest(backend="faiss", dim=dim, space_fingerprint=space_fingerprint,
+                                    model_name=model_name, index=options,
+                                    versions=default_versions(faiss=faiss.__version__))
+                faiss.write_index(build_index(dim, options), str(self.staging / INDEX))
+            manifest.checksums = {}
+            _write_atomic(self.staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
+            self._open_staging()
+        self._writing = True
+
+    def _resume_staging(self, dim: int, space_fingerprint: str) -> None:
+        """Continue a writer that was killed: reconcile the last checkpoint of index and docstore."""
+        data = json.loads((self.staging / MANIFEST).read_text("utf-8"))
+        staged = Manifest.from_dict(data, str(self.staging / MANIFEST))
+        if staged.space_fingerprint != space_fingerprint or staged.dim != dim:
+            raise StoreError(
+                f"{self.staging}: an interrupted write by another model is pending; remove that folder to start over"
+            )
+        self._open_staging()
+        assert self._index is not None and self._db is not None
+        index_ids = set(faiss.vector_to_array(self._index.id_map).tolist()) if self._index.ntotal else set()
+        row_ids = {r for (r,) in self._db.execute("SELECT row_id FROM documents")}
+        orphans = index_ids - row_ids
+        if orphans and self._supports_remove():
+            self._index.remove_ids(np.fromiter(orphans, dtype=np.int64))
+        missing = row_ids - index_ids
+        if missing:
+            self._db.executemany("DELETE FROM documents WHERE row_id = ?", [(r,) for r in missing])
+            self._db.commit()
+
+    def _open_staging(self) -> None:
+        self._staged_manifest = Manifest.from_dict(
+            json.loads((self.staging / MANIFEST).read_text("utf-8")), str(self.staging / MANIFEST)
+        )
+        try:
+            self._index = faiss.read_index(str(self.staging / INDEX))
+        except RuntimeError as exc:
+            raise StoreError(f"{self.staging / INDEX}: corrupted checkpoint ({exc}); remove {self.staging}") from None
+        if self._db is not None:
+            self._db.close()
+        self._db = self._connect(self.staging / DOCSTORE)
+        row = self._db.execute("SELECT MAX(row_id) FROM documents").fetchone()[0]
+        top_index = int(faiss.vector_to_array(self._index.id_map).max()) if self._index.ntotal else -1
+        self._next_row_id = max(row if row is not None else -1, top_index) + 1
+        self._search_index = None
+
+    def _supports_remove(self) -> bool:
+        return self._staged_manifest.index.get("type", "flat") != "hnsw"
+
+    def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
+        db = self._require_db()
+        out: dict[str, str] = {}
+        with self._lock:
+            for start in range(0, len(ids), 500):
+                chunk = list(ids[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                out.update(db.execute(f"SELECT id, content_hash FROM documents WHERE id IN ({marks})", chunk))
+        return out
+
+    def upsert(self, documents: Sequence[Document], vectors: np.ndarray) -> None:
+        self._require_writing()
+        assert self._index is not None and self._db is not None
+        if len(documents) != len(vectors):
+            raise InputError(f"{len(documents)} documents but {len(vectors)} vectors")
+        if len(documents) == 0:
+            return
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self._staged_manifest.dim:
+            raise InputError(
+                f"{self.describe()}: vectors have shape {vectors.shape}; the store holds {self._staged_manifest.dim}-dim vectors"
+            )
+        with self._lock:
+            self._remove_rows([d.id for d in documents])
+            row_ids = np.arange(self._next_row_id, self._next_row_id + len(documents), dtype=np.int64)
+            self._next_row_id += len(documents)
+            self._db.executemany(
+                "INSERT INTO documents(row_id, id, text, title, metadata, content_hash) VALUES (?,?,?,?,?,?)",
+                [
+                    (int(r), d.id, d.text, d.title, json.dumps(d.metadata, ensure_ascii=False), d.content_hash())
+                    for r, d in zip(row_ids, documents, strict=True)
+                ],
+            )
+            inner = faiss.downcast_index(self._index.index)
+            if isinstance(inner, faiss.IndexIVF) and not inner.is_trained:
+                if len(vectors) < inner.nlist:
+                    raise InputError(
+                        f"IVF index with nlist={inner.nlist} needs at least that many vectors in the first batch; "
+                        "lower --nlist or raise the chunk size"
+                    )
+                inner.train(vectors)
+            self._index.add_with_ids(vectors, row_ids)
+            self._search_index = None
+
+    def _remove_rows(self, ids: Sequence[str]) -> int:
+        assert self._index is not None and self._db is not None
+        existing = []
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            existing += [r for (r,) in self._db.execute(f"SELECT row_id FROM documents WHERE id IN ({marks})", chunk)]
+        if not existing:
+            return 0
+        self._db.executemany("DELETE FROM documents WHERE row_id = ?", [(r,) for r in existing])
+        # HNSW cannot remove vectors: they stay as tombstones that searches skip (counted at commit).
+        if self._supports_remove():
+            self._index.remove_ids(np.asarray(existing, dtype=np.int64))
+        return len(existing)
+
+    def delete(self, ids: Sequence[str]) -> int:
+        self._require_writing()
+        with self._lock:
+            removed = self._remove_rows(list(ids))
+            self._search_index = None
+        return removed
+
+    def commit(self) -> None:
+        """Checkpoint: docstore transaction first, then the index, each durable and atomic."""
+        self._require_writing()
+        assert self._index is not None and self._db is not None
+        with self._lock:
+            self._db.commit()
+            tmp = self.staging / (INDEX + ".tmp")
+            faiss.write_index(self._index, str(tmp))
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.staging / INDEX)
+            self._staged_manifest.count = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
+            self._staged_manifest.index["tombstones"] = int(self._index.ntotal - self._staged_manifest.count)
+            _write_atomic(self.staging / MANIFEST, json.dumps(self._staged_manifest.to_dict(), indent=2).encode())
+            _fsync_dir(self.staging)
+
+    def finalize(self) -> None:
+        """Swap the staging folder into place (old store removed only after the new one is in)."""
+        self.commit()
+        assert self._db is not None
+        with self._lock:
+            manifest = self._staged_manifest
+            manifest.checksums = {name: _sha256(self.staging / name) for name in (INDEX, DOCSTORE)}
+            manifest.updated_at = time.time()
+            _write_atomic(self.staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
+            self._db.close()
+            self._db = None
+            old = self.path.with_name(f".{self.path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            if self.path.exists():
+                self.path.rename(old)
+            self.staging.rename(self.path)
+            _fsync_dir(self.path.parent)
+            shutil.rmtree(old, ignore_errors=True)
+            self._writing = False
+            self._open(self.path)
+
+    # ------------------------------------------------------------------ reading
+    def _require_db(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.require_manifest()
+            raise StoreError(f"{self.describe()}: store is closed")
+        return self._db
+
+    def _require_writing(self) -> None:
+        if not self._writing:
+            raise StoreError(f"{self.describe()}: call prepare() before writing")
+
+    def count(self) -> int:
+        if self._db is None:
+            return 0
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
+
+    def _searchable(self) -> faiss.Index:
+        if self._search_index is None:
+            assert self._index is not None
+            index = self._index
+            if self.use_gpu is not False and hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0:
+                index = faiss.index_cpu_to_all_gpus(index)
+            self._search_index = index
+        return self._search_index
+
+    def search(self, vectors: np.ndarray, top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
+        if self._index is None:
+            self.require_manifest()
+        assert self._index is not None
+        if top_k < 1:
+            raise InputError(f"top_k must be >= 1, got {top_k}")
+        filters = validate_filters(filters)
+        vectors = np.ascontiguousarray(np.atleast_2d(vectors), dtype=np.float32)
+        manifest = self._staged_manifest if self._writing else self.require_manifest()
+        if vectors.shape[1] != manifest.dim:
+            raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
+        if len(vectors) == 0 or self._index.ntotal == 0:
+            return [[] for _ in range(len(vectors))]
+        tombstones = int(manifest.index.get("tombstones", 0))
+        k = min(top_k + tombstones, self._index.ntotal)
+        params = self._search_params(manifest, filters)
+        if params is False:
+            return [[] for _ in range(len(vectors))]
+        index = self._searchable() if params is None else self._index
+        scores, ids = index.search(vectors, k, params=params) if params is not None else index.search(vectors, k)
+        wanted = {int(i) for i in ids.ravel() if i >= 0}
+        docs = self._rows(wanted)
+        results: list[list[Hit]] = []
+        for row_scores, row_ids in zip(scores, ids, strict=True):
+            hits = []
+            for score, rid in zip(row_scores, row_ids, strict=True):
+                doc = docs.get(int(rid))
+                if rid < 0 or doc is None:
+                    continue
+                hits.append(Hit(id=doc.id, score=float(score), text=doc.text, title=doc.title, metadata=doc.metadata))
+                if len(hits) == top_k:
+                    break
+            results.append(hits)
+        return results
+
+    def _search_params(self, manifest: Manifest, filters: Filters | None) -> Any:
+        inner = faiss.downcast_index(self._index.index)
+        selector = None
+        if filters:
+            row_ids = self._filtered_row_ids(filters)
+            if len(row_ids) == 0:
+                return False
+            selector = faiss.IDSelectorBatch(row_ids)
+        if isinstance(inner, faiss.IndexHNSW):
+            params = faiss.SearchParametersHNSW(efSearch=int(manifest.index.get("ef_search", 128)))
+        elif isinstance(inner, faiss.IndexIVF):
+            params = faiss.SearchParametersIVF(nprobe=int(manifest.index.get("nprobe", 32)))
+        elif selector is None:
+            return None
+        else:
+            params = faiss.SearchParameters()
+        if selector is not None:
+            params.sel = selector
+            params._care_selector_ref = selector  # keep the selector alive as long as params
+        return params
+
+    def _filtered_row_ids(self, filters: Filters) -> np.ndarray:
+        clauses, args = [], []
+        for key, value in filters.items():
+            values = value if isinstance(value, list) else [value]
+            clauses.append(f"json_extract(metadata, ?) IN ({','.join('?' * len(values))})")
+            args += [f'$."{key}"', *values]
+        db = self._require_db()
+        with self._lock:
+            rows = db.execute(f"SELECT row_id FROM documents WHERE {' AND '.join(clauses)}", args).fetchall()
+        return np.asarray([r for (r,) in rows], dtype=np.int64)
+
+    def _rows(self, row_ids: set[int]) -> dict[int, Document]:
+        db = self._require_db()
+        out: dict[int, Document] = {}
+        ids = list(row_ids)
+        with self._lock:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for rid, did, text, title, meta in db.execute(
+                    f"SELECT row_id, id, text, title, metadata FROM documents WHERE row_id IN ({marks})", chunk
+                ):
+                    out[rid] = Document(id=did, text=text, title=title, metadata=json.loads(meta))
+        return out
+
+    def get(self, ids: Sequence[str]) -> list[Document | None]:
+        db = self._require_db()
+        found: dict[str, Document] = {}
+        ids = list(ids)
+        with self._lock:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for did, text, title, meta in db.execute(
+                    f"SELECT id, text, title, metadata FROM documents WHERE id IN ({marks})", chunk
+                ):
+                    found[did] = Document(id=did, text=text, title=title, metadata=json.loads(meta))
+        return [found.get(i) for i in ids]
+
+    def iter_documents(self, batch: int = 1000):
+        """All live documents in row order (adapters use this to list a store)."""
+        db = self._require_db()
+        last = -1
+        while True:
+            with self._lock:
+                rows = db.execute(
+                    "SELECT row_id, id, text, title, metadata FROM documents WHERE row_id > ? ORDER BY row_id LIMIT ?",
+                    (last, batch),
+                ).fetchall()
+            if not rows:
+                return
+            for rid, did, text, title, meta in rows:
+                yield Document(id=did, text=text, title=title, metadata=json.loads(meta))
+            last = rows[-1][0]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None

@@ -1,0 +1,184 @@
+"""Qdrant store: embedded local mode (``:memory:`` or a folder) by default, a server URL in production.
+
+Each point's id is a UUIDv5 of the document id, so writing a document again upserts it. The payload
+carries ``doc_id``, ``text``, ``title``, ``metadata`` and ``content_hash``; the manifest lives in the
+collection's metadata. The API key of a server comes from ``QDRANT_API_KEY`` and is never logged.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from care_retriever.corpus import Document
+from care_retriever.errors import InputError, StoreError
+from care_retriever.stores.base import Filters, Hit, Manifest, VectorStore, default_versions, validate_filters
+
+ID_NAMESPACE = uuid.UUID("6f1c2b1e-7d3a-5c43-9a53-2f5b0c6e8a11")
+DEFAULT_COLLECTION = "care"
+MANIFEST_KEY = "care_manifest"
+
+
+def point_id(doc_id: str) -> str:
+    return str(uuid.uuid5(ID_NAMESPACE, doc_id))
+
+
+def _client(location: str):
+    try:
+        from qdrant_client import QdrantClient
+    except ImportError:
+        raise StoreError("Qdrant stores need qdrant-client: pip install 'care-retriever[qdrant]'") from None
+    if location == ":memory:":
+        return QdrantClient(location=":memory:")
+    if location.startswith(("http://", "https://")):
+        return QdrantClient(url=location, api_key=os.environ.get("QDRANT_API_KEY") or None, timeout=60)
+    try:
+        return QdrantClient(path=location)
+    except RuntimeError as exc:  # the local mode holds a file lock
+        raise StoreError(f"qdrant:{location}: {str(exc).splitlines()[0]}") from None
+
+
+class QdrantStore(VectorStore):
+    backend = "qdrant"
+
+    def __init__(self, location: str, collection: str = DEFAULT_COLLECTION, client: Any = None) -> None:
+        self.location = location
+        self.collection = collection
+        self.client = client if client is not None else _client(location)
+        self.manifest: Manifest | None = None
+        if self.client.collection_exists(collection):
+            info = self.client.get_collection(collection)
+            raw = (info.config.metadata or {}).get(MANIFEST_KEY)
+            if raw is None:
+                raise StoreError(f"{self.describe()}: collection exists but was not written by care-retriever")
+            self.manifest = Manifest.from_dict(raw, self.describe())
+
+    def describe(self) -> str:
+        return f"qdrant:{self.location} (collection {self.collection})"
+
+    def prepare(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
+        from qdrant_client import models
+
+        if self.manifest is not None:
+            self.check_compatible(space_fingerprint, dim)
+            return
+        import qdrant_client
+
+        self.manifest = Manifest(backend="qdrant", dim=dim, space_fingerprint=space_fingerprint, model_name=model_name,
+                                 index={"type": "hnsw", **(index or {})},
+                                 versions=default_versions(qdrant_client=qdrant_client.__version__ if hasattr(
+                                     qdrant_client, "__version__") else "unknown"))
+        self.client.create_collection(
+            self.collection,
+            vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
+            metadata={MANIFEST_KEY: self.manifest.to_dict()},
+        )
+        if self.location.startswith(("http://", "https://")):  # local mode has no payload indexes
+            self.client.create_payload_index(self.collection, "doc_id", models.PayloadSchemaType.KEYWORD)
+
+    def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
+        if self.manifest is None or not ids:
+            return {}
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), 256):
+            points = self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
+                                          with_payload=["doc_id", "content_hash"], with_vectors=False)
+            out.update({p.payload["doc_id"]: p.payload["content_hash"] for p in points})
+        return out
+
+    def upsert(self, documents: Sequence[Document], vectors: np.ndarray) -> None:
+        from qdrant_client import models
+
+        manifest = self.require_manifest()
+        if len(documents) != len(vectors):
+            raise InputError(f"{len(documents)} documents but {len(vectors)} vectors")
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if len(documents) and (vectors.ndim != 2 or vectors.shape[1] != manifest.dim):
+            raise InputError(f"{self.describe()}: vectors have shape {vectors.shape}; the store holds {manifest.dim}-dim")
+        points = [
+            models.PointStruct(
+                id=point_id(d.id),
+                vector=v.tolist(),
+                payload={"doc_id": d.id, "text": d.text, "title": d.title, "metadata": d.metadata,
+                         "content_hash": d.content_hash()},
+            )
+            for d, v in zip(documents, vectors, strict=True)
+        ]
+        for start in range(0, len(points), 256):
+            self.client.upsert(self.collection, points[start : start + 256], wait=True)
+
+    def delete(self, ids: Sequence[str]) -> int:
+        from qdrant_client import models
+
+        existing = list(self.content_hashes(list(ids)))
+        if existing:
+            self.client.delete(self.collection, models.PointIdsList(points=[point_id(i) for i in existing]), wait=True)
+        return len(existing)
+
+    def commit(self) -> None:
+        manifest = self.require_manifest()
+        manifest.count = self.count()
+        manifest.updated_at = time.time()
+        self.client.update_collection(self.collection, metadata={MANIFEST_KEY: manifest.to_dict()})
+
+    def finalize(self) -> None:
+        self.commit()
+
+    def count(self) -> int:
+        if self.manifest is None:
+            return 0
+        return self.client.count(self.collection, exact=True).count
+
+    def _filter(self, filters: Filters | None):
+        from qdrant_client import models
+
+        filters = validate_filters(filters)
+        if not filters:
+            return None
+        must = []
+        for key, value in filters.items():
+            match = models.MatchAny(any=value) if isinstance(value, list) else models.MatchValue(value=value)
+            must.append(models.FieldCondition(key=f"metadata.{key}", match=match))
+        return models.Filter(must=must)
+
+    def search(self, vectors: np.ndarray, top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
+        from qdrant_client import models
+
+        manifest = self.require_manifest()
+        if top_k < 1:
+            raise InputError(f"top_k must be >= 1, got {top_k}")
+        vectors = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
+        if vectors.shape[1] != manifest.dim:
+            raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
+        flt = self._filter(filters)
+        requests = [models.QueryRequest(query=v.tolist(), limit=top_k, filter=flt, with_payload=True) for v in vectors]
+        responses = self.client.query_batch_points(self.collection, requests) if requests else []
+        return [
+            [
+                Hit(id=p.payload["doc_id"], score=float(p.score), text=p.payload["text"],
+                    title=p.payload.get("title", ""), metadata=p.payload.get("metadata") or {})
+                for p in response.points
+            ]
+            for response in responses
+        ]
+
+    def get(self, ids: Sequence[str]) -> list[Document | None]:
+        if self.manifest is None:
+            return [None] * len(ids)
+        found: dict[str, Document] = {}
+        for start in range(0, len(ids), 256):
+            for p in self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
+                                          with_payload=True, with_vectors=False):
+                found[p.payload["doc_id"]] = Document(id=p.payload["doc_id"], text=p.payload["text"],
+                                                      title=p.payload.get("title", ""),
+                                                      metadata=p.payload.get("metadata") or {})
+        return [found.get(i) for i in ids]
+
+    def close(self) -> None:
+        if self.location != ":memory:":
+            self.client.close()
