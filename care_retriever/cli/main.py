@@ -45,26 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     _register_all()
     try:
-        app(args=argv, standalone_mode=False)
+        # standalone mode handles usage errors (exit 2 with usage) and --help itself.
+        app(args=argv, prog_name="care-retriever")
     except CareError as exc:
         if os.environ.get("CARE_DEBUG"):
             raise
         typer.secho(f"error: {exc}", err=True, fg="red")
         return exc.exit_code
-    except KeyboardInterrupt:
-        typer.secho("interrupted", err=True)
-        return 130
-    except SystemExit as exc:  # typer/click exits for --help and usage errors
-        return int(exc.code or 0)
-    except Exception as exc:  # click usage errors surface here with standalone_mode=False
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
-            return 1
-        raise
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
 
 

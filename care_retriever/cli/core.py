@@ -1,0 +1,224 @@
+"""Core commands: ``init``, ``index``, ``search``, ``info``, ``delete``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from care_retriever.errors import InputError, ModelError
+
+
+def quiet_transformers() -> None:
+    """Model loading prints per-weight progress and load reports; a CLI user wants one line per step."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _load_embedder(model: str, load: str, device: str | None):
+    quiet_transformers()
+    from care_retriever.embedder import AsymmetricEmbedder
+
+    return AsymmetricEmbedder.from_pretrained(model, load=load, device=device)
+
+
+def _count_lines(path: Path) -> int | None:
+    try:
+        with path.open("rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError:
+        return None
+
+
+def _parse_filters(items: list[str] | None) -> dict[str, str | list[str]] | None:
+    if not items:
+        return None
+    filters: dict[str, str | list[str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--filter {item!r}: expected FIELD=VALUE (repeat the flag; FIELD=A,B matches any of A, B)")
+        filters[key] = value.split(",") if "," in value else value
+    return filters
+
+
+def init(
+    out: Annotated[Path, typer.Argument(help="Folder to create the model in.")],
+    preset: Annotated[str | None, typer.Option(help="From scratch: tiny | mini | base (random weights).")] = None,
+    vocab_from: Annotated[list[Path] | None, typer.Option("--vocab-from", help="JSONL or text file(s) to train the tokenizers on (with --preset).")] = None,
+    query_model: Annotated[str | None, typer.Option(help="Pretrained query tower: hub id or folder.")] = None,
+    document_model: Annotated[str | None, typer.Option(help="Pretrained document tower: hub id or folder.")] = None,
+    symmetric: Annotated[bool, typer.Option(help="One tower on both sides (baselines).")] = False,
+    query_pooling: Annotated[str | None, typer.Option(help="cls | mean | last_token (default: cls for encoders, last_token for decoders).")] = None,
+    document_pooling: Annotated[str, typer.Option(help="cls | mean | last_token.")] = "last_token",
+    document_adapter: Annotated[str | None, typer.Option(help="LoRA adapter (peft) to load onto the document tower and merge.")] = None,
+    max_length: Annotated[int, typer.Option(help="Max tokens per text.")] = 512,
+    seed: Annotated[int, typer.Option(help="Seed for random weights.")] = 0,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow model code from the hub (off by default).")] = False,
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+) -> None:
+    """Create a CARE model: from two pretrained towers, or from scratch with --preset."""
+    if out.exists() and any(out.iterdir()) and not force:
+        raise InputError(f"{out}: exists and is not empty (use --force to replace it)")
+    quiet_transformers()
+    if preset is not None:
+        if query_model or document_model:
+            raise InputError("use either --preset (from scratch) or --query-model/--document-model, not both")
+        if not vocab_from:
+            raise InputError("--preset needs --vocab-from FILE (a JSONL corpus or plain text) to train tokenizers")
+        from care_retriever.towers.scratch import init_from_scratch
+
+        typer.echo(f"Training tokenizers and building a random '{preset}' model ...", err=True)
+        try:
+            embedder = init_from_scratch(preset, vocab_from, seed=seed)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+    else:
+        if not query_model:
+            raise InputError("give --preset tiny|mini|base (from scratch) or --query-model (pretrained)")
+        if symmetric and document_model:
+            raise InputError("--symmetric uses the query tower on both sides; drop --document-model")
+        if not symmetric and not document_model:
+            raise InputError("--document-model is required (or pass --symmetric for a one-tower baseline)")
+        from care_retriever.embedder import AsymmetricEmbedder
+
+        embedder = AsymmetricEmbedder.from_towers(
+            query_model, None if symmetric else document_model, query_pooling=query_pooling,
+            document_pooling=document_pooling, document_adapter=document_adapter, max_length=max_length,
+            trust_remote_code=trust_remote_code,
+        )
+    embedder.save_pretrained(out)
+    typer.echo(f"Saved {embedder.mode} model to {out}: dim={embedder.dim}, document tower {embedder.document_dim} dims")
+
+
+def index(
+    model: Annotated[str, typer.Option(help="CARE model folder or hub id.")],
+    corpus: Annotated[Path, typer.Option(help="JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line).")],
+    store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant::memory: | qdrant:http://host:6333")],
+    collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Documents per forward pass.")] = 16,
+    chunk_size: Annotated[int, typer.Option(help="Documents read per chunk (memory bound).")] = 1024,
+    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint the store every N encoded documents.")] = 8192,
+    index_type: Annotated[str, typer.Option(help="FAISS index: flat (exact) | hnsw | ivf.")] = "flat",
+    hnsw_m: Annotated[int, typer.Option(help="HNSW neighbours per node.")] = 32,
+    nlist: Annotated[int, typer.Option(help="IVF lists.")] = 1024,
+    update: Annotated[bool, typer.Option(help="Add new and changed documents only (always the behaviour: unchanged ids are skipped).")] = False,
+    prune: Annotated[bool, typer.Option(help="Also delete stored documents whose id is not in the corpus.")] = False,
+    skip_invalid: Annotated[bool, typer.Option(help="Skip invalid rows instead of stopping at the first.")] = False,
+    device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: auto).")] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Encode a corpus with the document tower and write it into a FAISS or Qdrant store."""
+    from care_retriever.corpus import corpus_file, read_corpus
+    from care_retriever.stores import open_store
+    from care_retriever.writer import DocumentStoreWriter
+
+    file = corpus_file(corpus)
+    if batch_size < 1 or chunk_size < 1:
+        raise InputError("--batch-size and --chunk-size must be >= 1")
+    # Validate the whole corpus before the first write, so bad input leaves the store untouched.
+    total = sum(1 for _ in read_corpus(file, skip_invalid=skip_invalid))
+    target = open_store(store, collection=collection)
+    embedder = _load_embedder(model, "document", device)
+    options = {"type": index_type, "m": hnsw_m, "nlist": nlist} if store.startswith("faiss:") else None
+    writer = DocumentStoreWriter(embedder, target, batch_size=batch_size, chunk_size=chunk_size,
+                                 checkpoint_every=checkpoint_every, index_options=options, show_progress=progress)
+    report = writer.write(read_corpus(file, skip_invalid=skip_invalid), total=total, prune_ids_not_in=prune)
+    target.close()
+    if json_out:
+        typer.echo(json.dumps(report.to_dict(), ensure_ascii=False))
+    else:
+        typer.echo(
+            f"{report.store}: {report.added} added, {report.updated} updated, {report.unchanged} unchanged, "
+            f"{report.deleted} deleted; {report.count} documents ({report.docs_per_second:.1f} docs/s encoded)"
+        )
+
+
+def search(
+    queries: Annotated[list[str], typer.Argument(help="One or more queries.")],
+    model: Annotated[str, typer.Option(help="CARE model folder or hub id (only its query tower is loaded).")],
+    store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333")],
+    collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
+    top_k: Annotated[int, typer.Option(help="Hits per query.")] = 10,
+    filter_: Annotated[list[str] | None, typer.Option("--filter", help="Metadata filter FIELD=VALUE (repeatable).")] = None,
+    instruction: Annotated[str | None, typer.Option(help="Override the query instruction (instruction-tuned query towers).")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per query per line.")] = False,
+) -> None:
+    """Search a store with the query tower."""
+    from care_retriever.retriever import CareRetriever
+    from care_retriever.stores import open_store
+
+    if top_k < 1:
+        raise InputError(f"--top-k must be >= 1, got {top_k}")
+    filters = _parse_filters(filter_)
+    target = open_store(store, collection=collection)
+    target.require_manifest()
+    embedder = _load_embedder(model, "query", device)
+    retriever = CareRetriever(target, embedder, instruction=instruction)
+    results = retriever.search(queries, top_k=top_k, filters=filters)
+    for query, hits in zip(queries, results, strict=True):
+        if json_out:
+            row = {"query": query, "hits": [
+                {"id": h.id, "score": round(h.score, 6), "text": h.text, "title": h.title, "metadata": h.metadata}
+                for h in hits]}
+            sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+        else:
+            typer.echo(f"\n{query}")
+            for rank, h in enumerate(hits, 1):
+                text = (h.title + " | " if h.title else "") + h.text.replace("\n", " ")
+                typer.echo(f"  {rank:>2}. {h.score:.4f}  [{h.id}]  {text[:80]}")
+    retriever.close()
+
+
+def info(
+    store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333")],
+    collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Describe a store: backend, model fingerprint, dim, metric, count, index, versions."""
+    from care_retriever.stores import open_store
+
+    target = open_store(store, collection=collection)
+    manifest = target.require_manifest()
+    data = {**manifest.to_dict(), "live_count": target.count(), "store": target.describe()}
+    target.close()
+    if json_out:
+        typer.echo(json.dumps(data, ensure_ascii=False, indent=2))
+        return
+    for key in ("store", "backend", "model_name", "space_fingerprint", "dim", "metric", "count", "index", "versions"):
+        typer.echo(f"{key:>18}: {data[key]}")
+
+
+def delete(
+    ids: Annotated[list[str], typer.Argument(help="Document ids to delete.")],
+    store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333")],
+    collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
+) -> None:
+    """Delete documents by id (no model needed)."""
+    from care_retriever.stores import open_store
+
+    target = open_store(store, collection=collection)
+    manifest = target.require_manifest()
+    target.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name)
+    removed = target.delete(ids)
+    target.finalize()
+    target.close()
+    typer.echo(f"deleted {removed} of {len(ids)} ids; {manifest.backend} store now holds {target.count() if False else ''}".rstrip())
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(init)
+    app.command()(index)
+    app.command()(search)
+    app.command()(info)
+    app.command()(delete)
+
+
+__all__ = ["ModelError", "register"]
