@@ -81,11 +81,30 @@ def build_index(dim: int, options: dict[str, Any]) -> faiss.Index:
         inner = faiss.IndexHNSWFlat(dim, int(options.get("m", 32)), faiss.METRIC_INNER_PRODUCT)
         inner.hnsw.efConstruction = int(options.get("ef_construction", 200))
     elif kind == "ivf":
+        # IVF stores ids itself; wrapping it in IndexIDMap breaks remove_ids (ids get out of step).
         quantizer = faiss.IndexFlatIP(dim)
-        inner = faiss.IndexIVFFlat(quantizer, dim, int(options.get("nlist", 1024)), faiss.METRIC_INNER_PRODUCT)
+        return faiss.IndexIVFFlat(quantizer, dim, int(options.get("nlist", 1024)), faiss.METRIC_INNER_PRODUCT)
     else:
         raise InputError(f"Unknown FAISS index type {kind!r}. Available index types: {list(INDEX_TYPES)}")
     return faiss.IndexIDMap2(inner)
+
+
+def inner_index(index: faiss.Index) -> faiss.Index:
+    """The index doing the search: the one under an IndexIDMap, or the index itself (IVF)."""
+    return faiss.downcast_index(index.index) if hasattr(index, "id_map") else faiss.downcast_index(index)
+
+
+def index_ids(index: faiss.Index) -> np.ndarray:
+    """External ids of all vectors in ``index`` (row ids of the docstore, tombstones included)."""
+    if index.ntotal == 0:
+        return np.zeros(0, dtype=np.int64)
+    if hasattr(index, "id_map"):
+        return faiss.vector_to_array(index.id_map)
+    ivf = faiss.extract_index_ivf(index)
+    lists = ivf.invlists
+    parts = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy() for i in range(ivf.nlist)
+             if lists.list_size(i)]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
 class FaissStore(VectorStore):
@@ -193,12 +212,12 @@ class FaissStore(VectorStore):
             )
         self._open_staging()
         assert self._index is not None and self._db is not None
-        index_ids = set(faiss.vector_to_array(self._index.id_map).tolist()) if self._index.ntotal else set()
+        stored_ids = set(index_ids(self._index).tolist())
         row_ids = {r for (r,) in self._db.execute("SELECT row_id FROM documents")}
-        orphans = index_ids - row_ids
+        orphans = stored_ids - row_ids
         if orphans and self._supports_remove():
             self._index.remove_ids(np.fromiter(orphans, dtype=np.int64))
-        missing = row_ids - index_ids
+        missing = row_ids - stored_ids
         if missing:
             self._db.executemany("DELETE FROM documents WHERE row_id = ?", [(r,) for r in missing])
             self._db.commit()
@@ -215,7 +234,8 @@ class FaissStore(VectorStore):
             self._db.close()
         self._db = self._connect(self.staging / DOCSTORE)
         row = self._db.execute("SELECT MAX(row_id) FROM documents").fetchone()[0]
-        top_index = int(faiss.vector_to_array(self._index.id_map).max()) if self._index.ntotal else -1
+        ids = index_ids(self._index)
+        top_index = int(ids.max()) if len(ids) else -1
         self._next_row_id = max(row if row is not None else -1, top_index) + 1
         self._search_index = None
 
@@ -255,7 +275,7 @@ class FaissStore(VectorStore):
                     for r, d in zip(row_ids, documents, strict=True)
                 ],
             )
-            inner = faiss.downcast_index(self._index.index)
+            inner = inner_index(self._index)
             if isinstance(inner, faiss.IndexIVF) and not inner.is_trained:
                 if len(vectors) < inner.nlist:
                     raise InputError(
@@ -387,7 +407,7 @@ class FaissStore(VectorStore):
         return results
 
     def _search_params(self, manifest: Manifest, filters: Filters | None) -> Any:
-        inner = faiss.downcast_index(self._index.index)
+        inner = inner_index(self._index)
         selector = None
         if filters:
             row_ids = self._filtered_row_ids(filters)
@@ -395,9 +415,11 @@ class FaissStore(VectorStore):
                 return False
             selector = faiss.IDSelectorBatch(row_ids)
         if isinstance(inner, faiss.IndexHNSW):
-            params = faiss.SearchParametersHNSW(efSearch=int(manifest.index.get("ef_search", 128)))
+            params = faiss.SearchParametersHNSW()
+            params.efSearch = int(manifest.index.get("ef_search", 128))
         elif isinstance(inner, faiss.IndexIVF):
-            params = faiss.SearchParametersIVF(nprobe=int(manifest.index.get("nprobe", 32)))
+            params = faiss.SearchParametersIVF()
+            params.nprobe = int(manifest.index.get("nprobe", 32))
         elif selector is None:
             return None
         else:

@@ -1,0 +1,65 @@
+"""Shared fixtures: tiny models the tests build themselves, the shipped sample, the shared data."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_DIR = REPO / "care_retriever" / "data" / "sample"
+SHARED_DATA = Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+MEDICAL_TEXTS = [
+    ("a", "高血压", "高血压患者应低盐饮食，规律服用降压药，定期监测血压。"),
+    ("b", "感冒", "普通感冒多由病毒引起，多休息多喝水，一般一周左右可以自愈。"),
+    ("c", "糖尿病", "糖尿病患者需要控制饮食、适量运动，并遵医嘱使用降糖药物。"),
+    ("d", "腹泻", "拉肚子时注意补充水分和电解质，避免脱水，严重时及时就医。"),
+    ("e", "失眠", "失眠可以通过规律作息、睡前避免咖啡和手机来改善。"),
+    ("f", "儿童发烧", "宝宝发烧超过三十八度五或精神差时应及时就医。"),
+]
+
+
+@pytest.fixture(scope="session")
+def small_corpus_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six short Chinese medical passages as a JSONL corpus with metadata."""
+    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    with path.open("w", encoding="utf-8") as fh:
+        for i, (doc_id, title, text) in enumerate(MEDICAL_TEXTS):
+            row = {"_id": doc_id, "title": title, "text": text, "metadata": {"group": "odd" if i % 2 else "even"}}
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def sample_corpus_path() -> Path:
+    path = SAMPLE_DIR / "corpus.jsonl"
+    if not path.is_file():
+        pytest.skip(f"shipped sample corpus missing at {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, small_corpus_path: Path) -> Path:
+    """A saved tiny CARE model (random weights, tokenizers trained on the small corpus)."""
+    from care_retriever.towers.scratch import init_from_scratch
+
+    vocab = [small_corpus_path]
+    if (SAMPLE_DIR / "corpus.jsonl").is_file():
+        vocab.append(SAMPLE_DIR / "corpus.jsonl")
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    init_from_scratch("tiny", vocab, seed=0).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA} (set CARE_SHARED_DATA)")
+    return SHARED_DATA
