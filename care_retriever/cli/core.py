@@ -71,8 +71,13 @@ def init(
             raise InputError("use either --preset (from scratch) or --query-model/--document-model, not both")
         if not vocab_from:
             raise InputError("--preset needs --vocab-from FILE (a JSONL corpus or plain text) to train tokenizers")
+        from care_retriever.towers.presets import get_preset
         from care_retriever.towers.scratch import init_from_scratch
 
+        try:
+            get_preset(preset)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
         typer.echo(f"Training tokenizers and building a random '{preset}' model ...", err=True)
         try:
             embedder = init_from_scratch(preset, vocab_from, seed=seed)
@@ -209,8 +214,9 @@ def delete(
     target.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name)
     removed = target.delete(ids)
     target.finalize()
+    remaining = target.count()
     target.close()
-    typer.echo(f"deleted {removed} of {len(ids)} ids; {manifest.backend} store now holds {target.count() if False else ''}".rstrip())
+    typer.echo(f"deleted {removed} of {len(ids)} ids; the store now holds {remaining} documents")
 
 
 def register(app: typer.Typer) -> None:
