@@ -1,0 +1,23 @@
+"""The README opens with the two commands, and CI runs the README's test command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text("utf-8")
+    block = text.split("```bash", 1)[1].split("```", 1)[0]
+    return [line.strip() for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_readme_opens_with_two_commands_and_ci_runs_the_test_one() -> None:
+    commands = _readme_commands()
+    assert len(commands) == 2
+    main_job, tests = commands
+    assert "care-retriever quickstart" in main_job and "pytest" in tests
+    assert 'torch==2.13.0' in main_job and 'torch==2.13.0' in tests
+    ci = (REPO / ".ci" / "run").read_text("utf-8")
+    assert tests in ci.splitlines()
