@@ -24,7 +24,18 @@ _LAZY = {
     "CareError": "care_retriever.errors",
 }
 
-__all__ = [*_LAZY, "__version__"]
+__all__ = [
+    "AsymmetricEmbedder",
+    "CareConfig",
+    "CareError",
+    "CareRetriever",
+    "Document",
+    "DocumentStoreWriter",
+    "Hit",
+    "__version__",
+    "open_store",
+    "read_corpus",
+]
 
 if TYPE_CHECKING:
     from care_retriever.corpus import Document, read_corpus

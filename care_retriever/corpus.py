@@ -102,18 +102,18 @@ def _parse_line(raw: bytes, lineno: int, file: Path, jsonl: bool) -> Document | 
         raise InputError(f"{at(file, lineno)}: expected a JSON object, got {type(row).__name__}")
     doc_id = row.get("_id", row.get("id"))
     if doc_id is None or (isinstance(doc_id, str) and not doc_id.strip()):
-        raise InputError(f"{at(file, lineno)}: missing document id (\"_id\" or \"id\")")
+        raise InputError(f'{at(file, lineno)}: missing document id ("_id" or "id")')
     if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool):
         raise InputError(f"{at(file, lineno)}: document id must be a string or integer")
     if "text" not in row:
-        raise InputError(f"{at(file, lineno)}: missing field \"text\"")
+        raise InputError(f'{at(file, lineno)}: missing field "text"')
     text, title, metadata = row["text"], row.get("title") or "", row.get("metadata") or {}
     if not isinstance(text, str):
-        raise InputError(f"{at(file, lineno)}: \"text\" must be a string")
+        raise InputError(f'{at(file, lineno)}: "text" must be a string')
     if not isinstance(title, str):
-        raise InputError(f"{at(file, lineno)}: \"title\" must be a string")
+        raise InputError(f'{at(file, lineno)}: "title" must be a string')
     if not isinstance(metadata, dict):
-        raise InputError(f"{at(file, lineno)}: \"metadata\" must be an object")
+        raise InputError(f'{at(file, lineno)}: "metadata" must be an object')
     if not (text.strip() or title.strip()):
         raise InputError(f"{at(file, lineno)}: empty text for document {doc_id!r}")
     return Document(id=str(doc_id), text=text, title=title, metadata=metadata)

@@ -35,7 +35,6 @@ from care_retriever.towers.modules import (
     tower_modules,
     tower_native_dim,
     tower_output_dim,
-    tower_pooling,
 )
 from care_retriever.towers.tokenizer import ensure_eos_appended
 
@@ -45,7 +44,11 @@ QUERY_PROMPT_TEMPLATE = "Instruct: {instruction}\nQuery: "
 DEFAULT_INSTRUCTION = "Given a Chinese medical question, retrieve medical documents that answer the question."
 
 Load = Literal["both", "query", "document"]
-ROUTES: dict[str, tuple[str, ...]] = {"both": ("query", "document"), "query": ("query",), "document": ("document",)}
+ROUTES: dict[str, tuple[str, ...]] = {
+    "both": ("query", "document"),
+    "query": ("query",),
+    "document": ("document",),
+}
 
 
 @dataclass
@@ -110,12 +113,20 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32
-    names = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-             "fp16": torch.float16, "float16": torch.float16}
+    names = {
+        "fp32": torch.float32,
+        "float32": torch.float32,
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+    }
     try:
         return names[str(dtype)]
     except KeyError:
-        raise ModelError(f"Unknown dtype {dtype!r}. Available dtypes: ['auto', {', '.join(map(repr, names))}]") from None
+        raise ModelError(
+            f"Unknown dtype {dtype!r}. Available dtypes: ['auto', {', '.join(map(repr, names))}]"
+        ) from None
 
 
 def _assemble(modules: list[Module], device: torch.device, prompts: dict[str, str]) -> SentenceTransformer:
@@ -168,7 +179,7 @@ class AsymmetricEmbedder:
         *,
         query_pooling: str | None = None,
         document_pooling: str = "last_token",
-        query_prompt_template: str | None | Literal["auto"] = "auto",
+        query_prompt_template: str | Literal["auto"] | None = "auto",
         default_instruction: str = DEFAULT_INSTRUCTION,
         max_length: int = DEFAULT_MAX_LENGTH,
         document_adapter: str | None = None,
@@ -186,8 +197,9 @@ class AsymmetricEmbedder:
         """
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
-        q_tf = load_transformer(query_model, max_length=max_length, dtype=torch_dtype,
-                                trust_remote_code=trust_remote_code)
+        q_tf = load_transformer(
+            query_model, max_length=max_length, dtype=torch_dtype, trust_remote_code=trust_remote_code
+        )
         q_is_decoder = _is_decoder(q_tf)
         q_pool = query_pooling or ("last_token" if q_is_decoder else "cls")
         if q_pool == "last_token":
@@ -198,8 +210,9 @@ class AsymmetricEmbedder:
             mode: Literal["asymmetric", "symmetric"] = "symmetric"
             d_pool = q_pool
         else:
-            d_tf = load_transformer(document_model, max_length=max_length, dtype=torch_dtype,
-                                    trust_remote_code=trust_remote_code)
+            d_tf = load_transformer(
+                document_model, max_length=max_length, dtype=torch_dtype, trust_remote_code=trust_remote_code
+            )
             if document_adapter:
                 _attach_adapter(d_tf, document_adapter, merge_adapter)
             d_pool = document_pooling
@@ -209,8 +222,11 @@ class AsymmetricEmbedder:
             q_mods = tower_modules(q_tf, q_pool)
             d_mods = tower_modules(d_tf, d_pool, output_dim=q_dim)
             mode = "asymmetric"
-        template = (QUERY_PROMPT_TEMPLATE if q_pool == "last_token" else None) \
-            if query_prompt_template == "auto" else query_prompt_template
+        template = (
+            (QUERY_PROMPT_TEMPLATE if q_pool == "last_token" else None)
+            if query_prompt_template == "auto"
+            else query_prompt_template
+        )
         config = CareConfig(
             mode=mode,
             dim=tower_output_dim(q_mods),
@@ -241,8 +257,12 @@ class AsymmetricEmbedder:
             raise ModelError(f"Unknown load {load!r}. Available: {sorted(ROUTES)}")
         name = str(model_name_or_path)
         _check_model_location(name)
-        hub = {"token": token, "cache_folder": cache_folder, "revision": revision,
-               "local_files_only": os.environ.get("HF_HUB_OFFLINE") == "1"}
+        hub = {
+            "token": token,
+            "cache_folder": cache_folder,
+            "revision": revision,
+            "local_files_only": os.environ.get("HF_HUB_OFFLINE") == "1",
+        }
         config_path = _file(name, CONFIG_NAME, hub)
         if config_path is None:
             raise ModelError(
@@ -334,16 +354,27 @@ class AsymmetricEmbedder:
     ) -> np.ndarray:
         """Encode queries with the query tower: ``(len(texts), dim)`` float32, unit norm."""
         texts = check_texts(texts, "queries")
-        return encode_texts(self.query_model, texts, prompt=self.query_prompt(instruction), batch_size=batch_size,
-                            show_progress=show_progress, desc="Encoding queries", unit="query")
+        return encode_texts(
+            self.query_model,
+            texts,
+            prompt=self.query_prompt(instruction),
+            batch_size=batch_size,
+            show_progress=show_progress,
+            desc="Encoding queries",
+            unit="query",
+        )
 
-    def embed_documents(
-        self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False
-    ) -> np.ndarray:
+    def embed_documents(self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False) -> np.ndarray:
         """Encode documents with the document tower: ``(len(texts), dim)`` float32, unit norm."""
         texts = check_texts(texts, "documents")
-        return encode_texts(self.document_model, texts, batch_size=batch_size, show_progress=show_progress,
-                            desc="Encoding documents", unit="doc")
+        return encode_texts(
+            self.document_model,
+            texts,
+            batch_size=batch_size,
+            show_progress=show_progress,
+            desc="Encoding documents",
+            unit="doc",
+        )
 
     # ------------------------------------------------------------------ saving
     def to_sentence_transformer(self) -> SentenceTransformer:
@@ -352,8 +383,12 @@ class AsymmetricEmbedder:
             raise ModelError("saving or training needs both towers; load the model with load='both'")
         router = Router.for_query_document(self.query_modules, self.document_modules, default_route="document")
         prompts = {"query": self.query_prompt() or "", "document": ""}
-        return SentenceTransformer(modules=[router, Normalize()], device=str(self.device), prompts=prompts,
-                                   similarity_fn_name="cosine")
+        return SentenceTransformer(
+            modules=[router, Normalize()],
+            device=str(self.device),
+            prompts=prompts,
+            similarity_fn_name="cosine",
+        )
 
     def save_pretrained(self, path: str | os.PathLike[str]) -> Path:
         """Write the model to ``path`` atomically (a temp folder renamed into place)."""
@@ -381,16 +416,20 @@ class AsymmetricEmbedder:
 
     def __repr__(self) -> str:
         loaded = [s for s, m in (("query", self._query_model), ("document", self._document_model)) if m]
-        return (f"AsymmetricEmbedder(mode={self.mode}, dim={self.dim}, document_dim={self.document_dim}, "
-                f"loaded={loaded})")
+        return (
+            f"AsymmetricEmbedder(mode={self.mode}, dim={self.dim}, document_dim={self.document_dim}, loaded={loaded})"
+        )
 
 
 # ---------------------------------------------------------------------- helpers
 def _is_decoder(transformer: Transformer) -> bool:
     config = transformer.auto_model.config
     archs = getattr(config, "architectures", None) or []
-    return bool(getattr(config, "is_decoder", False)) or any("CausalLM" in a for a in archs) or \
-        config.model_type in {"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt2"}
+    return (
+        bool(getattr(config, "is_decoder", False))
+        or any("CausalLM" in a for a in archs)
+        or config.model_type in {"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt2"}
+    )
 
 
 def _attach_adapter(transformer: Transformer, adapter: str, merge: bool) -> None:
@@ -404,8 +443,9 @@ def _attach_adapter(transformer: Transformer, adapter: str, merge: bool) -> None
 
 
 def _check_model_location(name: str) -> None:
-    looks_local = name.startswith((".", "/", "~")) or os.sep in name.rstrip(os.sep).split(os.sep, 1)[-1] \
-        or Path(name).exists()
+    looks_local = (
+        name.startswith((".", "/", "~")) or os.sep in name.rstrip(os.sep).split(os.sep, 1)[-1] or Path(name).exists()
+    )
     if looks_local and not Path(name).is_dir():
         raise ModelError(f"model folder not found: {name}")
 
@@ -421,13 +461,21 @@ def _file(name: str, filename: str, hub: dict[str, Any]) -> str | None:
 
 
 def _load_module(
-    name: str, module_id: str, class_ref: str, hub: dict[str, Any], dtype: torch.dtype, trust_remote_code: bool
+    name: str,
+    module_id: str,
+    class_ref: str,
+    hub: dict[str, Any],
+    dtype: torch.dtype,
+    trust_remote_code: bool,
 ) -> Module:
     module_class = import_module_class(class_ref, model_name_or_path=name, trust_remote_code=False)
     if issubclass(module_class, Transformer):
         return module_class.load(
-            name, subfolder=module_id, trust_remote_code=trust_remote_code,
-            model_kwargs={"dtype": dtype, "use_safetensors": not trust_remote_code}, **hub,
+            name,
+            subfolder=module_id,
+            trust_remote_code=trust_remote_code,
+            model_kwargs={"dtype": dtype, "use_safetensors": not trust_remote_code},
+            **hub,
         )
     return module_class.load(name, subfolder=module_id, **hub)
 

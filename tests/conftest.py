@@ -32,7 +32,12 @@ def small_corpus_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     with path.open("w", encoding="utf-8") as fh:
         for i, (doc_id, title, text) in enumerate(MEDICAL_TEXTS):
-            row = {"_id": doc_id, "title": title, "text": text, "metadata": {"group": "odd" if i % 2 else "even"}}
+            row = {
+                "_id": doc_id,
+                "title": title,
+                "text": text,
+                "metadata": {"group": "odd" if i % 2 else "even"},
+            }
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
 

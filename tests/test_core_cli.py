@@ -34,14 +34,36 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("backend", ["faiss", "qdrant"])
-def test_init_index_search_json_info(capsys, cli_model: Path, small_corpus_path: Path, tmp_path: Path,
-                                     backend: str) -> None:
+def test_init_index_search_json_info(
+    capsys, cli_model: Path, small_corpus_path: Path, tmp_path: Path, backend: str
+) -> None:
     store = f"{backend}:{tmp_path / 'store'}"
-    code, out, _ = run(capsys, "index", "--model", cli_model, "--corpus", small_corpus_path, "--store", store,
-                       "--json", "--no-progress")
+    code, out, _ = run(
+        capsys,
+        "index",
+        "--model",
+        cli_model,
+        "--corpus",
+        small_corpus_path,
+        "--store",
+        store,
+        "--json",
+        "--no-progress",
+    )
     assert code == 0 and json.loads(out)["added"] == 6
-    code, out, _ = run(capsys, "search", "--model", cli_model, "--store", store, "--top-k", "3", "--json",
-                       "血压高怎么办", "宝宝发烧")
+    code, out, _ = run(
+        capsys,
+        "search",
+        "--model",
+        cli_model,
+        "--store",
+        store,
+        "--top-k",
+        "3",
+        "--json",
+        "血压高怎么办",
+        "宝宝发烧",
+    )
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and [r["query"] for r in rows] == ["血压高怎么办", "宝宝发烧"]
     for row in rows:
@@ -52,8 +74,18 @@ def test_init_index_search_json_info(capsys, cli_model: Path, small_corpus_path:
     code, out, _ = run(capsys, "info", "--store", store, "--json")
     info = json.loads(out)
     assert code == 0 and info["count"] == 6 and info["backend"] == backend and info["dim"] == 32
-    code, out, _ = run(capsys, "index", "--model", cli_model, "--corpus", small_corpus_path, "--store", store,
-                       "--json", "--no-progress")
+    code, out, _ = run(
+        capsys,
+        "index",
+        "--model",
+        cli_model,
+        "--corpus",
+        small_corpus_path,
+        "--store",
+        store,
+        "--json",
+        "--no-progress",
+    )
     assert json.loads(out)["added"] == 0 and json.loads(out)["unchanged"] == 6
     code, out, _ = run(capsys, "delete", "--store", store, "a", "zz")
     assert code == 0 and "deleted 1 of 2" in out
@@ -61,26 +93,50 @@ def test_init_index_search_json_info(capsys, cli_model: Path, small_corpus_path:
 
 def test_search_filters(capsys, cli_model: Path, small_corpus_path: Path, tmp_path: Path) -> None:
     store = f"faiss:{tmp_path / 'store'}"
-    run(capsys, "index", "--model", cli_model, "--corpus", small_corpus_path, "--store", store, "--no-progress")
-    code, out, _ = run(capsys, "search", "--model", cli_model, "--store", store, "--json", "--filter", "group=odd",
-                       "血压")
+    run(
+        capsys,
+        "index",
+        "--model",
+        cli_model,
+        "--corpus",
+        small_corpus_path,
+        "--store",
+        store,
+        "--no-progress",
+    )
+    code, out, _ = run(
+        capsys, "search", "--model", cli_model, "--store", store, "--json", "--filter", "group=odd", "血压"
+    )
     assert code == 0 and {h["id"] for h in json.loads(out)["hits"]} == {"b", "d", "f"}
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["index", "--model", "{model}", "--corpus", "{bad}", "--store", "faiss:{tmp}/s"], "bad.jsonl:2: empty text"),
-        (["index", "--model", "{tmp}/nope", "--corpus", "{corpus}", "--store", "faiss:{tmp}/s"], "model folder not found"),
-        (["index", "--model", "{model}", "--corpus", "{corpus}", "--store", "redis:{tmp}/s"], "invalid store"),
-        (["index", "--model", "{model}", "--corpus", "{tmp}/missing.jsonl", "--store", "faiss:{tmp}/s"], "corpus not found"),
+        (
+            ["index", "--model", "{model}", "--corpus", "{bad}", "--store", "faiss:{tmp}/s"],
+            "bad.jsonl:2: empty text",
+        ),
+        (
+            ["index", "--model", "{tmp}/nope", "--corpus", "{corpus}", "--store", "faiss:{tmp}/s"],
+            "model folder not found",
+        ),
+        (
+            ["index", "--model", "{model}", "--corpus", "{corpus}", "--store", "redis:{tmp}/s"],
+            "invalid store",
+        ),
+        (
+            ["index", "--model", "{model}", "--corpus", "{tmp}/missing.jsonl", "--store", "faiss:{tmp}/s"],
+            "corpus not found",
+        ),
         (["search", "--model", "{model}", "--store", "faiss:{tmp}/none", "q"], "does not exist"),
         (["init", "{tmp}/m2", "--preset", "huge", "--vocab-from", "{corpus}"], "Unknown preset 'huge'"),
         (["init", "{tmp}/m3", "--preset", "tiny"], "--vocab-from"),
     ],
 )
-def test_bad_input_is_one_line_nonzero_and_writes_nothing(capsys, cli_model, small_corpus_path, tmp_path: Path,
-                                                          args: list[str], message: str) -> None:
+def test_bad_input_is_one_line_nonzero_and_writes_nothing(
+    capsys, cli_model, small_corpus_path, tmp_path: Path, args: list[str], message: str
+) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"_id": "a", "text": "好"}\n{"_id": "b", "text": ""}\n', encoding="utf-8")
     fill = {"model": str(cli_model), "bad": str(bad), "tmp": str(tmp_path), "corpus": str(small_corpus_path)}
@@ -94,7 +150,10 @@ def test_installed_entry_point_prints_no_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "care_retriever.cli.main", "info", "--store", f"faiss:{tmp_path / 'x'}"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error:") and "Traceback" not in proc.stderr

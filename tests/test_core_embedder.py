@@ -14,7 +14,11 @@ from care_retriever.errors import InputError, ModelError
 from care_retriever.towers.scratch import build_random_towers, iter_vocab_texts
 
 QUERIES = ["血压高怎么办", "宝宝发烧三十九度要去医院吗", "失眠"]
-DOCS = ["高血压患者应低盐饮食，规律服用降压药。", "普通感冒多由病毒引起。", "拉肚子时注意补充水分和电解质，避免脱水。"]
+DOCS = [
+    "高血压患者应低盐饮食，规律服用降压药。",
+    "普通感冒多由病毒引起。",
+    "拉肚子时注意补充水分和电解质，避免脱水。",
+]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +89,9 @@ def test_load_query_never_builds_the_document_tower(tiny_model_dir: Path, embedd
         query_only.embed_documents(DOCS)
 
 
-def test_saved_folder_is_a_sentence_transformers_router_model(tiny_model_dir: Path, embedder: AsymmetricEmbedder) -> None:
+def test_saved_folder_is_a_sentence_transformers_router_model(
+    tiny_model_dir: Path, embedder: AsymmetricEmbedder
+) -> None:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Router
 
@@ -121,8 +127,9 @@ def test_lora_adapter_on_document_tower_loads_and_merges(tower_dirs: tuple[Path,
 
     q_dir, d_dir = tower_dirs
     base = AutoModel.from_pretrained(d_dir)
-    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                 init_lora_weights=False))
+    peft_model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     peft_model.save_pretrained(tmp_path / "adapter")
     plain = AsymmetricEmbedder.from_towers(str(q_dir), str(d_dir))
     adapted = AsymmetricEmbedder.from_towers(str(q_dir), str(d_dir), document_adapter=str(tmp_path / "adapter"))

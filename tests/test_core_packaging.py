@@ -19,8 +19,21 @@ REPO = Path(__file__).resolve().parents[1]
 def test_wheel_installs_all_three_import_packages(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q", "-w", str(dist)],
-        check=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(REPO),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+        ],
+        check=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     wheel = next(dist.glob("care_retriever-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
@@ -30,18 +43,31 @@ def test_wheel_installs_all_three_import_packages(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     # Dependencies come from the test environment; the package itself only from the wheel.
     Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, timeout=300)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        timeout=300,
+    )
     code = (
         "import care_retriever, care_retriever.integrations, care_retriever.training, care_retriever.cli.main;"
         "print(care_retriever.__file__)"
     )
-    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    out = subprocess.run(
+        [str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(site)
 
@@ -49,7 +75,8 @@ def test_wheel_installs_all_three_import_packages(tmp_path: Path) -> None:
 def test_import_does_not_load_frameworks_or_torch() -> None:
     code = (
         "import sys, care_retriever;"
-        "heavy = [m for m in sys.modules if m.split('.')[0] in {'haystack','langchain','langchain_core','qdrant_client','torch'}];"
+        "heavy = {'haystack', 'langchain', 'langchain_core', 'qdrant_client', 'torch'};"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in heavy];"
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

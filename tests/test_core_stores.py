@@ -52,7 +52,10 @@ def test_reads_jsonl_beir_folder_and_plain_text(tmp_path: Path, small_corpus_pat
         ('{"_id": "a", "text": "ok"}\n{"_id": "b", "text": "   "}\n', r"corpus.jsonl:2: empty text"),
         ('{"text": "no id"}\n', r"corpus.jsonl:1: missing document id"),
         ('{"_id": "a"}\n', r'corpus.jsonl:1: missing field "text"'),
-        ('{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n', r"corpus.jsonl:2: duplicate document id 'a'"),
+        (
+            '{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n',
+            r"corpus.jsonl:2: duplicate document id 'a'",
+        ),
         ('{"_id": "a", "text": "x"\n', r"corpus.jsonl:1: invalid JSON"),
         (b'{"_id": "a", "text": "\xff"}\n', r"corpus.jsonl:1: not valid UTF-8"),
         ('{"_id": "a", "text": "x", "metadata": [1]}\n', r'corpus.jsonl:1: "metadata" must be an object'),
@@ -78,8 +81,11 @@ def _brute_force(embedder: AsymmetricEmbedder, docs: list[Document], query: str)
 
 @pytest.mark.parametrize("spec", ["faiss", "qdrant-memory", "qdrant-path"])
 def test_write_then_search_matches_brute_force(embedder, docs, tmp_path: Path, spec: str) -> None:
-    store = {"faiss": f"faiss:{tmp_path / 'f'}", "qdrant-memory": "qdrant::memory:",
-             "qdrant-path": f"qdrant:{tmp_path / 'q'}"}[spec]
+    store = {
+        "faiss": f"faiss:{tmp_path / 'f'}",
+        "qdrant-memory": "qdrant::memory:",
+        "qdrant-path": f"qdrant:{tmp_path / 'q'}",
+    }[spec]
     writer = DocumentStoreWriter(embedder, store, show_progress=False, chunk_size=4)
     report = writer.write(docs)
     assert (report.added, report.count) == (len(docs), len(docs))
@@ -107,7 +113,12 @@ def test_reindex_adds_nothing_update_reencodes_changed_and_delete(embedder, docs
     changed = [Document(d.id, d.text + "（已更新）", d.title, d.metadata) if d.id == "a" else d for d in docs]
     changed.append(Document("g", "新增文档：痛风患者应少吃海鲜。"))
     report = again.write(changed)
-    assert (report.added, report.updated, report.unchanged, report.count) == (1, 1, len(docs) - 1, len(docs) + 1)
+    assert (report.added, report.updated, report.unchanged, report.count) == (
+        1,
+        1,
+        len(docs) - 1,
+        len(docs) + 1,
+    )
     assert again.store.get(["a"])[0].text.endswith("（已更新）")
     assert again.delete(["g", "missing"]) == 1
     assert again.store.count() == len(docs)
@@ -122,7 +133,7 @@ def test_approximate_faiss_indexes(embedder, docs, tmp_path: Path, options: dict
     writer.write(docs)
     hits = CareRetriever(writer.store, embedder).search(QUERIES[0], top_k=3)
     assert [h.id for h in hits] == _brute_force(embedder, docs, QUERIES[0])[:3]  # tiny index: exact
-    writer.write([Document("a", "改写后的高血压文档")] + docs[1:])  # HNSW keeps a tombstone, IVF removes
+    writer.write([Document("a", "改写后的高血压文档"), *docs[1:]])  # HNSW keeps a tombstone, IVF removes
     reopened = open_store(f"faiss:{tmp_path / 's'}")
     assert reopened.count() == len(docs)
     assert len({h.id for h in CareRetriever(reopened, embedder).search(QUERIES[0], top_k=10)}) == len(docs)
@@ -155,7 +166,7 @@ def test_corrupted_stores_give_clear_errors(embedder, docs, tmp_path: Path) -> N
     with pytest.raises(StoreError, match="count mismatch"):
         open_store(f"faiss:{folder}")
     (folder / DOCSTORE).unlink()
-    with pytest.raises(StoreError, match="docstore.sqlite: missing"):
+    with pytest.raises(StoreError, match=r"docstore\.sqlite: missing"):
         open_store(f"faiss:{folder}")
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "x").write_text("x")

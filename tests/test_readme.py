@@ -18,6 +18,6 @@ def test_readme_opens_with_two_commands_and_ci_runs_the_test_one() -> None:
     assert len(commands) == 2
     main_job, tests = commands
     assert "care-retriever quickstart" in main_job and "pytest" in tests
-    assert 'torch==2.13.0' in main_job and 'torch==2.13.0' in tests
+    assert "torch==2.13.0" in main_job and "torch==2.13.0" in tests
     ci = (REPO / ".ci" / "run").read_text("utf-8")
     assert tests in ci.splitlines()

@@ -42,7 +42,9 @@ def _parse_filters(items: list[str] | None) -> dict[str, str | list[str]] | None
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise InputError(f"--filter {item!r}: expected FIELD=VALUE (repeat the flag; FIELD=A,B matches any of A, B)")
+            raise InputError(
+                f"--filter {item!r}: expected FIELD=VALUE (repeat the flag; FIELD=A,B matches any of A, B)"
+            )
         filters[key] = value.split(",") if "," in value else value
     return filters
 
@@ -50,13 +52,21 @@ def _parse_filters(items: list[str] | None) -> dict[str, str | list[str]] | None
 def init(
     out: Annotated[Path, typer.Argument(help="Folder to create the model in.")],
     preset: Annotated[str | None, typer.Option(help="From scratch: tiny | mini | base (random weights).")] = None,
-    vocab_from: Annotated[list[Path] | None, typer.Option("--vocab-from", help="JSONL or text file(s) to train the tokenizers on (with --preset).")] = None,
+    vocab_from: Annotated[
+        list[Path] | None,
+        typer.Option("--vocab-from", help="JSONL or text file(s) to train the tokenizers on (with --preset)."),
+    ] = None,
     query_model: Annotated[str | None, typer.Option(help="Pretrained query tower: hub id or folder.")] = None,
     document_model: Annotated[str | None, typer.Option(help="Pretrained document tower: hub id or folder.")] = None,
     symmetric: Annotated[bool, typer.Option(help="One tower on both sides (baselines).")] = False,
-    query_pooling: Annotated[str | None, typer.Option(help="cls | mean | last_token (default: cls for encoders, last_token for decoders).")] = None,
+    query_pooling: Annotated[
+        str | None,
+        typer.Option(help="cls | mean | last_token (default: cls for encoders, last_token for decoders)."),
+    ] = None,
     document_pooling: Annotated[str, typer.Option(help="cls | mean | last_token.")] = "last_token",
-    document_adapter: Annotated[str | None, typer.Option(help="LoRA adapter (peft) to load onto the document tower and merge.")] = None,
+    document_adapter: Annotated[
+        str | None, typer.Option(help="LoRA adapter (peft) to load onto the document tower and merge.")
+    ] = None,
     max_length: Annotated[int, typer.Option(help="Max tokens per text.")] = 512,
     seed: Annotated[int, typer.Option(help="Seed for random weights.")] = 0,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow model code from the hub (off by default).")] = False,
@@ -93,8 +103,12 @@ def init(
         from care_retriever.embedder import AsymmetricEmbedder
 
         embedder = AsymmetricEmbedder.from_towers(
-            query_model, None if symmetric else document_model, query_pooling=query_pooling,
-            document_pooling=document_pooling, document_adapter=document_adapter, max_length=max_length,
+            query_model,
+            None if symmetric else document_model,
+            query_pooling=query_pooling,
+            document_pooling=document_pooling,
+            document_adapter=document_adapter,
+            max_length=max_length,
             trust_remote_code=trust_remote_code,
         )
     embedder.save_pretrained(out)
@@ -103,7 +117,10 @@ def init(
 
 def index(
     model: Annotated[str, typer.Option(help="CARE model folder or hub id.")],
-    corpus: Annotated[Path, typer.Option(help="JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line).")],
+    corpus: Annotated[
+        Path,
+        typer.Option(help="JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line)."),
+    ],
     store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant::memory: | qdrant:http://host:6333")],
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
     batch_size: Annotated[int, typer.Option(help="Documents per forward pass.")] = 16,
@@ -112,7 +129,10 @@ def index(
     index_type: Annotated[str, typer.Option(help="FAISS index: flat (exact) | hnsw | ivf.")] = "flat",
     hnsw_m: Annotated[int, typer.Option(help="HNSW neighbours per node.")] = 32,
     nlist: Annotated[int, typer.Option(help="IVF lists.")] = 1024,
-    update: Annotated[bool, typer.Option(help="Add new and changed documents only (always the behaviour: unchanged ids are skipped).")] = False,
+    update: Annotated[
+        bool,
+        typer.Option(help="Add new and changed documents only (always the behaviour: unchanged ids are skipped)."),
+    ] = False,
     prune: Annotated[bool, typer.Option(help="Also delete stored documents whose id is not in the corpus.")] = False,
     skip_invalid: Annotated[bool, typer.Option(help="Skip invalid rows instead of stopping at the first.")] = False,
     device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: auto).")] = None,
@@ -132,8 +152,15 @@ def index(
     target = open_store(store, collection=collection)
     embedder = _load_embedder(model, "document", device)
     options = {"type": index_type, "m": hnsw_m, "nlist": nlist} if store.startswith("faiss:") else None
-    writer = DocumentStoreWriter(embedder, target, batch_size=batch_size, chunk_size=chunk_size,
-                                 checkpoint_every=checkpoint_every, index_options=options, show_progress=progress)
+    writer = DocumentStoreWriter(
+        embedder,
+        target,
+        batch_size=batch_size,
+        chunk_size=chunk_size,
+        checkpoint_every=checkpoint_every,
+        index_options=options,
+        show_progress=progress,
+    )
     report = writer.write(read_corpus(file, skip_invalid=skip_invalid), total=total, prune_ids_not_in=prune)
     target.close()
     if json_out:
@@ -151,8 +178,12 @@ def search(
     store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333")],
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
     top_k: Annotated[int, typer.Option(help="Hits per query.")] = 10,
-    filter_: Annotated[list[str] | None, typer.Option("--filter", help="Metadata filter FIELD=VALUE (repeatable).")] = None,
-    instruction: Annotated[str | None, typer.Option(help="Override the query instruction (instruction-tuned query towers).")] = None,
+    filter_: Annotated[
+        list[str] | None, typer.Option("--filter", help="Metadata filter FIELD=VALUE (repeatable).")
+    ] = None,
+    instruction: Annotated[
+        str | None, typer.Option(help="Override the query instruction (instruction-tuned query towers).")
+    ] = None,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per query per line.")] = False,
 ) -> None:
@@ -170,9 +201,19 @@ def search(
     results = retriever.search(queries, top_k=top_k, filters=filters)
     for query, hits in zip(queries, results, strict=True):
         if json_out:
-            row = {"query": query, "hits": [
-                {"id": h.id, "score": round(h.score, 6), "text": h.text, "title": h.title, "metadata": h.metadata}
-                for h in hits]}
+            row = {
+                "query": query,
+                "hits": [
+                    {
+                        "id": h.id,
+                        "score": round(h.score, 6),
+                        "text": h.text,
+                        "title": h.title,
+                        "metadata": h.metadata,
+                    }
+                    for h in hits
+                ],
+            }
             sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
         else:
             typer.echo(f"\n{query}")
@@ -197,7 +238,17 @@ def info(
     if json_out:
         typer.echo(json.dumps(data, ensure_ascii=False, indent=2))
         return
-    for key in ("store", "backend", "model_name", "space_fingerprint", "dim", "metric", "count", "index", "versions"):
+    for key in (
+        "store",
+        "backend",
+        "model_name",
+        "space_fingerprint",
+        "dim",
+        "metric",
+        "count",
+        "index",
+        "versions",
+    ):
         typer.echo(f"{key:>18}: {data[key]}")
 
 

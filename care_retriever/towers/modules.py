@@ -35,7 +35,10 @@ def load_transformer(
     model_kwargs: dict[str, Any] | None = None,
 ) -> Transformer:
     """A ``Transformer`` module over any Hugging Face model id or local folder."""
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "use_safetensors": not trust_remote_code}
+    kwargs: dict[str, Any] = {
+        "trust_remote_code": trust_remote_code,
+        "use_safetensors": not trust_remote_code,
+    }
     if dtype is not None:
         kwargs["dtype"] = dtype
     kwargs.update(model_kwargs or {})

@@ -20,9 +20,7 @@ DECODER_UNK = "<|unk|>"
 
 
 def _normalizer() -> normalizers.Normalizer:
-    return normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=True
-    )
+    return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=True)
 
 
 def train_query_tokenizer(texts: Iterable[str], vocab_size: int = 8000) -> PreTrainedTokenizerFast:
