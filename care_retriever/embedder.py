@@ -443,10 +443,10 @@ def _attach_adapter(transformer: Transformer, adapter: str, merge: bool) -> None
 
 
 def _check_model_location(name: str) -> None:
-    looks_local = (
-        name.startswith((".", "/", "~")) or os.sep in name.rstrip(os.sep).split(os.sep, 1)[-1] or Path(name).exists()
-    )
-    if looks_local and not Path(name).is_dir():
+    """A path that is clearly local (``./m``, ``/abs``, ``a/b/c``) must exist; ``org/name`` may be a hub id."""
+    path = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or path.exists()
+    if looks_local and not path.is_dir():
         raise ModelError(f"model folder not found: {name}")
 
 
