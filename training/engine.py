@@ -1,0 +1,150 @@
+"""The training engine: sentence-transformers' trainer with CARE's checkpoints and logs.
+
+Everything a trainer does well (optimizer, schedule, gradient accumulation, bf16/fp16, gradient
+checkpointing, seeds, progress bars, DDP/DeepSpeed through accelerate/torchrun) comes from
+``SentenceTransformerTrainer``. Two things are changed:
+
+- Checkpoints hold the full ``state_dict`` of the model being trained (safetensors) plus the run's
+  recipe fingerprint. The stock checkpoint writes a sentence-transformers folder, in which a peft
+  adapter is saved *without* its base weights and points at the base model's original path; for a
+  tower built from scratch that path was a temporary folder, so resuming would fail. Loading a
+  checkpoint of another recipe is refused with a one-line error.
+- Each ``on_log`` event is appended to ``logs/<stage>.jsonl`` (loss, learning rate, epoch, step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+from transformers import TrainerCallback
+
+from care_retriever.errors import InputError
+
+STATE_FILE = "care_state.safetensors"
+RUN_FILE = "care_run.json"
+
+
+class JsonlLogCallback(TrainerCallback):
+    """Append the trainer's log events (loss, lr, grad norm, epoch, step) to a JSONL file."""
+
+    def __init__(self, path: Path, stage: str) -> None:
+        self.path = path
+        self.stage = stage
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        row = {"stage": self.stage, "step": state.global_step, "epoch": state.epoch, "time": time.time(), **logs}
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row, default=float) + "\n")
+
+
+class CareTrainer(SentenceTransformerTrainer):
+    """``SentenceTransformerTrainer`` whose checkpoints are state dicts tagged with the recipe fingerprint."""
+
+    def __init__(self, *args: Any, care_fingerprint: str, **kwargs: Any) -> None:
+        self.care_fingerprint = care_fingerprint
+        super().__init__(*args, **kwargs)
+
+    def add_model_card_callback(self, default_args_dict: dict[str, Any]) -> None:
+        # The model card callback encodes widget examples at start-up: seconds of CPU time per stage
+        # for a card nobody reads (the saved CARE model gets its card from save_pretrained).
+        return None
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
+        from safetensors.torch import save_model
+
+        target = Path(output_dir or self.args.output_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        save_model(self.model, str(target / STATE_FILE))
+        (target / RUN_FILE).write_text(json.dumps({"fingerprint": self.care_fingerprint}))
+        torch.save(self.args, target / "training_args.bin")
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        from safetensors.torch import load_model
+
+        folder = Path(resume_from_checkpoint)
+        run = folder / RUN_FILE
+        if not run.is_file() or not (folder / STATE_FILE).is_file():
+            raise InputError(f"{folder}: not a care-retriever checkpoint (no {RUN_FILE} / {STATE_FILE})")
+        found = json.loads(run.read_text()).get("fingerprint")
+        if found != self.care_fingerprint:
+            raise InputError(
+                f"{folder}: checkpoint of another recipe (fingerprint {found}, this run {self.care_fingerprint}); "
+                "use a new --out"
+            )
+        load_model(model or self.model, str(folder / STATE_FILE), strict=True)
+
+
+def build_arguments(
+    output_dir: Path,
+    settings: dict[str, Any],
+    *,
+    seed: int,
+    router_mapping: dict[str, str] | None = None,
+    prompts: dict[str, Any] | None = None,
+    max_steps: int | None = None,
+    plain: bool = False,
+) -> SentenceTransformerTrainingArguments:
+    """Trainer arguments: CARE defaults, then the recipe's ``defaults``, then the stage's ``args``.
+
+    ``plain``: ``transformers.TrainingArguments`` for a non-sentence-transformers model (MLM).
+    """
+    from sentence_transformers.base.sampler import BatchSamplers
+    from transformers import TrainingArguments
+
+    args: dict[str, Any] = {
+        "per_device_train_batch_size": 32,
+        "learning_rate": 1e-4,
+        "warmup_steps": 0.05,  # a float < 1 is a ratio of the total steps (transformers v5)
+        "lr_scheduler_type": "linear",
+        "num_train_epochs": 1,
+        "logging_steps": 10,
+        "save_strategy": "steps",
+        "save_steps": 500,
+        "save_total_limit": 2,
+        "report_to": "none",
+        "batch_sampler": BatchSamplers.NO_DUPLICATES,
+        "dataloader_drop_last": False,
+        "seed": seed,
+    }
+    args.update(settings)
+    if max_steps is not None:
+        args["max_steps"] = max_steps
+        args["save_strategy"] = "no"
+    if not torch.cuda.is_available():
+        args["use_cpu"] = True
+        if args.get("fp16"):
+            raise InputError("fp16 needs a CUDA GPU; use bf16 (or neither) on CPU")
+    try:
+        if plain:
+            for key in ("batch_sampler", "multi_dataset_batch_sampler"):
+                args.pop(key, None)
+            return TrainingArguments(output_dir=str(output_dir), **args)
+        return SentenceTransformerTrainingArguments(
+            output_dir=str(output_dir),
+            router_mapping=router_mapping or {},
+            prompts=prompts or None,
+            **args,
+        )
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"training arguments: {str(exc).splitlines()[0]}") from None
+
+
+def last_checkpoint(output_dir: Path) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if not output_dir.is_dir():
+        return None
+    return get_last_checkpoint(str(output_dir))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))

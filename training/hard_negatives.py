@@ -1,0 +1,96 @@
+"""Hard-negative mining over a FAISS index of the document tower's embeddings.
+
+For each query the pool is searched with the query tower; candidates ranked inside the window
+``[range_min, range_max)`` become negatives, except the query's positives and *near-duplicates of
+a positive* (document-document cosine >= ``duplicate_threshold``): the top ranks and duplicates
+are too often unlabelled positives, and training them away hurts (the usual false-negative
+problem of mined negatives). sentence-transformers' ``mine_hard_negatives`` filters on the
+query-candidate score only, so it cannot drop a candidate for being a copy of the positive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from care_retriever.errors import InputError
+
+
+def mine_negative_indices(
+    query_vectors: np.ndarray,
+    doc_vectors: np.ndarray,
+    positives: list[set[int]],
+    *,
+    num: int,
+    range_min: int = 0,
+    range_max: int = 50,
+    duplicate_threshold: float = 0.95,
+) -> list[list[int]]:
+    """Indices (into ``doc_vectors``) of up to ``num`` mined negatives per query, best-ranked first.
+
+    Vectors are unit-normalised float32, so inner product is cosine similarity.
+    """
+    import faiss
+
+    if range_min < 0 or range_max <= range_min:
+        raise InputError(f"hard negatives: need 0 <= range_min < range_max, got {range_min}, {range_max}")
+    if num < 1:
+        raise InputError(f"hard negatives: num must be >= 1, got {num}")
+    if len(query_vectors) != len(positives):
+        raise ValueError("one positive set per query is needed")
+    index = faiss.IndexFlatIP(doc_vectors.shape[1])
+    index.add(np.ascontiguousarray(doc_vectors, dtype=np.float32))
+    depth = min(len(doc_vectors), range_max + max((len(p) for p in positives), default=0))
+    _, ranked = index.search(np.ascontiguousarray(query_vectors, dtype=np.float32), depth)
+    out: list[list[int]] = []
+    for row, pos in zip(ranked, positives, strict=True):
+        pos_list = sorted(pos)
+        pos_vecs = doc_vectors[pos_list] if pos_list else None
+        chosen: list[int] = []
+        rank = 0
+        for candidate in row:
+            if candidate < 0 or candidate in pos:
+                continue
+            # rank counts non-positive candidates, so a query with many positives still gets its window
+            if rank >= range_max:
+                break
+            rank += 1
+            if rank - 1 < range_min:
+                continue
+            if pos_vecs is not None and float(np.max(pos_vecs @ doc_vectors[candidate])) >= duplicate_threshold:
+                continue
+            chosen.append(int(candidate))
+            if len(chosen) >= num:
+                break
+        out.append(chosen)
+    return out
+
+
+def mine_for_queries(
+    embedder,
+    positives: Mapping[str, set[str]],
+    pool: list[str],
+    *,
+    num: int,
+    range_min: int = 3,
+    range_max: int = 50,
+    duplicate_threshold: float = 0.95,
+    show_progress: bool = True,
+) -> dict[str, list[str]]:
+    """Mine negatives for each query (query tower) from ``pool`` (document tower); text in, text out."""
+    queries = list(positives)
+    position = {text: i for i, text in enumerate(pool)}
+    q_vecs = embedder.embed_queries(queries, batch_size=128, show_progress=show_progress)
+    d_vecs = embedder.embed_documents(pool, batch_size=64, show_progress=show_progress)
+    pos_idx = [{position[p] for p in positives[q] if p in position} for q in queries]
+    mined = mine_negative_indices(
+        q_vecs,
+        d_vecs,
+        pos_idx,
+        num=num,
+        range_min=range_min,
+        range_max=range_max,
+        duplicate_threshold=duplicate_threshold,
+    )
+    return {q: [pool[i] for i in idx] for q, idx in zip(queries, mined, strict=True)}

@@ -1,0 +1,244 @@
+"""Training data: JSONL files -> (query, positive, negatives) examples, validated row by row.
+
+Formats (``format:`` of a recipe data set):
+
+- ``pairs``: ``{query, text | positive (str or list), negative (str or list)?, label?}``. With a label,
+  rows with ``label >= min_label`` are positives and rows with ``label <= max_negative_label`` are
+  hard negatives of their query (other rows are ignored).
+- ``qtr``: ``pairs`` with KUAKE-QTR defaults (positives ``label >= 2``, negatives ``label == 0``).
+- ``sts``: ``{sentence1, sentence2, score}``; ``score >= min_score`` gives a query-query positive
+  pair (KUAKE-QQR, CHIP-STS).
+- ``qa``: ``{query, description?, text}``: the patient's question (optionally with its description)
+  and the doctor's answer (IM-QA).
+- ``alignment``: ``{text, side: query|document}`` (``care-retriever data alignment`` writes it).
+- ``text``: plain text (one per line) or JSONL with text fields, for MLM pretraining.
+
+Why validate here: a training run that dies after an hour because of one empty text wastes the
+hour; every problem is reported before the first step as ``file:line: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from care_retriever.errors import InputError, at
+
+
+@dataclass
+class Example:
+    query: str
+    positive: str
+    negatives: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PairSet:
+    """The examples of one data set; ``symmetric`` when positives are queries too (QQR, STS)."""
+
+    name: str
+    examples: list[Example]
+    symmetric: bool = False
+    # Alignment files carry texts without pairs: each is later paired with itself.
+    extra_queries: list[str] = field(default_factory=list)
+    extra_documents: list[str] = field(default_factory=list)
+
+    def queries(self) -> list[str]:
+        texts = [e.query for e in self.examples]
+        if self.symmetric:
+            texts += [e.positive for e in self.examples]
+        return unique(texts + self.extra_queries)
+
+    def documents(self) -> list[str]:
+        texts = [] if self.symmetric else [t for e in self.examples for t in (e.positive, *e.negatives)]
+        return unique(texts + self.extra_documents)
+
+
+def unique(texts: list[str]) -> list[str]:
+    return list(dict.fromkeys(texts))
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Rows of a JSONL file with their line numbers; an empty file is an error."""
+    if not path.is_file():
+        raise InputError(f"training file not found: {path}")
+    seen = False
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{at(path, lineno)}: not valid UTF-8 (byte {exc.start})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{at(path, lineno)}: invalid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise InputError(f"{at(path, lineno)}: expected a JSON object, got {type(row).__name__}")
+            seen = True
+            yield lineno, row
+    if not seen:
+        raise InputError(f"{path}: empty file (no rows)")
+
+
+def _text(row: dict[str, Any], key: str, path: Path, lineno: int, *, required: bool = True) -> str | None:
+    value = row.get(key)
+    if value is None:
+        if required:
+            raise InputError(f"{at(path, lineno)}: missing field {key!r}")
+        return None
+    if not isinstance(value, str):
+        raise InputError(f"{at(path, lineno)}: {key!r} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InputError(f"{at(path, lineno)}: empty {key!r}")
+    return value
+
+
+def _texts(row: dict[str, Any], key: str, path: Path, lineno: int) -> list[str]:
+    value = row.get(key)
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise InputError(f"{at(path, lineno)}: {key!r} must be a string or a list of strings")
+    for item in items:
+        if not isinstance(item, str):
+            raise InputError(f"{at(path, lineno)}: {key!r} holds a {type(item).__name__}, expected strings")
+        if not item.strip():
+            raise InputError(f"{at(path, lineno)}: empty text in {key!r}")
+    return items
+
+
+def _number(row: dict[str, Any], key: str, path: Path, lineno: int) -> float | None:
+    value = row.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{at(path, lineno)}: {key!r} must be a number")
+    return float(value)
+
+
+def read_pairs(
+    path: Path,
+    *,
+    min_label: float | None = None,
+    max_negative_label: float | None = None,
+) -> list[Example]:
+    """``pairs`` / ``qtr`` rows grouped by query: one example per positive, the query's negatives attached."""
+    positives: dict[str, list[str]] = {}
+    negatives: dict[str, list[str]] = {}
+    for lineno, row in iter_jsonl(path):
+        query = _text(row, "query", path, lineno)
+        pos = _texts(row, "positive", path, lineno)
+        text = _text(row, "text", path, lineno, required=False)
+        neg = _texts(row, "negative", path, lineno)
+        label = _number(row, "label", path, lineno)
+        if text is None and not pos:
+            raise InputError(f"{at(path, lineno)}: row has no positive (expected 'text' or 'positive')")
+        texts = ([text] if text is not None else []) + pos
+        if label is not None and min_label is not None and label < min_label:
+            if max_negative_label is not None and label <= max_negative_label:
+                negatives.setdefault(query, []).extend(texts)
+            continue
+        positives.setdefault(query, []).extend(texts)
+        negatives.setdefault(query, []).extend(neg)
+    examples = []
+    for query, docs in positives.items():
+        pos_set = set(docs)
+        negs = [n for n in unique(negatives.get(query, [])) if n not in pos_set]
+        examples.extend(Example(query, doc, negs) for doc in unique(docs))
+    if not examples:
+        rule = f" with label >= {min_label}" if min_label is not None else ""
+        raise InputError(f"{path}: no positive pairs{rule}")
+    return examples
+
+
+def read_sts(path: Path, *, min_score: float = 1.0) -> list[Example]:
+    examples = []
+    for lineno, row in iter_jsonl(path):
+        s1 = _text(row, "sentence1", path, lineno)
+        s2 = _text(row, "sentence2", path, lineno)
+        score = _number(row, "score", path, lineno)
+        if score is None:
+            raise InputError(f"{at(path, lineno)}: missing field 'score'")
+        if score >= min_score and s1 != s2:
+            examples.append(Example(s1, s2))
+    if not examples:
+        raise InputError(f"{path}: no positive pairs with score >= {min_score}")
+    return examples
+
+
+def read_qa(path: Path, *, with_description: bool = False) -> list[Example]:
+    examples = []
+    for lineno, row in iter_jsonl(path):
+        query = _text(row, "query", path, lineno)
+        if row.get("text") is None:
+            raise InputError(f"{at(path, lineno)}: row has no positive (expected 'text')")
+        answer = _text(row, "text", path, lineno)
+        description = row.get("description")
+        if with_description and isinstance(description, str) and description.strip():
+            query = f"{query}\n{description}"
+        examples.append(Example(query, answer))
+    return examples
+
+
+def read_alignment(path: Path) -> tuple[list[str], list[str]]:
+    """``{text, side}`` rows -> (query-side texts, document-side texts)."""
+    queries: list[str] = []
+    documents: list[str] = []
+    for lineno, row in iter_jsonl(path):
+        text = _text(row, "text", path, lineno)
+        side = row.get("side", "document")
+        if side not in ("query", "document"):
+            raise InputError(f"{at(path, lineno)}: side must be 'query' or 'document', got {side!r}")
+        (queries if side == "query" else documents).append(text)
+    return unique(queries), unique(documents)
+
+
+def read_texts(path: Path) -> list[str]:
+    """Raw texts for MLM: JSONL text-like fields, or plain lines."""
+    from care_retriever.towers.scratch import iter_vocab_texts
+
+    if not path.is_file():
+        raise InputError(f"training file not found: {path}")
+    texts = unique([t for t in iter_vocab_texts([path]) if t.strip()])
+    if not texts:
+        raise InputError(f"{path}: empty file (no text)")
+    return texts
+
+
+def load_pairset(spec: Any, data_dir: Path) -> PairSet:
+    """Read one recipe data set (a :class:`~care_retriever.training.recipe.DatasetSpec`)."""
+    path = resolve_data_path(spec.path, data_dir)
+    if spec.format in ("pairs", "qtr"):
+        defaults = (2.0, 0.0) if spec.format == "qtr" else (None, None)
+        min_label = spec.min_label if spec.min_label is not None else defaults[0]
+        max_neg = spec.max_negative_label if spec.max_negative_label is not None else defaults[1]
+        examples = read_pairs(path, min_label=min_label, max_negative_label=max_neg)
+        symmetric = False
+    elif spec.format == "sts":
+        examples = read_sts(path, min_score=1.0 if spec.min_score is None else spec.min_score)
+        symmetric = True
+    elif spec.format == "qa":
+        examples = read_qa(path, with_description=spec.with_description)
+        symmetric = False
+    elif spec.format == "alignment":
+        queries, documents = read_alignment(path)
+        if spec.max_rows:
+            queries, documents = queries[: spec.max_rows], documents[: spec.max_rows]
+        return PairSet(spec.name, [], extra_queries=queries, extra_documents=documents)
+    else:
+        raise InputError(f"data set {spec.name!r}: format {spec.format!r} has no (query, positive) pairs")
+    if spec.max_rows:
+        examples = examples[: spec.max_rows]
+    return PairSet(spec.name, examples, symmetric=symmetric)
+
+
+def resolve_data_path(path: str, data_dir: Path) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else data_dir / p

@@ -1,0 +1,303 @@
+"""Training recipes: one YAML file describes the model, the data sets and the chain of stages.
+
+A recipe is validated completely before anything is written, so a typo in stage 3 fails in the
+first second rather than after an hour of Stage 0. Every error is one line naming the recipe and the
+key at fault. Data paths are relative to ``--data-dir`` (default ``../shared/data``); training
+arguments go straight to ``SentenceTransformerTrainingArguments`` (unknown names are rejected).
+
+Shape of a recipe (see ``training/recipes/*.yaml``)::
+
+    name: miniature
+    seed: 0
+    model: {preset: mini, vocab_from: [train/kuake-qtr-train.jsonl], dim: 256}
+    datasets:
+      qtr: {path: train/kuake-qtr-train.jsonl, format: qtr, min_label: 2}
+    defaults: {per_device_train_batch_size: 64, learning_rate: 1.0e-4, max_length: 64}
+    stages:
+      - {name: stage0-query, type: stage0_query, datasets: [qtr]}
+      - {name: stage1, type: stage1_align, alignment: {queries: [qtr], documents: [qtr]}}
+    final: stage1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from care_retriever.errors import InputError
+
+STAGE_TYPES = (
+    "mlm",  # masked-LM pretraining of a from-scratch query tower (the paper uses RetroMAE)
+    "stage0_query",  # symmetric InfoNCE of the query tower
+    "stage0_document",  # symmetric InfoNCE + Matryoshka of the document tower through LoRA
+    "stage1_align",  # query alignment against the frozen document tower (cached teacher)
+    "stage2_joint",  # joint fine-tuning, Asym-InfoNCE with hard negatives, LoRA on the document tower
+)
+DATA_FORMATS = ("pairs", "qtr", "sts", "qa", "alignment", "text")
+EXPORT_KINDS = ("asymmetric", "query-symmetric", "document-symmetric")
+# Keys of a stage / of ``defaults`` that are ours; everything else is a training argument.
+OWN_DEFAULT_KEYS = {"temperature", "gather_across_devices"}
+STAGE_KEYS = {
+    "name",
+    "type",
+    "from",
+    "datasets",
+    "args",
+    "export",
+    "lora",
+    "matryoshka_dims",
+    "alignment",
+    "lambda1",
+    "lambda2",
+    "temperature",
+    "teacher",
+    "hard_negatives",
+    "max_examples",
+    "mlm_probability",
+    "gather_across_devices",
+}
+
+
+@dataclass
+class DatasetSpec:
+    """One training file and how to read it (see :mod:`care_retriever.training.pairs`)."""
+
+    name: str
+    path: str
+    format: str = "pairs"
+    min_label: float | None = None  # pairs/qtr: rows with label >= this are positives
+    max_negative_label: float | None = None  # qtr: rows with label <= this are negatives of their query
+    min_score: float | None = None  # sts: pairs with score >= this are positives
+    with_description: bool = False  # qa: append the patient's description to the question
+    max_rows: int | None = None  # read at most this many examples (after filtering)
+
+
+@dataclass
+class ModelSpec:
+    """Where the starting model comes from: a preset from scratch, a saved CARE folder, or two towers."""
+
+    preset: str | None = None
+    vocab_from: list[str] = field(default_factory=list)
+    path: str | None = None
+    query_model: str | None = None
+    document_model: str | None = None
+    dim: int | None = None  # expected shared dim; a different model is an error
+    max_length: int | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class StageSpec:
+    name: str
+    type: str
+    source: str | None = None  # "from": the stage whose output this one starts from
+    datasets: list[str] = field(default_factory=list)
+    args: dict[str, Any] = field(default_factory=dict)
+    export: dict[str, str] = field(default_factory=dict)  # export name -> kind
+    options: dict[str, Any] = field(default_factory=dict)  # the type-specific keys
+
+
+@dataclass
+class Recipe:
+    name: str
+    model: ModelSpec
+    datasets: dict[str, DatasetSpec]
+    stages: list[StageSpec]
+    defaults: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    final: str | None = None
+    source_path: str = "<recipe>"
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def final_stage(self) -> str:
+        return self.final or self.stages[-1].name
+
+    def fingerprint(self, **extra: Any) -> str:
+        """Identifies what a run computes; a resume from another recipe's folder is refused with it."""
+        payload = json.dumps({"recipe": self.raw, **extra}, sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.blake2b(payload.encode("utf-8"), digest_size=12).hexdigest()
+
+    def stage(self, name: str) -> StageSpec:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise InputError(f"{self.source_path}: no stage named {name!r}")
+
+
+def training_argument_names() -> set[str]:
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    return {f.name for f in dataclasses.fields(SentenceTransformerTrainingArguments)}
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a YAML recipe (a bundled name like ``quickstart`` also works)."""
+    import yaml
+
+    file = resolve_recipe_path(path)
+    try:
+        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{file}{where}: invalid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    except OSError as exc:
+        raise InputError(f"{file}: cannot read recipe ({exc.strerror})") from None
+    return parse_recipe(raw, str(file))
+
+
+def resolve_recipe_path(path: str | Path) -> Path:
+    file = Path(path)
+    if file.is_file():
+        return file
+    bundled = Path(__file__).parent / "recipes" / f"{Path(path).stem}.yaml"
+    if not file.suffix and bundled.is_file():
+        return bundled
+    names = sorted(p.stem for p in (Path(__file__).parent / "recipes").glob("*.yaml"))
+    raise InputError(f"recipe not found: {path} (bundled recipes: {', '.join(names)})")
+
+
+def parse_recipe(raw: Any, source: str = "<recipe>") -> Recipe:
+    if not isinstance(raw, dict):
+        raise InputError(f"{source}: a recipe is a YAML mapping, got {type(raw).__name__}")
+    _known(raw, {"name", "seed", "model", "datasets", "defaults", "stages", "final", "description"}, source)
+    model = _model(raw.get("model"), source)
+    datasets = {name: _dataset(name, spec, source) for name, spec in _mapping(raw, "datasets", source).items()}
+    defaults = _mapping(raw, "defaults", source)
+    _check_args(defaults, f"{source}: defaults", allow=OWN_DEFAULT_KEYS)
+    stages_raw = raw.get("stages")
+    if not isinstance(stages_raw, list) or not stages_raw:
+        raise InputError(f"{source}: 'stages' must be a non-empty list")
+    stages: list[StageSpec] = []
+    for i, item in enumerate(stages_raw):
+        stages.append(_stage(item, i, source, stages, datasets))
+    final = raw.get("final")
+    if final is not None and final not in {s.name for s in stages}:
+        raise InputError(f"{source}: final: no stage named {final!r}")
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int):
+        raise InputError(f"{source}: seed must be an integer")
+    return Recipe(
+        name=str(raw.get("name") or Path(source).stem),
+        model=model,
+        datasets=datasets,
+        stages=stages,
+        defaults=defaults,
+        seed=seed,
+        final=final,
+        source_path=source,
+        raw=raw,
+    )
+
+
+# ---------------------------------------------------------------------------- helpers
+def _known(mapping: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(mapping) - allowed)
+    if unknown:
+        raise InputError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def _mapping(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict):
+        raise InputError(f"{source}: '{key}' must be a mapping")
+    return value
+
+
+def _check_args(args: dict[str, Any], where: str, allow: set[str] = frozenset()) -> None:
+    names = training_argument_names() | set(allow)
+    unknown = sorted(set(args) - names)
+    if unknown:
+        raise InputError(f"{where}: unknown training argument(s) {unknown} (see SentenceTransformerTrainingArguments)")
+    for owned in ("output_dir", "router_mapping", "prompts", "resume_from_checkpoint"):
+        if owned in args:
+            raise InputError(f"{where}: '{owned}' is set by care-retriever train; remove it from the recipe")
+
+
+def _model(raw: Any, source: str) -> ModelSpec:
+    if not isinstance(raw, dict):
+        raise InputError(
+            f"{source}: 'model' must be a mapping (preset/vocab_from, path, or query_model/document_model)"
+        )
+    _known(raw, {f.name for f in dataclasses.fields(ModelSpec)}, f"{source}: model")
+    spec = ModelSpec(**raw)
+    chosen = [k for k in ("preset", "path", "query_model") if getattr(spec, k)]
+    if len(chosen) != 1:
+        raise InputError(f"{source}: model: give exactly one of preset, path, query_model (got {chosen or 'none'})")
+    if spec.preset:
+        from care_retriever.towers.presets import PRESETS
+
+        if spec.preset not in PRESETS:
+            raise InputError(f"{source}: model.preset {spec.preset!r} unknown; available: {sorted(PRESETS)}")
+        if isinstance(spec.vocab_from, str):
+            spec.vocab_from = [spec.vocab_from]
+    if spec.dim is not None and (not isinstance(spec.dim, int) or spec.dim < 1):
+        raise InputError(f"{source}: model.dim must be a positive integer")
+    return spec
+
+
+def _dataset(name: str, raw: Any, source: str) -> DatasetSpec:
+    if isinstance(raw, str):
+        raw = {"path": raw}
+    if not isinstance(raw, dict) or "path" not in raw:
+        raise InputError(f"{source}: datasets.{name}: expected a mapping with 'path'")
+    _known(raw, {f.name for f in dataclasses.fields(DatasetSpec)} - {"name"}, f"{source}: datasets.{name}")
+    spec = DatasetSpec(name=name, **raw)
+    if spec.format not in DATA_FORMATS:
+        raise InputError(f"{source}: datasets.{name}.format {spec.format!r} unknown; available: {list(DATA_FORMATS)}")
+    return spec
+
+
+def _stage(raw: Any, index: int, source: str, previous: list[StageSpec], datasets: dict[str, DatasetSpec]) -> StageSpec:
+    where = f"{source}: stages[{index}]"
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a mapping")
+    _known(raw, STAGE_KEYS, where)
+    name, kind = raw.get("name"), raw.get("type")
+    if not name or not isinstance(name, str):
+        raise InputError(f"{where}: missing 'name'")
+    where = f"{source}: stage {name!r}"
+    if any(s.name == name for s in previous):
+        raise InputError(f"{where}: duplicate stage name")
+    if kind not in STAGE_TYPES:
+        raise InputError(f"{where}: type {kind!r} unknown; available: {list(STAGE_TYPES)}")
+    src = raw.get("from")
+    if src is not None and src != "init" and src not in {s.name for s in previous}:
+        raise InputError(f"{where}: from: {src!r} is not an earlier stage (or 'init')")
+    names = raw.get("datasets") or []
+    if isinstance(names, str):
+        names = [names]
+    alignment = raw.get("alignment") or {}
+    referenced = list(names) + [n for key in ("queries", "documents") for n in alignment.get(key, [])]
+    for ds in referenced:
+        if ds not in datasets:
+            raise InputError(f"{where}: dataset {ds!r} is not defined under 'datasets'")
+    if kind in {"stage0_query", "stage0_document", "stage2_joint", "mlm"} and not names:
+        raise InputError(f"{where}: needs 'datasets'")
+    if kind == "stage1_align" and not (names or alignment):
+        raise InputError(f"{where}: needs 'alignment' (queries/documents datasets) or 'datasets'")
+    args = raw.get("args") or {}
+    if not isinstance(args, dict):
+        raise InputError(f"{where}: 'args' must be a mapping")
+    _check_args(args, f"{where}: args")
+    export = raw.get("export") or {}
+    if isinstance(export, str):
+        export = {export: "asymmetric"}
+    for ex_name, ex_kind in export.items():
+        if ex_kind not in EXPORT_KINDS:
+            raise InputError(f"{where}: export {ex_name}: kind {ex_kind!r} unknown; available: {list(EXPORT_KINDS)}")
+    teacher = raw.get("teacher", "cached")
+    if teacher not in ("cached", "recompute"):
+        raise InputError(f"{where}: teacher must be 'cached' or 'recompute', got {teacher!r}")
+    options = {k: v for k, v in raw.items() if k not in {"name", "type", "from", "datasets", "args", "export"}}
+    for key in ("lambda1", "lambda2", "temperature", "mlm_probability"):
+        if key in options and (not isinstance(options[key], (int, float)) or options[key] < 0):
+            raise InputError(f"{where}: {key} must be a non-negative number")
+    if options.get("temperature") == 0:
+        raise InputError(f"{where}: temperature must be > 0")
+    return StageSpec(name=name, type=kind, source=src, datasets=list(names), args=args, export=export, options=options)

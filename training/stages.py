@@ -1,0 +1,478 @@
+"""The training stages of CARE, each a function ``(context, stage spec, embedder) -> StageReport``.
+
+Every stage trains the towers of one :class:`~care_retriever.embedder.AsymmetricEmbedder` in place,
+through sentence-transformers models that *share* its modules:
+
+- ``stage0_query``: the query tower alone, symmetric InfoNCE (``MultipleNegativesRankingLoss``),
+  both columns routed to ``query``.
+- ``stage0_document``: the document tower alone through LoRA, InfoNCE under ``MatryoshkaLoss`` over
+  nested dims that include the query tower's dim (a plain ``[Transformer, Pooling, Normalize]``
+  model over the document modules, because the Router's document route is already truncated).
+- ``stage1_align``: query alignment; document tower frozen, its embeddings read from the memory-mapped
+  teacher cache; ``QueryAlignmentLoss`` = lambda1 * Asym-InfoNCE + lambda2 * MSE.
+- ``stage2_joint``: both towers, the document tower through LoRA; ``MultipleNegativesRankingLoss``
+  with anchors routed to ``query`` and candidates to ``document`` (that is Asym-InfoNCE), hard
+  negatives plus in-batch negatives, one learning rate.
+- ``mlm`` (in :mod:`care_retriever.training.mlm`): masked-LM pretraining of a from-scratch query tower.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from care_retriever.training.engine import CareTrainer, JsonlLogCallback, build_arguments, last_checkpoint, world_size
+from care_retriever.training.lora import LoraSpec, add_lora, merge_lora
+from care_retriever.training.pairs import Example, PairSet, unique
+from care_retriever.training.recipe import OWN_DEFAULT_KEYS, StageSpec
+from datasets import Dataset, DatasetDict
+
+from care_retriever.errors import InputError
+
+logger = logging.getLogger("care_retriever")
+DEFAULT_TEMPERATURE = 0.05
+
+
+@dataclass
+class StageContext:
+    out: Path
+    data_dir: Path
+    seed: int
+    fingerprint: str
+    defaults: dict[str, Any]
+    load_pairset: Callable[[str], PairSet]
+    datasets: dict[str, Any] = field(default_factory=dict)  # name -> DatasetSpec
+    dry_run_steps: int | None = None
+    resume: bool = False
+    show_progress: bool = True
+
+
+@dataclass
+class StageReport:
+    name: str
+    type: str
+    examples: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    losses: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def first_loss(self) -> float | None:
+        return self.losses[0] if self.losses else None
+
+    @property
+    def last_loss(self) -> float | None:
+        return self.losses[-1] if self.losses else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.type,
+            "examples": self.examples,
+            "steps": self.steps,
+            "seconds": round(self.seconds, 2),
+            "first_loss": self.first_loss,
+            "last_loss": self.last_loss,
+            **self.extra,
+        }
+
+
+# ----------------------------------------------------------------------------- helpers
+def option(ctx: StageContext, stage: StageSpec, key: str, default: Any) -> Any:
+    """A stage option, else the recipe's ``defaults``, else ``default``."""
+    if key in stage.options:
+        return stage.options[key]
+    return ctx.defaults.get(key, default)
+
+
+def trainer_settings(ctx: StageContext, stage: StageSpec) -> dict[str, Any]:
+    settings = {k: v for k, v in ctx.defaults.items() if k not in OWN_DEFAULT_KEYS}
+    settings.update(stage.args)
+    return settings
+
+
+def batch_rows(ctx: StageContext, stage: StageSpec) -> int:
+    """Rows one optimizer step consumes (for dry runs)."""
+    settings = trainer_settings(ctx, stage)
+    return (
+        int(settings.get("per_device_train_batch_size", 32))
+        * int(settings.get("gradient_accumulation_steps", 1))
+        * world_size()
+    )
+
+
+def limit_for_dry_run(ctx: StageContext, stage: StageSpec, items: list[Any]) -> list[Any]:
+    """A dry run trains ``N`` steps: keep (a seeded sample of) the rows those steps need."""
+    cap = stage.options.get("max_examples")
+    if ctx.dry_run_steps is not None:
+        dry = ctx.dry_run_steps * batch_rows(ctx, stage)
+        cap = min(cap, dry) if cap else dry
+    if cap and len(items) > cap:
+        rng = random.Random(ctx.seed)
+        return rng.sample(items, cap)
+    return items
+
+
+def gather_examples(ctx: StageContext, stage: StageSpec, names: list[str] | None = None) -> list[Example]:
+    examples: list[Example] = []
+    for name in names if names is not None else stage.datasets:
+        examples.extend(ctx.load_pairset(name).examples)
+    if not examples:
+        raise InputError(f"stage {stage.name!r}: its datasets hold no (query, positive) pairs")
+    return limit_for_dry_run(ctx, stage, examples)
+
+
+def set_trainable(modules: list | None, flag: bool) -> None:
+    for module in modules or []:
+        for param in module.parameters():
+            param.requires_grad_(flag)
+
+
+def temperature(ctx: StageContext, stage: StageSpec) -> float:
+    return float(option(ctx, stage, "temperature", DEFAULT_TEMPERATURE))
+
+
+def gather_flag(ctx: StageContext, stage: StageSpec) -> bool:
+    """In-batch negatives from every device: on by default when several processes train."""
+    value = option(ctx, stage, "gather_across_devices", "auto")
+    return world_size() > 1 if value == "auto" else bool(value)
+
+
+def query_prompts(embedder, columns: list[str]) -> dict[str, str] | None:
+    prompt = embedder.query_prompt()
+    return {col: prompt for col in columns} if prompt else None
+
+
+def fit(
+    ctx: StageContext,
+    stage: StageSpec,
+    model,
+    dataset: Dataset | DatasetDict,
+    loss,
+    *,
+    router_mapping: dict[str, str] | None = None,
+    prompts: dict[str, Any] | None = None,
+    examples: int,
+) -> StageReport:
+    """Train ``model`` with the sentence-transformers trainer; resume from the stage's last checkpoint."""
+    output_dir = ctx.out / "checkpoints" / stage.name
+    args = build_arguments(
+        output_dir,
+        trainer_settings(ctx, stage),
+        seed=ctx.seed,
+        router_mapping=router_mapping,
+        prompts=prompts,
+        max_steps=ctx.dry_run_steps,
+    )
+    if not ctx.show_progress:
+        args.disable_tqdm = True
+    trainer = CareTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        loss=loss,
+        callbacks=[JsonlLogCallback(ctx.out / "logs" / f"{stage.name}.jsonl", stage.name)],
+        care_fingerprint=ctx.fingerprint,
+    )
+    checkpoint = last_checkpoint(output_dir) if ctx.resume else None
+    if checkpoint:
+        logger.info("stage %s: resuming from %s", stage.name, checkpoint)
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=checkpoint)
+    seconds = time.perf_counter() - start
+    losses = [float(row["loss"]) for row in trainer.state.log_history if "loss" in row]
+    return StageReport(
+        stage.name, stage.type, examples=examples, steps=trainer.state.global_step, seconds=seconds, losses=losses
+    )
+
+
+def _pair_dataset(examples: list[Example], negatives: int = 0) -> Dataset:
+    data: dict[str, list[str]] = {
+        "anchor": [e.query for e in examples],
+        "positive": [e.positive for e in examples],
+    }
+    for k in range(negatives):
+        data[f"negative_{k + 1}"] = [e.negatives[k] for e in examples]
+    return Dataset.from_dict(data)
+
+
+# ----------------------------------------------------------------------------- Stage 0
+def stage0_query(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+    """Symmetric InfoNCE fine-tuning of the query tower (document tower untouched)."""
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    examples = gather_examples(ctx, stage)
+    model = embedder.to_sentence_transformer()
+    set_trainable(embedder.document_modules, False)
+    set_trainable(embedder.query_modules, True)
+    loss = MultipleNegativesRankingLoss(
+        model, scale=1.0 / temperature(ctx, stage), gather_across_devices=gather_flag(ctx, stage)
+    )
+    try:
+        return fit(
+            ctx,
+            stage,
+            model,
+            _pair_dataset(examples),
+            loss,
+            router_mapping={"anchor": "query", "positive": "query"},
+            prompts=query_prompts(embedder, ["anchor"]),
+            examples=len(examples),
+        )
+    finally:
+        set_trainable(embedder.document_modules, True)
+
+
+def matryoshka_dims(raw: Any, dim: int, native: int, where: str) -> list[int]:
+    """Nested dims for the document tower: ``auto`` = native width, the shared dim, half of it."""
+    if raw in (None, "auto"):
+        dims = [native, dim, dim // 2] if dim // 2 >= 8 else [native, dim]
+    elif isinstance(raw, list) and all(isinstance(d, int) and d > 0 for d in raw):
+        dims = list(raw)
+    else:
+        raise InputError(f"{where}: matryoshka_dims must be 'auto' or a list of positive integers")
+    if dim not in dims or max(dims) > native:
+        raise InputError(
+            f"{where}: dimension mismatch: matryoshka_dims {dims} must include the query tower's dim {dim} "
+            f"and stay <= the document tower's native dim {native}"
+        )
+    return sorted(set(dims), reverse=True)
+
+
+def stage0_document(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+    """The document tower alone: LoRA + symmetric InfoNCE averaged over Matryoshka dims."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss, MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
+
+    where = f"stage {stage.name!r}"
+    dims = matryoshka_dims(stage.options.get("matryoshka_dims"), embedder.dim, embedder.document_dim, where)
+    examples = gather_examples(ctx, stage)
+    lora = LoraSpec.from_options(stage.options.get("lora"), where)
+    if lora is not None:
+        trainable = add_lora(embedder.document_modules, lora, seed=ctx.seed)
+        logger.info("%s: LoRA r=%d alpha=%d, %d trainable parameters", stage.name, lora.r, lora.alpha, trainable)
+    # The tower before the Matryoshka truncation module: MatryoshkaLoss truncates itself.
+    untruncated = []
+    for module in embedder.document_modules:
+        untruncated.append(module)
+        if isinstance(module, Pooling):
+            break
+    model = SentenceTransformer(modules=[*untruncated, Normalize()], device=str(embedder.device))
+    inner = MultipleNegativesRankingLoss(
+        model, scale=1.0 / temperature(ctx, stage), gather_across_devices=gather_flag(ctx, stage)
+    )
+    loss = MatryoshkaLoss(model, inner, matryoshka_dims=dims)
+    try:
+        report = fit(ctx, stage, model, _pair_dataset(examples), loss, examples=len(examples))
+    finally:
+        merge_lora(embedder.document_modules)
+    report.extra["matryoshka_dims"] = dims
+    return report
+
+
+# ----------------------------------------------------------------------------- Stage I
+def alignment_texts(ctx: StageContext, stage: StageSpec) -> tuple[list[str], list[str]]:
+    """Query-side and document-side texts of the alignment data (each later paired with itself)."""
+    spec = stage.options.get("alignment") or {}
+    queries = unique([t for name in spec.get("queries", []) for t in ctx.load_pairset(name).queries()])
+    documents = unique([t for name in spec.get("documents", []) for t in ctx.load_pairset(name).documents()])
+    if not queries and not documents:
+        raise InputError(f"stage {stage.name!r}: the alignment data is empty")
+    return limit_for_dry_run(ctx, stage, queries), limit_for_dry_run(ctx, stage, documents)
+
+
+def stage1_rows(ctx: StageContext, stage: StageSpec) -> dict[str, list[tuple[str, str]]]:
+    """(student text, teacher text) rows per side: alignment data pairs each text with itself;
+    ``datasets`` (the "Stage I on fine-tuning data" ablation) pairs each query with its positive."""
+    if stage.options.get("alignment"):
+        queries, documents = alignment_texts(ctx, stage)
+        sides = {"queries": [(t, t) for t in queries], "documents": [(t, t) for t in documents]}
+    else:
+        examples = gather_examples(ctx, stage)
+        sides = {"queries": [(e.query, e.positive) for e in examples], "documents": []}
+    return {k: v for k, v in sides.items() if v}
+
+
+def stage1_align(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+    """Query alignment: query tower trained towards the frozen document tower's (cached) embeddings."""
+    from care_retriever.training.losses import QueryAlignmentLoss
+    from care_retriever.training.teacher_cache import build_teacher_cache
+
+    sides = stage1_rows(ctx, stage)
+    teacher_mode = stage.options.get("teacher", "cached")
+    set_trainable(embedder.document_modules, False)
+    set_trainable(embedder.query_modules, True)
+    model = embedder.to_sentence_transformer()
+    prompt = embedder.query_prompt()
+    extra: dict[str, Any] = {"teacher": teacher_mode}
+    if teacher_mode == "cached":
+        teacher_texts = unique([t for rows in sides.values() for _, t in rows])
+        cache = _main_process_first(
+            lambda: build_teacher_cache(
+                embedder, teacher_texts, ctx.out / "teacher_cache", show_progress=ctx.show_progress
+            )
+        )
+        index = {t: i for i, t in enumerate(teacher_texts)}
+        data = {
+            side: Dataset.from_dict({"text": [s for s, _ in rows], "label": [index[t] for _, t in rows]})
+            for side, rows in sides.items()
+        }
+        extra.update(teacher_cache=str(cache.path), teacher_cache_reused=cache.reused, teacher_texts=len(cache))
+        vectors = cache.vectors
+        router = {"text": "query"}
+    else:
+        data = {
+            side: Dataset.from_dict({"text": [s for s, _ in rows], "teacher_text": [t for _, t in rows]})
+            for side, rows in sides.items()
+        }
+        vectors = None
+        router = {"text": "query", "teacher_text": "document"}
+    loss = QueryAlignmentLoss(
+        model,
+        vectors,
+        lambda1=float(stage.options.get("lambda1", 1.0)),
+        lambda2=float(stage.options.get("lambda2", 1.0)),
+        temperature=temperature(ctx, stage),
+        gather_across_devices=gather_flag(ctx, stage),
+    )
+    # Queries get the query instruction (if the tower has one); documents fed to the query tower do not.
+    prompts = {"queries": {"text": prompt}} if prompt and "queries" in data else None
+    dataset: Dataset | DatasetDict = DatasetDict(data) if len(data) > 1 or prompts else next(iter(data.values()))
+    try:
+        report = fit(
+            ctx,
+            stage,
+            model,
+            dataset,
+            loss,
+            router_mapping=router,
+            prompts=prompts,
+            examples=sum(len(rows) for rows in sides.values()),
+        )
+    finally:
+        set_trainable(embedder.document_modules, True)
+    report.extra.update(extra)
+    return report
+
+
+def _main_process_first(fn: Callable[[], Any]) -> Any:
+    """Under torchrun, rank 0 builds the teacher cache first; the other ranks then find it on disk."""
+    if world_size() == 1:
+        return fn()
+    from accelerate import PartialState
+
+    with PartialState().main_process_first():
+        return fn()
+
+
+# ----------------------------------------------------------------------------- Stage II
+def add_hard_negatives(
+    ctx: StageContext, stage: StageSpec, embedder, examples: list[Example]
+) -> tuple[list[Example], int]:
+    """Give every example exactly ``num`` negatives: its own first, then mined ones from the pool."""
+    spec = stage.options.get("hard_negatives") or {}
+    if not isinstance(spec, dict):
+        raise InputError(f"stage {stage.name!r}: hard_negatives must be a mapping (num, mine, range_min, ...)")
+    num = int(spec.get("num", 1))
+    if num <= 0:
+        return [Example(e.query, e.positive) for e in examples], 0
+    pool = unique([t for e in examples for t in (e.positive, *e.negatives)])
+    mined: dict[str, list[str]] = {}
+    if spec.get("mine", True):
+        from care_retriever.training.hard_negatives import mine_for_queries
+
+        positives: dict[str, set[str]] = {}
+        for e in examples:
+            positives.setdefault(e.query, set()).add(e.positive)
+        mined = mine_for_queries(
+            embedder,
+            positives,
+            pool,
+            num=num,
+            range_min=int(spec.get("range_min", 3)),
+            range_max=int(spec.get("range_max", 50)),
+            duplicate_threshold=float(spec.get("duplicate_threshold", 0.95)),
+            show_progress=ctx.show_progress,
+        )
+    rng = random.Random(ctx.seed)
+    out = []
+    for e in examples:
+        chosen = [n for n in e.negatives if n != e.positive][:num]
+        for n in mined.get(e.query, []):
+            if len(chosen) >= num:
+                break
+            if n not in chosen:
+                chosen.append(n)
+        while len(chosen) < num:  # a tiny pool: fall back to random documents
+            candidate = rng.choice(pool)
+            if candidate != e.positive and (candidate not in chosen or len(pool) <= num + 1):
+                chosen.append(candidate)
+        out.append(Example(e.query, e.positive, chosen))
+    return out, num
+
+
+def stage2_joint(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+    """Joint fine-tuning: Asym-InfoNCE over hard + in-batch negatives, LoRA on the document tower."""
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    where = f"stage {stage.name!r}"
+    examples = gather_examples(ctx, stage)
+    examples, num = add_hard_negatives(ctx, stage, embedder, examples)
+    lora = LoraSpec.from_options(stage.options.get("lora"), where)
+    set_trainable(embedder.query_modules, True)
+    if lora is not None:
+        trainable = add_lora(embedder.document_modules, lora, seed=ctx.seed)
+        logger.info(
+            "%s: LoRA r=%d alpha=%d on the document tower, %d trainable", stage.name, lora.r, lora.alpha, trainable
+        )
+    model = embedder.to_sentence_transformer()
+    loss = MultipleNegativesRankingLoss(
+        model, scale=1.0 / temperature(ctx, stage), gather_across_devices=gather_flag(ctx, stage)
+    )
+    router = {"anchor": "query", "positive": "document", **{f"negative_{k + 1}": "document" for k in range(num)}}
+    try:
+        report = fit(
+            ctx,
+            stage,
+            model,
+            _pair_dataset(examples, num),
+            loss,
+            router_mapping=router,
+            prompts=query_prompts(embedder, ["anchor"]),
+            examples=len(examples),
+        )
+    finally:
+        merge_lora(embedder.document_modules)
+    report.extra["hard_negatives"] = num
+    return report
+
+
+def run_mlm(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+    from care_retriever.training.mlm import stage_mlm
+
+    return stage_mlm(ctx, stage, embedder)
+
+
+STAGES: dict[str, Callable[[StageContext, StageSpec, Any], StageReport]] = {
+    "mlm": run_mlm,
+    "stage0_query": stage0_query,
+    "stage0_document": stage0_document,
+    "stage1_align": stage1_align,
+    "stage2_joint": stage2_joint,
+}
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
