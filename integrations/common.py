@@ -1,0 +1,155 @@
+"""Framework-free helpers shared by the Haystack and LangChain adapters.
+
+Both adapters need the same few things: where a model is and what space it embeds into (read
+from ``care_config.json`` without building a tower), each tower loaded only when its side is first
+used (a search process never builds the document tower), and one mapping between a framework's
+``(text, metadata)`` and the core :class:`~care_retriever.corpus.Document` (``title`` is a column
+of the core store, a metadata key in the frameworks).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from care_retriever.corpus import Document
+from care_retriever.errors import InputError, ModelError
+
+CONFIG_NAME = "care_config.json"
+# Fingerprint recorded for stores written from vectors of an unknown model: `care-retriever search`
+# then refuses them with "built with another model" instead of returning meaningless hits.
+UNKNOWN_FINGERPRINT = "unknown"
+
+
+def check_model_location(model: str) -> None:
+    """Fail early, in one line, when a local-looking model path does not exist (``org/name`` may be a hub id)."""
+    if not isinstance(model, str) or not model.strip():
+        raise ModelError(f"model must be a CARE model folder or hub id, got {model!r}")
+    path = Path(model).expanduser()
+    looks_local = model.startswith((".", "/", "~")) or model.count("/") > 1 or path.exists()
+    if looks_local and not path.is_dir():
+        raise ModelError(f"model folder not found: {model}")
+
+
+def read_care_config(model: str) -> dict[str, Any]:
+    """The model's ``care_config.json`` as a dict (dim, space fingerprint, towers), without loading weights."""
+    check_model_location(model)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        file: str | None = str(path / CONFIG_NAME) if (path / CONFIG_NAME).is_file() else None
+    else:
+        from sentence_transformers.util import load_file_path
+
+        try:
+            file = load_file_path(model, CONFIG_NAME, local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1")
+        except Exception as exc:  # hub errors come in many types; the message is what matters
+            raise ModelError(f"cannot fetch {CONFIG_NAME} of {model!r}: {str(exc).splitlines()[0]}") from None
+    if file is None:
+        raise ModelError(f"{model}: no {CONFIG_NAME}; not a CARE model")
+    try:
+        return json.loads(Path(file).read_text("utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{file}: unreadable CARE config ({exc})") from None
+
+
+def model_space(model: str) -> tuple[int, str, str]:
+    """``(dim, space_fingerprint, document model name)`` of a saved CARE model."""
+    config = read_care_config(model)
+    fingerprint = config.get("space_fingerprint")
+    if not isinstance(config.get("dim"), int) or not fingerprint:
+        raise ModelError(f"{model}/{CONFIG_NAME}: missing dim or space_fingerprint")
+    return config["dim"], fingerprint, (config.get("document") or {}).get("base_model") or model
+
+
+class TowerLoader:
+    """Loads each tower of a CARE model on first use; thread-safe, each side built at most once."""
+
+    def __init__(self, model: str | None, *, device: str | None = None, embedder: Any = None) -> None:
+        if model is None and embedder is None:
+            raise ModelError("pass a CARE model folder (model=...) or a loaded AsymmetricEmbedder (embedder=...)")
+        self.model = model
+        self.device = device
+        self._sides: dict[str, Any] = {}
+        for side in ("query", "document") if embedder is not None else ():
+            try:
+                getattr(embedder, f"{side}_model")  # raises ModelError when that tower was not loaded
+                self._sides[side] = embedder
+            except ModelError:
+                pass
+        self._lock = threading.Lock()
+
+    def loaded(self, side: str) -> bool:
+        return side in self._sides
+
+    def get(self, side: str) -> Any:
+        """The embedder holding the ``side`` ("query" or "document") tower, loading it if needed."""
+        embedder = self._sides.get(side)
+        if embedder is not None:
+            return embedder
+        with self._lock:
+            if side not in self._sides:
+                if self.model is None:
+                    raise ModelError(f"the given embedder has no {side} tower and no model path to load it from")
+                from care_retriever.embedder import AsymmetricEmbedder
+
+                self._sides[side] = AsymmetricEmbedder.from_pretrained(self.model, load=side, device=self.device)
+            return self._sides[side]
+
+
+def normalize_rows(vectors: np.ndarray) -> np.ndarray:
+    """L2-normalise rows (zero rows stay zero): the core store's vectors are unit-norm, so inner product is cosine."""
+    vectors = np.ascontiguousarray(np.atleast_2d(vectors), dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+
+
+def as_matrix(embeddings: Sequence[Sequence[float]], dim: int | None, what: str) -> np.ndarray:
+    """Validate embeddings from a framework (same width, finite numbers) and stack them as float32 rows."""
+    rows = [list(e) for e in embeddings]
+    widths = {len(r) for r in rows}
+    if len(widths) > 1:
+        raise InputError(f"{what}: embeddings have different lengths {sorted(widths)}")
+    if rows and dim is not None and widths != {dim}:
+        raise InputError(f"{what}: embeddings have {widths.pop()} dims; the store holds {dim}-dim vectors")
+    try:
+        matrix = np.asarray(rows, dtype=np.float32).reshape(len(rows), -1)
+    except (TypeError, ValueError):
+        raise InputError(f"{what}: embeddings must be lists of numbers") from None
+    if not np.isfinite(matrix).all():
+        raise InputError(f"{what}: embeddings contain NaN or infinite values")
+    return matrix
+
+
+def to_core_document(doc_id: str, text: str, meta: Mapping[str, Any]) -> Document:
+    """A framework document as a core Document: a non-empty string ``meta["title"]`` becomes the title column."""
+    metadata = dict(meta)
+    title = metadata.get("title")
+    if isinstance(title, str) and title:
+        del metadata["title"]
+    else:
+        title = ""
+    try:
+        json.dumps(metadata, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"document {doc_id!r}: metadata must be JSON-serialisable ({exc})") from None
+    return Document(id=doc_id, text=text, title=title, metadata=metadata)
+
+
+def from_core_metadata(title: str, metadata: Mapping[str, Any], hidden: Sequence[str] = ()) -> dict[str, Any]:
+    """The inverse of :func:`to_core_document` for metadata: title back in, adapter bookkeeping keys out."""
+    meta = {k: v for k, v in metadata.items() if k not in hidden}
+    if title:
+        meta["title"] = title
+    return meta
+
+
+def cosine_to_unit(score: float) -> float:
+    """Map a cosine similarity in [-1, 1] to [0, 1] (what ``scale_score`` / relevance scores expect)."""
+    return min(1.0, max(0.0, (score + 1.0) / 2.0)) if math.isfinite(score) else 0.0

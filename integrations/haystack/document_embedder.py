@@ -1,0 +1,100 @@
+"""``CareDocumentEmbedder``: the document tower of a CARE model as a Haystack document embedder.
+
+Only the document tower is loaded (``load="document"``). By default the title is embedded above the
+text (``meta_fields_to_embed=["title"]``, separator newline): the text ``care-retriever index``
+encodes, so documents embedded here and by the CLI get the same vectors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from haystack import Document, component, default_from_dict, default_to_dict
+
+from care_retriever.errors import InputError
+from care_retriever.integrations.common import check_model_location
+from care_retriever.integrations.haystack.text_embedder import NOT_WARMED_UP
+
+
+@component
+class CareDocumentEmbedder:
+    """Embed Documents with the document tower of a CARE model; returns copies with ``embedding`` set.
+
+    :param model: CARE model folder (or hub id).
+    :param meta_fields_to_embed: meta fields written, in order, above the content (default ``["title"]``).
+    :param embedding_separator: joins the meta values and the content.
+    :param batch_size: documents per forward pass.
+    :param progress_bar: show a tqdm bar while encoding.
+    :param device: ``cpu``, ``cuda``, ``cuda:N``; default picks CUDA when available.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        meta_fields_to_embed: list[str] | None = None,
+        embedding_separator: str = "\n",
+        batch_size: int = 16,
+        progress_bar: bool = True,
+        device: str | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise InputError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = model
+        self.meta_fields_to_embed = ["title"] if meta_fields_to_embed is None else list(meta_fields_to_embed)
+        self.embedding_separator = embedding_separator
+        self.batch_size = batch_size
+        self.progress_bar = progress_bar
+        self.device = device
+        self.embedder: Any = None
+
+    def warm_up(self) -> None:
+        """Load the document tower (once); pipelines call this before the first run."""
+        if self.embedder is None:
+            from care_retriever.embedder import AsymmetricEmbedder
+
+            self.embedder = AsymmetricEmbedder.from_pretrained(self.model, load="document", device=self.device)
+
+    def to_dict(self) -> dict[str, Any]:
+        return default_to_dict(
+            self,
+            model=self.model,
+            meta_fields_to_embed=self.meta_fields_to_embed,
+            embedding_separator=self.embedding_separator,
+            batch_size=self.batch_size,
+            progress_bar=self.progress_bar,
+            device=self.device,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CareDocumentEmbedder:
+        check_model_location(data.get("init_parameters", {}).get("model"))
+        return default_from_dict(cls, data)
+
+    def text_to_embed(self, doc: Document) -> str:
+        """Meta values (skipping missing and empty ones), then the content, joined by the separator."""
+        parts = [str(doc.meta[k]) for k in self.meta_fields_to_embed if doc.meta.get(k) not in (None, "")]
+        return self.embedding_separator.join([*parts, doc.content or ""])
+
+    @component.output_types(documents=list[Document])
+    def run(self, documents: list[Document]) -> dict[str, list[Document]]:
+        """Copies of ``documents`` with unit-norm embeddings from the document tower."""
+        if not isinstance(documents, list) or any(not isinstance(d, Document) for d in documents):
+            raise TypeError(
+                "CareDocumentEmbedder expects a list of Documents as input. "
+                "In case you want to embed a string, please use the CareTextEmbedder."
+            )
+        empty = [d.id for d in documents if d.content is None or not d.content.strip()]
+        if empty:
+            raise InputError(
+                f"CareDocumentEmbedder: {len(empty)} document(s) have no text content (first: id {empty[0]!r}); "
+                "only text documents can be embedded"
+            )
+        if self.embedder is None:
+            raise RuntimeError(NOT_WARMED_UP)
+        if not documents:
+            return {"documents": []}
+        vectors = self.embedder.embed_documents(
+            [self.text_to_embed(d) for d in documents], batch_size=self.batch_size, show_progress=self.progress_bar
+        )
+        return {"documents": [replace(d, embedding=v.tolist()) for d, v in zip(documents, vectors, strict=True)]}

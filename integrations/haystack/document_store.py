@@ -1,0 +1,269 @@
+"""``CareFaissDocumentStore``: a Haystack document store in the core FAISS folder format.
+
+Haystack has no maintained FAISS store; this one persists to exactly the folder that
+``care-retriever index --store faiss:DIR`` writes (``manifest.json``, ``index.faiss``,
+``docstore.sqlite``), so an index built by the CLI opens here without re-encoding, and a store
+written from Haystack (with ``model=`` set) is searchable by ``care-retriever search``.
+
+Mapping: ``Document.content`` is the stored text, a non-empty string ``meta["title"]`` the title
+column, the rest of ``meta`` the metadata JSON. Vectors are stored L2-normalised (the format's
+contract: inner product is cosine), so ``filter_documents`` returns unit-norm embeddings. A
+document written without an embedding is kept with a zero vector and a hidden marker; retrieval
+skips it. Every write is all-or-nothing: validated first, then one staged write that is either
+published whole or discarded.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from haystack import Document, default_from_dict, default_to_dict
+from haystack.document_stores.errors import DuplicateDocumentError
+from haystack.document_stores.types import DuplicatePolicy
+from haystack.utils.filters import document_matches_filter
+
+from care_retriever.corpus import Document as CoreDocument
+from care_retriever.errors import InputError
+from care_retriever.integrations.common import (
+    UNKNOWN_FINGERPRINT,
+    as_matrix,
+    cosine_to_unit,
+    from_core_metadata,
+    model_space,
+    normalize_rows,
+    to_core_document,
+)
+from care_retriever.integrations.faiss_ext import ExtendedFaissStore
+from care_retriever.integrations.haystack.filters import to_core_filters, validate_filters
+from care_retriever.stores.base import Hit
+
+logger = logging.getLogger(__name__)
+
+# Metadata key marking a document written without an embedding (stored with a zero vector).
+NO_EMBEDDING = "_care_no_embedding"
+
+
+class CareFaissDocumentStore:
+    """Haystack ``DocumentStore`` over a care-retriever FAISS folder (``faiss:DIR``).
+
+    :param path: the store folder; created on the first write if missing.
+    :param model: the CARE model whose document space the embeddings are in. Recorded in a new
+        store's manifest (so ``care-retriever search --model`` accepts the store) and checked
+        against an existing one. Without it a new store is marked as built by an unknown model.
+    :param embedding_dim: width of a new store when neither ``model`` nor an embedded document
+        gives it (needed only if the first write has no embeddings).
+    :param index_options: FAISS index of a new store, e.g. ``{"type": "hnsw", "m": 32}`` (default flat).
+    :param return_embedding: whether ``filter_documents`` returns embeddings (read back from FAISS).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        model: str | None = None,
+        embedding_dim: int | None = None,
+        index_options: dict[str, Any] | None = None,
+        return_embedding: bool = True,
+    ) -> None:
+        self.path = str(path)
+        self.model = model
+        self.embedding_dim = embedding_dim
+        self.index_options = index_options
+        self.return_embedding = return_embedding
+        self._space: tuple[int, str, str] | None = model_space(model) if model else None
+        self._store = ExtendedFaissStore(Path(path))
+        if self._space is not None and self._store.manifest is not None:
+            self._store.check_compatible(self._space[1], self._space[0])
+        if self._space is not None and embedding_dim is not None and embedding_dim != self._space[0]:
+            raise InputError(f"embedding_dim={embedding_dim} but the model {model} embeds into {self._space[0]} dims")
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return default_to_dict(self, path=self.path, model=self.model, embedding_dim=self.embedding_dim,
+                               index_options=self.index_options, return_embedding=self.return_embedding)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CareFaissDocumentStore:
+        return default_from_dict(cls, data)
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def dim(self) -> int | None:
+        """Width of the stored vectors (None until the first write)."""
+        manifest = self._store.manifest
+        if manifest is not None:
+            return manifest.dim
+        return self._space[0] if self._space else self.embedding_dim
+
+    def count_documents(self) -> int:
+        return self._store.count()
+
+    def _to_haystack(self, doc: CoreDocument | Hit, score: float | None = None) -> Document:
+        meta = from_core_metadata(doc.title, doc.metadata, hidden=(NO_EMBEDDING,))
+        return Document(id=doc.id, content=doc.text, meta=meta, score=score)
+
+    def _with_embeddings(self, docs: list[Document]) -> list[Document]:
+        """Attach stored vectors (read back from FAISS) to documents that were written with one."""
+        vectors = self._store.vectors([d.id for d in docs])
+        return [d if v is None else replace(d, embedding=v.tolist()) for d, v in zip(docs, vectors, strict=True)]
+
+    def _matching(self, filters: dict[str, Any] | None) -> list[tuple[CoreDocument, Document]]:
+        validate_filters(filters)
+        stored = self._store.iter_documents() if self._store.manifest is not None else ()
+        pairs = [(core, self._to_haystack(core)) for core in stored]
+        return [(c, d) for c, d in pairs if not filters or document_matches_filter(filters, d)]
+
+    def filter_documents(self, filters: dict[str, Any] | None = None) -> list[Document]:
+        """Documents matching Haystack ``filters`` (all documents without), in insertion order."""
+        pairs = self._matching(filters)
+        if not self.return_embedding:
+            return [d for _, d in pairs]
+        embedded = self._with_embeddings([d for c, d in pairs if NO_EMBEDDING not in c.metadata])
+        by_id = {d.id: d for d in embedded}
+        return [by_id.get(d.id, d) for _, d in pairs]
+
+    def count_documents_by_filter(self, filters: dict[str, Any]) -> int:
+        return len(self._matching(filters))
+
+    # ------------------------------------------------------------------ writing
+    def _resolve_dim(self, embedded: list[Document]) -> int:
+        dim = self.dim
+        if dim is None and embedded:
+            dim = len(embedded[0].embedding or [])
+        if dim is None:
+            raise InputError(
+                f"{self.path}: the store has no dimension yet and no document has an embedding; "
+                "pass model=... or embedding_dim=... to CareFaissDocumentStore"
+            )
+        return dim
+
+    def _space_for_write(self, dim: int) -> tuple[str, str]:
+        manifest = self._store.manifest
+        if manifest is not None:
+            return manifest.space_fingerprint, manifest.model_name
+        if self._space is not None:
+            return self._space[1], self._space[2]
+        logger.warning("%s: no model given; the new store is marked as built by an unknown model", self.path)
+        return UNKNOWN_FINGERPRINT, ""
+
+    def write_documents(self, documents: list[Document], policy: DuplicatePolicy = DuplicatePolicy.NONE) -> int:
+        """Write documents; ``DuplicatePolicy.NONE`` means FAIL. All-or-nothing: an error writes nothing."""
+        if (not isinstance(documents, list) or any(not isinstance(d, Document) for d in documents)):
+            raise ValueError("Please provide a list of Documents.")
+        policy = DuplicatePolicy.FAIL if policy == DuplicatePolicy.NONE else policy
+        unique: dict[str, Document] = {}
+        for doc in documents:
+            if doc.id in unique:
+                if policy == DuplicatePolicy.FAIL:
+                    raise DuplicateDocumentError(f"ID '{doc.id}' appears twice in the documents to write.")
+                if policy == DuplicatePolicy.SKIP:
+                    continue
+            unique[doc.id] = doc
+        docs = list(unique.values())
+        for doc in docs:
+            if doc.content is None:
+                raise InputError(f"document {doc.id!r} has content=None; CareFaissDocumentStore stores text documents")
+            if doc.blob is not None or doc.sparse_embedding is not None:
+                raise InputError(f"document {doc.id!r}: blob and sparse_embedding are not supported by this store")
+        existing = set(self._store.content_hashes([d.id for d in docs])) if self._store.manifest else set()
+        if existing and policy == DuplicatePolicy.FAIL:
+            raise DuplicateDocumentError(f"ID '{sorted(existing)[0]}' already exists.")
+        if policy == DuplicatePolicy.SKIP:
+            docs = [d for d in docs if d.id not in existing]
+        if not docs:
+            return 0
+        embedded = [d for d in docs if d.embedding is not None]
+        dim = self._resolve_dim(embedded)
+        matrix = as_matrix([d.embedding for d in embedded], dim, "write_documents")
+        vectors = np.zeros((len(docs), dim), dtype=np.float32)
+        rows = [i for i, d in enumerate(docs) if d.embedding is not None]
+        if rows:
+            vectors[rows] = normalize_rows(matrix)
+        core_docs = []
+        for doc in docs:
+            core = to_core_document(doc.id, doc.content or "", doc.meta)
+            if doc.embedding is None:
+                core.metadata[NO_EMBEDDING] = True
+            core_docs.append(core)
+        fingerprint, model_name = self._space_for_write(dim)
+        with self._store.transaction(dim, fingerprint, model_name, self.index_options) as store:
+            store.upsert(core_docs, vectors)
+        return len(docs)
+
+    def delete_documents(self, document_ids: list[str]) -> None:
+        """Delete by id; ids that do not exist are ignored."""
+        manifest = self._store.manifest
+        if manifest is None or not document_ids:
+            return
+        if not self._store.content_hashes(list(document_ids)):
+            return
+        with self._store.transaction(manifest.dim, manifest.space_fingerprint, manifest.model_name) as store:
+            store.delete(list(document_ids))
+
+    def delete_all_documents(self) -> None:
+        self.delete_documents([d.id for _, d in self._matching(None)])
+
+    def delete_by_filter(self, filters: dict[str, Any]) -> int:
+        ids = [d.id for _, d in self._matching(filters)]
+        self.delete_documents(ids)
+        return len(ids)
+
+    def update_by_filter(self, filters: dict[str, Any], meta: dict[str, Any]) -> int:
+        """Merge ``meta`` into the metadata of matching documents (their vectors are kept, not re-encoded)."""
+        matched = self._matching(filters)
+        manifest = self._store.manifest
+        if not matched or manifest is None:
+            return 0
+        vectors = self._store.vectors([d.id for _, d in matched])
+        core_docs = []
+        for core, doc in matched:
+            updated = to_core_document(doc.id, core.text, {**doc.meta, **meta})
+            if NO_EMBEDDING in core.metadata:
+                updated.metadata[NO_EMBEDDING] = True
+            core_docs.append(updated)
+        matrix = np.stack([v if v is not None else np.zeros(manifest.dim, np.float32) for v in vectors])
+        with self._store.transaction(manifest.dim, manifest.space_fingerprint, manifest.model_name) as store:
+            store.upsert(core_docs, matrix)
+        return len(core_docs)
+
+    # ------------------------------------------------------------------ retrieval
+    def embedding_retrieval(
+        self,
+        query_embedding: list[float],
+        filters: dict[str, Any] | None = None,
+        top_k: int = 10,
+        scale_score: bool = False,
+        return_embedding: bool = False,
+    ) -> list[Document]:
+        """Top-``k`` documents by cosine similarity to ``query_embedding``, Haystack ``filters`` applied."""
+        if not isinstance(query_embedding, list) or not query_embedding:
+            raise InputError("query_embedding should be a non-empty list of floats.")
+        if top_k < 1:
+            raise InputError(f"top_k must be >= 1, got {top_k}")
+        validate_filters(filters)
+        manifest = self._store.manifest
+        if manifest is None:
+            return []
+        query = normalize_rows(as_matrix([query_embedding], manifest.dim, "query_embedding"))
+        core_filters = to_core_filters(filters)
+        total = self._store.count()
+        k = top_k
+        while True:
+            hits = self._store.search(query, k, core_filters)[0]
+            docs = [self._to_haystack(h, score=h.score) for h in hits if not h.metadata.get(NO_EMBEDDING)]
+            if filters:
+                docs = [d for d in docs if document_matches_filter(filters, d)]
+            # Fewer hits than asked for: the store (or the pre-filter) is exhausted.
+            if len(docs) >= top_k or len(hits) < k or k >= total:
+                break
+            k = min(total, k * 4)
+        docs = docs[:top_k]
+        if scale_score:
+            docs = [replace(d, score=cosine_to_unit(d.score or 0.0)) for d in docs]
+        return self._with_embeddings(docs) if return_embedding else docs
+
+    def close(self) -> None:
+        self._store.close()

@@ -1,0 +1,87 @@
+"""Haystack filters over the core FAISS store.
+
+Haystack's filter language (comparisons, AND/OR/NOT) is evaluated exactly by
+``haystack.utils.filters.document_matches_filter`` on candidate documents. The core store only
+pre-filters by metadata equality; :func:`to_core_filters` translates the subset that maps onto it
+exactly (``==`` / ``in`` on top-level ``meta`` fields with plain values, joined by AND) so such
+searches run inside FAISS; everything else is post-filtered. Either way results are re-checked
+with Haystack's evaluator, so both paths return what ``InMemoryDocumentStore`` would.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from haystack.errors import FilterError
+
+LOGICAL = ("AND", "OR", "NOT")
+COMPARISON = ("==", "!=", ">", ">=", "<", "<=", "in", "not in")
+# Fields that are columns of the core store, not keys of its metadata JSON.
+_NOT_METADATA = {"title"}
+_CORE_KEY = re.compile(r"^[\w\-]+$")
+
+
+def validate_filters(filters: dict[str, Any] | None) -> None:
+    """Raise FilterError for malformed filters even when no document exists to evaluate them on."""
+    if not filters:
+        return
+    if not isinstance(filters, dict):
+        raise FilterError(f"filters must be a dict, got {type(filters).__name__}")
+    if "field" in filters:
+        for key in ("operator", "value"):
+            if key not in filters:
+                raise FilterError(f"'{key}' key missing in {filters}")
+        if filters["operator"] not in COMPARISON:
+            raise FilterError(f"Unknown comparison operator '{filters['operator']}'. Valid operators are: "
+                              f"{sorted(COMPARISON)}")
+        return
+    for key in ("operator", "conditions"):
+        if key not in filters:
+            raise FilterError(f"'{key}' key missing in {filters}")
+    if filters["operator"] not in LOGICAL:
+        raise FilterError(f"Unknown logical operator '{filters['operator']}'. Valid operators are: {sorted(LOGICAL)}")
+    if not isinstance(filters["conditions"], list):
+        raise FilterError(f"'conditions' must be a list in {filters}")
+    for condition in filters["conditions"]:
+        validate_filters(condition)
+
+
+def _looks_like_date(value: str) -> bool:
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _plain(value: Any) -> bool:
+    """Values SQLite's JSON equality compares exactly as Python's ``==`` does (no dates, no None)."""
+    if isinstance(value, str):
+        return not _looks_like_date(value)
+    return isinstance(value, (bool, int, float))
+
+
+def to_core_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The equivalent core metadata filter, or None when the filter needs Haystack's evaluator."""
+    if not filters:
+        return None
+    conditions = filters.get("conditions") if filters.get("operator") == "AND" else [filters]
+    if not isinstance(conditions, list) or not conditions:
+        return None
+    core: dict[str, Any] = {}
+    for cond in conditions:
+        field, op, value = cond.get("field"), cond.get("operator"), cond.get("value")
+        if not isinstance(field, str) or not field.startswith("meta."):
+            return None
+        key = field[len("meta."):]
+        if not _CORE_KEY.match(key) or key in _NOT_METADATA or key in core:
+            return None
+        if op == "==" and _plain(value):
+            core[key] = value
+        elif op == "in" and isinstance(value, list) and value and all(_plain(v) for v in value):
+            core[key] = list(value)
+        else:
+            return None
+    return core

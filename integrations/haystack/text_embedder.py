@@ -1,0 +1,63 @@
+"""``CareTextEmbedder``: the query tower of a CARE model as a Haystack text embedder.
+
+Only the query tower is loaded (``load="query"``), so a query pipeline stays as light as
+``care-retriever search``; queries get the same instruction prompt as :class:`CareRetriever`, so a
+Haystack query and the CLI return the same hits from the same store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from haystack import component, default_from_dict, default_to_dict
+
+from care_retriever.errors import InputError
+from care_retriever.integrations.common import check_model_location
+
+NOT_WARMED_UP = "The embedding model has not been loaded. Please call warm_up() before running."
+
+
+@component
+class CareTextEmbedder:
+    """Embed a query string with the query tower of a CARE model.
+
+    :param model: CARE model folder (or hub id) written by ``care-retriever init`` / training.
+    :param instruction: override the model's default query instruction (instruction-tuned towers only).
+    :param device: ``cpu``, ``cuda``, ``cuda:N``; default picks CUDA when available.
+    """
+
+    def __init__(self, model: str, instruction: str | None = None, device: str | None = None) -> None:
+        self.model = model
+        self.instruction = instruction
+        self.device = device
+        self.embedder: Any = None
+
+    def warm_up(self) -> None:
+        """Load the query tower (once); pipelines call this before the first run."""
+        if self.embedder is None:
+            from care_retriever.embedder import AsymmetricEmbedder
+
+            self.embedder = AsymmetricEmbedder.from_pretrained(self.model, load="query", device=self.device)
+
+    def to_dict(self) -> dict[str, Any]:
+        return default_to_dict(self, model=self.model, instruction=self.instruction, device=self.device)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CareTextEmbedder:
+        check_model_location(data.get("init_parameters", {}).get("model"))
+        return default_from_dict(cls, data)
+
+    @component.output_types(embedding=list[float])
+    def run(self, text: str) -> dict[str, list[float]]:
+        """The query's unit-norm embedding (width: the model's shared dim)."""
+        if not isinstance(text, str):
+            raise TypeError(
+                "CareTextEmbedder expects a string as input. "
+                "In case you want to embed a list of Documents, please use the CareDocumentEmbedder."
+            )
+        if not text.strip():
+            raise InputError("CareTextEmbedder: empty query")
+        if self.embedder is None:
+            raise RuntimeError(NOT_WARMED_UP)
+        vector = self.embedder.embed_queries([text], instruction=self.instruction)[0]
+        return {"embedding": vector.tolist()}
