@@ -18,7 +18,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.util import batch_to_device
 from tqdm.auto import tqdm
 
-from care_retriever.errors import InputError
+from care_retriever.errors import InputError, ModelError
 
 logger = logging.getLogger("care_retriever")
 
@@ -34,14 +34,27 @@ def _tokenizer_lock(model: SentenceTransformer) -> threading.Lock:
 
 
 def check_texts(texts: Sequence[str], what: str) -> list[str]:
-    """Validate a batch of texts: a list of str, no None. Empty strings are allowed here."""
+    """Validate a batch of texts: a list of str, no None, valid Unicode. Empty strings are allowed here.
+
+    A lone surrogate (``"\\ud800"``, which JSON escapes can produce) is not Unicode text: the tokenizer
+    would fail with an obscure TypeError and SQLite could not store it, so it is refused here by index.
+    """
     if isinstance(texts, str):
         raise InputError(f"{what}: expected a list of texts, got a single str (wrap it in a list)")
     out = list(texts)
     for i, text in enumerate(out):
         if not isinstance(text, str):
             raise InputError(f"{what}[{i}]: expected str, got {type(text).__name__}")
+        check_unicode(text, f"{what}[{i}]")
     return out
+
+
+def check_unicode(text: str, where: str) -> None:
+    """Raise :class:`InputError` if ``text`` cannot be encoded as UTF-8 (lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{where}: not valid Unicode (lone surrogate at character {exc.start})") from None
 
 
 @torch.inference_mode()
@@ -56,10 +69,13 @@ def encode_texts(
     unit: str = "text",
     max_length: int | None = None,
     progress: tqdm | None = None,
+    stats: dict[str, int] | None = None,
 ) -> np.ndarray:
     """Encode ``texts`` with ``model`` (a tower ending in ``Normalize``) into float32 rows.
 
     ``progress``: an outer bar to advance instead of drawing one (the index writer's docs/s bar).
+    ``stats``: a dict to add the ``truncated`` count to instead of logging it, for callers that encode
+    in many calls and report once (the index writer).
     """
     n = len(texts)
     dim = model.get_embedding_dimension()
@@ -87,9 +103,15 @@ def encode_texts(
             features = batch_to_device(features, device)
             emb = model(features)["sentence_embedding"]
             if not torch.isfinite(emb).all():
-                raise FloatingPointError(f"{desc}: the model produced non-finite embeddings")
+                bad = sorted(int(idx[j]) for j in torch.nonzero(~torch.isfinite(emb).all(dim=1)).flatten().tolist())
+                raise ModelError(
+                    f"{desc}: the model produced non-finite embeddings for input(s) {bad[:5]} "
+                    "(fp16 overflow? load the model with dtype float32 or bfloat16)"
+                )
             out[idx] = emb.float().cpu().numpy()
             bar.update(len(idx))
-    if truncated:
+    if stats is not None:
+        stats["truncated"] = stats.get("truncated", 0) + truncated
+    elif truncated:
         logger.warning("%s: %d of %d texts reached max_length=%s tokens and were truncated", desc, truncated, n, limit)
     return out

@@ -5,22 +5,31 @@ document tower only, and are upserted by id: unchanged documents (same content h
 before encoding, so re-indexing the same corpus costs one read and adds nothing, and ``update``
 re-encodes only new or changed documents. The store is checkpointed every ``checkpoint_every``
 documents; a killed run resumes from the last checkpoint when the same command is run again.
+
+Encoding is pluggable (``encoder=``): :mod:`care_retriever.index` passes one that scatters each chunk
+over the ranks of a torch.distributed job, so checkpointing, resume and skipping stay in one place.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from itertools import islice
 from typing import Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from care_retriever.corpus import Document
-from care_retriever.encoding import encode_texts
+from care_retriever.encoding import check_unicode, encode_texts
+from care_retriever.errors import InputError, ModelError
 from care_retriever.stores import VectorStore, open_store
+
+# texts -> (len(texts), dim) float32 unit rows, in input order
+Encoder = Callable[[list[str]], np.ndarray]
 
 logger = logging.getLogger("care_retriever")
 
@@ -34,6 +43,7 @@ class WriteReport:
     deleted: int = 0
     count: int = 0
     seconds: float = 0.0
+    truncated: int = 0
 
     @property
     def encoded(self) -> int:
@@ -53,6 +63,32 @@ def _chunks(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
         yield chunk
 
 
+def _validated(chunk: list[Document]) -> list[Document]:
+    """Check each document is storable, and keep the last of repeated ids (upsert semantics).
+
+    Two rows with one id in a chunk would otherwise both be inserted (FAISS docstore: UNIQUE violation);
+    text that is not valid Unicode would fail deep inside the tokenizer or SQLite.
+    """
+    latest: dict[str, Document] = {}
+    for doc in chunk:
+        if not isinstance(doc, Document):
+            raise InputError(f"expected care_retriever.corpus.Document, got {type(doc).__name__}")
+        if not isinstance(doc.id, str) or not doc.id:
+            raise InputError(f"document id must be a non-empty str, got {doc.id!r}")
+        for name in ("id", "text", "title"):
+            value = getattr(doc, name)
+            if not isinstance(value, str):
+                raise InputError(f"document {doc.id!r}: {name} must be a str, got {type(value).__name__}")
+            check_unicode(value, f"document {doc.id!r} {name}")
+        try:
+            check_unicode(json.dumps(doc.metadata, ensure_ascii=False), f"document {doc.id!r} metadata")
+        except TypeError as exc:
+            raise InputError(f"document {doc.id!r}: metadata is not JSON-serialisable ({exc})") from None
+        latest.pop(doc.id, None)
+        latest[doc.id] = doc
+    return list(latest.values())
+
+
 class DocumentStoreWriter:
     """Encode documents with the document tower and write them into a FAISS or Qdrant store."""
 
@@ -67,6 +103,7 @@ class DocumentStoreWriter:
         checkpoint_every: int = 8192,
         index_options: dict[str, Any] | None = None,
         show_progress: bool = True,
+        encoder: Encoder | None = None,
     ) -> None:
         self.embedder = embedder
         self.store = open_store(store, collection=collection)
@@ -75,6 +112,7 @@ class DocumentStoreWriter:
         self.checkpoint_every = checkpoint_every
         self.index_options = index_options
         self.show_progress = show_progress
+        self.encoder = encoder
 
     def write(self, documents: Iterable[Document], *, total: int | None = None,
               prune_ids_not_in: bool = False) -> WriteReport:
@@ -86,10 +124,12 @@ class DocumentStoreWriter:
         seen: set[str] = set()
         since_checkpoint = 0
         start = time.perf_counter()
-        tower = embedder.document_model
+        stats: dict[str, int] = {}
         with tqdm(total=total, desc="Indexing", unit="doc", disable=not self.show_progress,
                   dynamic_ncols=True, smoothing=0.05) as bar:
-            for chunk in _chunks(documents, self.chunk_size):
+            for raw in _chunks(documents, self.chunk_size):
+                chunk = _validated(raw)
+                bar.update(len(raw) - len(chunk))
                 if prune_ids_not_in:
                     seen.update(d.id for d in chunk)
                 stored = self.store.content_hashes([d.id for d in chunk])
@@ -97,8 +137,7 @@ class DocumentStoreWriter:
                 report.unchanged += len(chunk) - len(todo)
                 bar.update(len(chunk) - len(todo))
                 if todo:
-                    vectors = encode_texts(tower, [d.embedding_text() for d in todo], batch_size=self.batch_size,
-                                           desc="Encoding documents", progress=bar)
+                    vectors = self._encode([d.embedding_text() for d in todo], bar, stats)
                     self.store.upsert(todo, vectors)
                     report.updated += sum(1 for d in todo if d.id in stored)
                     report.added += sum(1 for d in todo if d.id not in stored)
@@ -111,7 +150,22 @@ class DocumentStoreWriter:
         self.store.finalize()
         report.seconds = time.perf_counter() - start
         report.count = self.store.count()
+        report.truncated = stats.get("truncated", 0)
+        if report.truncated:
+            logger.warning("%d of %d encoded documents reached the document tower's max length and were truncated",
+                           report.truncated, report.encoded)
         return report
+
+    def _encode(self, texts: list[str], bar: tqdm, stats: dict[str, int]) -> np.ndarray:
+        if self.encoder is None:
+            return encode_texts(self.embedder.document_model, texts, batch_size=self.batch_size,
+                                desc="Encoding documents", progress=bar, stats=stats)
+        vectors = np.asarray(self.encoder(texts), dtype=np.float32)
+        if vectors.shape != (len(texts), self.embedder.dim):
+            raise ModelError(f"encoder returned shape {vectors.shape} for {len(texts)} texts of a "
+                             f"{self.embedder.dim}-dim model")
+        bar.update(len(texts))
+        return vectors
 
     def delete(self, ids: Sequence[str]) -> int:
         """Delete documents by id and publish the change."""

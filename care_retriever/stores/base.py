@@ -108,12 +108,14 @@ class VectorStore(ABC):
         manifest = self.require_manifest()
         if manifest.dim != dim:
             raise StoreError(
-                f"{self.describe()}: dimension mismatch: the store holds {manifest.dim}-dim vectors, the model gives {dim}"
+                f"{self.describe()}: dimension mismatch: the store holds {manifest.dim}-dim vectors, "
+                f"the model gives {dim}"
             )
         if manifest.space_fingerprint != space_fingerprint:
             raise StoreError(
                 f"{self.describe()}: built with another model (fingerprint {manifest.space_fingerprint[:12]}, "
-                f"model {manifest.model_name or '?'}); this model's is {space_fingerprint[:12]}. Re-index with this model"
+                f"model {manifest.model_name or '?'}); this model's is {space_fingerprint[:12]}. "
+                "Re-index with this model"
             )
 
     @abstractmethod

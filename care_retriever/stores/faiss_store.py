@@ -4,15 +4,19 @@ Layout (also read by the Haystack and LangChain adapters)::
 
     DIR/manifest.json      Manifest: model fingerprint, dim, metric, count, index type, versions, checksums
     DIR/index.faiss        faiss.IndexIDMap2 over Flat (exact inner product), HNSW or IVF; ids = row ids
-    DIR/docstore.sqlite    documents(row_id INTEGER PRIMARY KEY, id TEXT UNIQUE, text, title, metadata JSON, content_hash)
+    DIR/docstore.sqlite    documents(row_id INTEGER PRIMARY KEY, id TEXT UNIQUE, text, title, metadata JSON,
+                           content_hash)
 
 Vectors are unit-norm, so inner product is cosine. Writes go to a staging folder beside ``DIR``
 (checkpointed by :meth:`commit`); :meth:`finalize` swaps it into place, so readers never see a
-half-written store, and a killed writer resumes from its last checkpoint.
+half-written store, and a killed writer resumes from its last checkpoint. One writer at a time:
+:meth:`prepare` takes an exclusive lock on ``.DIR.lock`` beside the store (released by the OS if the
+writer dies), so two indexing runs into one store fail fast instead of mixing their checkpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -54,6 +58,11 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -122,14 +131,53 @@ class FaissStore(VectorStore):
         self._db: sqlite3.Connection | None = None
         self._lock = threading.RLock()
         self._writing = False
+        self._writer_lock: Any = None
         self._next_row_id = 0
+        old = self._old_path()
         if (self.path / MANIFEST).exists():
             self._open(self.path)
         elif self.path.exists() and any(self.path.iterdir()):
             raise StoreError(f"{self.path}: folder exists but is not a care-retriever FAISS store (no {MANIFEST})")
+        elif not self.path.exists() and (old / MANIFEST).exists() and (self.staging / MANIFEST).exists():
+            # A writer died between the two renames of finalize(): serve the previous version meanwhile;
+            # running the writer again publishes the staged one.
+            self._open(old)
 
     def describe(self) -> str:
         return f"faiss:{self.path}"
+
+    def _old_path(self) -> Path:
+        return self.path.with_name(f".{self.path.name}.old")
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(f".{self.path.name}.lock")
+
+    def _acquire_writer_lock(self) -> None:
+        """Exclusive, non-blocking; held until finalize() or close(). A dead writer's lock is freed by the OS."""
+        if self._writer_lock is not None:
+            return
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): single-writer is then the caller's duty
+            return
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.lock_path, "a+")  # noqa: SIM115 - held open while writing
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            raise StoreError(
+                f"{self.describe()}: another writer is indexing into this store (lock {self.lock_path}); "
+                "wait for it to finish"
+            ) from None
+        self._writer_lock = fh
+
+    def _release_writer_lock(self) -> None:
+        if self._writer_lock is not None:
+            with contextlib.suppress(OSError):
+                self._writer_lock.close()  # closing the file releases the flock
+            self._writer_lock = None
 
     # ------------------------------------------------------------------ opening
     def _open(self, folder: Path) -> None:
@@ -147,6 +195,8 @@ class FaissStore(VectorStore):
             self._index = faiss.read_index(str(folder / INDEX))
         except RuntimeError as exc:
             raise StoreError(f"{folder / INDEX}: corrupted FAISS index ({str(exc).splitlines()[0]})") from None
+        if self._db is not None:
+            self._db.close()
         self._db = self._connect(folder / DOCSTORE)
         self._check_counts(folder)
         self._search_index = None
@@ -168,7 +218,10 @@ class FaissStore(VectorStore):
 
     def _check_counts(self, folder: Path) -> None:
         assert self.manifest is not None and self._db is not None and self._index is not None
-        rows = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
+        try:
+            rows = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{folder / DOCSTORE}: corrupted docstore ({exc})") from None
         tombstones = int(self.manifest.index.get("tombstones", 0))
         if rows != self.manifest.count or self._index.ntotal != rows + tombstones:
             raise StoreError(
@@ -180,32 +233,47 @@ class FaissStore(VectorStore):
     def prepare(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
         options = {"type": "flat", **(index or {})}
         if options["type"] not in INDEX_TYPES:
-            raise InputError(f"Unknown FAISS index type {options['type']!r}. Available index types: {list(INDEX_TYPES)}")
+            raise InputError(
+                f"Unknown FAISS index type {options['type']!r}. Available index types: {list(INDEX_TYPES)}"
+            )
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
-        if (self.staging / MANIFEST).exists():
-            self._resume_staging(dim, space_fingerprint)
-        else:
-            shutil.rmtree(self.staging, ignore_errors=True)
-            self.staging.mkdir(parents=True)
-            if self.manifest is not None:  # update an existing store: work on a copy
-                for name in (INDEX, DOCSTORE):
-                    shutil.copy2(self.path / name, self.staging / name)
-                manifest = Manifest.from_dict(self.manifest.to_dict(), MANIFEST)
+        self._acquire_writer_lock()
+        try:
+            if (self.staging / MANIFEST).exists():
+                self._resume_staging(dim, space_fingerprint)
             else:
-                manifest = Manifest(backend="faiss", dim=dim, space_fingerprint=space_fingerprint,
-                                    model_name=model_name, index=options,
-                                    versions=default_versions(faiss=faiss.__version__))
-                faiss.write_index(build_index(dim, options), str(self.staging / INDEX))
-            manifest.checksums = {}
-            _write_atomic(self.staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
-            self._open_staging()
+                self._new_staging(dim, space_fingerprint, model_name, options)
+        except BaseException:
+            self._release_writer_lock()
+            raise
         self._writing = True
+
+    def _new_staging(self, dim: int, space_fingerprint: str, model_name: str, options: dict[str, Any]) -> None:
+        """Start a write: a copy of the published store (or an empty index); its manifest is written last."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True)
+        source = self.path if (self.path / MANIFEST).exists() else self._old_path()
+        if self.manifest is not None:  # update an existing store: work on a copy
+            for name in (INDEX, DOCSTORE):
+                shutil.copy2(source / name, self.staging / name)
+                _fsync_file(self.staging / name)
+            manifest = Manifest.from_dict(self.manifest.to_dict(), MANIFEST)
+        else:
+            manifest = Manifest(backend="faiss", dim=dim, space_fingerprint=space_fingerprint,
+                                model_name=model_name, index=options,
+                                versions=default_versions(faiss=faiss.__version__))
+            faiss.write_index(build_index(dim, options), str(self.staging / INDEX))
+            _fsync_file(self.staging / INDEX)
+        manifest.checksums = {}
+        # The staging manifest marks a complete starting point: a run killed before it exists starts over.
+        _write_atomic(self.staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
+        _fsync_dir(self.staging)
+        self._open_staging()
 
     def _resume_staging(self, dim: int, space_fingerprint: str) -> None:
         """Continue a writer that was killed: reconcile the last checkpoint of index and docstore."""
-        data = json.loads((self.staging / MANIFEST).read_text("utf-8"))
-        staged = Manifest.from_dict(data, str(self.staging / MANIFEST))
+        staged = self._read_staged_manifest()
         if staged.space_fingerprint != space_fingerprint or staged.dim != dim:
             raise StoreError(
                 f"{self.staging}: an interrupted write by another model is pending; remove that folder to start over"
@@ -222,18 +290,30 @@ class FaissStore(VectorStore):
             self._db.executemany("DELETE FROM documents WHERE row_id = ?", [(r,) for r in missing])
             self._db.commit()
 
+    def _read_staged_manifest(self) -> Manifest:
+        path = self.staging / MANIFEST
+        try:
+            data = json.loads(path.read_text("utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise StoreError(f"{path}: unreadable checkpoint manifest ({exc}); remove {self.staging}") from None
+        return Manifest.from_dict(data, str(path))
+
     def _open_staging(self) -> None:
-        self._staged_manifest = Manifest.from_dict(
-            json.loads((self.staging / MANIFEST).read_text("utf-8")), str(self.staging / MANIFEST)
-        )
+        self._staged_manifest = self._read_staged_manifest()
         try:
             self._index = faiss.read_index(str(self.staging / INDEX))
         except RuntimeError as exc:
-            raise StoreError(f"{self.staging / INDEX}: corrupted checkpoint ({exc}); remove {self.staging}") from None
+            first = str(exc).splitlines()[0]
+            raise StoreError(f"{self.staging / INDEX}: corrupted checkpoint ({first}); remove {self.staging}") from None
         if self._db is not None:
             self._db.close()
         self._db = self._connect(self.staging / DOCSTORE)
-        row = self._db.execute("SELECT MAX(row_id) FROM documents").fetchone()[0]
+        try:
+            row = self._db.execute("SELECT MAX(row_id) FROM documents").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"{self.staging / DOCSTORE}: corrupted checkpoint ({exc}); remove {self.staging}"
+            ) from None
         ids = index_ids(self._index)
         top_index = int(ids.max()) if len(ids) else -1
         self._next_row_id = max(row if row is not None else -1, top_index) + 1
@@ -262,7 +342,8 @@ class FaissStore(VectorStore):
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[1] != self._staged_manifest.dim:
             raise InputError(
-                f"{self.describe()}: vectors have shape {vectors.shape}; the store holds {self._staged_manifest.dim}-dim vectors"
+                f"{self.describe()}: vectors have shape {vectors.shape}; "
+                f"the store holds {self._staged_manifest.dim}-dim vectors"
             )
         with self._lock:
             self._remove_rows([d.id for d in documents])
@@ -333,9 +414,10 @@ class FaissStore(VectorStore):
             manifest.checksums = {name: _sha256(self.staging / name) for name in (INDEX, DOCSTORE)}
             manifest.updated_at = time.time()
             _write_atomic(self.staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
+            _fsync_dir(self.staging)
             self._db.close()
             self._db = None
-            old = self.path.with_name(f".{self.path.name}.old")
+            old = self._old_path()
             shutil.rmtree(old, ignore_errors=True)
             if self.path.exists():
                 self.path.rename(old)
@@ -343,6 +425,7 @@ class FaissStore(VectorStore):
             _fsync_dir(self.path.parent)
             shutil.rmtree(old, ignore_errors=True)
             self._writing = False
+            self._release_writer_lock()
             self._open(self.path)
 
     # ------------------------------------------------------------------ reading
@@ -480,12 +563,15 @@ class FaissStore(VectorStore):
                 ).fetchall()
             if not rows:
                 return
-            for rid, did, text, title, meta in rows:
+            for _rid, did, text, title, meta in rows:
                 yield Document(id=did, text=text, title=title, metadata=json.loads(meta))
             last = rows[-1][0]
 
     def close(self) -> None:
+        """Close the docstore; a writer that did not finalize keeps its checkpoint for the next run."""
         with self._lock:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            self._writing = False
+            self._release_writer_lock()

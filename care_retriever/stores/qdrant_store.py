@@ -2,12 +2,18 @@
 
 Each point's id is a UUIDv5 of the document id, so writing a document again upserts it. The payload
 carries ``doc_id``, ``text``, ``title``, ``metadata`` and ``content_hash``; the manifest lives in the
-collection's metadata. The API key of a server comes from ``QDRANT_API_KEY`` and is never logged.
+collection's metadata. The API key of a server comes from ``QDRANT_API_KEY`` and is never logged:
+messages name the server by its URL with any ``user:password@`` part removed.
+
+Local mode is a single-process, pure-Python engine (one file lock per folder); calls into it are
+serialised by a lock so that searches from many threads are safe. A server client is thread-safe.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -28,6 +34,29 @@ def point_id(doc_id: str) -> str:
     return str(uuid.uuid5(ID_NAMESPACE, doc_id))
 
 
+def is_server(location: str) -> bool:
+    return location.startswith(("http://", "https://"))
+
+
+def redact(location: str) -> str:
+    """``https://user:key@host:6333`` -> ``https://host:6333``: credentials never reach a message or log."""
+    if not is_server(location):
+        return location
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(location)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error, with the API key masked should a library ever echo it."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    key = os.environ.get("QDRANT_API_KEY")
+    return line.replace(key, "***") if key else line
+
+
 def _client(location: str):
     try:
         from qdrant_client import QdrantClient
@@ -35,12 +64,16 @@ def _client(location: str):
         raise StoreError("Qdrant stores need qdrant-client: pip install 'care-retriever[qdrant]'") from None
     if location == ":memory:":
         return QdrantClient(location=":memory:")
-    if location.startswith(("http://", "https://")):
+    if is_server(location):
         return QdrantClient(url=location, api_key=os.environ.get("QDRANT_API_KEY") or None, timeout=60)
     try:
         return QdrantClient(path=location)
     except RuntimeError as exc:  # the local mode holds a file lock
-        raise StoreError(f"qdrant:{location}: {str(exc).splitlines()[0]}") from None
+        raise StoreError(f"qdrant:{location}: {_first_line(exc)}") from None
+    except Exception as exc:  # a damaged meta.json or storage.sqlite fails in json, sqlite3, pickle or pydantic
+        raise StoreError(
+            f"qdrant:{location}: corrupted local Qdrant storage ({type(exc).__name__}: {_first_line(exc)})"
+        ) from None
 
 
 class QdrantStore(VectorStore):
@@ -51,15 +84,25 @@ class QdrantStore(VectorStore):
         self.collection = collection
         self.client = client if client is not None else _client(location)
         self.manifest: Manifest | None = None
-        if self.client.collection_exists(collection):
-            info = self.client.get_collection(collection)
+        # Local mode is not thread-safe; a server client is, and needs no lock.
+        self._lock: threading.Lock | contextlib.nullcontext = (
+            contextlib.nullcontext() if is_server(location) else threading.Lock()
+        )
+        try:
+            exists = self.client.collection_exists(collection)
+            info = self.client.get_collection(collection) if exists else None
+        except Exception as exc:  # connection refused, TLS, auth: the client raises many types
+            raise StoreError(
+                f"{self.describe()}: cannot reach Qdrant ({type(exc).__name__}: {_first_line(exc)})"
+            ) from None
+        if info is not None:
             raw = (info.config.metadata or {}).get(MANIFEST_KEY)
             if raw is None:
                 raise StoreError(f"{self.describe()}: collection exists but was not written by care-retriever")
             self.manifest = Manifest.from_dict(raw, self.describe())
 
     def describe(self) -> str:
-        return f"qdrant:{self.location} (collection {self.collection})"
+        return f"qdrant:{redact(self.location)} (collection {self.collection})"
 
     def prepare(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
         from qdrant_client import models
@@ -78,7 +121,7 @@ class QdrantStore(VectorStore):
             vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
             metadata={MANIFEST_KEY: self.manifest.to_dict()},
         )
-        if self.location.startswith(("http://", "https://")):  # local mode has no payload indexes
+        if is_server(self.location):  # local mode has no payload indexes
             self.client.create_payload_index(self.collection, "doc_id", models.PayloadSchemaType.KEYWORD)
 
     def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
@@ -86,8 +129,9 @@ class QdrantStore(VectorStore):
             return {}
         out: dict[str, str] = {}
         for start in range(0, len(ids), 256):
-            points = self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
-                                          with_payload=["doc_id", "content_hash"], with_vectors=False)
+            with self._lock:
+                points = self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
+                                              with_payload=["doc_id", "content_hash"], with_vectors=False)
             out.update({p.payload["doc_id"]: p.payload["content_hash"] for p in points})
         return out
 
@@ -99,7 +143,9 @@ class QdrantStore(VectorStore):
             raise InputError(f"{len(documents)} documents but {len(vectors)} vectors")
         vectors = np.asarray(vectors, dtype=np.float32)
         if len(documents) and (vectors.ndim != 2 or vectors.shape[1] != manifest.dim):
-            raise InputError(f"{self.describe()}: vectors have shape {vectors.shape}; the store holds {manifest.dim}-dim")
+            raise InputError(
+                f"{self.describe()}: vectors have shape {vectors.shape}; the store holds {manifest.dim}-dim"
+            )
         points = [
             models.PointStruct(
                 id=point_id(d.id),
@@ -110,21 +156,26 @@ class QdrantStore(VectorStore):
             for d, v in zip(documents, vectors, strict=True)
         ]
         for start in range(0, len(points), 256):
-            self.client.upsert(self.collection, points[start : start + 256], wait=True)
+            with self._lock:
+                self.client.upsert(self.collection, points[start : start + 256], wait=True)
 
     def delete(self, ids: Sequence[str]) -> int:
         from qdrant_client import models
 
         existing = list(self.content_hashes(list(ids)))
         if existing:
-            self.client.delete(self.collection, models.PointIdsList(points=[point_id(i) for i in existing]), wait=True)
+            with self._lock:
+                self.client.delete(
+                    self.collection, models.PointIdsList(points=[point_id(i) for i in existing]), wait=True
+                )
         return len(existing)
 
     def commit(self) -> None:
         manifest = self.require_manifest()
         manifest.count = self.count()
         manifest.updated_at = time.time()
-        self.client.update_collection(self.collection, metadata={MANIFEST_KEY: manifest.to_dict()})
+        with self._lock:
+            self.client.update_collection(self.collection, metadata={MANIFEST_KEY: manifest.to_dict()})
 
     def finalize(self) -> None:
         self.commit()
@@ -132,7 +183,8 @@ class QdrantStore(VectorStore):
     def count(self) -> int:
         if self.manifest is None:
             return 0
-        return self.client.count(self.collection, exact=True).count
+        with self._lock:
+            return self.client.count(self.collection, exact=True).count
 
     def _filter(self, filters: Filters | None):
         from qdrant_client import models
@@ -157,7 +209,10 @@ class QdrantStore(VectorStore):
             raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
         flt = self._filter(filters)
         requests = [models.QueryRequest(query=v.tolist(), limit=top_k, filter=flt, with_payload=True) for v in vectors]
-        responses = self.client.query_batch_points(self.collection, requests) if requests else []
+        if not requests:
+            return []
+        with self._lock:
+            responses = self.client.query_batch_points(self.collection, requests)
         return [
             [
                 Hit(id=p.payload["doc_id"], score=float(p.score), text=p.payload["text"],
@@ -172,8 +227,10 @@ class QdrantStore(VectorStore):
             return [None] * len(ids)
         found: dict[str, Document] = {}
         for start in range(0, len(ids), 256):
-            for p in self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
-                                          with_payload=True, with_vectors=False):
+            with self._lock:
+                points = self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
+                                              with_payload=True, with_vectors=False)
+            for p in points:
                 found[p.payload["doc_id"]] = Document(id=p.payload["doc_id"], text=p.payload["text"],
                                                       title=p.payload.get("title", ""),
                                                       metadata=p.payload.get("metadata") or {})
