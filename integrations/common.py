@@ -113,10 +113,12 @@ def normalize_rows(vectors: np.ndarray) -> np.ndarray:
 def as_matrix(embeddings: Sequence[Sequence[float]], dim: int | None, what: str) -> np.ndarray:
     """Validate embeddings from a framework (same width, finite numbers) and stack them as float32 rows."""
     rows = [list(e) for e in embeddings]
+    if not rows:
+        return np.zeros((0, dim or 0), dtype=np.float32)
     widths = {len(r) for r in rows}
     if len(widths) > 1:
         raise InputError(f"{what}: embeddings have different lengths {sorted(widths)}")
-    if rows and dim is not None and widths != {dim}:
+    if dim is not None and widths != {dim}:
         raise InputError(f"{what}: embeddings have {widths.pop()} dims; the store holds {dim}-dim vectors")
     try:
         matrix = np.asarray(rows, dtype=np.float32).reshape(len(rows), -1)

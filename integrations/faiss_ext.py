@@ -50,8 +50,9 @@ class ExtendedFaissStore(FaissStore):
         return (self.staging / MANIFEST).exists() and not self._writing
 
     @contextmanager
-    def transaction(self, dim: int, space_fingerprint: str, model_name: str,
-                    index: dict[str, Any] | None = None) -> Iterator[ExtendedFaissStore]:
+    def transaction(
+        self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None
+    ) -> Iterator[ExtendedFaissStore]:
         """Prepare, let the caller upsert/delete, then publish; discard everything on error."""
         if self.pending_write:
             raise StoreError(

@@ -82,8 +82,14 @@ class CareFaissDocumentStore:
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
-        return default_to_dict(self, path=self.path, model=self.model, embedding_dim=self.embedding_dim,
-                               index_options=self.index_options, return_embedding=self.return_embedding)
+        return default_to_dict(
+            self,
+            path=self.path,
+            model=self.model,
+            embedding_dim=self.embedding_dim,
+            index_options=self.index_options,
+            return_embedding=self.return_embedding,
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CareFaissDocumentStore:
@@ -151,7 +157,7 @@ class CareFaissDocumentStore:
 
     def write_documents(self, documents: list[Document], policy: DuplicatePolicy = DuplicatePolicy.NONE) -> int:
         """Write documents; ``DuplicatePolicy.NONE`` means FAIL. All-or-nothing: an error writes nothing."""
-        if (not isinstance(documents, list) or any(not isinstance(d, Document) for d in documents)):
+        if not isinstance(documents, list) or any(not isinstance(d, Document) for d in documents):
             raise ValueError("Please provide a list of Documents.")
         policy = DuplicatePolicy.FAIL if policy == DuplicatePolicy.NONE else policy
         unique: dict[str, Document] = {}

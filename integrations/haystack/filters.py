@@ -34,8 +34,9 @@ def validate_filters(filters: dict[str, Any] | None) -> None:
             if key not in filters:
                 raise FilterError(f"'{key}' key missing in {filters}")
         if filters["operator"] not in COMPARISON:
-            raise FilterError(f"Unknown comparison operator '{filters['operator']}'. Valid operators are: "
-                              f"{sorted(COMPARISON)}")
+            raise FilterError(
+                f"Unknown comparison operator '{filters['operator']}'. Valid operators are: {sorted(COMPARISON)}"
+            )
         return
     for key in ("operator", "conditions"):
         if key not in filters:
@@ -75,7 +76,7 @@ def to_core_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
         field, op, value = cond.get("field"), cond.get("operator"), cond.get("value")
         if not isinstance(field, str) or not field.startswith("meta."):
             return None
-        key = field[len("meta."):]
+        key = field[len("meta.") :]
         if not _CORE_KEY.match(key) or key in _NOT_METADATA or key in core:
             return None
         if op == "==" and _plain(value):
