@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from abc import ABC, abstractmethod
@@ -85,6 +86,8 @@ def validate_filters(filters: Filters | None) -> Filters | None:
         values = value if isinstance(value, list) else [value]
         if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
             raise InputError(f"filter {key!r}: values must be str, int, float or bool (or a non-empty list of them)")
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise InputError(f"filter {key!r}: values must be finite numbers")
     return filters
 
 

@@ -192,10 +192,20 @@ class QdrantStore(VectorStore):
         filters = validate_filters(filters)
         if not filters:
             return None
-        must = []
-        for key, value in filters.items():
-            match = models.MatchAny(any=value) if isinstance(value, list) else models.MatchValue(value=value)
-            must.append(models.FieldCondition(key=f"metadata.{key}", match=match))
+        def condition(key: str, value: Any) -> Any:
+            if isinstance(value, float):  # Qdrant matches only str/int/bool exactly; a float is a point range
+                return models.FieldCondition(key=key, range=models.Range(gte=value, lte=value))
+            return models.FieldCondition(key=key, match=models.MatchValue(value=value))
+
+        must: list[Any] = []
+        for name, value in filters.items():
+            key, values = f"metadata.{name}", value if isinstance(value, list) else [value]
+            if len(values) == 1:
+                must.append(condition(key, values[0]))
+            elif all(isinstance(v, str) for v in values) or all(type(v) is int for v in values):
+                must.append(models.FieldCondition(key=key, match=models.MatchAny(any=values)))
+            else:  # mixed types, floats or bools: any of the single conditions
+                must.append(models.Filter(should=[condition(key, v) for v in values]))
         return models.Filter(must=must)
 
     def search(self, vectors: np.ndarray, top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
