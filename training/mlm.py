@@ -11,10 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from care_retriever.errors import InputError
 from care_retriever.training.lora import transformer_of
 from care_retriever.training.pairs import read_texts, resolve_data_path, unique
-
-from care_retriever.errors import InputError
 
 
 def mlm_texts(ctx: Any, stage: Any) -> list[str]:
@@ -34,10 +33,11 @@ def mlm_texts(ctx: Any, stage: Any) -> list[str]:
 
 
 def stage_mlm(ctx: Any, stage: Any, embedder: Any):
-    from care_retriever.training.engine import JsonlLogCallback, build_arguments, last_checkpoint
-    from care_retriever.training.stages import StageReport, limit_for_dry_run, trainer_settings
     from datasets import Dataset
     from transformers import BertForMaskedLM, BertModel, DataCollatorForLanguageModeling, Trainer
+
+    from care_retriever.training.engine import JsonlLogCallback, build_arguments, last_checkpoint
+    from care_retriever.training.stages import StageReport, limit_for_dry_run, trainer_settings
 
     transformer = transformer_of(embedder.query_modules)
     encoder = transformer.auto_model

@@ -87,6 +87,9 @@ class ModelSpec:
     document_model: str | None = None
     dim: int | None = None  # expected shared dim; a different model is an error
     max_length: int | None = None
+    # Replace the query tower's pooling (from scratch: "mean" trains far faster than "cls", whose
+    # random-init outputs are nearly identical for every text).
+    query_pooling: str | None = None
     trust_remote_code: bool = False
 
 

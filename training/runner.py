@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from care_retriever.errors import InputError, ModelError
 from care_retriever.training.pairs import PairSet, load_pairset, resolve_data_path
 from care_retriever.training.recipe import ModelSpec, Recipe
-
-from care_retriever.errors import InputError, ModelError
 
 logger = logging.getLogger("care_retriever")
 RUN_FILE = "run.json"
@@ -116,9 +115,27 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
         raise ModelError(
             f"dimension mismatch: the recipe says model.dim {spec.dim}, the model's shared dim is {embedder.dim}"
         )
+    if spec.query_pooling:
+        embedder = set_query_pooling(embedder, spec.query_pooling)
     if spec.max_length:
         set_max_length(embedder, spec.max_length)
     return embedder
+
+
+def set_query_pooling(embedder, pooling: str):
+    """A new embedder whose query tower pools with ``pooling`` (cls | mean | last_token)."""
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.towers.modules import pooling_mode
+
+    mode = pooling_mode(pooling)
+    modules = [
+        Pooling(m.get_embedding_dimension(), pooling_mode=mode) if isinstance(m, Pooling) else m
+        for m in embedder.query_modules
+    ]
+    embedder.config.query.pooling = pooling
+    return AsymmetricEmbedder(embedder.config, modules, embedder.document_modules, device=embedder.device)
 
 
 def set_max_length(embedder, max_length: int) -> None:
@@ -170,9 +187,8 @@ def run_recipe(
     ``preset`` replaces the recipe's model by a from-scratch one of that preset (validating a
     paper-size recipe on CPU with the ``base`` preset); ``dry_run_steps`` trains N steps per stage.
     """
-    from care_retriever.training.stages import STAGES, StageContext, seed_everything
-
     from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.training.stages import STAGES, StageContext, seed_everything
 
     out = Path(out)
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()

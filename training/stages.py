@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from datasets import Dataset, DatasetDict
+
+from care_retriever.errors import InputError
 from care_retriever.training.engine import CareTrainer, JsonlLogCallback, build_arguments, last_checkpoint, world_size
 from care_retriever.training.lora import LoraSpec, add_lora, merge_lora
 from care_retriever.training.pairs import Example, PairSet, unique
 from care_retriever.training.recipe import OWN_DEFAULT_KEYS, StageSpec
-from datasets import Dataset, DatasetDict
-
-from care_retriever.errors import InputError
 
 logger = logging.getLogger("care_retriever")
 DEFAULT_TEMPERATURE = 0.05

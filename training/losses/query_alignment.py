@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor, nn
+
 from care_retriever.training.losses.alignment_mse import alignment_mse
 from care_retriever.training.losses.asym_infonce import asym_infonce
-from torch import Tensor, nn
 
 
 class QueryAlignmentLoss(nn.Module):

@@ -1,0 +1,200 @@
+"""A real two-stage CARE training on tiny towers: Stage 0, Stage I (cached teacher), Stage II.
+
+The data are synthetic Chinese medical questions and answers about a dozen conditions, small enough
+that every stage runs a few optimizer steps in about a second; the assertions are about what the
+method must do, not about exact numbers: the losses fall, Stage I brings the query tower towards the
+document tower, the teacher cache is reused, and an interrupted stage resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+CONDITIONS = ["高血压", "糖尿病", "感冒", "腹泻", "失眠", "发烧", "咳嗽", "胃痛", "头痛", "过敏", "贫血", "哮喘"]
+ASPECTS = [
+    ("怎么办", "出现{c}时先休息观察，症状加重要及时去医院就诊。"),
+    ("吃什么药", "{c}的用药要听医生的，不要自己随便买药吃。"),
+    ("有哪些症状", "{c}常见的表现各不相同，可以对照说明自查。"),
+    ("饮食注意什么", "{c}患者饮食宜清淡，少吃油腻辛辣的食物。"),
+]
+
+RECIPE = """
+name: tiny-two-stage
+seed: 0
+model: {{preset: tiny, vocab_from: [pairs.jsonl], max_length: 32, query_pooling: mean}}
+datasets:
+  pairs: {{path: pairs.jsonl, format: pairs}}
+defaults:
+  per_device_train_batch_size: 16
+  learning_rate: 2.0e-3
+  num_train_epochs: {epochs}
+  logging_steps: 1
+  save_steps: 3
+  save_total_limit: 3
+stages:
+  - {{name: stage0-query, type: stage0_query, datasets: [pairs]}}
+  - {{name: stage0-document, type: stage0_document, datasets: [pairs], lora: {{r: 4, alpha: 8}}}}
+  - {{name: stage1, type: stage1_align, alignment: {{queries: [pairs], documents: [pairs]}}}}
+  - name: stage2
+    type: stage2_joint
+    datasets: [pairs]
+    hard_negatives: {{num: 1, range_min: 0}}
+    lora: {{r: 4, alpha: 8}}
+"""
+
+
+def write_pairs(path: Path) -> None:
+    with path.open("w", encoding="utf-8") as fh:
+        for c in CONDITIONS:
+            for suffix, answer in ASPECTS:
+                row = {"query": f"{c}{suffix}", "text": f"{c}：" + answer.format(c=c)}
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models train faster on one thread, and the CI machine is shared."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("train-data")
+    write_pairs(folder / "pairs.jsonl")
+    return folder
+
+
+def recipe_file(folder: Path, epochs: int = 3) -> Path:
+    path = folder / "recipe.yaml"
+    path.write_text(RECIPE.format(epochs=epochs), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    from care_retriever.training.recipe import load_recipe
+    from care_retriever.training.runner import run_recipe
+
+    out = tmp_path_factory.mktemp("run") / "out"
+    result = run_recipe(load_recipe(recipe_file(data_dir)), out, data_dir, show_progress=False)
+    return result
+
+
+def agreement(model_dir: Path, texts: list[str]) -> float:
+    """Mean cosine between the query tower's and the document tower's embedding of the same text."""
+    from care_retriever.embedder import AsymmetricEmbedder
+
+    embedder = AsymmetricEmbedder.from_pretrained(model_dir)
+    q = embedder.embed_queries(texts)
+    d = embedder.embed_documents(texts)
+    return float(np.mean(np.sum(q * d, axis=1)))
+
+
+def texts_of(data_dir: Path) -> list[str]:
+    rows = [json.loads(line) for line in (data_dir / "pairs.jsonl").read_text("utf-8").splitlines()]
+    return [r["query"] for r in rows] + [r["text"] for r in rows]
+
+
+def test_every_stage_trains_and_its_loss_falls(trained) -> None:
+    reports = {r["name"]: r for r in trained.reports}
+    assert list(reports) == ["stage0-query", "stage0-document", "stage1", "stage2"]
+    # 48 pairs / 16 per batch * 3 epochs; Stage I aligns 48 queries and 48 documents (two sides)
+    expected_steps = {"stage0-query": 9, "stage0-document": 9, "stage1": 18, "stage2": 9}
+    for name, report in reports.items():
+        assert report["steps"] == expected_steps[name], name
+        logs = [json.loads(line) for line in (trained.out / "logs" / f"{name}.jsonl").read_text().splitlines()]
+        losses = [row["loss"] for row in logs if "loss" in row]
+        assert len(losses) == expected_steps[name]
+        # mean of the last three logged losses below the mean of the first three
+        assert np.mean(losses[-3:]) < np.mean(losses[:3]), (name, losses)
+        assert all("learning_rate" in row for row in logs if "loss" in row)
+
+
+def test_stage1_raises_query_document_agreement(trained, data_dir: Path) -> None:
+    texts = texts_of(data_dir)
+    before = agreement(trained.out / "stages" / "stage0-document", texts)
+    after = agreement(trained.out / "stages" / "stage1", texts)
+    assert after > before + 0.1, (before, after)
+
+
+def test_final_model_is_the_last_stage_and_loads(trained, data_dir: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from care_retriever.embedder import AsymmetricEmbedder
+
+    final = AsymmetricEmbedder.from_pretrained(trained.final)
+    last = AsymmetricEmbedder.from_pretrained(trained.out / "stages" / "stage2")
+    texts = texts_of(data_dir)[:8]
+    np.testing.assert_allclose(final.embed_documents(texts), last.embed_documents(texts), atol=1e-6)
+    # LoRA was merged: the saved folder is a plain sentence-transformers model without peft files
+    assert not list(Path(trained.final).rglob("adapter_config.json"))
+    st = SentenceTransformer(str(trained.final))
+    np.testing.assert_allclose(st.encode_query(texts[:2]), final.embed_queries(texts[:2]), atol=1e-5)
+    # Stage II changed the document tower (LoRA merged into it), Stage I did not
+    stage0 = AsymmetricEmbedder.from_pretrained(trained.out / "stages" / "stage0-document")
+    stage1 = AsymmetricEmbedder.from_pretrained(trained.out / "stages" / "stage1")
+    assert stage0.space_fingerprint == stage1.space_fingerprint
+    assert stage1.space_fingerprint != final.space_fingerprint
+
+
+def test_stage1_reads_a_memory_mapped_teacher_cache_that_is_reused(trained, data_dir: Path) -> None:
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.training.teacher_cache import build_teacher_cache
+
+    report = next(r for r in trained.reports if r["name"] == "stage1")
+    assert report["teacher"] == "cached" and report["teacher_cache_reused"] is False
+    cache_file = Path(report["teacher_cache"])
+    mtime = cache_file.stat().st_mtime_ns
+    # Stage I's teacher texts, in the stage's order: queries, then documents, de-duplicated
+    rows = [json.loads(line) for line in (data_dir / "pairs.jsonl").read_text("utf-8").splitlines()]
+    teacher_texts = list(dict.fromkeys([r["query"] for r in rows] + [r["text"] for r in rows]))
+    assert report["teacher_texts"] == len(teacher_texts)
+    # Stage I leaves the document tower (the teacher) untouched, so its output model has the same teacher
+    embedder = AsymmetricEmbedder.from_pretrained(trained.out / "stages" / "stage1")
+    cache = build_teacher_cache(embedder, teacher_texts, cache_file.parent, show_progress=False)
+    assert cache.reused and cache.path == cache_file
+    assert cache_file.stat().st_mtime_ns == mtime
+    assert isinstance(cache.vectors, np.memmap)
+    # the cached rows are the document tower's embeddings of those texts
+    np.testing.assert_allclose(cache.vectors[:5], embedder.embed_documents(teacher_texts[:5]), atol=1e-5)
+    # another text set gets its own cache instead of a stale one
+    other = build_teacher_cache(embedder, teacher_texts[:7], cache_file.parent, show_progress=False)
+    assert not other.reused and other.path != cache_file and len(other) == 7
+
+
+def test_resume_continues_an_interrupted_stage_from_its_checkpoint(trained, data_dir: Path, tmp_path: Path) -> None:
+    from care_retriever.training.recipe import load_recipe
+    from care_retriever.training.runner import run_recipe
+
+    out = tmp_path / "out"
+    shutil.copytree(trained.out, out)
+    # Simulate a run killed in Stage II after its checkpoint at step 6.
+    state = json.loads((out / "run.json").read_text())
+    state["done"].remove("stage2")
+    state["reports"] = [r for r in state["reports"] if r["name"] != "stage2"]
+    (out / "run.json").write_text(json.dumps(state))
+    shutil.rmtree(out / "stages" / "stage2")
+    shutil.rmtree(out / "final")
+    shutil.rmtree(out / "checkpoints" / "stage2" / "checkpoint-9")
+    log = out / "logs" / "stage2.jsonl"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines() if json.loads(line)["step"] <= 6))
+    stage1_log = (out / "logs" / "stage1.jsonl").read_text()
+
+    result = run_recipe(load_recipe(recipe_file(data_dir)), out, data_dir, resume=True, show_progress=False)
+
+    assert (out / "logs" / "stage1.jsonl").read_text() == stage1_log  # finished stages are not re-run
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert steps[:6] == [1, 2, 3, 4, 5, 6] and steps[6:9] == [7, 8, 9]  # continued, not restarted
+    report = next(r for r in result.reports if r["name"] == "stage2")
+    assert report["steps"] == 9
+    assert (out / "final" / "care_config.json").is_file()
