@@ -1,0 +1,74 @@
+"""``CareEmbeddings``: a CARE model as LangChain ``Embeddings``.
+
+LangChain's two entry points map onto the two towers: ``embed_query`` runs the small query tower
+(with the model's instruction prompt, exactly as :class:`~care_retriever.retriever.CareRetriever`
+does), ``embed_documents`` the document tower (the text ``care-retriever index`` encodes for a
+document without a title). Each tower is loaded on first use, so a retrieval-only process never
+builds the document tower. Async variants run the sync ones in LangChain's executor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.embeddings import Embeddings
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from care_retriever.errors import InputError
+from care_retriever.integrations.common import TowerLoader, check_model_location, model_space
+
+
+class CareEmbeddings(BaseModel, Embeddings):
+    """Query tower for ``embed_query``, document tower for ``embed_documents``; unit-norm float vectors.
+
+    Example::
+
+        embeddings = CareEmbeddings(model="models/care")
+        embeddings.embed_query("血压高怎么办")          # query tower only is loaded
+    """
+
+    model: str = Field(description="CARE model folder (or hub id) written by `care-retriever init` / training.")
+    instruction: str | None = Field(default=None, description="Override the default query instruction.")
+    device: str | None = Field(default=None, description="cpu | cuda | cuda:N (default: CUDA when available).")
+    query_batch_size: int = Field(default=32, ge=1)
+    document_batch_size: int = Field(default=16, ge=1)
+    show_progress: bool = Field(default=False, description="tqdm bar while embedding documents.")
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    _towers: TowerLoader = PrivateAttr()
+
+    def model_post_init(self, context: Any, /) -> None:
+        check_model_location(self.model)
+        self._towers = TowerLoader(self.model, device=self.device)
+
+    @classmethod
+    def from_embedder(cls, embedder: Any, model: str, **kwargs: Any) -> CareEmbeddings:
+        """Wrap an already loaded :class:`AsymmetricEmbedder` (``model`` still names it, for serialisation)."""
+        instance = cls(model=model, **kwargs)
+        instance._towers = TowerLoader(model, device=instance.device, embedder=embedder)
+        return instance
+
+    @property
+    def space(self) -> tuple[int, str, str]:
+        """``(dim, space fingerprint, document model)`` read from the model's config, no tower loaded."""
+        return model_space(self.model)
+
+    def embed_query(self, text: str) -> list[float]:
+        if not isinstance(text, str):
+            raise InputError(f"embed_query expects a str, got {type(text).__name__}")
+        if not text.strip():
+            raise InputError("empty query")
+        embedder = self._towers.get("query")
+        vector = embedder.embed_queries([text], instruction=self.instruction, batch_size=self.query_batch_size)[0]
+        return vector.tolist()
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        if isinstance(texts, str):
+            raise InputError("embed_documents expects a list of texts, got a single str (wrap it in a list)")
+        texts = list(texts)
+        if not texts:
+            return []
+        embedder = self._towers.get("document")
+        vectors = embedder.embed_documents(texts, batch_size=self.document_batch_size, show_progress=self.show_progress)
+        return vectors.tolist()

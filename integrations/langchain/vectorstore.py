@@ -1,0 +1,262 @@
+"""``CareVectorStore``: a LangChain ``VectorStore`` over a store built by ``care-retriever index``.
+
+Opens ``faiss:DIR`` or ``qdrant:PATH`` / ``qdrant::memory:`` / ``qdrant:http://host:6333`` as they
+are (no re-encoding), so ``.as_retriever()`` works on existing indexes; with :class:`CareEmbeddings`
+the store's model fingerprint is checked, so searching with the wrong model is an error, not
+garbage. Documents added here are written in the same format (the CLI and :class:`CareRetriever`
+can search them): ``page_content`` is the text, a non-empty string ``metadata["title"]`` the title
+column, vectors stored L2-normalised. FAISS writes are all-or-nothing; Qdrant has no transactions,
+so a failed Qdrant write may be partial (as with ``QdrantVectorStore``).
+
+``filter`` takes the core's metadata filter: ``{"field": value}`` or ``{"field": [v1, v2]}`` (any of).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStore
+from langchain_core.vectorstores.utils import maximal_marginal_relevance
+
+from care_retriever.errors import InputError
+from care_retriever.integrations.common import (
+    UNKNOWN_FINGERPRINT,
+    as_matrix,
+    cosine_to_unit,
+    from_core_metadata,
+    normalize_rows,
+    to_core_document,
+)
+from care_retriever.integrations.faiss_ext import ExtendedFaissStore
+from care_retriever.integrations.langchain.embeddings import CareEmbeddings
+from care_retriever.stores import VectorStore as CoreStore
+from care_retriever.stores import open_store, parse_store_spec
+from care_retriever.stores.base import Hit
+from care_retriever.stores.faiss_store import FaissStore
+
+
+def _open(store: str | CoreStore, collection: str | None) -> CoreStore:
+    """FAISS stores open as :class:`ExtendedFaissStore` (vectors readable, writes all-or-nothing)."""
+    if isinstance(store, ExtendedFaissStore):
+        return store
+    if isinstance(store, FaissStore):
+        store.close()
+        return ExtendedFaissStore(store.path)
+    if isinstance(store, CoreStore):
+        return store
+    scheme, location = parse_store_spec(store)
+    return ExtendedFaissStore(location) if scheme == "faiss" else open_store(store, collection=collection)
+
+
+class CareVectorStore(VectorStore):
+    """LangChain view of a care-retriever FAISS or Qdrant store.
+
+    :param store: a store spec (``faiss:DIR``, ``qdrant:PATH``, ...) or an open core store.
+    :param embedding: query/document embeddings; :class:`CareEmbeddings` of the model that built the store.
+    :param collection: Qdrant collection (default ``care``).
+    :param index_options: FAISS index of a new store, e.g. ``{"type": "hnsw"}`` (default exact flat).
+    """
+
+    def __init__(
+        self,
+        store: str | CoreStore,
+        embedding: Embeddings,
+        *,
+        collection: str | None = None,
+        index_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.store = _open(store, collection)
+        self.embedding = embedding
+        self.index_options = index_options
+        self._space = embedding.space if isinstance(embedding, CareEmbeddings) else None
+        if self._space is not None and self.store.manifest is not None:
+            self.store.check_compatible(self._space[1], self._space[0])
+
+    @property
+    def embeddings(self) -> Embeddings:
+        return self.embedding
+
+    # ------------------------------------------------------------------ writing
+    def _write(
+        self, upserts: Sequence[Any] = (), vectors: np.ndarray | None = None, deletes: Sequence[str] = ()
+    ) -> None:
+        manifest = self.store.manifest
+        if manifest is not None:
+            dim, fingerprint, model_name = manifest.dim, manifest.space_fingerprint, manifest.model_name
+        elif self._space is not None:
+            dim, fingerprint, model_name = self._space
+        else:
+            dim, fingerprint, model_name = int(vectors.shape[1]), UNKNOWN_FINGERPRINT, ""
+        if isinstance(self.store, ExtendedFaissStore):
+            with self.store.transaction(dim, fingerprint, model_name, self.index_options) as store:
+                if deletes:
+                    store.delete(list(deletes))
+                else:
+                    store.upsert(list(upserts), vectors)
+            return
+        self.store.prepare(dim, fingerprint, model_name, self.index_options)
+        if deletes:
+            self.store.delete(list(deletes))
+        else:
+            self.store.upsert(list(upserts), vectors)
+        self.store.finalize()
+
+    def add_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str | None] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Embed ``texts`` with the document side and upsert them by id (new ids are UUID4 strings)."""
+        texts = list(texts)
+        if metadatas is not None and len(metadatas) != len(texts):
+            raise InputError(f"{len(metadatas)} metadatas for {len(texts)} texts")
+        if ids is not None and len(ids) != len(texts):
+            raise InputError(f"{len(ids)} ids for {len(texts)} texts")
+        if any(not isinstance(t, str) for t in texts):
+            raise InputError("add_texts expects str texts (page_content)")
+        out_ids = [str(i) if i is not None else str(uuid.uuid4()) for i in (ids or [None] * len(texts))]
+        if not texts:
+            return []
+        metas = metadatas or [{} for _ in texts]
+        last = {doc_id: n for n, doc_id in enumerate(out_ids)}  # an id given twice: the last one wins
+        keep = sorted(last.values())
+        core_docs = [to_core_document(out_ids[n], texts[n], metas[n] or {}) for n in keep]
+        manifest_dim = self.store.manifest.dim if self.store.manifest is not None else None
+        dim = manifest_dim or (self._space[0] if self._space else None)
+        vectors = as_matrix(self.embedding.embed_documents([texts[n] for n in keep]), dim, "add_texts")
+        self._write(core_docs, normalize_rows(vectors))
+        return out_ids
+
+    def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
+        """Delete documents by id (all documents when ``ids`` is None); missing ids are ignored."""
+        if self.store.manifest is None:
+            return True
+        targets = self._all_ids() if ids is None else [str(i) for i in ids]
+        existing = list(self.store.content_hashes(targets)) if targets else []
+        if existing:
+            self._write(deletes=existing)
+        return True
+
+    def _all_ids(self) -> list[str]:
+        if isinstance(self.store, ExtendedFaissStore):
+            return [d.id for d in self.store.iter_documents()]
+        ids: list[str] = []
+        offset = None
+        while True:  # Qdrant: page through the payloads
+            points, offset = self.store.client.scroll(
+                self.store.collection, limit=256, offset=offset, with_payload=["doc_id"], with_vectors=False
+            )
+            ids += [p.payload["doc_id"] for p in points]
+            if offset is None:
+                return ids
+
+    # ------------------------------------------------------------------ reading
+    @staticmethod
+    def _to_document(doc: Any) -> Document:
+        return Document(id=doc.id, page_content=doc.text, metadata=from_core_metadata(doc.title, doc.metadata))
+
+    def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        if self.store.manifest is None:
+            return []
+        return [self._to_document(d) for d in self.store.get([str(i) for i in ids]) if d is not None]
+
+    def _search(self, embedding: list[float], k: int, filter: dict[str, Any] | None) -> list[Hit]:
+        if k < 1:
+            raise InputError(f"k must be >= 1, got {k}")
+        manifest = self.store.manifest
+        if manifest is None or self.store.count() == 0:
+            return []
+        query = normalize_rows(as_matrix([embedding], manifest.dim, "query embedding"))
+        return self.store.search(query, k, filter)[0]
+
+    def similarity_search_with_score_by_vector(
+        self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """Documents with their cosine similarity to ``embedding``, best first."""
+        return [(self._to_document(h), h.score) for h in self._search(embedding, k, filter)]
+
+    def similarity_search_by_vector(
+        self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Document]:
+        return [doc for doc, _ in self.similarity_search_with_score_by_vector(embedding, k, filter)]
+
+    def similarity_search_with_score(
+        self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        return self.similarity_search_with_score_by_vector(self.embedding.embed_query(query), k, filter)
+
+    def similarity_search(
+        self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Document]:
+        return [doc for doc, _ in self.similarity_search_with_score(query, k, filter)]
+
+    def _select_relevance_score_fn(self) -> Callable[[float], float]:
+        return cosine_to_unit
+
+    def _vectors(self, ids: list[str]) -> list[np.ndarray | None]:
+        if isinstance(self.store, ExtendedFaissStore):
+            return self.store.vectors(ids)
+        from care_retriever.stores.qdrant_store import point_id
+
+        points = self.store.client.retrieve(
+            self.store.collection, [point_id(i) for i in ids], with_payload=["doc_id"], with_vectors=True
+        )
+        found = {p.payload["doc_id"]: np.asarray(p.vector, dtype=np.float32) for p in points}
+        return [found.get(i) for i in ids]
+
+    def max_marginal_relevance_search_by_vector(
+        self,
+        embedding: list[float],
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        """Diverse results: ``fetch_k`` nearest candidates re-ranked by maximal marginal relevance."""
+        hits = self._search(embedding, max(k, fetch_k), filter)
+        if not hits:
+            return []
+        vectors = self._vectors([h.id for h in hits])
+        pairs = [(h, v) for h, v in zip(hits, vectors, strict=True) if v is not None]
+        query = normalize_rows(np.asarray([embedding], dtype=np.float32))[0]
+        chosen = maximal_marginal_relevance(query, [v for _, v in pairs], lambda_mult=lambda_mult, k=k)
+        return [self._to_document(pairs[i][0]) for i in chosen]
+
+    def max_marginal_relevance_search(
+        self, query: str, k: int = 4, fetch_k: int = 20, lambda_mult: float = 0.5, **kwargs: Any
+    ) -> list[Document]:
+        return self.max_marginal_relevance_search_by_vector(
+            self.embedding.embed_query(query), k, fetch_k, lambda_mult, **kwargs
+        )
+
+    @classmethod
+    def from_texts(
+        cls,
+        texts: list[str],
+        embedding: Embeddings,
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        store: str | CoreStore | None = None,
+        collection: str | None = None,
+        index_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> CareVectorStore:
+        """Create (or extend) the store ``store`` with ``texts``; ``store`` is required (``faiss:DIR``, ...)."""
+        if store is None:
+            raise InputError("CareVectorStore.from_texts needs store='faiss:DIR' or 'qdrant:PATH' (where to write)")
+        instance = cls(store, embedding, collection=collection, index_options=index_options)
+        instance.add_texts(texts, metadatas, ids=ids)
+        return instance
+
+    def close(self) -> None:
+        self.store.close()
