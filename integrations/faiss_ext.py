@@ -54,7 +54,9 @@ class ExtendedFaissStore(FaissStore):
         self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None
     ) -> Iterator[ExtendedFaissStore]:
         """Prepare, let the caller upsert/delete, then publish; discard everything on error."""
+        self._acquire_writer_lock()  # fails fast, with the core's message, while another writer is running
         if self.pending_write:
+            self._release_writer_lock()
             raise StoreError(
                 f"{self.describe()}: an interrupted `care-retriever index` run is pending in {self.staging}; "
                 "finish it by running the same command again, or remove that folder"
@@ -75,6 +77,7 @@ class ExtendedFaissStore(FaissStore):
                 self._db = None
             shutil.rmtree(self.staging, ignore_errors=True)
             self._writing = False
+            self._release_writer_lock()
             self._index = None
             self._search_index = None
             self.manifest = None

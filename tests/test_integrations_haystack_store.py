@@ -183,3 +183,28 @@ def test_pending_interrupted_index_run_is_not_overwritten(store: CareFaissDocume
     with pytest.raises(StoreError, match="interrupted"):
         store.write_documents(_docs()[1:2])
     assert (staging / "manifest.json").exists() and store.count_documents() == 1
+
+
+def test_a_write_failing_inside_the_store_is_rolled_back(tmp_path: Path) -> None:
+    store = CareFaissDocumentStore(str(tmp_path / "ivf"), embedding_dim=4, index_options={"type": "ivf", "nlist": 8})
+    with pytest.raises(InputError, match="nlist"):  # raised by the core store, mid-transaction
+        store.write_documents(_docs()[:2])
+    assert store.count_documents() == 0 and not (tmp_path / ".ivf.staging").exists()
+    store.index_options = {"type": "ivf", "nlist": 1}  # the writer lock was released: the next write goes through
+    assert store.write_documents(_docs()) == 4
+    assert [d.id for d in store.embedding_retrieval([1.0, 0, 0, 0], top_k=2, return_embedding=True)] == ["a", "b"]
+
+
+def test_refuses_to_write_while_another_writer_holds_the_store(store: CareFaissDocumentStore, tmp_path: Path) -> None:
+    from care_retriever.stores.faiss_store import FaissStore
+
+    store.write_documents(_docs()[:1])
+    manifest = json.loads((tmp_path / "store" / "manifest.json").read_text())
+    other = FaissStore(tmp_path / "store")
+    other.prepare(manifest["dim"], manifest["space_fingerprint"], "")  # e.g. a `care-retriever index` run
+    try:
+        with pytest.raises(StoreError, match="another writer"):
+            store.write_documents(_docs()[1:2])
+    finally:
+        other.finalize()
+    assert store.write_documents(_docs()[1:2]) == 1
