@@ -5,8 +5,9 @@ are (no re-encoding), so ``.as_retriever()`` works on existing indexes; with :cl
 the store's model fingerprint is checked, so searching with the wrong model is an error, not
 garbage. Documents added here are written in the same format (the CLI and :class:`CareRetriever`
 can search them): ``page_content`` is the text, a non-empty string ``metadata["title"]`` the title
-column, vectors stored L2-normalised. FAISS writes are all-or-nothing; Qdrant has no transactions,
-so a failed Qdrant write may be partial (as with ``QdrantVectorStore``).
+column; the embedded text is the title above the text, as the CLI's; vectors are stored
+L2-normalised. FAISS writes are all-or-nothing; Qdrant has no transactions, so a failed Qdrant
+write may be partial (as with ``QdrantVectorStore``).
 
 ``filter`` takes the core's metadata filter: ``{"field": value}`` or ``{"field": [v1, v2]}`` (any of).
 """
@@ -131,7 +132,8 @@ class CareVectorStore(VectorStore):
         core_docs = [to_core_document(out_ids[n], texts[n], metas[n] or {}) for n in keep]
         manifest_dim = self.store.manifest.dim if self.store.manifest is not None else None
         dim = manifest_dim or (self._space[0] if self._space else None)
-        vectors = as_matrix(self.embedding.embed_documents([texts[n] for n in keep]), dim, "add_texts")
+        # Embed what `care-retriever index` embeds for the same document: the title (if any) above the text.
+        vectors = as_matrix(self.embedding.embed_documents([d.embedding_text() for d in core_docs]), dim, "add_texts")
         self._write(core_docs, normalize_rows(vectors))
         return out_ids
 
