@@ -1,0 +1,269 @@
+"""Baselines with the embedder interface of :class:`~care_retriever.embedder.AsymmetricEmbedder`.
+
+Evaluation and benchmarks compare models through one interface (``embed_queries(texts,
+instruction=...)``, ``embed_documents(texts)``, ``dim``), so ``load_embedder`` resolves a name to:
+
+- ``bm25``: the lexical baseline (:class:`care_retriever.evaluation.bm25.BM25Model`);
+- a CARE folder (has ``care_config.json``): :class:`AsymmetricEmbedder`; ``DIR#query`` and
+  ``DIR#document`` use one of its towers on both sides (the small symmetric model and the symmetric
+  LLM path that the asymmetric model is measured against);
+- anything else: a sentence-transformers model or folder, :class:`SentenceTransformerEmbedder`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from care_retriever.errors import InputError, ModelError
+
+INSTRUCT_TEMPLATE = "Instruct: {instruction}\nQuery: "
+TOWER_SUFFIXES = ("#query", "#document")
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What evaluation, search and benchmarks need from a dense model."""
+
+    @property
+    def dim(self) -> int: ...
+
+    def embed_queries(
+        self,
+        texts: Sequence[str],
+        *,
+        instruction: str | None = None,
+        batch_size: int = 32,
+        show_progress: bool = False,
+    ) -> np.ndarray: ...
+
+    def embed_documents(
+        self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False
+    ) -> np.ndarray: ...
+
+
+class SentenceTransformerEmbedder:
+    """Any sentence-transformers model (hub id or folder) as a CARE-style embedder.
+
+    ``query_prompt_template="auto"``: a model whose ``query`` prompt is an ``Instruct: ...`` prompt
+    (Qwen3-Embedding, gte-Qwen2-instruct) gets the task's instruction in that form; a model with a
+    fixed query prompt (bge-zh) keeps it; other models get no prompt. Documents take the model's own
+    ``document`` prompt, if any.
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        *,
+        device: str | None = None,
+        query_prompt_template: str | Literal["auto"] | None = "auto",
+        trust_remote_code: bool = False,
+        max_length: int | None = None,
+    ) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        from care_retriever.embedder import resolve_device
+
+        self.name = model_name_or_path
+        try:
+            self.model = SentenceTransformer(
+                model_name_or_path,
+                device=str(resolve_device(device)),
+                trust_remote_code=trust_remote_code,
+                local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1",
+            )
+        except (OSError, ValueError) as exc:
+            raise ModelError(
+                f"cannot load sentence-transformers model {model_name_or_path!r}: {str(exc).splitlines()[0]}"
+            ) from None
+        if max_length:
+            self.model.max_seq_length = max_length
+        fixed = self.model.prompts.get("query") or None
+        if query_prompt_template == "auto":
+            query_prompt_template = (
+                INSTRUCT_TEMPLATE if fixed and fixed.lstrip().startswith("Instruct") else None
+            )
+        self.query_prompt_template = query_prompt_template
+        self.fixed_query_prompt = fixed
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.get_embedding_dimension())
+
+    query_dim = dim
+
+    @property
+    def mode(self) -> str:
+        return "symmetric"
+
+    def query_prompt(self, instruction: str | None = None) -> str | None:
+        if self.query_prompt_template and instruction:
+            return self.query_prompt_template.format(instruction=instruction)
+        return self.fixed_query_prompt
+
+    def embed_queries(
+        self,
+        texts: Sequence[str],
+        *,
+        instruction: str | None = None,
+        batch_size: int = 32,
+        show_progress: bool = False,
+    ) -> np.ndarray:
+        from care_retriever.encoding import check_texts
+
+        texts = check_texts(texts, "queries")
+        return self._encode(
+            self.model.encode_query, texts, self.query_prompt(instruction) or "", batch_size, show_progress
+        )
+
+    def embed_documents(
+        self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False
+    ) -> np.ndarray:
+        from care_retriever.encoding import check_texts
+
+        texts = check_texts(texts, "documents")
+        return self._encode(self.model.encode_document, texts, None, batch_size, show_progress)
+
+    def _encode(
+        self, fn: Any, texts: list[str], prompt: str | None, batch_size: int, show_progress: bool
+    ) -> np.ndarray:
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
+        out = fn(
+            texts,
+            prompt=prompt,
+            batch_size=batch_size,
+            show_progress_bar=show_progress,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+        )
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def __repr__(self) -> str:
+        return f"SentenceTransformerEmbedder({self.name!r}, dim={self.dim})"
+
+
+class OneTowerEmbedder:
+    """One tower of a CARE model on both sides: the symmetric baselines of the paper's Table 4.
+
+    ``tower="document"`` is the symmetric LLM path (queries through the LLM with the Qwen3-Embedding
+    instruction prompt); ``tower="query"`` is the small symmetric model.
+    """
+
+    def __init__(self, embedder: Any, tower: Literal["query", "document"]) -> None:
+        from care_retriever.embedder import DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE
+
+        self.embedder = embedder
+        self.tower = tower
+        self.model = embedder.query_model if tower == "query" else embedder.document_model
+        if tower == "query":
+            self.template = embedder.config.query_prompt_template
+        else:
+            self.template = (
+                QUERY_PROMPT_TEMPLATE if embedder.config.document.pooling == "last_token" else None
+            )
+        self.default_instruction = embedder.config.default_instruction or DEFAULT_INSTRUCTION
+
+    @property
+    def dim(self) -> int:
+        return int(self.embedder.dim)
+
+    query_dim = dim
+
+    @property
+    def mode(self) -> str:
+        return "symmetric"
+
+    def query_prompt(self, instruction: str | None = None) -> str | None:
+        if not self.template:
+            return None
+        return self.template.format(instruction=instruction or self.default_instruction)
+
+    def embed_queries(
+        self,
+        texts: Sequence[str],
+        *,
+        instruction: str | None = None,
+        batch_size: int = 32,
+        show_progress: bool = False,
+    ) -> np.ndarray:
+        from care_retriever.encoding import check_texts, encode_texts
+
+        return encode_texts(
+            self.model,
+            check_texts(texts, "queries"),
+            prompt=self.query_prompt(instruction),
+            batch_size=batch_size,
+            show_progress=show_progress,
+            desc="Encoding queries",
+            unit="query",
+        )
+
+    def embed_documents(
+        self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False
+    ) -> np.ndarray:
+        from care_retriever.encoding import check_texts, encode_texts
+
+        return encode_texts(
+            self.model,
+            check_texts(texts, "documents"),
+            batch_size=batch_size,
+            show_progress=show_progress,
+            desc="Encoding documents",
+            unit="doc",
+        )
+
+    def __repr__(self) -> str:
+        return f"OneTowerEmbedder({self.tower} tower of {self.embedder!r})"
+
+
+def is_care_folder(path: str | os.PathLike[str]) -> bool:
+    from care_retriever.embedder import CONFIG_NAME
+
+    return Path(path).is_dir() and (Path(path) / CONFIG_NAME).is_file()
+
+
+def load_embedder(
+    name_or_path: str,
+    *,
+    device: str | None = None,
+    load: Literal["both", "query", "document"] = "both",
+    trust_remote_code: bool = False,
+) -> Any:
+    """Resolve ``bm25``, a CARE folder (``DIR``, ``DIR#query``, ``DIR#document``) or an ST model."""
+    if not name_or_path or not name_or_path.strip():
+        raise InputError("empty model name")
+    if name_or_path.lower() == "bm25":
+        from care_retriever.evaluation.bm25 import BM25Model
+
+        return BM25Model()
+    base, tower = name_or_path, None
+    for suffix in TOWER_SUFFIXES:
+        if name_or_path.endswith(suffix):
+            base, tower = name_or_path[: -len(suffix)], suffix[1:]
+    if is_care_folder(base):
+        _quiet_transformers()
+        from care_retriever.embedder import AsymmetricEmbedder
+
+        embedder = AsymmetricEmbedder.from_pretrained(base, load=tower or load, device=device)  # type: ignore[arg-type]
+        return OneTowerEmbedder(embedder, tower) if tower else embedder  # type: ignore[arg-type]
+    if tower:
+        raise ModelError(
+            f"{base}: '#{tower}' selects a tower of a CARE model folder (one with care_config.json)"
+        )
+    looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
+    if looks_local and not Path(name_or_path).is_dir():
+        raise ModelError(f"model folder not found: {name_or_path}")
+    _quiet_transformers()
+    return SentenceTransformerEmbedder(name_or_path, device=device, trust_remote_code=trust_remote_code)
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()

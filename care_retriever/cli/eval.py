@@ -1,0 +1,195 @@
+"""``care-retriever eval``: score models on retrieval, rerank and STS task folders (CMedTEB style)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+from typer.core import TyperCommand
+
+from care_retriever.errors import InputError
+
+# Options that take several values after one flag (``--task A B --models X Y``), as in the docs.
+GREEDY_OPTIONS = ("--task", "--models")
+
+
+def expand_greedy(args: list[str], greedy: tuple[str, ...] = GREEDY_OPTIONS) -> list[str]:
+    """Rewrite ``--task A B`` into ``--task A --task B``; click options take one value per flag."""
+    out: list[str] = []
+    current: str | None = None
+    got_value = False
+    for arg in args:
+        if arg == "--" or (arg.startswith("--") and len(arg) > 2):
+            if current is not None and not got_value:
+                out.append(current)  # no value: click reports it
+            current, got_value = (arg, False) if arg in greedy else (None, False)
+            if current is None:
+                out.append(arg)
+        elif current is not None:
+            out.extend([current, arg])
+            got_value = True
+        else:
+            out.append(arg)
+    if current is not None and not got_value:
+        out.append(current)
+    return out
+
+
+class GreedyCommand(TyperCommand):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, expand_greedy(list(args)))
+
+
+def display_name(model: str) -> str:
+    """Short model label for tables: a folder's name (with any ``#tower`` suffix), else the argument."""
+    base, sep, tower = model.partition("#")
+    path = Path(base)
+    label = path.name if (path.exists() and path.name) else base
+    return f"{label}{sep}{tower}"
+
+
+def run_path(save_run: Path, model: str, task: str, many: bool) -> Path:
+    if not many:
+        return save_run
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{model}.{task}")
+    return save_run.with_name(f"{save_run.stem}.{safe}{save_run.suffix or '.trec'}")
+
+
+def eval_command(
+    model: Annotated[
+        str | None,
+        typer.Option(help="bm25 | CARE folder (DIR, DIR#query, DIR#document) | sentence-transformers model."),
+    ] = None,
+    task: Annotated[
+        list[Path] | None,
+        typer.Option(help="Task folder(s) or rows file(s); type detected (retrieval/rerank/STS)."),
+    ] = None,
+    models: Annotated[list[str] | None, typer.Option(help="Several models: one comparison table.")] = None,
+    suite: Annotated[
+        tuple[str, Path] | None,
+        typer.Option(help="NAME DIR: 'cmedteb' (Retrieval, Rerank, STS, CMedQA-v1/v2 subfolders) or 'all'."),
+    ] = None,
+    mteb_task: Annotated[
+        list[str] | None,
+        typer.Option("--mteb-task", help="C-MTEB task via the mteb package (needs the hub)."),
+    ] = None,
+    instruction: Annotated[str | None, typer.Option(help="Override the per-task query instruction.")] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="One JSON object per (model, task) per line.")
+    ] = False,
+    save_run: Annotated[
+        Path | None,
+        typer.Option(help="Write ranked lists (TREC run format); several runs get .MODEL.TASK names."),
+    ] = None,
+    split: Annotated[str, typer.Option(help="Split file name: qrels/SPLIT.tsv, SPLIT.jsonl.")] = "test",
+    top_k: Annotated[int, typer.Option(help="Retrieval depth per query.")] = 100,
+    sts_encode: Annotated[
+        str, typer.Option(help="STS sides: query (both as queries) | document | cross (query vs document).")
+    ] = "query",
+    query_batch_size: Annotated[int, typer.Option(help="Queries per forward pass.")] = 32,
+    doc_batch_size: Annotated[int, typer.Option(help="Documents per forward pass.")] = 16,
+    device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
+    progress: Annotated[bool, typer.Option(help="Progress bars on stderr.")] = True,
+) -> None:
+    """Score models on retrieval (nDCG@10), rerank (MAP@10) and STS (Pearson) tasks."""
+    from care_retriever.evaluation.suites import resolve_suite
+
+    names = [*([model] if model else []), *(models or [])]
+    if not names:
+        raise InputError("give --model M (or --models A B C)")
+    if sts_encode not in ("query", "document", "cross"):
+        raise InputError(f"--sts-encode {sts_encode!r}: expected query, document or cross")
+    if top_k < 1 or query_batch_size < 1 or doc_batch_size < 1:
+        raise InputError("--top-k and batch sizes must be >= 1")
+    paths = list(task or [])
+    if suite:
+        paths.extend(resolve_suite(suite[0], suite[1]))
+    if not paths and not mteb_task:
+        raise InputError("give --task DIR..., --suite NAME DIR or --mteb-task NAME")
+
+    from care_retriever.baselines import load_embedder
+    from care_retriever.evaluation.report import comparison_table, detail_table
+    from care_retriever.evaluation.runner import Timer, evaluate
+    from care_retriever.evaluation.tasks import load_task
+
+    # Load every task first: bad input fails before any model spends minutes encoding.
+    tasks = [load_task(p, split=split, instruction=instruction) for p in paths]
+    results = []
+    many = len(names) * len(tasks) > 1
+    for name in names:
+        label = display_name(name)
+        embedder = load_embedder(name, device=device)
+        for t in tasks:
+            timer = Timer()
+            out = run_path(save_run, label, t.name, many) if save_run else None
+            result = evaluate(
+                embedder,
+                t,
+                model_name=label,
+                query_batch_size=query_batch_size,
+                doc_batch_size=doc_batch_size,
+                top_k=top_k,
+                sts_encode=sts_encode,
+                save_run=out,
+                show_progress=progress,
+                timer=timer,  # type: ignore[arg-type]
+            )
+            results.append(result)
+            _emit(result, json_out)
+        if mteb_task:
+            from care_retriever.evaluation.mteb_adapter import run_mteb_tasks
+
+            for result in run_mteb_tasks(embedder, mteb_task, model_name=label, instruction=instruction):
+                results.append(result)
+                _emit(result, json_out)
+    if not json_out:
+        typer.echo("")
+        typer.echo(comparison_table(results))
+        typer.echo("")
+        typer.echo(detail_table(results))
+
+
+def _emit(result, json_out: bool) -> None:
+    if json_out:
+        sys.stdout.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    elif result.skipped:
+        typer.echo(f"{result.model} / {result.task}: skipped ({result.skipped})", err=True)
+    else:
+        typer.echo(
+            f"{result.model} / {result.task} ({result.type}): {result.main_score:.4f} "
+            f"in {result.seconds:.1f}s",
+            err=True,
+        )
+
+
+def convert_task(
+    fmt: Annotated[
+        str, typer.Argument(help="kuake-qtr | kuake-qqr | chip-sts | qa (question/answer JSONL).")
+    ],
+    src: Annotated[Path, typer.Argument(help="Raw file: a CBLUE JSON array or JSONL.")],
+    out: Annotated[Path, typer.Argument(help="Task folder to write.")],
+    as_: Annotated[
+        str, typer.Option("--as", help="kuake-qtr only: retrieval (BEIR) or rerank rows.")
+    ] = "retrieval",
+    with_description: Annotated[
+        bool, typer.Option(help="qa only: append the row's description to the question.")
+    ] = False,
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+) -> None:
+    """Convert raw CBLUE JSON (KUAKE-QTR/QQR, CHIP-STS) or question/answer JSONL into an eval task folder."""
+    from care_retriever.evaluation.converters import convert
+    from care_retriever.evaluation.tasks import load_task
+
+    path = convert(fmt, src, out, as_=as_, force=force, with_description=with_description)
+    task = load_task(path)  # read it back: what we write must be what eval reads
+    typer.echo(f"wrote {task.type} task {task.name!r} to {path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval", cls=GreedyCommand)(eval_command)
+    app.command("convert-task")(convert_task)
