@@ -26,7 +26,9 @@ def beir(folder: Path, qrels: str | None = None) -> Path:
             {"_id": "t2", "text": "感冒多休息多喝水"},
         ],
     )
-    write_jsonl(folder / "queries.jsonl", [{"_id": "q1", "text": "高血压吃什么"}, {"_id": "q2", "text": "感冒"}])
+    write_jsonl(
+        folder / "queries.jsonl", [{"_id": "q1", "text": "高血压吃什么"}, {"_id": "q2", "text": "感冒"}]
+    )
     (folder / "qrels").mkdir(exist_ok=True)
     (folder / "qrels" / "test.tsv").write_text(
         qrels or "query-id\tcorpus-id\tscore\nq1\tt1\t3\nq1\tt0\t0\n", encoding="utf-8"
@@ -58,10 +60,15 @@ def test_known_kuake_qtr_counts_grade_two_as_relevant(tmp_path: Path) -> None:
 
 
 def test_rerank_and_sts_detected_from_rows(tmp_path: Path) -> None:
-    rr = write_jsonl(tmp_path / "rr" / "test.jsonl", [{"query": "头痛", "positive": ["a"], "negative": ["b", "c"]}])
+    rr = write_jsonl(
+        tmp_path / "rr" / "test.jsonl", [{"query": "头痛", "positive": ["a"], "negative": ["b", "c"]}]
+    )
     sts = write_jsonl(
         tmp_path / "sts" / "test.jsonl",
-        [{"sentence1": "a", "sentence2": "b", "score": 1}, {"sentence1": "c", "sentence2": "d", "score": "0"}],
+        [
+            {"sentence1": "a", "sentence2": "b", "score": 1},
+            {"sentence1": "c", "sentence2": "d", "score": "0"},
+        ],
     )
     task = load_task(rr.parent)
     assert isinstance(task, RerankTask) and task.rows[0].negative == ["b", "c"]
@@ -81,7 +88,9 @@ def test_rerank_and_sts_detected_from_rows(tmp_path: Path) -> None:
             "test.tsv:2: unknown corpus id 't9'",
         ),
         (
-            lambda f: (f / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\tt1\t1\nq7\tt1\t1\n"),
+            lambda f: (f / "qrels" / "test.tsv").write_text(
+                "query-id\tcorpus-id\tscore\nq1\tt1\t1\nq7\tt1\t1\n"
+            ),
             "test.tsv:3: unknown query id 'q7'",
         ),
         (
@@ -90,7 +99,9 @@ def test_rerank_and_sts_detected_from_rows(tmp_path: Path) -> None:
         ),
         (lambda f: (f / "queries.jsonl").write_text(""), "queries.jsonl: empty query set"),
         (
-            lambda f: (f / "corpus.jsonl").write_text('{"_id": "t1", "text": "a"}\n{"_id": "t1", "text": "b"}\n'),
+            lambda f: (f / "corpus.jsonl").write_text(
+                '{"_id": "t1", "text": "a"}\n{"_id": "t1", "text": "b"}\n'
+            ),
             "corpus.jsonl:2: duplicate document id 't1'",
         ),
         (
@@ -111,7 +122,10 @@ def test_bad_retrieval_folders_fail_with_file_and_line(tmp_path: Path, mutate, m
 def test_bad_sts_and_rerank_rows(tmp_path: Path) -> None:
     sts = write_jsonl(
         tmp_path / "s" / "test.jsonl",
-        [{"sentence1": "a", "sentence2": "b", "score": 1}, {"sentence1": "a", "sentence2": "b", "score": "yes"}],
+        [
+            {"sentence1": "a", "sentence2": "b", "score": 1},
+            {"sentence1": "a", "sentence2": "b", "score": "yes"},
+        ],
     )
     with pytest.raises(InputError, match=r"test.jsonl:2: score 'yes' is not a number"):
         load_task(sts)
