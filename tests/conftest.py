@@ -11,6 +11,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Haystack telemetry tries to reach its server at import; tests run offline.
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_DIR = REPO / "care_retriever" / "data" / "sample"
