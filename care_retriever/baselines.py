@@ -12,6 +12,7 @@ instruction=...)``, ``embed_documents(texts)``, ``dim``), so ``load_embedder`` r
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,6 +101,17 @@ class SentenceTransformerEmbedder:
     def mode(self) -> str:
         return "symmetric"
 
+    @property
+    def document_model(self) -> Any:
+        """The model the index writer encodes documents with."""
+        return self.model
+
+    query_model = document_model
+
+    @functools.cached_property
+    def space_fingerprint(self) -> str:
+        return weights_fingerprint([self.model], self.dim)
+
     def query_prompt(self, instruction: str | None = None) -> str | None:
         if self.query_prompt_template and instruction:
             return self.query_prompt_template.format(instruction=instruction)
@@ -178,6 +190,17 @@ class OneTowerEmbedder:
     def mode(self) -> str:
         return "symmetric"
 
+    @property
+    def document_model(self) -> Any:
+        """The model the index writer encodes documents with (the same tower as queries)."""
+        return self.model
+
+    query_model = document_model
+
+    @functools.cached_property
+    def space_fingerprint(self) -> str:
+        return weights_fingerprint([self.model], self.dim)
+
     def query_prompt(self, instruction: str | None = None) -> str | None:
         if not self.template:
             return None
@@ -219,6 +242,21 @@ class OneTowerEmbedder:
 
     def __repr__(self) -> str:
         return f"OneTowerEmbedder({self.tower} tower of {self.embedder!r})"
+
+
+def weights_fingerprint(modules: Sequence[Any], dim: int) -> str:
+    """Hash of the weights that define an embedding space (stores refuse searches from another space)."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"dim={dim};".encode())
+    for module in modules:
+        for key, tensor in sorted(module.state_dict().items()):
+            digest.update(key.encode())
+            digest.update(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def is_care_folder(path: str | os.PathLike[str]) -> bool:

@@ -40,8 +40,12 @@ def expand_greedy(args: list[str], greedy: tuple[str, ...] = GREEDY_OPTIONS) -> 
 
 
 class GreedyCommand(TyperCommand):
+    """A command whose :data:`greedy` options take several values after one flag."""
+
+    greedy: tuple[str, ...] = GREEDY_OPTIONS
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        return super().parse_args(ctx, expand_greedy(list(args)))
+        return super().parse_args(ctx, expand_greedy(list(args), self.greedy))
 
 
 def display_name(model: str) -> str:
