@@ -247,12 +247,17 @@ class AsymmetricEmbedder:
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = "auto",
         trust_remote_code: bool = False,
+        allow_pickled_weights: bool = False,
         merge_lora: bool = True,
         revision: str | None = None,
         token: str | bool | None = None,
         cache_folder: str | None = None,
     ) -> AsymmetricEmbedder:
-        """Load a saved CARE model from a folder or hub id; ``load`` picks the towers to build."""
+        """Load a saved CARE model from a folder or hub id; ``load`` picks the towers to build.
+
+        Model code from the hub (``trust_remote_code``) and pickled weights (``allow_pickled_weights``)
+        are refused unless asked for: both can run arbitrary code.
+        """
         if load not in ROUTES:
             raise ModelError(f"Unknown load {load!r}. Available: {sorted(ROUTES)}")
         name = str(model_name_or_path)
@@ -287,7 +292,13 @@ class AsymmetricEmbedder:
             for module_id in router["structure"][route]:
                 if module_id not in loaded:
                     loaded[module_id] = _load_module(
-                        name, module_id, router["types"][module_id], hub, torch_dtype, trust_remote_code
+                        name,
+                        module_id,
+                        router["types"][module_id],
+                        hub,
+                        torch_dtype,
+                        trust_remote_code,
+                        allow_pickled_weights,
                     )
                 modules.append(loaded[module_id])
             if merge_lora:
@@ -467,17 +478,36 @@ def _load_module(
     hub: dict[str, Any],
     dtype: torch.dtype,
     trust_remote_code: bool,
+    allow_pickled_weights: bool = False,
 ) -> Module:
     module_class = import_module_class(class_ref, model_name_or_path=name, trust_remote_code=False)
+    _refuse_pickled_weights(Path(name) / module_id, allow_pickled_weights)
     if issubclass(module_class, Transformer):
         return module_class.load(
             name,
             subfolder=module_id,
             trust_remote_code=trust_remote_code,
-            model_kwargs={"dtype": dtype, "use_safetensors": not trust_remote_code},
+            model_kwargs={"dtype": dtype, "use_safetensors": None if allow_pickled_weights else True},
             **hub,
         )
     return module_class.load(name, subfolder=module_id, **hub)
+
+
+PICKLED_WEIGHTS = ("pytorch_model.bin", "model.pt", "model.pth", "pytorch_model.pt")
+
+
+def _refuse_pickled_weights(folder: Path, allowed: bool) -> None:
+    """Unpickling runs code; a local module folder with only pickled weights is refused unless asked."""
+    if allowed or not folder.is_dir():
+        return
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = [n for n in PICKLED_WEIGHTS if (folder / n).is_file()]
+    if pickled:
+        raise ModelError(
+            f"{folder}: weights are pickled ({pickled[0]}); only model.safetensors is loaded unless "
+            "allow_pickled_weights=True (unpickling can run code)"
+        )
 
 
 def _fingerprint(modules: list[Module], dim: int) -> str:
