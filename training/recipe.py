@@ -59,6 +59,7 @@ STAGE_KEYS = {
     "max_examples",
     "mlm_probability",
     "gather_across_devices",
+    "mini_batch_size",
 }
 
 

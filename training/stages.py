@@ -92,9 +92,28 @@ def option(ctx: StageContext, stage: StageSpec, key: str, default: Any) -> Any:
     return ctx.defaults.get(key, default)
 
 
+DRY_RUN_BATCH = 4
+
+
 def trainer_settings(ctx: StageContext, stage: StageSpec) -> dict[str, Any]:
+    """The stage's trainer arguments; a dry run shrinks batches and drops half precision on CPU.
+
+    A dry run validates a recipe (data, dims, stage wiring, one optimizer step per stage) in
+    minutes, even a paper-size recipe on a CPU: it trains ``N`` steps of ``DRY_RUN_BATCH`` rows.
+    """
     settings = {k: v for k, v in ctx.defaults.items() if k not in OWN_DEFAULT_KEYS}
     settings.update(stage.args)
+    if ctx.dry_run_steps is not None:
+        settings["per_device_train_batch_size"] = min(
+            int(settings.get("per_device_train_batch_size", DRY_RUN_BATCH)), DRY_RUN_BATCH
+        )
+        settings["gradient_accumulation_steps"] = 1
+        import torch
+
+        if not torch.cuda.is_available():
+            for key in ("fp16", "bf16"):
+                if settings.pop(key, False):
+                    logger.info("dry run on CPU: %s ignored", key)
     return settings
 
 
@@ -143,6 +162,28 @@ def gather_flag(ctx: StageContext, stage: StageSpec) -> bool:
     """In-batch negatives from every device: on by default when several processes train."""
     value = option(ctx, stage, "gather_across_devices", "auto")
     return world_size() > 1 if value == "auto" else bool(value)
+
+
+def contrastive_loss(ctx: StageContext, stage: StageSpec, model):
+    """InfoNCE with in-batch negatives: ``MultipleNegativesRankingLoss``, or its GradCache variant
+    ``CachedMultipleNegativesRankingLoss`` when the stage sets ``mini_batch_size`` (paper-size
+    batches of 640 on one GPU: memory of a mini-batch, gradients of the whole batch)."""
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
+
+    scale = 1.0 / temperature(ctx, stage)
+    mini_batch = stage.options.get("mini_batch_size")
+    if mini_batch:
+        return CachedMultipleNegativesRankingLoss(
+            model,
+            scale=scale,
+            mini_batch_size=int(mini_batch),
+            gather_across_devices=gather_flag(ctx, stage),
+            show_progress_bar=False,
+        )
+    return MultipleNegativesRankingLoss(model, scale=scale, gather_across_devices=gather_flag(ctx, stage))
 
 
 def query_prompts(embedder, columns: list[str]) -> dict[str, str] | None:
@@ -206,15 +247,11 @@ def _pair_dataset(examples: list[Example], negatives: int = 0) -> Dataset:
 # ----------------------------------------------------------------------------- Stage 0
 def stage0_query(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
     """Symmetric InfoNCE fine-tuning of the query tower (document tower untouched)."""
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-
     examples = gather_examples(ctx, stage)
     model = embedder.to_sentence_transformer()
     set_trainable(embedder.document_modules, False)
     set_trainable(embedder.query_modules, True)
-    loss = MultipleNegativesRankingLoss(
-        model, scale=1.0 / temperature(ctx, stage), gather_across_devices=gather_flag(ctx, stage)
-    )
+    loss = contrastive_loss(ctx, stage, model)
     try:
         return fit(
             ctx,
@@ -249,7 +286,7 @@ def matryoshka_dims(raw: Any, dim: int, native: int, where: str) -> list[int]:
 def stage0_document(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
     """The document tower alone: LoRA + symmetric InfoNCE averaged over Matryoshka dims."""
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss, MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
 
     where = f"stage {stage.name!r}"
@@ -266,10 +303,7 @@ def stage0_document(ctx: StageContext, stage: StageSpec, embedder) -> StageRepor
         if isinstance(module, Pooling):
             break
     model = SentenceTransformer(modules=[*untruncated, Normalize()], device=str(embedder.device))
-    inner = MultipleNegativesRankingLoss(
-        model, scale=1.0 / temperature(ctx, stage), gather_across_devices=gather_flag(ctx, stage)
-    )
-    loss = MatryoshkaLoss(model, inner, matryoshka_dims=dims)
+    loss = MatryoshkaLoss(model, contrastive_loss(ctx, stage, model), matryoshka_dims=dims)
     try:
         report = fit(ctx, stage, model, _pair_dataset(examples), loss, examples=len(examples))
     finally:
@@ -421,8 +455,6 @@ def add_hard_negatives(
 
 def stage2_joint(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
     """Joint fine-tuning: Asym-InfoNCE over hard + in-batch negatives, LoRA on the document tower."""
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-
     where = f"stage {stage.name!r}"
     examples = gather_examples(ctx, stage)
     examples, num = add_hard_negatives(ctx, stage, embedder, examples)
@@ -434,9 +466,7 @@ def stage2_joint(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
             "%s: LoRA r=%d alpha=%d on the document tower, %d trainable", stage.name, lora.r, lora.alpha, trainable
         )
     model = embedder.to_sentence_transformer()
-    loss = MultipleNegativesRankingLoss(
-        model, scale=1.0 / temperature(ctx, stage), gather_across_devices=gather_flag(ctx, stage)
-    )
+    loss = contrastive_loss(ctx, stage, model)
     router = {"anchor": "query", "positive": "document", **{f"negative_{k + 1}": "document" for k in range(num)}}
     try:
         report = fit(

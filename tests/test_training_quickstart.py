@@ -1,0 +1,86 @@
+"""The quickstart end to end on the shipped sample, with a one-epoch recipe so it runs in seconds.
+
+The README's command runs the bundled ``quickstart`` recipe (minutes); the flow is the same: split,
+train Stage 0 / I / II, index into FAISS, search held-out queries, score CARE and BM25, and leave a
+model and an index that ``care-retriever search`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from care_retriever.cli.main import main
+
+FAST = """
+name: quickstart-fast
+seed: 0
+model: {preset: tiny, vocab_from: [corpus.jsonl], max_length: 64, query_pooling: mean}
+datasets:
+  queries: {path: query_pairs.jsonl, format: pairs}
+  titles: {path: title_pairs.jsonl, format: pairs}
+defaults: {per_device_train_batch_size: 64, learning_rate: 2.0e-3, logging_steps: 2, save_steps: 100}
+stages:
+  - {name: stage0-query, type: stage0_query, datasets: [queries, titles]}
+  - {name: stage0-document, type: stage0_document, datasets: [queries, titles], lora: false}
+  - {name: stage1, type: stage1_align, alignment: {queries: [queries, titles], documents: [queries, titles]}}
+  - {name: stage2, type: stage2_joint, datasets: [queries, titles], lora: false, hard_negatives: {num: 1}}
+"""
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_quickstart_trains_indexes_searches_and_scores(tmp_path: Path, sample_corpus_path: Path, capsys) -> None:
+    from care_retriever.training.quickstart import load_sample, split_queries
+
+    recipe = tmp_path / "fast.yaml"
+    recipe.write_text(FAST, encoding="utf-8")
+    out = tmp_path / "qs"
+    code = main(["quickstart", "--out", str(out), "--recipe", str(recipe), "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    text = captured.out
+    for step in ("[1/5]", "[2/5]", "[3/5]", "[4/5]", "[5/5]"):
+        assert step in text
+    sample = load_sample(sample_corpus_path.parent)
+    train_ids, held_ids = split_queries(sample)
+    assert not set(train_ids) & set(held_ids) and len(held_ids) == len(sample.qrels) // 3
+    # held-out queries never reach the training data
+    held_texts = {sample.queries[q] for q in held_ids}
+    pairs = [json.loads(line) for line in (out / "data" / "query_pairs.jsonl").read_text("utf-8").splitlines()]
+    assert pairs and not {p["query"] for p in pairs} & held_texts
+    assert f"nDCG@10 on the {len(held_ids)} held-out sample queries" in text
+    line = next(line for line in text.splitlines() if "CARE (this quickstart)" in line)
+    care, bm25 = (float(part.split()[-1]) for part in line.split("|"))
+    assert 0.0 <= care <= 1.0 and 0.3 < bm25 <= 1.0
+    # the printed follow-up command works as printed
+    command = next(line.strip() for line in text.splitlines() if line.strip().startswith("care-retriever search"))
+    assert f"--model {out / 'model'}" in command and f"--store faiss:{out / 'index'}" in command
+    code = main(
+        [
+            "search",
+            "--model",
+            str(out / "model"),
+            "--store",
+            f"faiss:{out / 'index'}",
+            "--json",
+            "--top-k",
+            "3",
+            "血压高怎么办",
+        ]
+    )
+    hits = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["hits"]
+    assert code == 0 and len(hits) == 3 and all(h["id"].startswith("d") for h in hits)
+    # a second run does not overwrite the folder without --force
+    code = main(["quickstart", "--out", str(out), "--recipe", str(recipe), "--no-progress"])
+    assert code == 2 and "use --force" in capsys.readouterr().err
