@@ -349,6 +349,7 @@ def stage1_align(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
     extra: dict[str, Any] = {"teacher": teacher_mode}
     if teacher_mode == "cached":
         teacher_texts = unique([t for rows in sides.values() for _, t in rows])
+        cache_start = time.perf_counter()
         cache = _main_process_first(
             lambda: build_teacher_cache(
                 embedder, teacher_texts, ctx.out / "teacher_cache", show_progress=ctx.show_progress
@@ -359,7 +360,12 @@ def stage1_align(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
             side: Dataset.from_dict({"text": [s for s, _ in rows], "label": [index[t] for _, t in rows]})
             for side, rows in sides.items()
         }
-        extra.update(teacher_cache=str(cache.path), teacher_cache_reused=cache.reused, teacher_texts=len(cache))
+        extra.update(
+            teacher_cache=str(cache.path),
+            teacher_cache_reused=cache.reused,
+            teacher_texts=len(cache),
+            teacher_cache_seconds=round(time.perf_counter() - cache_start, 2),
+        )
         vectors = cache.vectors
         router = {"text": "query"}
     else:

@@ -1,0 +1,201 @@
+"""Stage I with the cached frozen teacher vs recomputing the teacher every step; steps/s and peak memory.
+
+    python benchmarks/training_stage1_cache.py                     # tiny query / mini document tower (CPU, minutes)
+    python benchmarks/training_stage1_cache.py --document-preset base --steps 5 --max-length 32
+    python benchmarks/training_stage1_cache.py --json out.json     # also write the numbers
+
+CARE's query tower is small and its document tower large (paper: 305M vs 4B parameters), so the
+asymmetry is kept here: the towers are random-weight presets of different sizes (``--query-preset``,
+``--document-preset``; parameter counts are printed). Every configuration runs in its own process
+(so peak RSS is its own) on the shipped sample's texts with the same batches:
+
+- ``stage0-query``, ``stage0-document``, ``stage2``: the other stages, for reference;
+- ``stage1 cached``: the teacher read from the memory-mapped cache (the cache build is timed apart:
+  it is a one-time cost, and a resumed or repeated run reuses it);
+- ``stage1 recomputed``: the frozen document tower run on every batch.
+
+Steps/s comes from the trainer's per-step log timestamps (step 1 to the last, so start-up is left
+out). The target of issue 3 is cached >= 3x recomputed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "care_retriever" / "data" / "sample"
+CONFIGS = ("stage0-query", "stage0-document", "stage1-cached", "stage1-recomputed", "stage2")
+
+
+def build_model(query_preset: str, document_preset: str, out: Path) -> None:
+    """A CARE model whose towers come from two (possibly different) presets, random weights."""
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.towers.scratch import build_random_towers, iter_vocab_texts
+
+    texts = list(iter_vocab_texts([SAMPLE / "corpus.jsonl", SAMPLE / "queries.jsonl"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        q_dir, _ = build_random_towers(query_preset, texts, Path(tmp) / "q")
+        _, d_dir = build_random_towers(document_preset, texts, Path(tmp) / "d")
+        embedder = AsymmetricEmbedder.from_towers(str(q_dir), str(d_dir), dtype="fp32")
+        embedder.save_pretrained(out)
+
+
+def sample_pairs(folder: Path) -> Path:
+    """Title -> text pairs of the shipped sample, the training data of every configuration."""
+    rows = [json.loads(line) for line in (SAMPLE / "corpus.jsonl").read_text("utf-8").splitlines()]
+    path = folder / "pairs.jsonl"
+    with path.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps({"query": row["title"], "text": row["text"]}, ensure_ascii=False) + "\n")
+    return path
+
+
+def worker(config: str, model: Path, folder: Path, steps: int, batch: int, max_length: int) -> dict:
+    import torch
+
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.training.pairs import load_pairset
+    from care_retriever.training.recipe import DatasetSpec, StageSpec
+    from care_retriever.training.runner import set_max_length
+    from care_retriever.training.stages import STAGES, StageContext
+
+    embedder = AsymmetricEmbedder.from_pretrained(model, dtype="fp32")
+    set_max_length(embedder, max_length)
+    spec = DatasetSpec(name="pairs", path=str(sample_pairs(folder)), format="pairs")
+    pairset = load_pairset(spec, folder)
+    kind = {"stage0-query": "stage0_query", "stage0-document": "stage0_document", "stage2": "stage2_joint"}.get(
+        config, "stage1_align"
+    )
+    rows = steps * batch
+    options: dict = {"max_examples": rows, "lora": {"r": 8, "alpha": 16}}
+    if kind == "stage1_align":
+        options = {"alignment": {"queries": ["pairs"]}, "max_examples": rows}
+        options["teacher"] = "cached" if config == "stage1-cached" else "recompute"
+    if kind == "stage2_joint":
+        options["hard_negatives"] = {"num": 1, "mine": False}
+    stage = StageSpec(
+        name=config,
+        type=kind,
+        datasets=[] if kind == "stage1_align" else ["pairs"],
+        args={"max_steps": steps, "per_device_train_batch_size": batch, "logging_steps": 1, "save_strategy": "no"},
+        options=options,
+    )
+    out = folder / "run"
+    ctx = StageContext(
+        out=out,
+        data_dir=folder,
+        seed=0,
+        fingerprint="bench",
+        defaults={},
+        load_pairset=lambda _: pairset,
+        show_progress=False,
+    )
+    report = STAGES[kind](ctx, stage, embedder)
+    logs = [json.loads(line) for line in (out / "logs" / f"{config}.jsonl").read_text().splitlines()]
+    times = [row["time"] for row in logs if "loss" in row]
+    steps_per_s = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
+    result = {
+        "config": config,
+        "steps": report.steps,
+        "steps_per_s": steps_per_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "cache_build_s": report.extra.get("teacher_cache_seconds"),
+        "teacher_cache_reused": report.extra.get("teacher_cache_reused"),
+    }
+    if torch.cuda.is_available():
+        result["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return result
+
+
+def parameter_counts(model: Path) -> tuple[int, int]:
+    from care_retriever.embedder import AsymmetricEmbedder
+
+    embedder = AsymmetricEmbedder.from_pretrained(model)
+    count = lambda modules: sum(p.numel() for m in modules for p in m.parameters())  # noqa: E731
+    return count(embedder.query_modules), count(embedder.document_modules)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--query-preset", default="tiny")
+    parser.add_argument("--document-preset", default="mini")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--only", nargs="*", choices=CONFIGS)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.worker:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        result = worker(args.worker, args.model, args.folder, args.steps, args.batch, args.max_length)
+        print("RESULT " + json.dumps(result))
+        return
+    with tempfile.TemporaryDirectory(prefix="care-bench-stage1-") as tmp:
+        model = Path(tmp) / "model"
+        build_model(args.query_preset, args.document_preset, model)
+        q_params, d_params = parameter_counts(model)
+        print(
+            f"towers: query {args.query_preset} ({q_params / 1e6:.1f}M params), document {args.document_preset} "
+            f"({d_params / 1e6:.1f}M params); batch {args.batch}, {args.steps} steps, max_length {args.max_length}"
+        )
+        results = []
+        for config in args.only or CONFIGS:
+            folder = Path(tmp) / config
+            folder.mkdir()
+            command = [
+                sys.executable,
+                __file__,
+                "--worker",
+                config,
+                "--model",
+                str(model),
+                "--folder",
+                str(folder),
+                "--steps",
+                str(args.steps),
+                "--batch",
+                str(args.batch),
+                "--max-length",
+                str(args.max_length),
+            ]
+            proc = subprocess.run(command, capture_output=True, text=True, check=False)
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if line is None:
+                sys.exit(f"{config} failed:\n{proc.stderr[-3000:]}")
+            results.append(json.loads(line[len("RESULT ") :]))
+    by_config = {r["config"]: r for r in results}
+    print(f"\n| stage | steps/s | peak RSS (MB) |{' peak CUDA (MB) |' if 'peak_cuda_mb' in results[0] else ''}")
+    print(f"|---|---|---|{'---|' if 'peak_cuda_mb' in results[0] else ''}")
+    for r in results:
+        cuda = f" {r['peak_cuda_mb']:.0f} |" if "peak_cuda_mb" in r else ""
+        print(f"| {r['config']} | {r['steps_per_s']:.2f} | {r['peak_rss_mb']:.0f} |{cuda}")
+    summary = {"query_params": q_params, "document_params": d_params, "args": vars(args) | {"json": None}}
+    if "stage1-cached" in by_config and "stage1-recomputed" in by_config:
+        cached, recomputed = by_config["stage1-cached"], by_config["stage1-recomputed"]
+        speedup = cached["steps_per_s"] / recomputed["steps_per_s"]
+        summary["speedup"] = speedup
+        print(
+            f"\nStage I, cached teacher: {speedup:.1f}x the steps/s of recomputing it "
+            f"(target >= 3x: {'met' if speedup >= 3 else 'NOT met'}); one-time cache build "
+            f"{cached['cache_build_s']:.1f}s for {args.steps * args.batch} texts."
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"results": results, **summary}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
