@@ -31,6 +31,7 @@ from care_retriever.training.recipe import ModelSpec, Recipe
 
 logger = logging.getLogger("care_retriever")
 RUN_FILE = "run.json"
+DRY_RUN_MAX_LENGTH = 64  # a dry run checks the wiring, not the capacity: short texts keep it minutes long
 
 
 @dataclass
@@ -195,7 +196,14 @@ def run_recipe(
     if dry_run_steps is not None and dry_run_steps < 1:
         raise InputError(f"--dry-run-steps must be >= 1, got {dry_run_steps}")
     if preset is not None:
-        recipe.model = ModelSpec(preset=preset, vocab_from=recipe.model.vocab_from, max_length=recipe.model.max_length)
+        recipe.model = ModelSpec(
+            preset=preset,
+            vocab_from=recipe.model.vocab_from,
+            max_length=recipe.model.max_length,
+            query_pooling=recipe.model.query_pooling,
+        )
+    if dry_run_steps is not None:
+        recipe.model.max_length = min(recipe.model.max_length or DRY_RUN_MAX_LENGTH, DRY_RUN_MAX_LENGTH)
     fingerprint = recipe.fingerprint(dry_run_steps=dry_run_steps, preset=preset)
     state = check_output(out, recipe, fingerprint, resume)
 
