@@ -13,6 +13,7 @@ import argparse
 import re
 import sys
 
+import core_bench
 import core_indexing
 import core_memory
 import core_query_latency
@@ -25,6 +26,7 @@ SECTIONS = {
     "b": ("query overhead", core_query_latency.run),
     "c": ("indexing", core_indexing.run),
     "d": ("query qps", core_query_qps.run),
+    "e": ("care-retriever bench", core_bench.run),
 }
 HEADER = """# Core benchmarks
 

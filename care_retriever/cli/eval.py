@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -94,8 +95,8 @@ def eval_command(
     sts_encode: Annotated[
         str, typer.Option(help="STS sides: query (both as queries) | document | cross (query vs document).")
     ] = "query",
-    query_batch_size: Annotated[int, typer.Option(help="Queries per forward pass.")] = 32,
-    doc_batch_size: Annotated[int, typer.Option(help="Documents per forward pass.")] = 16,
+    query_batch_size: Annotated[int, typer.Option(help="Queries per forward pass.")] = 64,
+    doc_batch_size: Annotated[int, typer.Option(help="Documents per forward pass (length-sorted).")] = 64,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
     progress: Annotated[bool, typer.Option(help="Progress bars on stderr.")] = True,
 ) -> None:
@@ -121,14 +122,20 @@ def eval_command(
     from care_retriever.evaluation.tasks import load_task
 
     # Load every task first: bad input fails before any model spends minutes encoding.
-    tasks = [load_task(p, split=split, instruction=instruction) for p in paths]
+    tasks, load_seconds = [], []
+    for p in paths:
+        t0 = time.perf_counter()
+        tasks.append(load_task(p, split=split, instruction=instruction))
+        load_seconds.append(time.perf_counter() - t0)
     results = []
     many = len(names) * len(tasks) > 1
     for name in names:
         label = display_name(name)
+        t0 = time.perf_counter()
         embedder = load_embedder(name, device=device)
-        for t in tasks:
-            timer = Timer()
+        model_load = time.perf_counter() - t0
+        for t, loaded_in in zip(tasks, load_seconds, strict=True):
+            timer = Timer(loaded_in)
             out = run_path(save_run, label, t.name, many) if save_run else None
             result = evaluate(
                 embedder,
@@ -142,6 +149,7 @@ def eval_command(
                 show_progress=progress,
                 timer=timer,  # type: ignore[arg-type]
             )
+            result.timing["model_load"] = model_load  # once per model; not part of the task's seconds
             results.append(result)
             _emit(result, json_out)
         if mteb_task:
