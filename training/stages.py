@@ -109,6 +109,7 @@ def trainer_settings(ctx: StageContext, stage: StageSpec) -> dict[str, Any]:
         )
         settings["gradient_accumulation_steps"] = 1
         settings["logging_steps"] = 1
+        settings["dataloader_drop_last"] = False
         import torch
 
         if not torch.cuda.is_available():
@@ -131,7 +132,8 @@ def limit_for_dry_run(ctx: StageContext, stage: StageSpec, items: list[Any]) -> 
     """A dry run trains ``N`` steps: keep (a seeded sample of) the rows those steps need."""
     cap = stage.options.get("max_examples")
     if ctx.dry_run_steps is not None:
-        dry = ctx.dry_run_steps * batch_rows(ctx, stage)
+        # 4x the rows the steps need: the no-duplicates batch sampler skips rows whose texts repeat
+        dry = 4 * ctx.dry_run_steps * batch_rows(ctx, stage)
         cap = min(cap, dry) if cap else dry
     if cap and len(items) > cap:
         rng = random.Random(ctx.seed)
@@ -228,6 +230,11 @@ def fit(
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.perf_counter() - start
+    if trainer.state.global_step == 0:
+        raise InputError(
+            f"stage {stage.name!r}: no training step ran ({examples} examples; too few for the batch size, "
+            "or dataloader_drop_last with duplicate texts)"
+        )
     losses = [float(row["loss"]) for row in trainer.state.log_history if "loss" in row]
     return StageReport(
         stage.name, stage.type, examples=examples, steps=trainer.state.global_step, seconds=seconds, losses=losses
