@@ -80,7 +80,8 @@ def recall_at(found: np.ndarray, truth: np.ndarray, k: int) -> float:
 
 
 # ---------------------------------------------------------------------- engines
-def run_faiss(kind: str, data: np.ndarray, queries: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
+def run_faiss(kind: str, data: np.ndarray, queries: np.ndarray, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Build once; measure each search setting (``--ef-search`` / ``--nprobe`` lists) on the same index."""
     import faiss
 
     dim = data.shape[1]
@@ -92,32 +93,43 @@ def run_faiss(kind: str, data: np.ndarray, queries: np.ndarray, args: argparse.N
     elif kind == "hnsw":
         index = faiss.IndexHNSWFlat(dim, args.hnsw_m, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = args.ef_construction
-        params = faiss.SearchParametersHNSW(efSearch=args.ef_search)
     else:  # IVF-PQ: coarse quantiser + product-quantised residual codes (m bytes per vector)
         quantizer = faiss.IndexFlatIP(dim)
         index = faiss.IndexIVFPQ(quantizer, dim, args.nlist, args.pq_m, 8, faiss.METRIC_INNER_PRODUCT)
         sample = data[np.random.default_rng(0).choice(len(data), min(len(data), 64 * args.nlist), replace=False)]
         index.train(np.ascontiguousarray(sample))
-        params = faiss.SearchParametersIVF(nprobe=args.nprobe)
     for start in range(0, len(data), 100_000):
         index.add(np.ascontiguousarray(data[start : start + 100_000]))
     build = time.perf_counter() - t
     memory = rss_anon() - before
 
-    def search(q: np.ndarray, k: int = args.k) -> np.ndarray:
-        return index.search(q, k, params=params)[1] if params is not None else index.search(q, k)[1]
+    if kind == "flat":
+        variants: list[tuple[str, Any]] = [("exact", None)]
+    elif kind == "hnsw":
+        variants = [(f"M={args.hnsw_m} efC={args.ef_construction} efS={ef}", faiss.SearchParametersHNSW(efSearch=ef))
+                    for ef in _ints(args.ef_search)]
+    else:
+        variants = [(f"nlist={args.nlist} m={args.pq_m}x8bit nprobe={n}", faiss.SearchParametersIVF(nprobe=n))
+                    for n in _ints(args.nprobe)]
+    results = []
+    for settings, params in variants:
+        def search(q: np.ndarray, k: int = args.k, params: Any = params) -> np.ndarray:
+            return index.search(q, k, params=params)[1] if params is not None else index.search(q, k)[1]
 
-    p50, p99 = latency(search, queries[: args.latency_queries])
-    t = time.perf_counter()
-    found = search(queries)
-    qps = len(queries) / (time.perf_counter() - t)
-    settings = {"flat": "exact", "hnsw": f"M={args.hnsw_m} efC={args.ef_construction} efS={args.ef_search}",
-                "ivfpq": f"nlist={args.nlist} m={args.pq_m}x8bit nprobe={args.nprobe}"}[kind]
-    return {"build_s": build, "memory_bytes": memory, "p50_ms": p50, "p99_ms": p99, "batch_qps": qps,
-            "found": found.tolist(), "settings": settings}
+        p50, p99 = latency(search, queries[: args.latency_queries])
+        t = time.perf_counter()
+        found = search(queries)
+        qps = len(queries) / (time.perf_counter() - t)
+        results.append({"build_s": build, "memory_bytes": memory, "p50_ms": p50, "p99_ms": p99, "batch_qps": qps,
+                        "found": found.tolist(), "settings": settings})
+    return results
 
 
-def run_qdrant(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in str(text).split(",") if x.strip()]
+
+
+def run_qdrant(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace) -> list[dict[str, Any]]:
     import warnings
 
     from qdrant_client import QdrantClient, models
@@ -146,8 +158,8 @@ def run_qdrant(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace) 
     t = time.perf_counter()
     found = search(subset)
     qps = len(subset) / (time.perf_counter() - t)
-    return {"build_s": build, "memory_bytes": memory, "p50_ms": p50, "p99_ms": p99, "batch_qps": qps,
-            "found": found, "settings": f"local mode (:memory:), exact numpy scan, {len(subset)} queries"}
+    return [{"build_s": build, "memory_bytes": memory, "p50_ms": p50, "p99_ms": p99, "batch_qps": qps,
+             "found": found, "settings": f"local mode (:memory:), exact numpy scan, {len(subset)} queries"}]
 
 
 # ---------------------------------------------------------------------- driver
@@ -158,10 +170,13 @@ def worker(args: argparse.Namespace) -> None:
         import faiss
 
         faiss.omp_set_num_threads(args.threads)
-    result = run_qdrant(data, queries, args) if args.worker == "qdrant" else run_faiss(args.worker, data, queries,
-                                                                                       args)
-    result["peak_rss_bytes"] = peak_rss()
-    Path(args.result).write_text(json.dumps(result))
+    if args.worker == "qdrant":
+        results = run_qdrant(data, queries, args)
+    else:
+        results = run_faiss(args.worker, data, queries, args)
+    for result in results:
+        result["peak_rss_bytes"] = peak_rss()
+    Path(args.result).write_text(json.dumps(results))
 
 
 def estimate_bytes(kind: str, n: int, dim: int, args: argparse.Namespace) -> float:
@@ -185,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clusters", type=int, default=2000)
     parser.add_argument("--hnsw-m", type=int, default=32)
     parser.add_argument("--ef-construction", type=int, default=40)
-    parser.add_argument("--ef-search", type=int, default=128)
+    parser.add_argument("--ef-search", default="128", help="HNSW efSearch; a comma list measures each")
     parser.add_argument("--nlist", type=int, default=4096)
     parser.add_argument("--pq-m", type=int, default=96, help="IVF-PQ bytes per vector (divides --dim)")
-    parser.add_argument("--nprobe", type=int, default=64)
+    parser.add_argument("--nprobe", default="64", help="IVF nprobe; a comma list measures each")
     parser.add_argument("--qdrant-queries", type=int, default=50, help="queries for Qdrant local (slow scans)")
     parser.add_argument("--threads", type=int, default=0, help="FAISS OpenMP threads (0: all cores)")
     parser.add_argument("--seed", type=int, default=0)
@@ -226,13 +241,13 @@ def main(argv: list[str] | None = None) -> int:
             if done.returncode != 0:
                 print(f"{backend}: failed (exit {done.returncode})", file=sys.stderr)
                 continue
-            result = json.loads(result_path.read_text())
-            found = np.asarray(result.pop("found"))
-            result["recall_at_k"] = recall_at(found, truth[: len(found)], args.k)
-            result["backend"] = backend
-            result["estimate_bytes"] = estimate_bytes(backend, args.n, args.dim, args)
-            rows.append(result)
-            print(f"{backend}: {_row(result, args)}", file=sys.stderr)
+            for result in json.loads(result_path.read_text()):
+                found = np.asarray(result.pop("found"))
+                result["recall_at_k"] = recall_at(found, truth[: len(found)], args.k)
+                result["backend"] = backend
+                result["estimate_bytes"] = estimate_bytes(backend, args.n, args.dim, args)
+                rows.append(result)
+                print(f"{backend}: {_row(result, args)}", file=sys.stderr)
     print(table(rows, args))
     if args.json:
         args.json.write_text(json.dumps({"n": args.n, "dim": args.dim, "results": rows}, indent=2))

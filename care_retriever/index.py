@@ -101,12 +101,15 @@ class ShardedEncoder:
         slices = [texts[r::world] for r in range(world)]
         mine: list[Any] = [None]
         dist.scatter_object_list(mine, slices, src=0)
+        error: Exception | None = None
         try:
             local: Any = self._encode_slice(mine[0])
-        except CareError as exc:
-            local = _Failure(0, str(exc))
+        except Exception as exc:  # still take part in the gather, or the workers would wait there forever
+            error, local = exc, _Failure(0, str(exc))
         gathered: list[Any] = [None] * world
         dist.gather_object(local, gathered, dst=0)
+        if error is not None:
+            raise error
         failures = [g for g in gathered if isinstance(g, _Failure)]
         if failures:
             raise ModelError(f"rank {failures[0].rank}: {failures[0].message}")
@@ -170,8 +173,7 @@ def run_index(
         _quiet_transformers()
         embedder = AsymmetricEmbedder.from_pretrained(model, load="document", device=device)
         if group.rank != 0:
-            serve_encoding(embedder, group, batch_size)
-            _barrier(group)
+            serve_encoding(embedder, group, batch_size)  # returns once rank 0 has released the workers
             return None
         return _write(embedder, group, corpus=corpus, store=store, collection=collection, batch_size=batch_size,
                       chunk_size=chunk_size, checkpoint_every=checkpoint_every, index_options=index_options,
@@ -200,22 +202,14 @@ def _write(embedder: Any, group: Dist, *, corpus: Path, store: str, collection: 
         report = writer.write(read_corpus(file, skip_invalid=skip_invalid), total=total, prune_ids_not_in=prune)
         writer.store.close()
     finally:
-        if encoder is not None:
+        if encoder is not None:  # also on error: a worker left waiting in scatter would hang the job
             encoder.stop()
-    _barrier(group)
     if encoder is not None:
         report.truncated += encoder.truncated
         if encoder.truncated:
             logger.warning("%d documents reached the document tower's max length and were truncated",
                            encoder.truncated)
     return {**report.to_dict(), "world_size": group.world, "backend": group.backend or "single-process"}
-
-
-def _barrier(group: Dist) -> None:
-    if group.active:
-        import torch.distributed as dist
-
-        dist.barrier()
 
 
 def _quiet_transformers() -> None:

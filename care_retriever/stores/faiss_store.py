@@ -38,7 +38,7 @@ from care_retriever.stores.base import Filters, Hit, Manifest, VectorStore, defa
 MANIFEST = "manifest.json"
 INDEX = "index.faiss"
 DOCSTORE = "docstore.sqlite"
-INDEX_TYPES = ("flat", "hnsw", "ivf")
+INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -93,6 +93,14 @@ def build_index(dim: int, options: dict[str, Any]) -> faiss.Index:
         # IVF stores ids itself; wrapping it in IndexIDMap breaks remove_ids (ids get out of step).
         quantizer = faiss.IndexFlatIP(dim)
         return faiss.IndexIVFFlat(quantizer, dim, int(options.get("nlist", 1024)), faiss.METRIC_INNER_PRODUCT)
+    elif kind == "ivfpq":
+        # pq_m bytes per vector instead of 4*dim (96 B vs 3 KB at 768 dims): the 10M-100M regime (docs/scale.md).
+        pq_m, bits = int(options.get("pq_m", 96)), int(options.get("pq_bits", 8))
+        if dim % pq_m:
+            raise InputError(f"ivfpq: pq_m={pq_m} must divide the dimension {dim}")
+        quantizer = faiss.IndexFlatIP(dim)
+        return faiss.IndexIVFPQ(quantizer, dim, int(options.get("nlist", 1024)), pq_m, bits,
+                                faiss.METRIC_INNER_PRODUCT)
     else:
         raise InputError(f"Unknown FAISS index type {kind!r}. Available index types: {list(INDEX_TYPES)}")
     return faiss.IndexIDMap2(inner)
@@ -358,10 +366,13 @@ class FaissStore(VectorStore):
             )
             inner = inner_index(self._index)
             if isinstance(inner, faiss.IndexIVF) and not inner.is_trained:
-                if len(vectors) < inner.nlist:
+                # Trained once, on the first batch: make the first chunk large (>= 39 * nlist, and >= 256 * 39
+                # for PQ codebooks) for a good quantiser.
+                needed = max(inner.nlist, 2 ** inner.pq.nbits if isinstance(inner, faiss.IndexIVFPQ) else 0)
+                if len(vectors) < needed:
                     raise InputError(
-                        f"IVF index with nlist={inner.nlist} needs at least that many vectors in the first batch; "
-                        "lower --nlist or raise the chunk size"
+                        f"{type(inner).__name__} with nlist={inner.nlist} needs at least {needed} vectors in the "
+                        "first batch to train; lower --nlist or raise the chunk size"
                     )
                 inner.train(vectors)
             self._index.add_with_ids(vectors, row_ids)

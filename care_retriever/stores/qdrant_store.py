@@ -76,6 +76,42 @@ def _client(location: str):
         ) from None
 
 
+COLLECTION_OPTIONS = ("type", "m", "ef_construct", "on_disk", "on_disk_payload", "quantization", "shard_number",
+                      "replication_factor")
+
+
+def collection_options(dim: int, options: dict[str, Any]) -> dict[str, Any]:
+    """``create_collection`` arguments for a server collection sized for millions of documents.
+
+    ``m`` / ``ef_construct``: the HNSW graph; ``on_disk``: vectors memory-mapped from disk;
+    ``quantization="int8"``: int8 copies kept in RAM for search (4x smaller), originals rescore;
+    ``shard_number`` / ``replication_factor``: distribution over a cluster. See docs/scale.md.
+    """
+    from qdrant_client import models
+
+    unknown = sorted(set(options) - set(COLLECTION_OPTIONS))
+    if unknown:
+        raise InputError(f"unknown Qdrant collection options {unknown}; known: {list(COLLECTION_OPTIONS)}")
+    if options.get("type", "hnsw") != "hnsw":
+        raise InputError(f"Qdrant collections are HNSW; got index type {options['type']!r}")
+    quantization = options.get("quantization")
+    if quantization not in (None, "int8"):
+        raise InputError(f"quantization must be 'int8' or absent, got {quantization!r}")
+    hnsw = {k: int(options[k]) for k in ("m", "ef_construct") if k in options}
+    kwargs: dict[str, Any] = {
+        "vectors_config": models.VectorParams(size=dim, distance=models.Distance.COSINE,
+                                              on_disk=options.get("on_disk"),
+                                              hnsw_config=models.HnswConfigDiff(**hnsw) if hnsw else None),
+    }
+    if quantization == "int8":
+        kwargs["quantization_config"] = models.ScalarQuantization(
+            scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, always_ram=True))
+    for key in ("on_disk_payload", "shard_number", "replication_factor"):
+        if options.get(key) is not None:
+            kwargs[key] = options[key]
+    return kwargs
+
+
 class QdrantStore(VectorStore):
     backend = "qdrant"
 
@@ -105,23 +141,37 @@ class QdrantStore(VectorStore):
         return f"qdrant:{redact(self.location)} (collection {self.collection})"
 
     def prepare(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
-        from qdrant_client import models
+        """Create the collection (with ``index`` options, see :func:`collection_options`) or check the existing one.
 
+        Several indexing jobs may start at once against one server (shards of a corpus on many nodes):
+        if another job created the collection first, this one checks compatibility and joins it.
+        """
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
             return
         import qdrant_client
 
-        self.manifest = Manifest(backend="qdrant", dim=dim, space_fingerprint=space_fingerprint, model_name=model_name,
-                                 index={"type": "hnsw", **(index or {})},
-                                 versions=default_versions(qdrant_client=qdrant_client.__version__ if hasattr(
-                                     qdrant_client, "__version__") else "unknown"))
-        self.client.create_collection(
-            self.collection,
-            vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
-            metadata={MANIFEST_KEY: self.manifest.to_dict()},
-        )
+        options = {"type": "hnsw", **(index or {})}
+        kwargs = collection_options(dim, options)
+        manifest = Manifest(backend="qdrant", dim=dim, space_fingerprint=space_fingerprint, model_name=model_name,
+                            index=options,
+                            versions=default_versions(qdrant_client=getattr(qdrant_client, "__version__", "unknown")))
+        try:
+            with self._lock:
+                self.client.create_collection(self.collection, metadata={MANIFEST_KEY: manifest.to_dict()}, **kwargs)
+        except Exception as exc:  # lost a creation race (409 on a server, ValueError locally), or a real error
+            with self._lock:
+                exists = self.client.collection_exists(self.collection)
+            if not exists:
+                raise StoreError(f"{self.describe()}: cannot create the collection ({_first_line(exc)})") from None
+            joined = QdrantStore(self.location, self.collection, client=self.client)
+            joined.check_compatible(space_fingerprint, dim)
+            self.manifest = joined.manifest
+            return
+        self.manifest = manifest
         if is_server(self.location):  # local mode has no payload indexes
+            from qdrant_client import models
+
             self.client.create_payload_index(self.collection, "doc_id", models.PayloadSchemaType.KEYWORD)
 
     def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
