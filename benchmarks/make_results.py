@@ -57,7 +57,7 @@ def query_speed(models: list[str], queries_file: Path, n: int) -> dict[str, dict
     from care_retriever.baselines import load_embedder
     from care_retriever.cli.eval import display_name
     from care_retriever.evaluation import speed
-    from care_retriever.evaluation.benchmark import read_texts
+    from care_retriever.evaluation.benchmark import read_texts, tower_params
 
     queries = read_texts(queries_file, n)
     out = {}
@@ -65,8 +65,10 @@ def query_speed(models: list[str], queries_file: Path, n: int) -> dict[str, dict
         if name == "bm25":
             continue
         embedder = load_embedder(name)
+        q_params, d_params = tower_params(embedder)
         out[display_name(name)] = {
-            f"batch_{b}": speed.query_encoding(embedder, queries, b).to_dict() for b in (1, 32)
+            **{f"batch_{b}": speed.query_encoding(embedder, queries, b).to_dict() for b in (1, 32)},
+            "params": [q_params, d_params],
         }
         del embedder
     return out
@@ -97,11 +99,18 @@ def plot(rows: list[dict], speeds: dict[str, dict], path: Path) -> Path | None:
             if name.endswith("#query")
             else "asymmetric"
         )
-        m = ModelBench(name, role, 0, None, None, query=q, accuracy=sum(mine) / len(mine) if mine else None)
-        models.append(m)
+        q_params, d_params = q.get("params", [None, None])
+        batches = {k: v for k, v in q.items() if k.startswith("batch_")}
+        accuracy = sum(mine) / len(mine) if mine else None
+        models.append(ModelBench(name, role, 0, q_params, d_params, query=batches, accuracy=accuracy))
+    bm25 = [r["main_score"] for r in ranking if r["model"] == "bm25"]
+    references = {"BM25 (no query encoder)": sum(bm25) / len(bm25)} if bm25 else None
     result = BenchResult(hardware=hardware(), models=models)
     return plot_accuracy_vs_qps(
-        result, path, title="Dev tasks: mean retrieval + rerank main score vs query speed"
+        result,
+        path,
+        references=references,
+        title="Dev tasks: mean retrieval + rerank main score vs query speed",
     )
 
 
@@ -118,11 +127,17 @@ def reference_check(rows: list[dict]) -> str:
 
 
 def speed_table(speeds: dict[str, dict]) -> str:
-    lines = ["| model | batch 1 q/s | p50 ms | p99 ms | batch 32 q/s |", "|---|---|---|---|---|"]
+    from care_retriever.evaluation.report import _params
+
+    lines = [
+        "| model | Q / D params | batch 1 q/s | p50 ms | p99 ms | batch 32 q/s |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, q in speeds.items():
         b1, b32 = q["batch_1"], q["batch_32"]
+        sizes = " / ".join(_params(n) for n in q.get("params", [None, None]))
         lines.append(
-            f"| {name} | {b1['per_second']:.1f} | {b1['p50_ms']:.1f} | {b1['p99_ms']:.1f} "
+            f"| {name} | {sizes} | {b1['per_second']:.1f} | {b1['p50_ms']:.1f} | {b1['p99_ms']:.1f} "
             f"| {b32['per_second']:.1f} |"
         )
     return "\n".join(lines)

@@ -162,22 +162,19 @@ class SentenceTransformerEmbedder:
 class OneTowerEmbedder:
     """One tower of a CARE model on both sides: the symmetric baselines of the paper's Table 4.
 
-    ``tower="document"`` is the symmetric LLM path (queries through the LLM with the Qwen3-Embedding
-    instruction prompt); ``tower="query"`` is the small symmetric model.
+    ``tower="document"`` is the symmetric LLM path, ``tower="query"`` the small symmetric model.
+    Queries take the model's own query prompt (none for BERT query towers): the symmetric document
+    stage of ``care_retriever.training`` trains the document tower on queries without a prompt, so
+    adding one here would score a tower on inputs it never saw.
     """
 
     def __init__(self, embedder: Any, tower: Literal["query", "document"]) -> None:
-        from care_retriever.embedder import DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE
+        from care_retriever.embedder import DEFAULT_INSTRUCTION
 
         self.embedder = embedder
         self.tower = tower
         self.model = embedder.query_model if tower == "query" else embedder.document_model
-        if tower == "query":
-            self.template = embedder.config.query_prompt_template
-        else:
-            self.template = (
-                QUERY_PROMPT_TEMPLATE if embedder.config.document.pooling == "last_token" else None
-            )
+        self.template = embedder.config.query_prompt_template
         self.default_instruction = embedder.config.default_instruction or DEFAULT_INSTRUCTION
 
     @property

@@ -119,7 +119,9 @@ def bench_markdown(result: Any) -> str:
     return "\n".join(lines)
 
 
-def plot_accuracy_vs_qps(result: Any, path: str | Path, *, title: str | None = None) -> Path:
+def plot_accuracy_vs_qps(
+    result: Any, path: str | Path, *, title: str | None = None, references: dict[str, float] | None = None
+) -> Path:
     """Accuracy against single-query throughput, one point per model (the paper's Figure 1 layout).
 
     Without accuracy numbers the plot shows throughput alone (a bar per model), so a speed-only run
@@ -152,13 +154,30 @@ def plot_accuracy_vs_qps(result: Any, path: str | Path, *, title: str | None = N
                 linewidth=0.6,
                 zorder=3,
             )
+            sizes = (
+                f"\n(Q {_params(m.query_params)} / D {_params(m.document_params)})" if m.query_params else ""
+            )
             ax.annotate(
-                f"{m.name}\n(Q {_params(m.query_params)} / D {_params(m.document_params)})",
+                f"{m.name}{sizes}",
                 (m.qps_batch1, m.accuracy),
                 textcoords="offset points",
                 xytext=(8, 4),
                 fontsize=7,
             )
+        for name, value in (references or {}).items():  # e.g. BM25: an accuracy line, no query tower
+            ax.axhline(value, linestyle="--", color="gray", linewidth=1)
+            ax.annotate(
+                name,
+                (0.01, value),
+                xycoords=("axes fraction", "data"),
+                textcoords="offset points",
+                xytext=(2, 3),
+                fontsize=7,
+                color="gray",
+            )
+        ys = [m.accuracy for m in scored] + list((references or {}).values())
+        pad = (max(ys) - min(ys)) * 0.15 or 0.05
+        ax.set_ylim(min(ys) - pad, max(ys) + 2 * pad)
         ax.set_xscale("log")
         ax.set_xlabel("query throughput, batch 1 (queries/s, log scale)")
         ax.set_ylabel("accuracy (mean main score)")
