@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["load_recipe", "parse_recipe", "run_recipe"]
+__all__ = ["load_recipe", "parse_recipe", "require", "run_recipe"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,3 +23,14 @@ def __getattr__(name: str) -> Any:
 
         return run_recipe
     raise AttributeError(name)
+
+
+def require(*modules: str, extra: str = "train") -> None:
+    """Fail with one line naming the extra to install when an optional dependency is missing."""
+    import importlib.util
+
+    from care_retriever.errors import CareError
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CareError(f"missing optional dependencies {missing}: pip install 'care-retriever[{extra}]'")

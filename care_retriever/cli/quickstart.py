@@ -18,6 +18,9 @@ def quickstart(
 ) -> None:
     """Build a miniature CARE from scratch on the shipped sample (offline, ~5 min on 2 CPU cores)."""
     from care_retriever.cli.core import quiet_transformers
+    from care_retriever.training import require
+
+    require("datasets", "accelerate", "peft", "bm25s", "jieba", "pytrec_eval", extra="train,eval")
     from care_retriever.training.quickstart import run_quickstart
 
     quiet_transformers()

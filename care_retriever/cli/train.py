@@ -34,6 +34,9 @@ def train(
 ) -> None:
     """Train a CARE model from a recipe; the final model is left in OUT/final."""
     from care_retriever.cli.core import quiet_transformers
+    from care_retriever.training import require
+
+    require("datasets", "accelerate", "peft", extra="train")
     from care_retriever.training.recipe import load_recipe
     from care_retriever.training.runner import run_recipe
 
