@@ -46,10 +46,10 @@ def test_threaded_search_equals_serial(embedder, corpus, tmp_path: Path, spec: s
     writer = DocumentStoreWriter(embedder, store, show_progress=False, index_options=options)
     writer.write(corpus)
     retriever = CareRetriever(writer.store, embedder)
-    queries = _queries(120)
+    queries = _queries(60)
     filters = [None, {"group": 1}, {"group": [0, 2]}]
     serial = [_key(retriever.search(q, top_k=7, filters=filters[i % 3])) for i, q in enumerate(queries)]
-    serial_batch = [[_key(h) for h in retriever.search(queries[i : i + 5], top_k=3)] for i in range(0, 120, 5)]
+    serial_batch = [[_key(h) for h in retriever.search(queries[i : i + 5], top_k=3)] for i in range(0, 60, 5)]
 
     def one(i: int) -> list[tuple[str, float]]:
         return _key(retriever.search(queries[i], top_k=7, filters=filters[i % 3]))
@@ -58,8 +58,8 @@ def test_threaded_search_equals_serial(embedder, corpus, tmp_path: Path, spec: s
         return [_key(h) for h in retriever.search(queries[i * 5 : i * 5 + 5], top_k=3)]
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        singles = pool.map(one, range(120), timeout=120)
-        batches = pool.map(batch, range(24), timeout=120)
+        singles = pool.map(one, range(60), timeout=120)
+        batches = pool.map(batch, range(12), timeout=120)
         assert list(singles) == serial
         assert list(batches) == serial_batch
     assert all(len(hits) == 7 for hits in serial[::3])

@@ -121,7 +121,7 @@ METADATA = st.dictionaries(st.text(max_size=8), st.one_of(st.text(max_size=8), s
 DOCS = st.lists(st.builds(Document, id=DOC_IDS, text=TEXT, title=TEXT, metadata=METADATA), min_size=1, max_size=8)
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=12)
 @given(docs=DOCS)
 def test_any_documents_round_trip_through_both_stores(embedder, docs: list[Document]) -> None:
     latest = {d.id: d for d in docs}  # repeated ids: the last one wins, as an upsert would
