@@ -71,3 +71,26 @@ def test_query_alignment_loss_cached_equals_recomputed(tiny_model_dir) -> None:
         c = perm([dict(q_features)], torch.tensor([1, 0, 2, 3]))
         d = QueryAlignmentLoss(model, cache, temperature=0.05)([dict(q_features)], torch.tensor([0, 1, 2, 3]))
     assert float(c) == pytest.approx(float(d), rel=1e-5)
+
+
+def test_score_distillation_is_kl_plus_infonce() -> None:
+    from care_retriever.training.losses import ScoreDistillationLoss, asym_infonce
+
+    class Fixed(torch.nn.Module):
+        """Returns the embedding stored in the features: the loss is checked apart from any encoder."""
+
+        def forward(self, features):
+            return {"sentence_embedding": features["emb"]}
+
+    torch.manual_seed(2)
+    q, pos, neg = torch.randn(3, 6), torch.randn(3, 6), torch.randn(3, 6)
+    loss = ScoreDistillationLoss(Fixed(), kl_weight=2.0, temperature=0.1)
+    features = [{"emb": q}, {"emb": pos}, {"emb": neg}]
+    student = torch.stack([F.cosine_similarity(q, pos), F.cosine_similarity(q, neg)], dim=1)
+    infonce = asym_infonce(q, pos, 0.1, hard_negatives=neg)
+    # a teacher that scores exactly like the student: the KL term vanishes
+    assert float(loss(features, student)) == pytest.approx(float(infonce), rel=1e-5)
+    # another teacher: the KL term is the textbook one, weighted
+    teacher = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.5, 0.5]])
+    kl = F.kl_div(F.log_softmax(student / 0.1, -1), F.softmax(teacher / 0.1, -1), reduction="batchmean")
+    assert float(loss(features, teacher)) == pytest.approx(float(2.0 * kl + infonce), rel=1e-4)

@@ -198,3 +198,33 @@ def test_resume_continues_an_interrupted_stage_from_its_checkpoint(trained, data
     report = next(r for r in result.reports if r["name"] == "stage2")
     assert report["steps"] == 9
     assert (out / "final" / "care_config.json").is_file()
+
+
+def test_score_distillation_baseline_from_a_saved_model(trained, data_dir: Path, tmp_path: Path) -> None:
+    """Table 7's baseline: the query tower distils the document tower's scores; exported symmetric."""
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.training.recipe import parse_recipe
+    from care_retriever.training.runner import run_recipe
+
+    raw = {
+        "name": "distill",
+        "model": {"path": str(trained.out / "stages" / "stage0-document")},
+        "datasets": {"pairs": {"path": "pairs.jsonl"}},
+        "defaults": {"per_device_train_batch_size": 16, "learning_rate": 2e-3, "logging_steps": 1},
+        "stages": [
+            {
+                "name": "distill",
+                "type": "distill",
+                "datasets": ["pairs"],
+                "hard_negatives": {"num": 2, "range_min": 0},
+                "export": {"score-distillation": "query-symmetric"},
+            }
+        ],
+    }
+    result = run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False)
+    report = result.reports[0]
+    assert report["steps"] == 3 and report["hard_negatives"] == 2
+    exported = AsymmetricEmbedder.from_pretrained(result.exports["score-distillation"])
+    assert exported.mode == "symmetric"
+    teacher = AsymmetricEmbedder.from_pretrained(trained.out / "stages" / "stage0-document")
+    assert exported.space_fingerprint != teacher.space_fingerprint  # the query tower is the document side now

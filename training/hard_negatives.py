@@ -77,11 +77,22 @@ def mine_for_queries(
     range_max: int = 50,
     duplicate_threshold: float = 0.95,
     show_progress: bool = True,
+    miner: str = "document",
 ) -> dict[str, list[str]]:
-    """Mine negatives for each query (query tower) from ``pool`` (document tower); text in, text out."""
+    """Mine negatives for each query from ``pool`` (embedded by the document tower); text in, text out.
+
+    ``miner`` picks the tower that embeds the queries. ``document`` (the default, used by Stage II)
+    searches with the document tower on both sides: it is the strongest retriever at hand, and it
+    is the same for every ablation (Stage I leaves it untouched), so Stage II with or without
+    Stage I trains on the same negatives; query and document towers that were never aligned
+    would mine noise. ``query`` searches as the trained model will (query tower -> document index).
+    """
+    if miner not in ("document", "query"):
+        raise InputError(f"hard negatives: miner must be 'document' or 'query', got {miner!r}")
     queries = list(positives)
     position = {text: i for i, text in enumerate(pool)}
-    q_vecs = embedder.embed_queries(queries, batch_size=128, show_progress=show_progress)
+    encode_queries = embedder.embed_documents if miner == "document" else embedder.embed_queries
+    q_vecs = encode_queries(queries, batch_size=64, show_progress=show_progress)
     d_vecs = embedder.embed_documents(pool, batch_size=64, show_progress=show_progress)
     pos_idx = [{position[p] for p in positives[q] if p in position} for q in queries]
     mined = mine_negative_indices(

@@ -36,6 +36,7 @@ STAGE_TYPES = (
     "stage0_document",  # symmetric InfoNCE + Matryoshka of the document tower through LoRA
     "stage1_align",  # query alignment against the frozen document tower (cached teacher)
     "stage2_joint",  # joint fine-tuning, Asym-InfoNCE with hard negatives, LoRA on the document tower
+    "distill",  # baseline: score distillation (KL + InfoNCE) from the document tower into the query tower
 )
 DATA_FORMATS = ("pairs", "qtr", "sts", "qa", "alignment", "text")
 EXPORT_KINDS = ("asymmetric", "query-symmetric", "document-symmetric")
@@ -60,6 +61,7 @@ STAGE_KEYS = {
     "mlm_probability",
     "gather_across_devices",
     "mini_batch_size",
+    "kl_weight",
 }
 
 
@@ -281,7 +283,7 @@ def _stage(raw: Any, index: int, source: str, previous: list[StageSpec], dataset
     for ds in referenced:
         if ds not in datasets:
             raise InputError(f"{where}: dataset {ds!r} is not defined under 'datasets'")
-    if kind in {"stage0_query", "stage0_document", "stage2_joint", "mlm"} and not names:
+    if kind in {"stage0_query", "stage0_document", "stage2_joint", "distill", "mlm"} and not names:
         raise InputError(f"{where}: needs 'datasets'")
     if kind == "stage1_align" and not (names or alignment):
         raise InputError(f"{where}: needs 'alignment' (queries/documents datasets) or 'datasets'")
@@ -299,7 +301,7 @@ def _stage(raw: Any, index: int, source: str, previous: list[StageSpec], dataset
     if teacher not in ("cached", "recompute"):
         raise InputError(f"{where}: teacher must be 'cached' or 'recompute', got {teacher!r}")
     options = {k: v for k, v in raw.items() if k not in {"name", "type", "from", "datasets", "args", "export"}}
-    for key in ("lambda1", "lambda2", "temperature", "mlm_probability"):
+    for key in ("lambda1", "lambda2", "temperature", "mlm_probability", "kl_weight"):
         if key in options and (not isinstance(options[key], (int, float)) or options[key] < 0):
             raise InputError(f"{where}: {key} must be a non-negative number")
     if options.get("temperature") == 0:

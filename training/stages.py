@@ -448,6 +448,7 @@ def add_hard_negatives(
             range_max=int(spec.get("range_max", 50)),
             duplicate_threshold=float(spec.get("duplicate_threshold", 0.95)),
             show_progress=ctx.show_progress,
+            miner=str(spec.get("miner", "document")),
         )
     rng = random.Random(ctx.seed)
     out = []
@@ -498,6 +499,47 @@ def stage2_joint(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
     return report
 
 
+def distill(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+    """Baseline (Table 7): the query tower alone learns the document tower's scores (KL) + InfoNCE.
+
+    The teacher scores ``cos(E_D(q), E_D(c))`` over each query's positive and hard negatives are
+    computed once with the frozen document tower; export the result as ``query-symmetric``.
+    """
+    from care_retriever.training.losses import ScoreDistillationLoss
+
+    examples = gather_examples(ctx, stage)
+    examples, num = add_hard_negatives(ctx, stage, embedder, examples)
+    if num < 1:
+        raise InputError(f"stage {stage.name!r}: score distillation needs hard_negatives.num >= 1")
+    texts = unique([t for e in examples for t in (e.query, e.positive, *e.negatives)])
+    vectors = embedder.embed_documents(texts, batch_size=64, show_progress=ctx.show_progress)
+    row = {t: i for i, t in enumerate(texts)}
+    scores = [[float(vectors[row[e.query]] @ vectors[row[c]]) for c in (e.positive, *e.negatives)] for e in examples]
+    dataset = _pair_dataset(examples, num).add_column("label", scores)
+    set_trainable(embedder.document_modules, False)
+    set_trainable(embedder.query_modules, True)
+    model = embedder.to_sentence_transformer()
+    loss = ScoreDistillationLoss(
+        model, kl_weight=float(stage.options.get("kl_weight", 1.0)), temperature=temperature(ctx, stage)
+    )
+    router = {"anchor": "query", "positive": "query", **{f"negative_{k + 1}": "query" for k in range(num)}}
+    try:
+        report = fit(
+            ctx,
+            stage,
+            model,
+            dataset,
+            loss,
+            router_mapping=router,
+            prompts=query_prompts(embedder, ["anchor"]),
+            examples=len(examples),
+        )
+    finally:
+        set_trainable(embedder.document_modules, True)
+    report.extra["hard_negatives"] = num
+    return report
+
+
 def run_mlm(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
     from care_retriever.training.mlm import stage_mlm
 
@@ -510,6 +552,7 @@ STAGES: dict[str, Callable[[StageContext, StageSpec, Any], StageReport]] = {
     "stage0_document": stage0_document,
     "stage1_align": stage1_align,
     "stage2_joint": stage2_joint,
+    "distill": distill,
 }
 
 

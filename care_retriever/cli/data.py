@@ -95,6 +95,9 @@ def mine_negatives(
         float, typer.Option(help="Drop candidates this similar to a positive (near-duplicates).")
     ] = 0.95,
     min_label: Annotated[float | None, typer.Option(help="With labels: positives have label >= this.")] = None,
+    miner: Annotated[
+        str, typer.Option(help="Tower embedding the queries: query (as search will) | document (LLM both sides).")
+    ] = "query",
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
 ) -> None:
     """Mine hard negatives from a FAISS index, excluding positives and their near-duplicates."""
@@ -124,6 +127,7 @@ def mine_negatives(
         range_min=range_min,
         range_max=range_max,
         duplicate_threshold=duplicate_threshold,
+        miner=miner,
     )
     rows = [{"query": q, "positive": sorted(positives[q]), "negative": unique(given[q] + mined[q])} for q in positives]
     _write(rows, out, force)

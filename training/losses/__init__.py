@@ -9,5 +9,6 @@ document-tower vectors, which no stock loss does, so its pieces live here.
 from care_retriever.training.losses.alignment_mse import alignment_mse
 from care_retriever.training.losses.asym_infonce import asym_infonce
 from care_retriever.training.losses.query_alignment import QueryAlignmentLoss
+from care_retriever.training.losses.score_distillation import ScoreDistillationLoss
 
-__all__ = ["QueryAlignmentLoss", "alignment_mse", "asym_infonce"]
+__all__ = ["QueryAlignmentLoss", "ScoreDistillationLoss", "alignment_mse", "asym_infonce"]
