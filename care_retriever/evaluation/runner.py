@@ -54,6 +54,7 @@ class Timer:
         """``load_seconds``: time already spent reading the task, counted as overhead."""
         self.phases: dict[str, float] = {"load": load_seconds} if load_seconds else {}
         self.start = time.perf_counter() - load_seconds
+        self.cpu_start = time.process_time()
 
     @contextmanager
     def phase(self, name: str):
@@ -70,6 +71,9 @@ class Timer:
         return {
             **self.phases,
             "total": total,
+            # CPU seconds of all of this process's threads: on a shared machine wall time depends on
+            # the neighbours, CPU time far less.
+            "cpu": time.process_time() - self.cpu_start,
             "overhead": overhead,
             "overhead_fraction": overhead / total if total else 0.0,
         }

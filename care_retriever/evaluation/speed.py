@@ -183,15 +183,22 @@ def peak_rss_mb(argv: Sequence[str], *, env: dict[str, str] | None = None, timeo
         return int(report.read_text()) / 1024  # Linux reports KiB
 
 
-LOAD_AND_QUERY = (
+LOAD_AND_ENCODE = (
     "import sys; from care_retriever.embedder import AsymmetricEmbedder as A; "
-    "m = A.from_pretrained(sys.argv[1], load=sys.argv[2]); m.embed_queries(['高血压吃什么'])"
+    "m = A.from_pretrained(sys.argv[1], load=sys.argv[2]); "
+    "'query' in sys.argv[3] and m.embed_queries(['高血压吃什么']); "
+    "'document' in sys.argv[3] and m.embed_documents(['高血压患者应低盐饮食，规律服用降压药。'])"
 )
 
 
-def tower_process_rss_mb(model_dir: str | Path, load: str) -> float:
-    """Peak RSS of a process that loads ``model_dir`` with ``load`` and encodes one query."""
-    return peak_rss_mb([sys.executable, "-c", LOAD_AND_QUERY, str(model_dir), load])
+def tower_process_rss_mb(model_dir: str | Path, load: str, encode: str = "query") -> float:
+    """Peak RSS of a process that loads ``model_dir`` with ``load`` and encodes one query and/or one
+    document (``encode``: "query", "document" or "query+document").
+
+    Weights are memory-mapped from safetensors and paged in when first used, so a tower that is
+    loaded but never run adds little RSS: "both towers in use" needs ``encode="query+document"``.
+    """
+    return peak_rss_mb([sys.executable, "-c", LOAD_AND_ENCODE, str(model_dir), load, encode])
 
 
 def count_parameters(modules: Sequence[Any] | None) -> int:
