@@ -13,6 +13,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Haystack telemetry tries to reach its server at import; tests run offline.
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
+# `pytest -n 2` on two cores: one intra-op thread per worker (and per CLI subprocess it starts)
+# instead of two workers each spawning a thread per core and fighting over them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_DIR = REPO / "care_retriever" / "data" / "sample"
