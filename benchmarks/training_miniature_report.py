@@ -26,7 +26,14 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = ("kuake-qtr-retrieval", "im-qa-retrieval")
-ORDER = ("small-symmetric", "large-symmetric", "asymmetric-two-stage", "without-stage-i", "without-stage-ii")
+ORDER = (
+    "small-symmetric",
+    "large-symmetric",
+    "asymmetric-two-stage",
+    "without-stage-i",
+    "without-stage-ii",
+    "score-distillation",
+)
 
 
 def load_task(folder: Path) -> tuple[list[str], list[str], list[str], list[str], dict[str, dict[str, int]]]:

@@ -129,6 +129,14 @@ def test_search_filters(capsys, cli_model: Path, small_corpus_path: Path, tmp_pa
             ["index", "--model", "{model}", "--corpus", "{tmp}/missing.jsonl", "--store", "faiss:{tmp}/s"],
             "corpus not found",
         ),
+        (
+            ["index", "--model", "{model}", "--corpus", "{corpus}", "--store", "faiss:{tmp}/s", "--index-type", "lsh"],
+            "Available index types: ['flat', 'hnsw', 'ivf', 'ivfpq']",
+        ),
+        (
+            ["index", "--model", "{model}", "--corpus", "{corpus}", "--store", "faiss:{tmp}/s", "--nprobe", "0"],
+            "must be >= 1",
+        ),
         (["search", "--model", "{model}", "--store", "faiss:{tmp}/none", "q"], "does not exist"),
         (["init", "{tmp}/m2", "--preset", "huge", "--vocab-from", "{corpus}"], "Unknown preset 'huge'"),
         (["init", "{tmp}/m3", "--preset", "tiny"], "--vocab-from"),
@@ -157,3 +165,16 @@ def test_installed_entry_point_prints_no_traceback(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error:") and "Traceback" not in proc.stderr
+
+
+def test_index_settings_reach_the_manifest(capsys, cli_model: Path, small_corpus_path: Path, tmp_path: Path) -> None:
+    """HNSW build/search settings given to `index` are what later searches use (kept in the manifest)."""
+    store = tmp_path / "hnsw"
+    args = ["index", "--model", cli_model, "--corpus", small_corpus_path, "--store", f"faiss:{store}"]
+    code, _, err = run(capsys, *args, "--index-type", "hnsw", "--hnsw-m", "8", "--ef-search", "16", "--no-progress")
+    assert code == 0, err
+    index = json.loads((store / "manifest.json").read_text("utf-8"))["index"]
+    assert index["type"] == "hnsw" and index["m"] == 8 and index["ef_search"] == 16
+    code, out, err = run(capsys, "search", "--model", cli_model, "--store", f"faiss:{store}", "--json", "感冒")
+    assert code == 0, err
+    assert len(json.loads(out)["hits"]) == 6

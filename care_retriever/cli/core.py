@@ -126,9 +126,15 @@ def index(
     batch_size: Annotated[int, typer.Option(help="Documents per forward pass.")] = 16,
     chunk_size: Annotated[int, typer.Option(help="Documents read per chunk (memory bound).")] = 1024,
     checkpoint_every: Annotated[int, typer.Option(help="Checkpoint the store every N encoded documents.")] = 8192,
-    index_type: Annotated[str, typer.Option(help="FAISS index: flat (exact) | hnsw | ivf.")] = "flat",
+    index_type: Annotated[
+        str, typer.Option(help="FAISS index: flat (exact) | hnsw | ivf | ivfpq (see docs/scale.md).")
+    ] = "flat",
     hnsw_m: Annotated[int, typer.Option(help="HNSW neighbours per node.")] = 32,
+    ef_construction: Annotated[int, typer.Option(help="HNSW build-time candidate list.")] = 200,
+    ef_search: Annotated[int, typer.Option(help="HNSW search-time candidate list (kept in the manifest).")] = 128,
     nlist: Annotated[int, typer.Option(help="IVF lists.")] = 1024,
+    nprobe: Annotated[int, typer.Option(help="IVF lists visited per search (kept in the manifest).")] = 32,
+    pq_m: Annotated[int, typer.Option(help="IVF-PQ bytes per vector; must divide the dimension.")] = 96,
     update: Annotated[
         bool,
         typer.Option(help="Add new and changed documents only (always the behaviour: unchanged ids are skipped)."),
@@ -142,16 +148,33 @@ def index(
     """Encode a corpus with the document tower and write it into a FAISS or Qdrant store."""
     from care_retriever.corpus import corpus_file, read_corpus
     from care_retriever.stores import open_store
+    from care_retriever.stores.base import FAISS_INDEX_TYPES
     from care_retriever.writer import DocumentStoreWriter
 
     file = corpus_file(corpus)
     if batch_size < 1 or chunk_size < 1:
         raise InputError("--batch-size and --chunk-size must be >= 1")
+    if index_type not in FAISS_INDEX_TYPES:
+        raise InputError(f"Unknown --index-type {index_type!r}. Available index types: {list(FAISS_INDEX_TYPES)}")
+    if min(hnsw_m, ef_construction, ef_search, nlist, nprobe, pq_m) < 1:
+        raise InputError("--hnsw-m, --ef-construction, --ef-search, --nlist, --nprobe and --pq-m must be >= 1")
     # Validate the whole corpus before the first write, so bad input leaves the store untouched.
     total = sum(1 for _ in read_corpus(file, skip_invalid=skip_invalid))
     target = open_store(store, collection=collection)
     embedder = _load_embedder(model, "document", device)
-    options = {"type": index_type, "m": hnsw_m, "nlist": nlist} if store.startswith("faiss:") else None
+    options = (
+        {
+            "type": index_type,
+            "m": hnsw_m,
+            "ef_construction": ef_construction,
+            "ef_search": ef_search,
+            "nlist": nlist,
+            "nprobe": nprobe,
+            "pq_m": pq_m,
+        }
+        if store.startswith("faiss:")
+        else None
+    )
     writer = DocumentStoreWriter(
         embedder,
         target,

@@ -17,6 +17,7 @@ from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
 
 STORE_FORMAT_VERSION = 1
+FAISS_INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq")  # the FAISS store's index kinds (docs/scale.md)
 Filters = dict[str, Any]
 _FILTER_KEY = re.compile(r"^[\w.\-]+$")
 

@@ -33,12 +33,20 @@ import numpy as np
 
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.stores.base import Filters, Hit, Manifest, VectorStore, default_versions, validate_filters
+from care_retriever.stores.base import (
+    FAISS_INDEX_TYPES,
+    Filters,
+    Hit,
+    Manifest,
+    VectorStore,
+    default_versions,
+    validate_filters,
+)
 
 MANIFEST = "manifest.json"
 INDEX = "index.faiss"
 DOCSTORE = "docstore.sqlite"
-INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq")
+INDEX_TYPES = FAISS_INDEX_TYPES
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
