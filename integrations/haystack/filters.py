@@ -1,4 +1,4 @@
-"""Haystack filters over the core FAISS store.
+"""Haystack filters over the core stores (FAISS, and Qdrant through :class:`CareStoreRetriever`).
 
 Haystack's filter language (comparisons, AND/OR/NOT) is evaluated exactly by
 ``haystack.utils.filters.document_matches_filter`` on candidate documents. The core store only
@@ -11,10 +11,13 @@ with Haystack's evaluator, so both paths return what ``InMemoryDocumentStore`` w
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from haystack import Document
 from haystack.errors import FilterError
+from haystack.utils.filters import document_matches_filter
 
 LOGICAL = ("AND", "OR", "NOT")
 COMPARISON = ("==", "!=", ">", ">=", "<", "<=", "in", "not in")
@@ -86,3 +89,34 @@ def to_core_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
         else:
             return None
     return core
+
+
+def filtered_top_k(
+    search: Callable[[int, dict[str, Any] | None], tuple[int, list[Document]]],
+    filters: dict[str, Any] | None,
+    top_k: int,
+    count: Callable[[], int],
+    core_filters: dict[str, Any] | None,
+) -> list[Document]:
+    """The ``top_k`` best documents of a store search that match Haystack ``filters``.
+
+    ``search(k, core_filters)`` returns how many hits the store gave for ``k`` and those hits as
+    Haystack documents (adapters drop their bookkeeping hits there). ``core_filters`` is the store's
+    pre-filter (:func:`to_core_filters` or a stricter subset of it); every candidate is still checked
+    with Haystack's evaluator, and the candidate list widens (x4) until ``top_k`` documents match or
+    the store is exhausted. ``count`` (the store's size) is only called when widening.
+    """
+    validate_filters(filters)
+    k = top_k
+    while True:
+        returned, docs = search(k, core_filters)
+        if filters:
+            docs = [d for d in docs if document_matches_filter(filters, d)]
+        # Fewer hits than asked for: the store (or its pre-filter) is exhausted.
+        if len(docs) >= top_k or returned < k:
+            break
+        total = count()
+        if k >= total:
+            break
+        k = min(total, k * 4)
+    return docs[:top_k]

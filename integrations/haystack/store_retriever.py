@@ -1,0 +1,223 @@
+"""``CareStoreRetriever``: search any store ``care-retriever index`` writes from a Haystack pipeline.
+
+qdrant-haystack's ``QdrantDocumentStore`` expects its own payload layout, so it cannot read a
+collection written by ``care-retriever index --store qdrant:...`` (and Haystack has no FAISS store
+at all). This component needs no Haystack document store: it opens the store spec with the core
+``open_store`` (``faiss:DIR``, ``qdrant:PATH``, ``qdrant:http(s)://host:6333``) and searches it with
+the core ``VectorStore.search``, so "index offline with the CLI, serve with Haystack" works for every
+backend and returns the same hits and scores as ``care-retriever search``.
+
+Connect ``CareTextEmbedder.embedding`` to ``query_embedding``. Nothing in a bare embedding says
+which model made it, so the width is always checked against the store; pass ``model=`` (the same
+folder as the text embedder's) to also check the store's space fingerprint, as the CLI does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from haystack import Document, component, default_from_dict, default_to_dict
+from haystack.document_stores.types import FilterPolicy
+from haystack.document_stores.types.filter_policy import apply_filter_policy
+from haystack.utils import Secret, deserialize_secrets_inplace
+
+from care_retriever.errors import InputError, StoreError
+from care_retriever.integrations.common import (
+    as_matrix,
+    check_model_location,
+    cosine_to_unit,
+    from_core_metadata,
+    model_space,
+    normalize_rows,
+)
+from care_retriever.integrations.haystack.document_store import NO_EMBEDDING
+from care_retriever.integrations.haystack.filters import filtered_top_k, to_core_filters, validate_filters
+from care_retriever.stores import VectorStore, open_store, parse_store_spec
+from care_retriever.stores.qdrant_store import is_server
+
+
+def _pre_filter(backend: str, filters: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The core pre-filter for ``filters`` on this backend, or None to post-filter only.
+
+    ``to_core_filters`` is exact for FAISS (SQLite compares like Python). Qdrant keeps bool, int and
+    float apart in exact matches where Haystack's ``==`` (Python) equates ``1``, ``1.0`` and ``True``,
+    so on Qdrant only string values are pre-filtered; numbers go to the post-filter.
+    """
+    core = to_core_filters(filters)
+    if core is None or backend != "qdrant":
+        return core
+    values = [v for value in core.values() for v in (value if isinstance(value, list) else [value])]
+    return core if all(isinstance(v, str) for v in values) else None
+
+
+@component
+class CareStoreRetriever:
+    """Retrieve the ``top_k`` documents of a care-retriever store most similar (cosine) to a query embedding.
+
+    :param store: store spec as given to ``care-retriever index --store``: ``faiss:DIR``,
+        ``qdrant:PATH``, ``qdrant:http(s)://host:6333``. Checked at construction, opened in ``warm_up()``.
+    :param collection: Qdrant collection (default: the core's, ``care``); ignored by FAISS.
+    :param model: optional CARE model folder; when set, ``warm_up()`` refuses a store built with
+        another model (only ``care_config.json`` is read, no weights are loaded).
+    :param filters: Haystack filters applied to every run (see ``filter_policy``).
+    :param top_k: number of documents to return.
+    :param scale_score: map cosine similarity from [-1, 1] to [0, 1].
+    :param filter_policy: ``replace`` (run-time filters replace init filters) or ``merge``.
+    :param api_key: API key of a Qdrant server; by default the ``QDRANT_API_KEY`` environment
+        variable, as the CLI reads it. Serialised as the variable's name, never its value.
+    """
+
+    def __init__(
+        self,
+        store: str,
+        collection: str | None = None,
+        model: str | None = None,
+        filters: dict[str, Any] | None = None,
+        top_k: int = 10,
+        scale_score: bool = False,
+        filter_policy: str | FilterPolicy = FilterPolicy.REPLACE,
+        api_key: Secret | None = Secret.from_env_var("QDRANT_API_KEY", strict=False),
+    ) -> None:
+        if not isinstance(store, str):
+            raise InputError(f"store must be a store spec string such as faiss:DIR or qdrant:PATH, got {store!r}")
+        self._scheme, self._location = parse_store_spec(store)
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if model is not None:
+            check_model_location(model)
+        validate_filters(filters)
+        self.store = store
+        self.collection = collection
+        self.model = model
+        self.filters = filters
+        self.top_k = top_k
+        self.scale_score = scale_score
+        self.filter_policy = (
+            filter_policy if isinstance(filter_policy, FilterPolicy) else FilterPolicy.from_str(filter_policy)
+        )
+        self.api_key = api_key
+        self._store: VectorStore | None = None
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """Serialise the spec and settings; a key written into a server URL is refused, never serialised."""
+        if is_server(self._location):
+            parts = urlsplit(self._location)
+            if parts.username or parts.password:
+                raise ValueError(
+                    "CareStoreRetriever: the store URL holds credentials, which would be serialised; "
+                    "pass the key as api_key=Secret.from_env_var(...) instead"
+                )
+        return default_to_dict(
+            self,
+            store=self.store,
+            collection=self.collection,
+            model=self.model,
+            filters=self.filters,
+            top_k=self.top_k,
+            scale_score=self.scale_score,
+            filter_policy=self.filter_policy.value,
+            api_key=self.api_key.to_dict() if self.api_key is not None else None,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CareStoreRetriever:
+        params = data.get("init_parameters", {})
+        deserialize_secrets_inplace(params, keys=["api_key"])
+        if params.get("filter_policy"):
+            params["filter_policy"] = FilterPolicy.from_str(params["filter_policy"])
+        return default_from_dict(cls, data)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _open(self) -> VectorStore:
+        key = self.api_key.resolve_value() if self.api_key is not None else None
+        if self._scheme != "qdrant" or not is_server(self._location) or not key:
+            return open_store(self.store, collection=self.collection)
+        # A key from a Secret other than QDRANT_API_KEY: hand the core store a client built with it.
+        from care_retriever.stores.qdrant_store import DEFAULT_COLLECTION, QdrantStore
+
+        try:
+            from qdrant_client import QdrantClient
+        except ImportError:
+            raise StoreError("Qdrant stores need qdrant-client: pip install 'care-retriever[qdrant]'") from None
+        client = QdrantClient(url=self._location, api_key=key, timeout=60)
+        return QdrantStore(self._location, self.collection or DEFAULT_COLLECTION, client=client)
+
+    def warm_up(self) -> None:
+        """Open the store (once) and check it holds an index (and, with ``model=``, the model's space)."""
+        if self._store is not None:
+            return
+        store = self._open()
+        try:
+            store.require_manifest()
+            if self.model is not None:
+                dim, fingerprint, _ = model_space(self.model)
+                store.check_compatible(fingerprint, dim)
+        except BaseException:
+            store.close()
+            raise
+        self._store = store
+
+    def close(self) -> None:
+        """Release the store (``Pipeline.close()`` calls this); a later run opens it again.
+
+        Qdrant local mode allows one client per folder, so close before another process or
+        client (the CLI, say) opens the same folder.
+        """
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    # ------------------------------------------------------------------ retrieval
+    @component.output_types(documents=list[Document])
+    def run(
+        self,
+        query_embedding: list[float],
+        filters: dict[str, Any] | None = None,
+        top_k: int | None = None,
+        scale_score: bool | None = None,
+    ) -> dict[str, list[Document]]:
+        """Documents ranked by cosine similarity to ``query_embedding``, best first, with ``score`` set.
+
+        ``content`` is the stored text, ``meta`` its metadata plus ``title`` when it has one. Opens
+        the store first if ``warm_up()`` has not run.
+        """
+        top_k = self.top_k if top_k is None else top_k
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        filters = apply_filter_policy(self.filter_policy, self.filters, filters)
+        validate_filters(filters)
+        if not isinstance(query_embedding, list) or not query_embedding:
+            raise InputError("query_embedding should be a non-empty list of floats.")
+        self.warm_up()
+        store = self._store
+        assert store is not None
+        dim = store.require_manifest().dim
+        if len(query_embedding) != dim:
+            raise InputError(
+                f"query_embedding has {len(query_embedding)} dims but {store.describe()} holds {dim}-dim vectors; "
+                "embed the query with the model that built the store"
+            )
+        query = as_matrix([query_embedding], dim, "query_embedding")
+        if not query.any():
+            raise InputError("query_embedding is all zeros; cosine similarity is undefined")
+        query = normalize_rows(query)
+        scale = self.scale_score if scale_score is None else scale_score
+
+        def search(k: int, core_filters: dict[str, Any] | None) -> tuple[int, list[Document]]:
+            hits = store.search(query, k, core_filters)[0]
+            docs = [
+                Document(
+                    id=h.id,
+                    content=h.text,
+                    meta=from_core_metadata(h.title, h.metadata, hidden=(NO_EMBEDDING,)),
+                    score=cosine_to_unit(h.score) if scale else h.score,
+                )
+                for h in hits
+                if not h.metadata.get(NO_EMBEDDING)  # written without an embedding by CareFaissDocumentStore
+            ]
+            return len(hits), docs
+
+        docs = filtered_top_k(search, filters, top_k, store.count, _pre_filter(store.backend, filters))
+        return {"documents": docs}
