@@ -19,13 +19,13 @@ hour; every problem is reported before the first step as ``file:line: what is wr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from care_retriever.errors import InputError, at
+from care_retriever.jsonl import iter_jsonl as read_jsonl
 
 
 @dataclass
@@ -62,26 +62,13 @@ def unique(texts: list[str]) -> list[str]:
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Rows of a JSONL file with their line numbers; an empty file is an error."""
+    """Rows of a training JSONL file with their line numbers; a missing or empty file is an error."""
     if not path.is_file():
         raise InputError(f"training file not found: {path}")
     seen = False
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{at(path, lineno)}: not valid UTF-8 (byte {exc.start})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{at(path, lineno)}: invalid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{at(path, lineno)}: expected a JSON object, got {type(row).__name__}")
-            seen = True
-            yield lineno, row
+    for lineno, row in read_jsonl(path):
+        seen = True
+        yield lineno, row
     if not seen:
         raise InputError(f"{path}: empty file (no rows)")
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from care_retriever.errors import InputError, at
+from care_retriever.jsonl import iter_jsonl
 
 TaskType = Literal["retrieval", "rerank", "sts"]
 TASK_TYPES: tuple[TaskType, ...] = ("retrieval", "rerank", "sts")
@@ -102,25 +102,6 @@ class TaskMeta:
 
 
 # ---------------------------------------------------------------------- reading helpers
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` for every non-blank line; bad JSON or bytes name the line."""
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{at(path, lineno)}: not valid UTF-8 (byte {exc.start})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{at(path, lineno)}: invalid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{at(path, lineno)}: expected a JSON object, got {type(row).__name__}")
-            yield lineno, row
-
-
 def _str_field(row: dict[str, Any], key: str, path: Path, lineno: int, *, allow_empty: bool = True) -> str:
     if key not in row:
         raise InputError(f'{at(path, lineno)}: missing field "{key}"')
@@ -208,7 +189,7 @@ def detect_type(path: Path, split: str = "test") -> tuple[TaskType, Path]:
 
 
 def _type_of_rows(path: Path) -> TaskType:
-    for lineno, row in _iter_jsonl(path):
+    for lineno, row in iter_jsonl(path):
         if {"query", "positive"} <= row.keys():
             return "rerank"
         if {"sentence1", "sentence2"} <= row.keys():
@@ -251,7 +232,7 @@ def load_retrieval(
     corpus_ids: list[str] = []
     corpus_texts: list[str] = []
     seen: set[str] = set()
-    for lineno, row in _iter_jsonl(corpus_path):
+    for lineno, row in iter_jsonl(corpus_path):
         doc_id = _id_field(row, corpus_path, lineno)
         if doc_id in seen:
             raise InputError(f"{at(corpus_path, lineno)}: duplicate document id {doc_id!r}")
@@ -266,7 +247,7 @@ def load_retrieval(
     if not corpus_ids:
         raise InputError(f"{corpus_path}: empty corpus (no documents)")
     queries: dict[str, str] = {}
-    for lineno, row in _iter_jsonl(queries_path):
+    for lineno, row in iter_jsonl(queries_path):
         qid = _id_field(row, queries_path, lineno)
         if qid in queries:
             raise InputError(f"{at(queries_path, lineno)}: duplicate query id {qid!r}")
@@ -332,7 +313,7 @@ def _str_list(row: dict[str, Any], key: str, path: Path, lineno: int) -> list[st
 
 def load_rerank(path: Path, *, name: str, instruction: str = INSTRUCTIONS["rerank"]) -> RerankTask:
     rows: list[RerankRow] = []
-    for lineno, row in _iter_jsonl(path):
+    for lineno, row in iter_jsonl(path):
         query = _str_field(row, "query", path, lineno, allow_empty=False)
         positive = _str_list(row, "positive", path, lineno)
         negative = _str_list(row, "negative", path, lineno)
@@ -350,7 +331,7 @@ def load_sts(path: Path, *, name: str, instruction: str = INSTRUCTIONS["sts"]) -
     s1: list[str] = []
     s2: list[str] = []
     scores: list[float] = []
-    for lineno, row in _iter_jsonl(path):
+    for lineno, row in iter_jsonl(path):
         s1.append(_str_field(row, "sentence1", path, lineno))
         s2.append(_str_field(row, "sentence2", path, lineno))
         if "score" not in row:
