@@ -38,7 +38,7 @@ from care_retriever.integrations.common import (
     to_core_document,
 )
 from care_retriever.integrations.faiss_ext import ExtendedFaissStore
-from care_retriever.integrations.haystack.filters import to_core_filters, validate_filters
+from care_retriever.integrations.haystack.filters import filtered_top_k, to_core_filters, validate_filters
 from care_retriever.stores.base import Hit
 
 logger = logging.getLogger(__name__)
@@ -254,19 +254,12 @@ class CareFaissDocumentStore:
         if manifest is None:
             return []
         query = normalize_rows(as_matrix([query_embedding], manifest.dim, "query_embedding"))
-        core_filters = to_core_filters(filters)
-        total = self._store.count()
-        k = top_k
-        while True:
+
+        def search(k: int, core_filters: dict[str, Any] | None) -> tuple[int, list[Document]]:
             hits = self._store.search(query, k, core_filters)[0]
-            docs = [self._to_haystack(h, score=h.score) for h in hits if not h.metadata.get(NO_EMBEDDING)]
-            if filters:
-                docs = [d for d in docs if document_matches_filter(filters, d)]
-            # Fewer hits than asked for: the store (or the pre-filter) is exhausted.
-            if len(docs) >= top_k or len(hits) < k or k >= total:
-                break
-            k = min(total, k * 4)
-        docs = docs[:top_k]
+            return len(hits), [self._to_haystack(h, score=h.score) for h in hits if not h.metadata.get(NO_EMBEDDING)]
+
+        docs = filtered_top_k(search, filters, top_k, self._store.count, to_core_filters(filters))
         if scale_score:
             docs = [replace(d, score=cosine_to_unit(d.score or 0.0)) for d in docs]
         return self._with_embeddings(docs) if return_embedding else docs
