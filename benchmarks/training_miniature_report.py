@@ -86,15 +86,21 @@ def main() -> None:
     )
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "miniature.md")
     parser.add_argument("--plot", type=Path, default=REPO / "docs" / "miniature_speed.png")
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="Also write the scores here.")
+    parser.add_argument("--from-json", type=Path, default=None, help="Re-render the doc and plot from --json output.")
     args = parser.parse_args()
+    run_state = json.loads((args.run / "run.json").read_text("utf-8"))
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text("utf-8"))
+        write_doc(args, run_state, saved["results"], saved["gap_closed"], saved["machine"])
+        write_plot(args.plot, saved["results"])
+        return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from care_retriever.baselines import load_embedder
     from care_retriever.evaluation.runner import evaluate
     from care_retriever.evaluation.tasks import load_task
 
     load_before = os.getloadavg()[1]
-    run_state = json.loads((args.run / "run.json").read_text("utf-8"))
     models = models_of(args.run)
     if not models:
         raise SystemExit(f"{args.run}: no final model and no exports")
@@ -248,7 +254,7 @@ def write_plot(path: Path, results: dict[str, dict]) -> None:
     ax.set_xlabel("queries per second (one query per call, CPU)")
     ax.set_ylabel("Avg of retrieval (nDCG@10) and rerank (MAP@10)")
     ax.set_title("Miniature CARE: accuracy vs query speed")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
