@@ -54,8 +54,10 @@ def test_ablation_recipe_exports_the_tables_models() -> None:
         "asymmetric-two-stage",
         "without-stage-i",
         "without-stage-ii",
+        "score-distillation",  # the paper's Table 7 baseline
     }
     assert recipe.stage("stage2-without-stage1").source == "stage0-document"
+    assert recipe.stage("score-distillation").source == "stage0-document"
 
 
 @pytest.mark.shared_data
@@ -87,9 +89,18 @@ def test_miniature_ablations_dry_run_on_shared_data(shared_data: Path, tmp_path:
         torch.set_num_threads(threads)
     assert code == 0, captured.err
     state = json.loads((out / "run.json").read_text())
-    assert state["done"] == ["init", "stage0-query", "stage0-document", "stage1", "stage2", "stage2-without-stage1"]
+    assert state["done"] == [
+        "init",
+        "stage0-query",
+        "stage0-document",
+        "stage1",
+        "stage2",
+        "stage2-without-stage1",
+        "score-distillation",
+    ]
     assert all(r["steps"] == 1 for r in state["reports"])
-    for name in ("small-symmetric", "large-symmetric", "asymmetric-two-stage", "without-stage-i", "without-stage-ii"):
+    models = ("small-symmetric", "large-symmetric", "asymmetric-two-stage", "without-stage-i", "without-stage-ii")
+    for name in (*models, "score-distillation"):
         assert (out / "models" / name / "care_config.json").is_file(), name
     small = json.loads((out / "models" / "small-symmetric" / "care_config.json").read_text())
     assert small["mode"] == "symmetric"
