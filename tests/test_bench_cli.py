@@ -63,7 +63,8 @@ def test_bench_writes_json_table_and_plot(
     backends = {(s["backend"], s["n"]) for s in data["search"]}
     assert backends == {(b, n) for b in ("faiss-flat", "faiss-hnsw", "qdrant-local") for n in (300, 600)}
     hnsw = [s for s in data["search"] if s["backend"] == "faiss-hnsw"]
-    assert all(0.5 <= s["recall@10_vs_exact"] <= 1.0 for s in hnsw)
+    # Clustered corpus, queries near corpus points: HNSW finds (nearly) what exact search finds.
+    assert all(0.9 <= s["recall@10_vs_exact"] <= 1.0 for s in hnsw)
     assert data["memory"] == {}
     table = (out / "bench.md").read_text()
     assert "| asymmetric |" in table and "faiss-hnsw" in table
