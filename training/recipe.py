@@ -93,6 +93,9 @@ class ModelSpec:
     # Replace the query tower's pooling (from scratch: "mean" trains far faster than "cls", whose
     # random-init outputs are nearly identical for every text).
     query_pooling: str | None = None
+    # Replace the document tower's pooling. Pretrained LLM embedders (Qwen3-Embedding) keep their
+    # "last_token"; a decoder trained from scratch may learn faster with "mean" (see docs/miniature.md).
+    document_pooling: str | None = None
     trust_remote_code: bool = False
 
 
@@ -244,6 +247,12 @@ def _model(raw: Any, source: str) -> ModelSpec:
             spec.vocab_from = [spec.vocab_from]
     if spec.dim is not None and (not isinstance(spec.dim, int) or spec.dim < 1):
         raise InputError(f"{source}: model.dim must be a positive integer")
+    from care_retriever.towers.modules import POOLING_MODES
+
+    for key in ("query_pooling", "document_pooling"):
+        value = getattr(spec, key)
+        if value is not None and value not in POOLING_MODES:
+            raise InputError(f"{source}: model.{key} {value!r} unknown; available: {sorted(POOLING_MODES)}")
     return spec
 
 

@@ -117,26 +117,28 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
             f"dimension mismatch: the recipe says model.dim {spec.dim}, the model's shared dim is {embedder.dim}"
         )
     if spec.query_pooling:
-        embedder = set_query_pooling(embedder, spec.query_pooling)
+        embedder = set_pooling(embedder, "query", spec.query_pooling)
+    if spec.document_pooling:
+        embedder = set_pooling(embedder, "document", spec.document_pooling)
     if spec.max_length:
         set_max_length(embedder, spec.max_length)
     return embedder
 
 
-def set_query_pooling(embedder, pooling: str):
-    """A new embedder whose query tower pools with ``pooling`` (cls | mean | last_token)."""
+def set_pooling(embedder, side: str, pooling: str):
+    """A new embedder whose ``side`` tower ("query" | "document") pools with ``pooling`` (cls | mean | last_token)."""
     from sentence_transformers.sentence_transformer.modules import Pooling
 
     from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.towers.modules import pooling_mode
 
     mode = pooling_mode(pooling)
-    modules = [
-        Pooling(m.get_embedding_dimension(), pooling_mode=mode) if isinstance(m, Pooling) else m
-        for m in embedder.query_modules
+    towers = {"query": embedder.query_modules, "document": embedder.document_modules}
+    towers[side] = [
+        Pooling(m.get_embedding_dimension(), pooling_mode=mode) if isinstance(m, Pooling) else m for m in towers[side]
     ]
-    embedder.config.query.pooling = pooling
-    return AsymmetricEmbedder(embedder.config, modules, embedder.document_modules, device=embedder.device)
+    getattr(embedder.config, side).pooling = pooling
+    return AsymmetricEmbedder(embedder.config, towers["query"], towers["document"], device=embedder.device)
 
 
 def set_max_length(embedder, max_length: int) -> None:
@@ -201,6 +203,7 @@ def run_recipe(
             vocab_from=recipe.model.vocab_from,
             max_length=recipe.model.max_length,
             query_pooling=recipe.model.query_pooling,
+            document_pooling=recipe.model.document_pooling,
         )
     if dry_run_steps is not None:
         recipe.model.max_length = min(recipe.model.max_length or DRY_RUN_MAX_LENGTH, DRY_RUN_MAX_LENGTH)
