@@ -44,8 +44,9 @@ def run(
         f"`care-retriever bench --model {model.name} --n-queries {n_queries} --index-docs {index_docs} "
         f"--search-sizes {' '.join(map(str, sizes))}`; full output in `docs/bench/bench.json`. Search "
         "latency is one query per call through the store's `search` (documents fetched from the docstore "
-        "included) on random unit vectors of the model's width; HNSW recall@10 is against exact search "
-        "on the same vectors.\n\n"
+        "included) on clustered synthetic unit vectors of the model's width, queried with noisy copies of "
+        "corpus vectors (real embeddings have near neighbours; uniform random ones do not); HNSW recall@10 "
+        "is against exact search on the same vectors.\n\n"
         f"{table}\n\n![query speed](bench/bench.png)\n"
     )
     return text, True
