@@ -3,10 +3,18 @@
     python benchmarks/training_stage1_cache.py                     # tiny query / mini document tower (CPU, minutes)
     python benchmarks/training_stage1_cache.py --document-preset base --steps 5 --max-length 32
     python benchmarks/training_stage1_cache.py --json out.json     # also write the numbers
+    python benchmarks/training_stage1_cache.py --query-preset mini --document-preset base --document-layers 9
+                                                                   # the paper's compute ratio (see below)
 
 CARE's query tower is small and its document tower large (paper: 305M vs 4B parameters), so the
 asymmetry is kept here: the towers are random-weight presets of different sizes (``--query-preset``,
-``--document-preset``; parameter counts are printed). Every configuration runs in its own process
+``--document-preset``, ``--document-layers`` to cut the document preset's depth; parameter counts are
+printed). What sets the speed-up is the ratio of per-token compute, i.e. of the parameters outside
+the embedding tables: gte-multilingual-base has ~85M of them (its 250k-token table is 192M more),
+Qwen3-4B ~3.6B, a ratio of ~43; a ``mini`` query tower (3.2M) with the ``base`` document tower cut
+to 9 layers (141M) has the same ratio. A student step costs about three forward passes of the
+student (forward, backward), so the cache can speed Stage I up by at most
+(3 S + T) / (3 S) for student and teacher forward costs S and T. Every configuration runs in its own process
 (so peak RSS is its own) on the shipped sample's texts with the same batches:
 
 - ``stage0-query``, ``stage0-document``, ``stage2``: the other stages, for reference;
@@ -38,11 +46,22 @@ SAMPLE = REPO / "care_retriever" / "data" / "sample"
 CONFIGS = ("stage0-query", "stage0-document", "stage1-cached", "stage1-recomputed", "stage2")
 
 
-def build_model(query_preset: str, document_preset: str, out: Path) -> None:
-    """A CARE model whose towers come from two (possibly different) presets, random weights."""
+def build_model(query_preset: str, document_preset: str, out: Path, document_layers: int = 0) -> None:
+    """A CARE model whose towers come from two (possibly different) presets, random weights;
+    ``document_layers`` (if > 0) replaces the document preset's depth."""
+    from dataclasses import replace
+
     from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.towers.presets import PRESETS
     from care_retriever.towers.scratch import build_random_towers, iter_vocab_texts
 
+    if document_layers:
+        base = PRESETS[document_preset]
+        document_preset = f"{document_preset}-{document_layers}l"
+        # Registered in this process only: the benchmark's own shape, not a preset users see.
+        PRESETS[document_preset] = replace(
+            base, name=document_preset, document={**base.document, "num_hidden_layers": document_layers}
+        )
     texts = list(iter_vocab_texts([SAMPLE / "corpus.jsonl", SAMPLE / "queries.jsonl"]))
     with tempfile.TemporaryDirectory() as tmp:
         q_dir, _ = build_random_towers(query_preset, texts, Path(tmp) / "q")
@@ -118,12 +137,25 @@ def worker(config: str, model: Path, folder: Path, steps: int, batch: int, max_l
     return result
 
 
-def parameter_counts(model: Path) -> tuple[int, int]:
+def parameter_counts(model: Path) -> dict[str, int]:
+    """All parameters of each tower, and those outside embedding tables (what per-token compute scales with)."""
+    import torch
+
     from care_retriever.embedder import AsymmetricEmbedder
 
     embedder = AsymmetricEmbedder.from_pretrained(model)
-    count = lambda modules: sum(p.numel() for m in modules for p in m.parameters())  # noqa: E731
-    return count(embedder.query_modules), count(embedder.document_modules)
+    counts = {}
+    for side, modules in (("query", embedder.query_modules), ("document", embedder.document_modules)):
+        counts[f"{side}_params"] = sum(p.numel() for m in modules for p in m.parameters())
+        embedding = sum(
+            p.numel()
+            for m in modules
+            for sub in m.modules()
+            if isinstance(sub, torch.nn.Embedding)
+            for p in sub.parameters()
+        )
+        counts[f"{side}_compute_params"] = counts[f"{side}_params"] - embedding
+    return counts
 
 
 def run_worker(args: argparse.Namespace, config: str, model: Path, folder: Path) -> dict:
@@ -143,6 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--query-preset", default="tiny")
     parser.add_argument("--document-preset", default="mini")
+    parser.add_argument("--document-layers", type=int, default=0, help="replace the document preset's depth")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--max-length", type=int, default=64)
@@ -176,13 +209,9 @@ def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:
     """Run every configuration (alternating, best of ``args.repeats``); results and a summary."""
     with tempfile.TemporaryDirectory(prefix="care-bench-stage1-") as tmp:
         model = Path(tmp) / "model"
-        build_model(args.query_preset, args.document_preset, model)
-        q_params, d_params = parameter_counts(model)
-        print(
-            f"towers: query {args.query_preset} ({q_params / 1e6:.1f}M params), document {args.document_preset} "
-            f"({d_params / 1e6:.1f}M params); batch {args.batch}, {args.steps} steps, max_length {args.max_length}",
-            flush=True,
-        )
+        build_model(args.query_preset, args.document_preset, model, args.document_layers)
+        counts = parameter_counts(model)
+        print(f"towers: {towers_text(vars(args), counts)}; batch {args.batch}, {args.steps} steps", flush=True)
         best: dict[str, dict] = {}
         for repeat in range(args.repeats):
             for config in args.only or CONFIGS:
@@ -192,7 +221,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:
                     best[config] = result
         results = [best[c] for c in args.only or CONFIGS]
     by_config = {r["config"]: r for r in results}
-    summary: dict = {"query_params": q_params, "document_params": d_params, "args": vars(args) | {"json": None}}
+    summary: dict = {**counts, "args": vars(args) | {"json": None}}
     if "stage1-cached" in by_config and "stage1-recomputed" in by_config:
         cached, recomputed = by_config["stage1-cached"], by_config["stage1-recomputed"]
         summary["speedup"] = cached["steps_per_s"] / recomputed["steps_per_s"]
@@ -200,13 +229,24 @@ def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:
     return results, summary
 
 
+def towers_text(args: dict, counts: dict) -> str:
+    layers = args.get("document_layers") or 0
+    document = f"`{args['document_preset']}`" + (f" cut to {layers} layers" if layers else "")
+    ratio = counts["document_compute_params"] / counts["query_compute_params"]
+    return (
+        f"query `{args['query_preset']}` ({counts['query_params'] / 1e6:.1f}M parameters, "
+        f"{counts['query_compute_params'] / 1e6:.1f}M outside embeddings), document {document} "
+        f"({counts['document_params'] / 1e6:.1f}M, {counts['document_compute_params'] / 1e6:.1f}M outside "
+        f"embeddings); compute ratio document/query {ratio:.0f}"
+    )
+
+
 def markdown(results: list[dict], summary: dict) -> str:
     """The table and the verdict, as printed and as written into docs/benchmarks.md."""
     args = summary["args"]
     cuda = "peak_cuda_mb" in results[0]
     lines = [
-        f"Towers: query `{args['query_preset']}` ({summary['query_params'] / 1e6:.1f}M parameters), document "
-        f"`{args['document_preset']}` ({summary['document_params'] / 1e6:.1f}M); batch {args['batch']}, "
+        f"Towers: {towers_text(args, summary)}; batch {args['batch']}, "
         f"{args['steps']} steps, max_length {args['max_length']}, best of {args['repeats']} alternating run(s).",
         "",
         f"| stage | steps/s | peak RSS (MB) |{' peak CUDA (MB) |' if cuda else ''}",
@@ -227,18 +267,24 @@ def markdown(results: list[dict], summary: dict) -> str:
 
 
 def run(preset: str = "base") -> tuple[str, bool]:
-    """Section of docs/benchmarks.md (``core_all.py``): Stage I cached vs recomputed, two tower ratios.
+    """Section of docs/benchmarks.md (``core_all.py``): Stage I cached vs recomputed at three compute ratios.
 
-    The paper's towers are 305M vs 4B/8B parameters (1:13, 1:27). The presets give a query tower of
-    the same preset as the document tower (``base``/``base``: 1:2, the least favourable case for the
-    cache) and a ``mini`` query tower (1:100 and more, more favourable than the paper): both are shown.
-    The verdict is the least favourable one's.
+    The paper pairs a ~85M-compute-parameter query tower with a 4B or 8B LLM (compute ratio ~43 and
+    ~85). ``mini`` / ``base`` cut to 9 layers has the 4B pairing's ratio and gives the verdict; the
+    ``base`` / ``base`` pair (ratio ~5, the least favourable) and ``mini`` / full ``base`` (beyond
+    the 8B pairing) bracket it.
     """
+    pairings = [
+        ("paper ratio (gte-multilingual-base : Qwen3-4B)", "mini", preset, 9),
+        ("least favourable (same preset both sides)", preset, preset, 0),
+        ("beyond the paper (8B side)", "mini", preset, 0),
+    ]
     sections, speedups = [], []
-    for query_preset in (preset, "mini" if preset != "mini" else "tiny"):
+    for title, query_preset, document_preset, layers in pairings:
         args = argparse.Namespace(
             query_preset=query_preset,
-            document_preset=preset,
+            document_preset=document_preset,
+            document_layers=layers,
             steps=6,
             batch=16,
             max_length=32,
@@ -247,14 +293,18 @@ def run(preset: str = "base") -> tuple[str, bool]:
             threads=0,
         )
         results, summary = measure(args)
-        sections.append(markdown(results, summary))
+        sections.append(f"**{title}.** " + markdown(results, summary))
         speedups.append(summary.get("speedup", 0.0))
+    passed = speedups[0] >= 3
     text = (
         f"### (g) Stage I teacher cache ({preset} document tower)\n\n"
         + "\n\n".join(sections)
-        + f"\n\nVerdict (least favourable tower ratio): **{verdict(min(speedups) >= 3)}**.\n"
+        + f"\n\nVerdict at the paper's compute ratio: **{verdict(passed)}** ({speedups[0]:.1f}x). The cache "
+        "removes the teacher's forward pass, so a step can be at most (3 S + T) / (3 S) times faster for "
+        "student and teacher forward costs S and T: with towers of the same size the bound is small, "
+        "and the larger the document tower, the larger the gain.\n"
     )
-    return text, min(speedups) >= 3
+    return text, passed
 
 
 if __name__ == "__main__":
