@@ -133,8 +133,20 @@ def test_matryoshka_dims_must_include_the_query_dim(tmp_path, data_dir, capsys) 
             "unknown training argument(s) ['logging_stepz']",
         ),
         ("name: x\n  bad: [\n", "invalid YAML"),
+        (
+            RECIPE.format(name="x", data="pairs.jsonl", fmt="pairs", extra_model=", document_pooling: max"),
+            "model.document_pooling 'max' unknown; available: ['cls', 'last_token', 'mean']",
+        ),
     ],
-    ids=["no-stages", "unknown-preset", "unknown-stage-type", "undefined-dataset", "unknown-argument", "yaml"],
+    ids=[
+        "no-stages",
+        "unknown-preset",
+        "unknown-stage-type",
+        "undefined-dataset",
+        "unknown-argument",
+        "yaml",
+        "unknown-pooling",
+    ],
 )
 def test_bad_recipes(tmp_path, data_dir, capsys, text, needle) -> None:
     code, err = train(capsys, recipe(tmp_path, name="x", text=text), tmp_path / "out", data_dir)

@@ -105,3 +105,27 @@ def test_miniature_ablations_dry_run_on_shared_data(shared_data: Path, tmp_path:
     small = json.loads((out / "models" / "small-symmetric" / "care_config.json").read_text())
     assert small["mode"] == "symmetric"
     assert (out / "final" / "care_config.json").is_file()
+
+
+def test_document_pooling_replaces_the_decoder_pooling_and_is_saved(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.towers.modules import tower_pooling
+    from care_retriever.training.runner import set_pooling
+
+    embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
+    assert tower_pooling(embedder.document_modules) == "last_token"
+    query_pooling = tower_pooling(embedder.query_modules)
+    texts = ["高血压患者应低盐饮食。", "糖尿病患者要控制主食的量，多吃蔬菜，按时监测血糖，遵医嘱用药。"]
+    before = embedder.embed_documents(texts)
+
+    pooled = set_pooling(embedder, "document", "mean")
+    assert tower_pooling(pooled.document_modules) == "mean"
+    assert tower_pooling(pooled.query_modules) == query_pooling
+    after = pooled.embed_documents(texts)
+    assert not np.allclose(before, after, atol=1e-4)  # another pooling, other vectors
+
+    reloaded = AsymmetricEmbedder.from_pretrained(pooled.save_pretrained(tmp_path / "m"))
+    assert reloaded.config.document.pooling == "mean"
+    np.testing.assert_allclose(reloaded.embed_documents(texts), after, atol=1e-5)
