@@ -3,6 +3,7 @@
     python benchmarks/make_results.py                          # BM25 on every task in ../shared/data/tasks
     python benchmarks/make_results.py --models OUT/model M2    # plus these models (CARE folders, ST models)
     python benchmarks/make_results.py --from-json a.jsonl      # reuse `care-retriever eval --json` output
+    python benchmarks/make_results.py --from-miniature m.json  # reuse training_miniature_report.py --json scores
 
 Every number in the document comes from ``care-retriever``'s evaluation harness (or a saved
 ``--json`` run of it); nothing is typed by hand. Query throughput for the plot is measured here, on
@@ -44,9 +45,7 @@ def run_evals(models: list[str], tasks_dir: Path) -> list[dict]:
         embedder = load_embedder(name)
         for task in tasks:
             print(f"evaluating {display_name(name)} on {task.name} ...", file=sys.stderr, flush=True)
-            result = evaluate(
-                embedder, task, model_name=display_name(name), timer=Timer(), show_progress=True
-            )
+            result = evaluate(embedder, task, model_name=display_name(name), timer=Timer(), show_progress=True)
             rows.append(result.to_dict())
         del embedder
     return rows
@@ -143,9 +142,7 @@ def speed_table(speeds: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def write_doc(
-    rows: list[dict], speeds: dict[str, dict], png: Path | None, out: Path, argv: list[str]
-) -> None:
+def write_doc(rows: list[dict], speeds: dict[str, dict], png: Path | None, out: Path, argv: list[str]) -> None:
     from core_common import machine_line
 
     from care_retriever.evaluation.report import comparison_table, detail_table
@@ -195,6 +192,28 @@ def write_doc(
     out.write_text("\n".join(parts) + "\n", encoding="utf-8")
 
 
+def miniature_rows(path: Path, tasks_dir: Path, skip: set[str]) -> list[dict]:
+    """Rows in `care-retriever eval --json` form from the miniature report's saved scores.
+
+    The report scored every model with the same harness (``evaluation.runner.evaluate``) and kept
+    each task's main score and metrics; models already among the rows (e.g. BM25) are skipped.
+    """
+    from care_retriever.evaluation.tasks import detect_type
+
+    saved = json.loads(path.read_text(encoding="utf-8"))["results"]
+    rows = []
+    for model, scores in saved.items():
+        if model in skip:
+            continue
+        for key, metrics in scores.items():
+            if not key.endswith("_metrics"):
+                continue
+            task = key[: -len("_metrics")]
+            kind, _ = detect_type(tasks_dir / task)
+            rows.append({"task": task, "type": kind, "main_score": scores[task], "metrics": metrics, "model": model})
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=[], help="Dense models besides BM25.")
@@ -212,6 +231,12 @@ def main() -> int:
         default=[],
         help="Models to time only (their scores come from --from-json; same names as there).",
     )
+    parser.add_argument(
+        "--from-miniature",
+        type=Path,
+        default=None,
+        help="`benchmarks/training_miniature_report.py --json` output: its models' scores (same harness).",
+    )
     parser.add_argument("--no-bm25", action="store_true", help="Skip BM25 (e.g. when it is in --from-json).")
     parser.add_argument("--speed-queries", type=int, default=64)
     parser.add_argument("--out", type=Path, default=DOCS / "results.md")
@@ -224,14 +249,12 @@ def main() -> int:
     rows = []
     for path in args.from_json:
         rows += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if args.from_miniature:
+        rows += miniature_rows(args.from_miniature, args.tasks_dir, skip={r["model"] for r in rows})
     to_run = ([] if args.no_bm25 else ["bm25"]) + args.models
     rows += run_evals(to_run, args.tasks_dir)
-    speeds = query_speed(
-        args.models + args.time_models, args.tasks_dir / "kuake-qtr-retrieval", args.speed_queries
-    )
-    (args.out.with_suffix(".jsonl")).write_text(
-        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    )
+    speeds = query_speed(args.models + args.time_models, args.tasks_dir / "kuake-qtr-retrieval", args.speed_queries)
+    (args.out.with_suffix(".jsonl")).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     png = plot(rows, speeds, args.out.with_suffix(".png"))
     write_doc(rows, speeds, png, args.out, sys.argv[1:])
     print(f"wrote {args.out} in {time.time() - start:.0f}s", file=sys.stderr)
