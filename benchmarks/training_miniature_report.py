@@ -207,6 +207,15 @@ def write_doc(args, run_state: dict, results: dict[str, dict], gap: float | None
             "so there is no gap to close; the asymmetric model scores "
             f"{asym['avg']:.4f}."
         )
+    if large and asym:
+        # What the asymmetric model keeps of its own document tower used on both sides (the LLM path):
+        # the part of the paper's claim that this miniature can test whatever the tower sizes.
+        task = RETRIEVAL[0]
+        lines.append(
+            f"- The asymmetric model keeps {asym['avg'] / large['avg'] * 100:.1f}% of its document tower's "
+            f"symmetric Avg ({asym['avg']:.4f} vs {large['avg']:.4f}; {task} "
+            f"{asym[task] / large[task] * 100:.1f}%), with the small tower's query path."
+        )
     else:
         lines.append("- Target 2 (gap closure) needs the ablation run (`miniature-ablations.yaml`).")
     reports = run_state.get("reports", [])
