@@ -145,6 +145,12 @@ def test_final_model_is_the_last_stage_and_loads(trained, data_dir: Path) -> Non
     stage1 = AsymmetricEmbedder.from_pretrained(trained.out / "stages" / "stage1")
     assert stage0.space_fingerprint == stage1.space_fingerprint
     assert stage1.space_fingerprint != final.space_fingerprint
+    # ... through the transformer only: the Matryoshka truncation is still an identity slice
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    (dense,) = [m for m in final.document_modules if isinstance(m, Dense)]
+    weight = dense.linear.weight.detach()
+    np.testing.assert_array_equal(weight.numpy(), np.eye(weight.shape[1], dtype=np.float32)[: weight.shape[0]])
 
 
 def test_stage1_reads_a_memory_mapped_teacher_cache_that_is_reused(trained, data_dir: Path) -> None:

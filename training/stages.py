@@ -156,6 +156,17 @@ def set_trainable(modules: list | None, flag: bool) -> None:
             param.requires_grad_(flag)
 
 
+def freeze_truncation(modules: list | None) -> None:
+    """Keep the document tower's Matryoshka truncation (an identity ``Dense``) fixed.
+
+    The paper has no projection layer: the first d dims of the document embedding are the shared
+    space. Left trainable, Stage II would turn the slice into a learned projection (outside LoRA).
+    """
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    set_trainable([m for m in modules or [] if isinstance(m, Dense)], False)
+
+
 def temperature(ctx: StageContext, stage: StageSpec) -> float:
     return float(option(ctx, stage, "temperature", DEFAULT_TEMPERATURE))
 
@@ -474,6 +485,7 @@ def stage2_joint(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
     examples, num = add_hard_negatives(ctx, stage, embedder, examples)
     lora = LoraSpec.from_options(stage.options.get("lora"), where)
     set_trainable(embedder.query_modules, True)
+    freeze_truncation(embedder.document_modules)
     if lora is not None:
         trainable = add_lora(embedder.document_modules, lora, seed=ctx.seed)
         logger.info(
