@@ -210,7 +210,8 @@ def miniature_rows(path: Path, tasks_dir: Path, skip: set[str]) -> list[dict]:
                 continue
             task = key[: -len("_metrics")]
             kind, _ = detect_type(tasks_dir / task)
-            rows.append({"task": task, "type": kind, "main_score": scores[task], "metrics": metrics, "model": model})
+            row = {"task": task, "type": kind, "main_score": scores[task], "metrics": metrics, "model": model}
+            rows.append({**row, "seconds": scores.get(f"{task}_seconds")})
     return rows
 
 

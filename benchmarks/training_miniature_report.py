@@ -115,6 +115,7 @@ def main() -> None:
             result = evaluate(embedder, task, model_name=name, show_progress=True)
             row[task_name] = result.main_score
             row[f"{task_name}_metrics"] = result.metrics
+            row[f"{task_name}_seconds"] = result.seconds
             print(f"{name} {task_name}: {result.main_score}", flush=True)
         if name != "bm25":
             row.update(

@@ -47,14 +47,15 @@ def detail_table(results: Sequence[TaskResult], *, digits: int = 4) -> str:
     for r in results:
         if r.skipped:
             lines.append(
-                f"| {r.model} | {r.task} | {r.type} | n/a | skipped: {r.skipped} | {r.seconds:.1f} | |"
+                f"| {r.model} | {r.task} | {r.type} | n/a | skipped: {r.skipped} | {_fmt(r.seconds, 1)} | |"
             )
             continue
         metrics = ", ".join(f"{k} {v:.{digits}f}" for k, v in r.metrics.items())
         overhead = r.timing.get("overhead_fraction")
         share = "" if overhead is None else f"{100 * overhead:.1f}%"
         main = _fmt(r.main_score, digits)
-        lines.append(f"| {r.model} | {r.task} | {r.type} | {main} | {metrics} | {r.seconds:.1f} | {share} |")
+        # seconds is None for scores carried over from a report that did not keep the wall time
+        lines.append(f"| {r.model} | {r.task} | {r.type} | {main} | {metrics} | {_fmt(r.seconds, 1)} | {share} |")
     return "\n".join(lines)
 
 
