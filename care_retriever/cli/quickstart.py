@@ -16,7 +16,7 @@ def quickstart(
     recipe: Annotated[str, typer.Option(help="Recipe to train (default: the bundled quickstart).")] = "quickstart",
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
 ) -> None:
-    """Build a miniature CARE from scratch on the shipped sample (offline, ~5 min on 2 CPU cores)."""
+    """Build a miniature CARE from scratch on the shipped sample (offline, about a minute on 2 idle CPU cores)."""
     from care_retriever.cli.core import quiet_transformers
     from care_retriever.training import require
 
