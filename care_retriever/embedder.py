@@ -200,7 +200,7 @@ class AsymmetricEmbedder:
         q_tf = load_transformer(
             query_model, max_length=max_length, dtype=torch_dtype, trust_remote_code=trust_remote_code
         )
-        q_is_decoder = _is_decoder(q_tf)
+        q_is_decoder = is_decoder(q_tf)
         q_pool = query_pooling or ("last_token" if q_is_decoder else "cls")
         if q_pool == "last_token":
             ensure_eos_appended(q_tf.tokenizer)
@@ -433,7 +433,8 @@ class AsymmetricEmbedder:
 
 
 # ---------------------------------------------------------------------- helpers
-def _is_decoder(transformer: Transformer) -> bool:
+def is_decoder(transformer: Transformer) -> bool:
+    """Whether the tower is a decoder (causal attention) rather than a bidirectional encoder."""
     config = transformer.auto_model.config
     archs = getattr(config, "architectures", None) or []
     return (

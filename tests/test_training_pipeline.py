@@ -234,3 +234,71 @@ def test_score_distillation_baseline_from_a_saved_model(trained, data_dir: Path,
     assert exported.mode == "symmetric"
     teacher = AsymmetricEmbedder.from_pretrained(trained.out / "stages" / "stage0-document")
     assert exported.space_fingerprint != teacher.space_fingerprint  # the query tower is the document side now
+
+
+def test_language_model_pretraining_trains_each_tower_in_place(data_dir: Path, tmp_path: Path) -> None:
+    """``mlm`` pretrains the BERT query tower, ``clm`` the decoder document tower (next-token loss);
+    the LM heads are discarded: each saved tower keeps its architecture, with new weights."""
+    import torch
+
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.training.recipe import parse_recipe
+    from care_retriever.training.runner import run_recipe
+
+    raw = {
+        "name": "lm-pretraining",
+        "model": {"preset": "tiny", "vocab_from": ["pairs.jsonl"], "max_length": 32},
+        "datasets": {"pairs": {"path": "pairs.jsonl"}},
+        "defaults": {
+            "per_device_train_batch_size": 16,
+            "learning_rate": 5e-3,
+            "num_train_epochs": 4,
+            "logging_steps": 1,
+        },
+        "stages": [
+            {"name": "mlm", "type": "mlm", "datasets": ["pairs"]},
+            {"name": "clm", "type": "clm", "datasets": ["pairs"]},
+        ],
+    }
+    result = run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False)
+    reports = {r["name"]: r for r in result.reports}
+    for name in ("mlm", "clm"):
+        logs = [json.loads(line) for line in (result.out / "logs" / f"{name}.jsonl").read_text().splitlines()]
+        losses = [row["loss"] for row in logs if "loss" in row]
+        assert reports[name]["examples"] == 96  # 48 unique queries + 48 unique answers
+        assert np.mean(losses[-3:]) < np.mean(losses[:3]), (name, losses)
+    init = AsymmetricEmbedder.from_pretrained(result.out / "stages" / "init")
+    after_mlm = AsymmetricEmbedder.from_pretrained(result.out / "stages" / "mlm")
+    final = AsymmetricEmbedder.from_pretrained(result.final)
+
+    def weights(embedder: AsymmetricEmbedder, side: str) -> dict[str, torch.Tensor]:
+        modules = embedder.query_modules if side == "query" else embedder.document_modules
+        return {k: v.clone() for k, v in modules[0].auto_model.state_dict().items()}
+
+    def changed(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+        assert a.keys() == b.keys()  # no LM head left behind in the tower
+        return any(not torch.equal(a[k], b[k]) for k in a)
+
+    assert changed(weights(init, "query"), weights(after_mlm, "query"))
+    assert not changed(weights(init, "document"), weights(after_mlm, "document"))
+    assert changed(weights(after_mlm, "document"), weights(final, "document"))
+    assert not changed(weights(after_mlm, "query"), weights(final, "query"))
+    assert type(final.document_modules[0].auto_model).__name__ == "Qwen3Model"
+
+
+def test_clm_refuses_an_encoder_document_tower(trained, data_dir: Path, tmp_path: Path) -> None:
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.errors import InputError
+    from care_retriever.training.recipe import parse_recipe
+    from care_retriever.training.runner import export_model, run_recipe
+
+    symmetric = tmp_path / "symmetric"
+    export_model(AsymmetricEmbedder.from_pretrained(trained.final), "query-symmetric", symmetric)
+    raw = {
+        "name": "clm-on-bert",
+        "model": {"path": str(symmetric)},
+        "datasets": {"pairs": {"path": "pairs.jsonl"}},
+        "stages": [{"name": "clm", "type": "clm", "datasets": ["pairs"]}],
+    }
+    with pytest.raises(InputError, match="causal-LM pretraining needs a decoder document tower, got BertModel"):
+        run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False)

@@ -32,6 +32,7 @@ from care_retriever.errors import InputError
 
 STAGE_TYPES = (
     "mlm",  # masked-LM pretraining of a from-scratch query tower (the paper uses RetroMAE)
+    "clm",  # causal-LM pretraining of a from-scratch decoder document tower (how LLMs are pretrained)
     "stage0_query",  # symmetric InfoNCE of the query tower
     "stage0_document",  # symmetric InfoNCE + Matryoshka of the document tower through LoRA
     "stage1_align",  # query alignment against the frozen document tower (cached teacher)
@@ -293,7 +294,7 @@ def _stage(raw: Any, index: int, source: str, previous: list[StageSpec], dataset
     for ds in referenced:
         if ds not in datasets:
             raise InputError(f"{where}: dataset {ds!r} is not defined under 'datasets'")
-    if kind in {"stage0_query", "stage0_document", "stage2_joint", "distill", "mlm"} and not names:
+    if kind in {"stage0_query", "stage0_document", "stage2_joint", "distill", "mlm", "clm"} and not names:
         raise InputError(f"{where}: needs 'datasets'")
     if kind == "stage1_align" and not (names or alignment):
         raise InputError(f"{where}: needs 'alignment' (queries/documents datasets) or 'datasets'")

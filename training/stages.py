@@ -13,7 +13,8 @@ through sentence-transformers models that *share* its modules:
 - ``stage2_joint``: both towers, the document tower through LoRA; ``MultipleNegativesRankingLoss``
   with anchors routed to ``query`` and candidates to ``document`` (that is Asym-InfoNCE), hard
   negatives plus in-batch negatives, one learning rate.
-- ``mlm`` (in :mod:`care_retriever.training.mlm`): masked-LM pretraining of a from-scratch query tower.
+- ``mlm`` / ``clm`` (in :mod:`care_retriever.training.pretraining`): masked-LM pretraining of a
+  from-scratch query tower / causal-LM pretraining of a from-scratch decoder document tower.
 """
 
 from __future__ import annotations
@@ -553,13 +554,20 @@ def distill(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
 
 
 def run_mlm(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
-    from care_retriever.training.mlm import stage_mlm
+    from care_retriever.training.pretraining import stage_mlm
 
     return stage_mlm(ctx, stage, embedder)
 
 
+def run_clm(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+    from care_retriever.training.pretraining import stage_clm
+
+    return stage_clm(ctx, stage, embedder)
+
+
 STAGES: dict[str, Callable[[StageContext, StageSpec, Any], StageReport]] = {
     "mlm": run_mlm,
+    "clm": run_clm,
     "stage0_query": stage0_query,
     "stage0_document": stage0_document,
     "stage1_align": stage1_align,
