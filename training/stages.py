@@ -322,7 +322,9 @@ def stage0_document(ctx: StageContext, stage: StageSpec, embedder) -> StageRepor
         if isinstance(module, Pooling):
             break
     model = SentenceTransformer(modules=[*untruncated, Normalize()], device=str(embedder.device))
-    loss = MatryoshkaLoss(model, contrastive_loss(ctx, stage, model), matryoshka_dims=dims)
+    # The paper's MRL loss is the mean over the nested dims (MatryoshkaLoss's default weights sum them).
+    weights = [1.0 / len(dims)] * len(dims)
+    loss = MatryoshkaLoss(model, contrastive_loss(ctx, stage, model), matryoshka_dims=dims, matryoshka_weights=weights)
     try:
         report = fit(ctx, stage, model, _pair_dataset(examples), loss, examples=len(examples))
     finally:
