@@ -92,6 +92,7 @@ def test_miniature_ablations_dry_run_on_shared_data(shared_data: Path, tmp_path:
     assert state["done"] == [
         "init",
         "stage0-query",
+        "clm-document",
         "stage0-document",
         "stage1",
         "stage2",
