@@ -181,7 +181,14 @@ def write_doc(args, run_state: dict, results: dict[str, dict], gap: float | None
         "Nothing in this file is typed by hand: re-run the script to refresh it.",
         "",
         "Models are trained from scratch (`mini` preset: 4-layer 256-wide BERT query tower, 6-layer 384-wide "
-        "decoder document tower) on `../shared/data/train`, and scored by the evaluation harness "
+        "decoder document tower) on `../shared/data/train`"
+        + (
+            ", the document tower pretrained first with one epoch of next-token prediction over the training "
+            "texts (`clm` stage), as an LLM tower would be"
+            if any(r.get("type") == "clm" for r in run_state.get("reports", []))
+            else ""
+        )
+        + ", and scored by the evaluation harness "
         "(`care-retriever eval`) on the dev halves of `../shared/data/tasks`: nDCG@10 for retrieval, MAP@10 for "
         "rerank, Pearson for STS. Retr. = mean of the two retrieval tasks; Avg = mean of Retr. and Rerank (the "
         "paper's Tables 4 and 5). BM25 is bm25s over jieba tokens (no sentence embedding, so no STS). "
