@@ -14,7 +14,6 @@ is discarded afterwards) and trains it with the Hugging Face ``Trainer`` and
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from care_retriever.embedder import is_decoder
@@ -59,6 +58,7 @@ def stage_mlm(ctx: Any, stage: Any, embedder: Any):
 
 def stage_clm(ctx: Any, stage: Any, embedder: Any):
     """Causal-LM pretraining of the document tower (a decoder with a ``*ForCausalLM`` class)."""
+    import torch
     from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, PreTrainedModel
 
     transformer = transformer_of(embedder.document_modules)
@@ -68,8 +68,6 @@ def stage_clm(ctx: Any, stage: Any, embedder: Any):
         raise InputError(
             f"stage {stage.name!r}: causal-LM pretraining needs a decoder document tower, got {type(decoder).__name__}"
         )
-    import torch
-
     # Built on the meta device: its own copy of the decoder is never allocated, only replaced.
     with torch.device("meta"):
         lm = lm_class(decoder.config)
@@ -92,8 +90,8 @@ def _pretrain(ctx: Any, stage: Any, transformer: Any, lm: Any, collator: Any):
     from datasets import Dataset
     from transformers import Trainer
 
-    from care_retriever.training.engine import JsonlLogCallback, build_arguments, last_checkpoint
-    from care_retriever.training.stages import StageReport, limit_for_dry_run, trainer_settings
+    from care_retriever.training.engine import JsonlLogCallback, build_arguments
+    from care_retriever.training.stages import limit_for_dry_run, train_stage, trainer_settings
 
     texts = limit_for_dry_run(ctx, stage, pretraining_texts(ctx, stage))
     encoded = transformer.tokenizer(texts, truncation=True, max_length=transformer.max_seq_length or 512)
@@ -111,15 +109,4 @@ def _pretrain(ctx: Any, stage: Any, transformer: Any, lm: Any, collator: Any):
         data_collator=collator,
         callbacks=[JsonlLogCallback(ctx.out / "logs" / f"{stage.name}.jsonl", stage.name)],
     )
-    checkpoint = last_checkpoint(output_dir) if ctx.resume else None
-    start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=checkpoint)
-    losses = [float(row["loss"]) for row in trainer.state.log_history if "loss" in row]
-    return StageReport(
-        stage.name,
-        stage.type,
-        examples=len(texts),
-        steps=trainer.state.global_step,
-        seconds=time.perf_counter() - start,
-        losses=losses,
-    )
+    return train_stage(ctx, stage, trainer, output_dir, examples=len(texts))

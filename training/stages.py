@@ -236,6 +236,11 @@ def fit(
         callbacks=[JsonlLogCallback(ctx.out / "logs" / f"{stage.name}.jsonl", stage.name)],
         care_fingerprint=ctx.fingerprint,
     )
+    return train_stage(ctx, stage, trainer, output_dir, examples=examples)
+
+
+def train_stage(ctx: StageContext, stage: StageSpec, trainer, output_dir: Path, *, examples: int) -> StageReport:
+    """Run a built trainer (resuming from the stage's last checkpoint) and report its steps, time and losses."""
     checkpoint = last_checkpoint(output_dir) if ctx.resume else None
     if checkpoint:
         logger.info("stage %s: resuming from %s", stage.name, checkpoint)
