@@ -9,26 +9,34 @@ chunk's texts over all ranks: rank ``r`` encodes the disjoint slice ``texts[r::w
 document tower on its own device, rank 0 gathers the vectors back in order. The result is the index
 a single process would build (same ids, same order); killing the job and running the same command
 again resumes from rank 0's last checkpoint. NCCL on GPUs, gloo on CPU; across nodes use torchrun's
-rendezvous (see docs/scale.md). Without torchrun it is an ordinary single-process run.
+rendezvous (see docs/scale.md).
+
+``care-retriever index`` is this code with a world of one process: one option set
+(:class:`IndexSettings`), one :func:`run_index`, one ``main`` (``python -m care_retriever.index ARGS``
+is ``care-retriever index ARGS``).
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import typer
 
-from care_retriever.errors import CareError, InputError, ModelError
+from care_retriever.errors import InputError, ModelError
+
+if TYPE_CHECKING:
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.embedder_protocol import Embedder
 
 logger = logging.getLogger("care_retriever")
+
+BACKENDS = ("auto", "nccl", "gloo")
 
 
 @dataclass
@@ -63,8 +71,6 @@ def init_distributed(backend: str, device: str | None, timeout_minutes: float) -
     wants_gpu = device is None or device.startswith("cuda")
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() and wants_gpu else "gloo"
-    if backend not in ("nccl", "gloo"):
-        raise InputError(f"--backend must be auto, nccl or gloo, got {backend!r}")
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise InputError("--backend nccl needs CUDA GPUs; use gloo on CPU")
@@ -79,13 +85,13 @@ def init_distributed(backend: str, device: str | None, timeout_minutes: float) -
 class ShardedEncoder:
     """Rank 0's encoder: scatter texts over the ranks, encode this rank's slice, gather in order."""
 
-    def __init__(self, embedder: Any, group: Dist, batch_size: int) -> None:
+    def __init__(self, embedder: Embedder, group: Dist, batch_size: int) -> None:
         self.embedder = embedder
         self.group = group
         self.batch_size = batch_size
         self.truncated = 0
 
-    def _encode_slice(self, texts: list[str]) -> np.ndarray:
+    def encode_slice(self, texts: list[str]) -> np.ndarray:
         from care_retriever.encoding import encode_texts
 
         stats: dict[str, int] = {}
@@ -103,7 +109,7 @@ class ShardedEncoder:
         dist.scatter_object_list(mine, slices, src=0)
         error: Exception | None = None
         try:
-            local: Any = self._encode_slice(mine[0])
+            local: Any = self.encode_slice(mine[0])
         except Exception as exc:  # still take part in the gather, or the workers would wait there forever
             error, local = exc, _Failure(0, str(exc))
         gathered: list[Any] = [None] * world
@@ -118,17 +124,19 @@ class ShardedEncoder:
             out[r::world] = part
         return out
 
-    def stop(self) -> None:
-        """Release the workers (they wait in scatter for the next chunk) and collect their truncation counts."""
-        import torch.distributed as dist
 
-        dist.scatter_object_list([None], [None] * self.group.world, src=0)
-        counts: list[Any] = [None] * self.group.world
-        dist.gather_object(self.truncated, counts, dst=0)
-        self.truncated = sum(int(c) for c in counts)
+def release_workers(group: Dist, own_truncated: int) -> int:
+    """Rank 0: release the workers (they wait in scatter for the next chunk); return the truncated count
+    summed over all ranks."""
+    import torch.distributed as dist
+
+    dist.scatter_object_list([None], [None] * group.world, src=0)
+    counts: list[Any] = [None] * group.world
+    dist.gather_object(own_truncated, counts, dst=0)
+    return sum(int(c) for c in counts)
 
 
-def serve_encoding(embedder: Any, group: Dist, batch_size: int) -> int:
+def serve_encoding(embedder: Embedder, group: Dist, batch_size: int) -> int:
     """A worker rank: encode the slices rank 0 scatters until it sends None; return the truncated count."""
     import torch.distributed as dist
 
@@ -140,44 +148,75 @@ def serve_encoding(embedder: Any, group: Dist, batch_size: int) -> int:
             dist.gather_object(encoder.truncated, None, dst=0)
             return encoder.truncated
         try:
-            local: Any = encoder._encode_slice(mine[0])
+            local: Any = encoder.encode_slice(mine[0])
         except Exception as exc:  # reported to rank 0, which raises it; a bare crash would hang the job
             local = _Failure(group.rank, f"{type(exc).__name__}: {exc}")
         dist.gather_object(local, None, dst=0)
 
 
-def run_index(
-    *,
-    model: str,
-    corpus: Path,
-    store: str,
-    collection: str | None = None,
-    batch_size: int = 16,
-    chunk_size: int = 1024,
-    checkpoint_every: int = 8192,
-    index_options: dict[str, Any] | None = None,
-    prune: bool = False,
-    skip_invalid: bool = False,
-    device: str | None = None,
-    backend: str = "auto",
-    timeout_minutes: float = 120.0,
-    progress: bool = True,
-) -> dict[str, Any] | None:
-    """Index ``corpus`` into ``store`` with all ranks of the job; rank 0 returns the report, others None."""
-    from care_retriever.embedder import AsymmetricEmbedder
+@dataclass(frozen=True)
+class IndexSettings:
+    """The one option set of ``care-retriever index`` and ``torchrun -m care_retriever.index``."""
 
-    if batch_size < 1 or chunk_size < 1 or checkpoint_every < 1:
-        raise InputError("--batch-size, --chunk-size and --checkpoint-every must be >= 1")
-    group, device = init_distributed(backend, device, timeout_minutes)
-    try:
-        _quiet_transformers()
-        embedder = AsymmetricEmbedder.from_pretrained(model, load="document", device=device)
-        if group.rank != 0:
-            serve_encoding(embedder, group, batch_size)  # returns once rank 0 has released the workers
+    model: str
+    corpus: Path
+    store: str
+    collection: str | None = None
+    batch_size: int = 16
+    chunk_size: int = 1024
+    checkpoint_every: int = 8192
+    index_type: str = "flat"
+    hnsw_m: int = 32
+    ef_construction: int = 200
+    ef_search: int = 128
+    nlist: int = 1024
+    nprobe: int = 32
+    pq_m: int = 96
+    update: bool = False
+    prune: bool = False
+    skip_invalid: bool = False
+    device: str | None = None
+    backend: str = "auto"
+    timeout_minutes: float = 120.0
+    progress: bool = True
+
+    def validate(self) -> None:
+        """Every check that needs neither the corpus nor the model: a bad option fails before any work."""
+        from care_retriever.stores.base import FAISS_INDEX_TYPES
+
+        if min(self.batch_size, self.chunk_size, self.checkpoint_every) < 1:
+            raise InputError("--batch-size, --chunk-size and --checkpoint-every must be >= 1")
+        if self.index_type not in FAISS_INDEX_TYPES:
+            raise InputError(
+                f"Unknown --index-type {self.index_type!r}. Available index types: {list(FAISS_INDEX_TYPES)}"
+            )
+        if min(self.hnsw_m, self.ef_construction, self.ef_search, self.nlist, self.nprobe, self.pq_m) < 1:
+            raise InputError("--hnsw-m, --ef-construction, --ef-search, --nlist, --nprobe and --pq-m must be >= 1")
+        if self.backend not in BACKENDS:
+            raise InputError(f"Unknown --backend {self.backend!r}. Available backends: {list(BACKENDS)}")
+        if not self.timeout_minutes > 0:
+            raise InputError(f"--timeout-minutes must be > 0, got {self.timeout_minutes}")
+
+    def index_options(self) -> dict[str, Any] | None:
+        """The FAISS build and search settings kept in the store's manifest (Qdrant takes none)."""
+        if not self.store.startswith("faiss:"):
             return None
-        return _write(embedder, group, corpus=corpus, store=store, collection=collection, batch_size=batch_size,
-                      chunk_size=chunk_size, checkpoint_every=checkpoint_every, index_options=index_options,
-                      prune=prune, skip_invalid=skip_invalid, progress=progress)
+        return {"type": self.index_type, "m": self.hnsw_m, "ef_construction": self.ef_construction,
+                "ef_search": self.ef_search, "nlist": self.nlist, "nprobe": self.nprobe, "pq_m": self.pq_m}
+
+
+def run_index(settings: IndexSettings) -> dict[str, Any] | None:
+    """Index ``settings.corpus`` into ``settings.store`` with every rank of the job (one without torchrun).
+
+    Rank 0 returns the report; the other ranks return None once rank 0 has released them.
+    """
+    settings.validate()
+    group, device = init_distributed(settings.backend, settings.device, settings.timeout_minutes)
+    try:
+        if group.rank != 0:
+            serve_encoding(load_document_tower(settings.model, device), group, settings.batch_size)
+            return None
+        return _write(settings, group, device)
     finally:
         if group.active:
             import torch.distributed as dist
@@ -185,94 +224,57 @@ def run_index(
             dist.destroy_process_group()
 
 
-def _write(embedder: Any, group: Dist, *, corpus: Path, store: str, collection: str | None, batch_size: int,
-           chunk_size: int, checkpoint_every: int, index_options: dict[str, Any] | None, prune: bool,
-           skip_invalid: bool, progress: bool) -> dict[str, Any]:
+def load_document_tower(model: str, device: str | None) -> AsymmetricEmbedder:
+    from care_retriever.cli.core import quiet_transformers
+    from care_retriever.embedder import AsymmetricEmbedder
+
+    quiet_transformers()
+    return AsymmetricEmbedder.from_pretrained(model, load="document", device=device)
+
+
+def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str, Any]:
+    """Rank 0: validate the corpus and the store, then run the writer (its chunks scattered over the ranks)."""
     from care_retriever.corpus import corpus_file, read_corpus
+    from care_retriever.stores import open_store
     from care_retriever.writer import DocumentStoreWriter
 
-    encoder = ShardedEncoder(embedder, group, batch_size) if group.active else None
+    encoder: ShardedEncoder | None = None
+    target = None
+    truncated_all_ranks = 0
     try:
-        file = corpus_file(corpus)
+        file = corpus_file(settings.corpus)
         # Validate the whole corpus before the first write, so bad input leaves the store untouched.
-        total = sum(1 for _ in read_corpus(file, skip_invalid=skip_invalid))
-        writer = DocumentStoreWriter(embedder, store, collection=collection, batch_size=batch_size,
-                                     chunk_size=chunk_size, checkpoint_every=checkpoint_every,
-                                     index_options=index_options, show_progress=progress, encoder=encoder)
-        report = writer.write(read_corpus(file, skip_invalid=skip_invalid), total=total, prune_ids_not_in=prune)
-        writer.store.close()
+        total = sum(1 for _ in read_corpus(file, skip_invalid=settings.skip_invalid))
+        target = open_store(settings.store, collection=settings.collection)
+        if settings.update and target.manifest is None:
+            raise InputError(f"--update: {target.describe()} holds no index yet (a mistyped path?); "
+                             "drop --update to build a new one")
+        embedder = load_document_tower(settings.model, device)
+        encoder = ShardedEncoder(embedder, group, settings.batch_size) if group.active else None
+        writer = DocumentStoreWriter(embedder, target, batch_size=settings.batch_size, chunk_size=settings.chunk_size,
+                                     checkpoint_every=settings.checkpoint_every,
+                                     index_options=settings.index_options(), show_progress=settings.progress,
+                                     encoder=encoder)
+        report = writer.write(read_corpus(file, skip_invalid=settings.skip_invalid), total=total,
+                              prune_ids_not_in=settings.prune)
     finally:
-        if encoder is not None:  # also on error: a worker left waiting in scatter would hang the job
-            encoder.stop()
-    if encoder is not None:
-        report.truncated += encoder.truncated
-        if encoder.truncated:
+        if target is not None:
+            target.close()
+        if group.active:  # also on error: a worker left waiting in scatter would hang the job
+            truncated_all_ranks = release_workers(group, encoder.truncated if encoder is not None else 0)
+    if encoder is not None:  # the writer counted nothing itself: every chunk went through the ranks
+        report.truncated += truncated_all_ranks
+        if truncated_all_ranks:
             logger.warning("%d documents reached the document tower's max length and were truncated",
-                           encoder.truncated)
+                           truncated_all_ranks)
     return {**report.to_dict(), "world_size": group.world, "backend": group.backend or "single-process"}
 
 
-def _quiet_transformers() -> None:
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-
-
-@app.command()
-def index(
-    model: Annotated[str, typer.Option(help="CARE model folder or hub id.")],
-    corpus: Annotated[Path, typer.Option(help="JSONL, BEIR folder or text corpus (read by rank 0 only).")],
-    store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333")],
-    collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
-    batch_size: Annotated[int, typer.Option(help="Documents per forward pass, per rank.")] = 16,
-    chunk_size: Annotated[int, typer.Option(help="Documents per scatter (split over all ranks).")] = 1024,
-    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint the store every N encoded documents.")] = 8192,
-    index_type: Annotated[str, typer.Option(help="FAISS index: flat | hnsw | ivf.")] = "flat",
-    hnsw_m: Annotated[int, typer.Option(help="HNSW neighbours per node.")] = 32,
-    nlist: Annotated[int, typer.Option(help="IVF lists.")] = 1024,
-    prune: Annotated[bool, typer.Option(help="Also delete stored documents whose id is not in the corpus.")] = False,
-    skip_invalid: Annotated[bool, typer.Option(help="Skip invalid rows instead of stopping.")] = False,
-    device: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda:LOCAL_RANK when available).")] = None,
-    backend: Annotated[str, typer.Option(help="torch.distributed backend: auto (nccl on GPUs, else gloo).")] = "auto",
-    timeout_minutes: Annotated[float, typer.Option(help="Collective timeout (rank 0 validates the corpus "
-                                                        "while the others wait).")] = 120.0,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar (rank 0).")] = True,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON (rank 0).")] = False,
-) -> None:
-    """Encode a corpus over all torchrun ranks and write one FAISS or Qdrant store."""
-    options = {"type": index_type, "m": hnsw_m, "nlist": nlist} if store.startswith("faiss:") else None
-    report = run_index(model=model, corpus=corpus, store=store, collection=collection, batch_size=batch_size,
-                       chunk_size=chunk_size, checkpoint_every=checkpoint_every, index_options=options, prune=prune,
-                       skip_invalid=skip_invalid, device=device, backend=backend, timeout_minutes=timeout_minutes,
-                       progress=progress)
-    if report is None:
-        return
-    if json_out:
-        typer.echo(json.dumps(report, ensure_ascii=False))
-    else:
-        typer.echo(f"{report['store']}: {report['added']} added, {report['updated']} updated, "
-                   f"{report['unchanged']} unchanged, {report['deleted']} deleted; {report['count']} documents "
-                   f"({report['docs_per_second']:.1f} docs/s over {report['world_size']} process(es))")
-
-
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    try:
-        app(args=argv, prog_name="python -m care_retriever.index")
-    except CareError as exc:
-        if os.environ.get("CARE_DEBUG"):
-            raise
-        rank = os.environ.get("RANK")
-        typer.secho(f"error: {'rank ' + rank + ': ' if rank else ''}{exc}", err=True, fg="red")
-        return exc.exit_code
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return 0
+    """``python -m care_retriever.index ...`` (what torchrun starts) is ``care-retriever index ...``."""
+    from care_retriever.cli.main import main as cli_main
+
+    return cli_main(["index", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -27,14 +27,6 @@ def _load_embedder(model: str, load: str, device: str | None):
     return AsymmetricEmbedder.from_pretrained(model, load=load, device=device)
 
 
-def _count_lines(path: Path) -> int | None:
-    try:
-        with path.open("rb") as fh:
-            return sum(1 for line in fh if line.strip())
-    except OSError:
-        return None
-
-
 def _parse_filters(items: list[str] | None) -> dict[str, str | list[str]] | None:
     if not items:
         return None
@@ -119,12 +111,15 @@ def index(
     model: Annotated[str, typer.Option(help="CARE model folder or hub id.")],
     corpus: Annotated[
         Path,
-        typer.Option(help="JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line)."),
+        typer.Option(help="JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line); "
+                          "read by rank 0 only."),
     ],
     store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant::memory: | qdrant:http://host:6333")],
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
-    batch_size: Annotated[int, typer.Option(help="Documents per forward pass.")] = 16,
-    chunk_size: Annotated[int, typer.Option(help="Documents read per chunk (memory bound).")] = 1024,
+    batch_size: Annotated[int, typer.Option(help="Documents per forward pass (per rank under torchrun).")] = 16,
+    chunk_size: Annotated[
+        int, typer.Option(help="Documents read per chunk (memory bound); under torchrun split over all ranks.")
+    ] = 1024,
     checkpoint_every: Annotated[int, typer.Option(help="Checkpoint the store every N encoded documents.")] = 8192,
     index_type: Annotated[
         str, typer.Option(help="FAISS index: flat (exact) | hnsw | ivf | ivfpq (see docs/scale.md).")
@@ -137,62 +132,48 @@ def index(
     pq_m: Annotated[int, typer.Option(help="IVF-PQ bytes per vector; must divide the dimension.")] = 96,
     update: Annotated[
         bool,
-        typer.Option(help="Add new and changed documents only (always the behaviour: unchanged ids are skipped)."),
+        typer.Option(help="Update an existing store: fail if STORE holds no index yet (a mistyped path). "
+                          "Unchanged documents are skipped with or without it."),
     ] = False,
     prune: Annotated[bool, typer.Option(help="Also delete stored documents whose id is not in the corpus.")] = False,
     skip_invalid: Annotated[bool, typer.Option(help="Skip invalid rows instead of stopping at the first.")] = False,
-    device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: auto).")] = None,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    device: Annotated[
+        str | None, typer.Option(help="cpu | cuda | cuda:N (default: auto; cuda:LOCAL_RANK under torchrun).")
+    ] = None,
+    backend: Annotated[
+        str, typer.Option(help="Backend under torchrun: auto (nccl on GPUs, else gloo), nccl, gloo.")
+    ] = "auto",
+    timeout_minutes: Annotated[
+        float, typer.Option(help="Collective timeout under torchrun (the others wait while rank 0 reads the corpus).")
+    ] = 120.0,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar (rank 0).")] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON (rank 0).")] = False,
 ) -> None:
-    """Encode a corpus with the document tower and write it into a FAISS or Qdrant store."""
-    from care_retriever.corpus import corpus_file, read_corpus
-    from care_retriever.stores import open_store
-    from care_retriever.stores.base import FAISS_INDEX_TYPES
-    from care_retriever.writer import DocumentStoreWriter
+    """Encode a corpus with the document tower and write it into a FAISS or Qdrant store.
 
-    file = corpus_file(corpus)
-    if batch_size < 1 or chunk_size < 1:
-        raise InputError("--batch-size and --chunk-size must be >= 1")
-    if index_type not in FAISS_INDEX_TYPES:
-        raise InputError(f"Unknown --index-type {index_type!r}. Available index types: {list(FAISS_INDEX_TYPES)}")
-    if min(hnsw_m, ef_construction, ef_search, nlist, nprobe, pq_m) < 1:
-        raise InputError("--hnsw-m, --ef-construction, --ef-search, --nlist, --nprobe and --pq-m must be >= 1")
-    # Validate the whole corpus before the first write, so bad input leaves the store untouched.
-    total = sum(1 for _ in read_corpus(file, skip_invalid=skip_invalid))
-    target = open_store(store, collection=collection)
-    embedder = _load_embedder(model, "document", device)
-    options = (
-        {
-            "type": index_type,
-            "m": hnsw_m,
-            "ef_construction": ef_construction,
-            "ef_search": ef_search,
-            "nlist": nlist,
-            "nprobe": nprobe,
-            "pq_m": pq_m,
-        }
-        if store.startswith("faiss:")
-        else None
+    Under ``torchrun ... -m care_retriever.index`` (same options) every rank encodes a slice of each chunk.
+    """
+    from care_retriever.index import IndexSettings, run_index
+
+    settings = IndexSettings(
+        model=model, corpus=corpus, store=store, collection=collection, batch_size=batch_size,
+        chunk_size=chunk_size, checkpoint_every=checkpoint_every, index_type=index_type, hnsw_m=hnsw_m,
+        ef_construction=ef_construction, ef_search=ef_search, nlist=nlist, nprobe=nprobe, pq_m=pq_m,
+        update=update, prune=prune, skip_invalid=skip_invalid, device=device, backend=backend,
+        timeout_minutes=timeout_minutes, progress=progress,
     )
-    writer = DocumentStoreWriter(
-        embedder,
-        target,
-        batch_size=batch_size,
-        chunk_size=chunk_size,
-        checkpoint_every=checkpoint_every,
-        index_options=options,
-        show_progress=progress,
-    )
-    report = writer.write(read_corpus(file, skip_invalid=skip_invalid), total=total, prune_ids_not_in=prune)
-    target.close()
+    report = run_index(settings)
+    if report is None:  # a worker rank: rank 0 reports
+        return
     if json_out:
-        typer.echo(json.dumps(report.to_dict(), ensure_ascii=False))
-    else:
-        typer.echo(
-            f"{report.store}: {report.added} added, {report.updated} updated, {report.unchanged} unchanged, "
-            f"{report.deleted} deleted; {report.count} documents ({report.docs_per_second:.1f} docs/s encoded)"
-        )
+        typer.echo(json.dumps(report, ensure_ascii=False))
+        return
+    over = f" over {report['world_size']} processes" if report["world_size"] > 1 else ""
+    typer.echo(
+        f"{report['store']}: {report['added']} added, {report['updated']} updated, {report['unchanged']} unchanged, "
+        f"{report['deleted']} deleted; {report['count']} documents ({report['docs_per_second']:.1f} docs/s "
+        f"encoded{over})"
+    )
 
 
 def search(

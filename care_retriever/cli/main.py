@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     except CareError as exc:
         if os.environ.get("CARE_DEBUG"):
             raise
-        typer.secho(f"error: {exc}", err=True, fg="red")
+        rank = os.environ.get("RANK")  # set by torchrun: say which process of the job failed
+        typer.secho(f"error: {'rank ' + rank + ': ' if rank else ''}{exc}", err=True, fg="red")
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
