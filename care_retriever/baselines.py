@@ -1,7 +1,7 @@
 """Baselines with the embedder interface of :class:`~care_retriever.embedder.AsymmetricEmbedder`.
 
-Evaluation and benchmarks compare models through one interface (``embed_queries(texts,
-instruction=...)``, ``embed_documents(texts)``, ``dim``), so ``load_embedder`` resolves a name to:
+Evaluation and benchmarks compare models through one interface
+(:class:`~care_retriever.embedder_protocol.Embedder`), so ``load_embedder`` resolves a name to:
 
 - ``bm25``: the lexical baseline (:class:`care_retriever.evaluation.bm25.BM25Model`);
 - a CARE folder (has ``care_config.json``): :class:`AsymmetricEmbedder`; ``DIR#query`` and
@@ -16,35 +16,21 @@ import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from care_retriever.embedder_protocol import Embedder
 from care_retriever.errors import InputError, ModelError
+from care_retriever.fingerprint import space_fingerprint, weights_fingerprint
+from care_retriever.locations import local_model_dir
+from care_retriever.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt, is_instruction_prompt
 
-INSTRUCT_TEMPLATE = "Instruct: {instruction}\nQuery: "
+if TYPE_CHECKING:
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.evaluation.bm25 import BM25Model
+
 TOWER_SUFFIXES = ("#query", "#document")
-
-
-@runtime_checkable
-class Embedder(Protocol):
-    """What evaluation, search and benchmarks need from a dense model."""
-
-    @property
-    def dim(self) -> int: ...
-
-    def embed_queries(
-        self,
-        texts: Sequence[str],
-        *,
-        instruction: str | None = None,
-        batch_size: int = 32,
-        show_progress: bool = False,
-    ) -> np.ndarray: ...
-
-    def embed_documents(
-        self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False
-    ) -> np.ndarray: ...
 
 
 class SentenceTransformerEmbedder:
@@ -85,9 +71,7 @@ class SentenceTransformerEmbedder:
             self.model.max_seq_length = max_length
         fixed = self.model.prompts.get("query") or None
         if query_prompt_template == "auto":
-            query_prompt_template = (
-                INSTRUCT_TEMPLATE if fixed and fixed.lstrip().startswith("Instruct") else None
-            )
+            query_prompt_template = QUERY_PROMPT_TEMPLATE if is_instruction_prompt(fixed) else None
         self.query_prompt_template = query_prompt_template
         self.fixed_query_prompt = fixed
 
@@ -110,11 +94,15 @@ class SentenceTransformerEmbedder:
 
     @functools.cached_property
     def space_fingerprint(self) -> str:
-        return weights_fingerprint([self.model], self.dim)
+        return space_fingerprint(weights_fingerprint([self.model], self.dim))
+
+    @property
+    def document_model_name(self) -> str:
+        return self.name
 
     def query_prompt(self, instruction: str | None = None) -> str | None:
         if self.query_prompt_template and instruction:
-            return self.query_prompt_template.format(instruction=instruction)
+            return fill_query_prompt(self.query_prompt_template, instruction)
         return self.fixed_query_prompt
 
     def embed_queries(
@@ -168,8 +156,8 @@ class OneTowerEmbedder:
     adding one here would score a tower on inputs it never saw.
     """
 
-    def __init__(self, embedder: Any, tower: Literal["query", "document"]) -> None:
-        from care_retriever.embedder import DEFAULT_INSTRUCTION
+    def __init__(self, embedder: AsymmetricEmbedder, tower: Literal["query", "document"]) -> None:
+        from care_retriever.prompts import DEFAULT_INSTRUCTION
 
         self.embedder = embedder
         self.tower = tower
@@ -196,12 +184,15 @@ class OneTowerEmbedder:
 
     @functools.cached_property
     def space_fingerprint(self) -> str:
-        return weights_fingerprint([self.model], self.dim)
+        return space_fingerprint(weights_fingerprint([self.model], self.dim))
+
+    @property
+    def document_model_name(self) -> str:
+        tower = self.embedder.config.query if self.tower == "query" else self.embedder.config.document
+        return tower.base_model or ""
 
     def query_prompt(self, instruction: str | None = None) -> str | None:
-        if not self.template:
-            return None
-        return self.template.format(instruction=instruction or self.default_instruction)
+        return fill_query_prompt(self.template, instruction or self.default_instruction)
 
     def embed_queries(
         self,
@@ -241,21 +232,6 @@ class OneTowerEmbedder:
         return f"OneTowerEmbedder({self.tower} tower of {self.embedder!r})"
 
 
-def weights_fingerprint(modules: Sequence[Any], dim: int) -> str:
-    """Hash of the weights that define an embedding space (stores refuse searches from another space)."""
-    import hashlib
-
-    import torch
-
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(f"dim={dim};".encode())
-    for module in modules:
-        for key, tensor in sorted(module.state_dict().items()):
-            digest.update(key.encode())
-            digest.update(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def is_care_folder(path: str | os.PathLike[str]) -> bool:
     from care_retriever.embedder import CONFIG_NAME
 
@@ -268,7 +244,7 @@ def load_embedder(
     device: str | None = None,
     load: Literal["both", "query", "document"] = "both",
     trust_remote_code: bool = False,
-) -> Any:
+) -> Embedder | BM25Model:
     """Resolve ``bm25``, a CARE folder (``DIR``, ``DIR#query``, ``DIR#document``) or an ST model."""
     if not name_or_path or not name_or_path.strip():
         raise InputError("empty model name")
@@ -280,21 +256,20 @@ def load_embedder(
     for suffix in TOWER_SUFFIXES:
         if name_or_path.endswith(suffix):
             base, tower = name_or_path[: -len(suffix)], suffix[1:]
-    if is_care_folder(base):
+    local = local_model_dir(base)
+    if local is not None and is_care_folder(local):
         _quiet_transformers()
         from care_retriever.embedder import AsymmetricEmbedder
 
-        embedder = AsymmetricEmbedder.from_pretrained(base, load=tower or load, device=device)  # type: ignore[arg-type]
+        embedder = AsymmetricEmbedder.from_pretrained(local, load=tower or load, device=device)  # type: ignore[arg-type]
         return OneTowerEmbedder(embedder, tower) if tower else embedder  # type: ignore[arg-type]
     if tower:
         raise ModelError(
             f"{base}: '#{tower}' selects a tower of a CARE model folder (one with care_config.json)"
         )
-    looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
-    if looks_local and not Path(name_or_path).is_dir():
-        raise ModelError(f"model folder not found: {name_or_path}")
     _quiet_transformers()
-    return SentenceTransformerEmbedder(name_or_path, device=device, trust_remote_code=trust_remote_code)
+    return SentenceTransformerEmbedder(str(local) if local is not None else name_or_path, device=device,
+                                       trust_remote_code=trust_remote_code)
 
 
 def _quiet_transformers() -> None:

@@ -18,6 +18,17 @@ from typing import Any
 from care_retriever.errors import InputError, at
 
 
+def document_text(title: str, text: str) -> str:
+    """What the document tower reads for a document: the title on its own line above the text.
+
+    The one definition of the tower's input: the index writer, the eval task loader, the benchmarks and
+    the framework adapters all call it, and the space fingerprint folds in any change to it
+    (:func:`care_retriever.fingerprint.space_fingerprint`), so indexes built under another rule refuse
+    searches instead of silently mismatching.
+    """
+    return f"{title}\n{text}" if title else text
+
+
 @dataclass
 class Document:
     id: str
@@ -26,8 +37,8 @@ class Document:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def embedding_text(self) -> str:
-        """What the document tower reads: the title on its own line above the text."""
-        return f"{self.title}\n{self.text}" if self.title else self.text
+        """What the document tower reads (:func:`document_text`)."""
+        return document_text(self.title, self.text)
 
     def content_hash(self) -> str:
         """Changes when anything stored about the document changes (``--update`` re-encodes those)."""

@@ -10,7 +10,6 @@ search process never materialises the document tower.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -29,6 +28,9 @@ from sentence_transformers.util import import_module_class, load_file_path
 from care_retriever import __version__
 from care_retriever.encoding import check_texts, encode_texts, logger
 from care_retriever.errors import ModelError
+from care_retriever.fingerprint import space_fingerprint, weights_fingerprint
+from care_retriever.locations import local_model_dir
+from care_retriever.prompts import DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE, fill_query_prompt
 from care_retriever.towers.modules import (
     DEFAULT_MAX_LENGTH,
     load_transformer,
@@ -40,8 +42,6 @@ from care_retriever.towers.tokenizer import ensure_eos_appended
 
 CONFIG_NAME = "care_config.json"
 FORMAT_VERSION = 1
-QUERY_PROMPT_TEMPLATE = "Instruct: {instruction}\nQuery: "
-DEFAULT_INSTRUCTION = "Given a Chinese medical question, retrieve medical documents that answer the question."
 
 Load = Literal["both", "query", "document"]
 ROUTES: dict[str, tuple[str, ...]] = {
@@ -70,6 +70,8 @@ class CareConfig:
     # A prompt template with an ``{instruction}`` slot, or None for towers that take no prompt.
     query_prompt_template: str | None = None
     default_instruction: str | None = None
+    # The document tower's weights fingerprint (care_retriever.fingerprint.weights_fingerprint); the
+    # space fingerprint stores compare is derived from it (AsymmetricEmbedder.space_fingerprint).
     space_fingerprint: str | None = None
     preset: str | None = None
     format_version: int = FORMAT_VERSION
@@ -261,7 +263,9 @@ class AsymmetricEmbedder:
         if load not in ROUTES:
             raise ModelError(f"Unknown load {load!r}. Available: {sorted(ROUTES)}")
         name = str(model_name_or_path)
-        _check_model_location(name)
+        local = local_model_dir(name)
+        if local is not None:
+            name = str(local)  # "~" expanded: every later lookup sees the folder
         hub = {
             "token": token,
             "cache_folder": cache_folder,
@@ -326,6 +330,11 @@ class AsymmetricEmbedder:
         return self.config.mode
 
     @property
+    def document_model_name(self) -> str:
+        """The document tower's base model (hub id or folder), recorded in a store's manifest."""
+        return self.config.document.base_model or ""
+
+    @property
     def query_model(self) -> SentenceTransformer:
         if self._query_model is None:
             raise ModelError("this embedder was loaded with load='document'; the query tower is not loaded")
@@ -341,18 +350,16 @@ class AsymmetricEmbedder:
     def space_fingerprint(self) -> str:
         """Identifies the document embedding space; a store built with another one refuses searches.
 
-        It hashes the document tower's weights, so a Stage-I update of the query tower alone keeps
-        existing indexes valid, while any change to the document tower invalidates them.
+        It covers the document tower's weights and the document-text rule
+        (:func:`care_retriever.fingerprint.space_fingerprint`), so a Stage-I update of the query tower
+        alone keeps existing indexes valid, while any change to the document side invalidates them.
         """
         if self.config.space_fingerprint is None:
-            self.config.space_fingerprint = _fingerprint(self.document_modules or [], self.config.dim)
-        return self.config.space_fingerprint
+            self.config.space_fingerprint = weights_fingerprint(self.document_modules or [], self.config.dim)
+        return space_fingerprint(self.config.space_fingerprint)
 
     def query_prompt(self, instruction: str | None = None) -> str | None:
-        template = self.config.query_prompt_template
-        if not template:
-            return None
-        return template.format(instruction=instruction or self.config.default_instruction or "")
+        return fill_query_prompt(self.config.query_prompt_template, instruction or self.config.default_instruction)
 
     # ------------------------------------------------------------------ encoding
     def embed_queries(
@@ -405,7 +412,7 @@ class AsymmetricEmbedder:
         """Write the model to ``path`` atomically (a temp folder renamed into place)."""
         target = Path(path)
         st = self.to_sentence_transformer()
-        self.config.space_fingerprint = _fingerprint(self.document_modules or [], self.config.dim)
+        self.config.space_fingerprint = weights_fingerprint(self.document_modules or [], self.config.dim)
         self.config.care_retriever_version = __version__
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -452,14 +459,6 @@ def _attach_adapter(transformer: Transformer, adapter: str, merge: bool) -> None
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load LoRA adapter {adapter!r}: {str(exc).splitlines()[0]}") from None
     transformer.model = model.merge_and_unload() if merge else model
-
-
-def _check_model_location(name: str) -> None:
-    """A path that is clearly local (``./m``, ``/abs``, ``a/b/c``) must exist; ``org/name`` may be a hub id."""
-    path = Path(name).expanduser()
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or path.exists()
-    if looks_local and not path.is_dir():
-        raise ModelError(f"model folder not found: {name}")
 
 
 def _file(name: str, filename: str, hub: dict[str, Any]) -> str | None:
@@ -509,13 +508,3 @@ def _refuse_pickled_weights(folder: Path, allowed: bool) -> None:
             f"{folder}: weights are pickled ({pickled[0]}); only model.safetensors is loaded unless "
             "allow_pickled_weights=True (unpickling can run code)"
         )
-
-
-def _fingerprint(modules: list[Module], dim: int) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(f"dim={dim};".encode())
-    for module in modules:
-        for key, tensor in sorted(module.state_dict().items()):
-            digest.update(key.encode())
-            digest.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, overload
 
+from care_retriever.embedder_protocol import Embedder
 from care_retriever.errors import InputError
 from care_retriever.stores import Hit, VectorStore, open_store
 from care_retriever.stores.base import Filters
@@ -13,7 +14,7 @@ from care_retriever.stores.base import Filters
 class CareRetriever:
     """Search a store built by :class:`~care_retriever.writer.DocumentStoreWriter` with the same model."""
 
-    def __init__(self, store: str | VectorStore, embedder: Any, *, collection: str | None = None,
+    def __init__(self, store: str | VectorStore, embedder: Embedder, *, collection: str | None = None,
                  instruction: str | None = None) -> None:
         self.store = open_store(store, collection=collection)
         self.embedder = embedder

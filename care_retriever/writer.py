@@ -24,6 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from care_retriever.corpus import Document
+from care_retriever.embedder_protocol import Embedder
 from care_retriever.encoding import check_unicode, encode_texts
 from care_retriever.errors import InputError, ModelError
 from care_retriever.stores import VectorStore, open_store
@@ -94,7 +95,7 @@ class DocumentStoreWriter:
 
     def __init__(
         self,
-        embedder: Any,
+        embedder: Embedder,
         store: str | VectorStore,
         *,
         collection: str | None = None,
@@ -118,8 +119,7 @@ class DocumentStoreWriter:
               prune_ids_not_in: bool = False) -> WriteReport:
         """Upsert ``documents``; with ``prune_ids_not_in``, also delete stored ids the input lacks."""
         embedder = self.embedder
-        model_name = embedder.config.document.base_model or "" if hasattr(embedder, "config") else ""
-        self.store.prepare(embedder.dim, embedder.space_fingerprint, model_name, self.index_options)
+        self.store.prepare(embedder.dim, embedder.space_fingerprint, embedder.document_model_name, self.index_options)
         report = WriteReport(store=self.store.describe())
         seen: set[str] = set()
         since_checkpoint = 0

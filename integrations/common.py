@@ -21,6 +21,8 @@ import numpy as np
 
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, ModelError
+from care_retriever.fingerprint import space_fingerprint
+from care_retriever.locations import local_model_dir
 
 CONFIG_NAME = "care_config.json"
 # Fingerprint recorded for stores written from vectors of an unknown model: `care-retriever search`
@@ -28,21 +30,16 @@ CONFIG_NAME = "care_config.json"
 UNKNOWN_FINGERPRINT = "unknown"
 
 
-def check_model_location(model: str) -> None:
-    """Fail early, in one line, when a local-looking model path does not exist (``org/name`` may be a hub id)."""
-    if not isinstance(model, str) or not model.strip():
-        raise ModelError(f"model must be a CARE model folder or hub id, got {model!r}")
-    path = Path(model).expanduser()
-    looks_local = model.startswith((".", "/", "~")) or model.count("/") > 1 or path.exists()
-    if looks_local and not path.is_dir():
-        raise ModelError(f"model folder not found: {model}")
+def check_model_location(model: str) -> Path | None:
+    """Fail early, in one line, when a local-looking model path does not exist (``org/name`` may be a hub id);
+    return the local folder, or None for a hub id (:func:`care_retriever.locations.local_model_dir`)."""
+    return local_model_dir(model)
 
 
 def read_care_config(model: str) -> dict[str, Any]:
     """The model's ``care_config.json`` as a dict (dim, space fingerprint, towers), without loading weights."""
-    check_model_location(model)
-    path = Path(model).expanduser()
-    if path.is_dir():
+    path = check_model_location(model)
+    if path is not None:
         file: str | None = str(path / CONFIG_NAME) if (path / CONFIG_NAME).is_file() else None
     else:
         from sentence_transformers.util import load_file_path
@@ -62,10 +59,11 @@ def read_care_config(model: str) -> dict[str, Any]:
 def model_space(model: str) -> tuple[int, str, str]:
     """``(dim, space_fingerprint, document model name)`` of a saved CARE model."""
     config = read_care_config(model)
-    fingerprint = config.get("space_fingerprint")
-    if not isinstance(config.get("dim"), int) or not fingerprint:
+    weights = config.get("space_fingerprint")
+    if not isinstance(config.get("dim"), int) or not weights or not isinstance(weights, str):
         raise ModelError(f"{model}/{CONFIG_NAME}: missing dim or space_fingerprint")
-    return config["dim"], fingerprint, (config.get("document") or {}).get("base_model") or model
+    # The config keeps the weights fingerprint; the space also covers the document-text rule.
+    return config["dim"], space_fingerprint(weights), (config.get("document") or {}).get("base_model") or model
 
 
 class TowerLoader:
@@ -129,14 +127,18 @@ def as_matrix(embeddings: Sequence[Sequence[float]], dim: int | None, what: str)
     return matrix
 
 
+def core_title(meta: Mapping[str, Any]) -> str:
+    """The title of a framework document: a non-empty string ``meta["title"]``, else none."""
+    title = meta.get("title")
+    return title if isinstance(title, str) and title else ""
+
+
 def to_core_document(doc_id: str, text: str, meta: Mapping[str, Any]) -> Document:
     """A framework document as a core Document: a non-empty string ``meta["title"]`` becomes the title column."""
     metadata = dict(meta)
-    title = metadata.get("title")
-    if isinstance(title, str) and title:
+    title = core_title(metadata)
+    if title:
         del metadata["title"]
-    else:
-        title = ""
     try:
         json.dumps(metadata, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:

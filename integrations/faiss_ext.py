@@ -21,6 +21,7 @@ import faiss
 import numpy as np
 
 from care_retriever.errors import StoreError
+from care_retriever.sql import in_chunks
 from care_retriever.stores.faiss_store import MANIFEST, FaissStore
 
 
@@ -33,9 +34,7 @@ class ExtendedFaissStore(FaissStore):
             return [None] * len(ids)
         rows: dict[str, int] = {}
         with self._lock:
-            for start in range(0, len(ids), 500):
-                chunk = list(ids[start : start + 500])
-                marks = ",".join("?" * len(chunk))
+            for marks, chunk in in_chunks(ids):
                 rows.update(self._db.execute(f"SELECT id, row_id FROM documents WHERE id IN ({marks})", chunk))
             index = self._index
             if not hasattr(index, "id_map"):  # IVF keeps ids itself; reconstructing by id needs its direct map

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from care_retriever.corpus import document_text
 from care_retriever.errors import InputError
 
 SAMPLE_DIR = Path(__file__).resolve().parents[1] / "care_retriever" / "data" / "sample"
@@ -37,7 +38,7 @@ class Sample:
     qrels: dict[str, dict[str, int]]
 
     def doc_text(self, doc: dict) -> str:
-        return f"{doc['title']}\n{doc['text']}" if doc.get("title") else doc["text"]
+        return document_text(doc.get("title") or "", doc["text"])
 
 
 @dataclass

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from care_retriever.corpus import document_text
+from care_retriever.embedder_protocol import Embedder
 from care_retriever.evaluation import speed
 
 logger = logging.getLogger("care_retriever")
@@ -116,7 +118,7 @@ def read_texts(path: Path, limit: int, fields: Sequence[str] = ("text", "query")
                 row = json.loads(line)
                 text = next((row[f] for f in fields if isinstance(row.get(f), str)), "")
                 title = row.get("title") if isinstance(row.get("title"), str) else ""
-                text = f"{title}\n{text}" if title else text
+                text = document_text(title, text)
             else:
                 text = line
             if text.strip():
@@ -146,18 +148,9 @@ def read_documents(path: Path, limit: int) -> list[Any]:
     return docs
 
 
-def tower_params(embedder: Any) -> tuple[int | None, int | None]:
-    if hasattr(embedder, "tower"):  # OneTowerEmbedder: the same tower on both sides
-        n = speed.count_parameters([embedder.model])
-        return n, n
-    if hasattr(embedder, "query_modules"):
-        return (
-            speed.count_parameters(embedder.query_modules),
-            speed.count_parameters(embedder.document_modules),
-        )
-    model = getattr(embedder, "model", None)
-    n = speed.count_parameters([model]) if model is not None else None
-    return n, n
+def tower_params(embedder: Embedder) -> tuple[int, int]:
+    """Parameters of the query tower and of the document tower (the same tower for one-tower models)."""
+    return speed.count_parameters([embedder.query_model]), speed.count_parameters([embedder.document_model])
 
 
 def bench_models(
@@ -173,6 +166,7 @@ def bench_models(
     """Query encoding at each batch size and indexing docs/s for each model (a shared document tower
     is timed once: ``DIR`` and ``DIR#document`` index with the same tower)."""
     from care_retriever.baselines import load_embedder
+    from care_retriever.evaluation.bm25 import BM25Model
 
     rows: list[ModelBench] = []
     indexing_cache: dict[str, float] = {}
@@ -180,7 +174,7 @@ def bench_models(
         base, sep, tower = name.partition("#")
         role = ROLE.get(f"{sep}{tower}", "baseline")
         embedder = load_embedder(name, device=device)
-        if getattr(embedder, "kind", None) == "lexical":
+        if isinstance(embedder, BM25Model):
             logger.warning("bench: %s has no dense towers to time; skipped", name)
             continue
         q_params, d_params = tower_params(embedder)

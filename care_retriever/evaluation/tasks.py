@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from care_retriever.corpus import document_text
 from care_retriever.errors import InputError, at
 from care_retriever.jsonl import iter_jsonl
 
@@ -242,8 +243,7 @@ def load_retrieval(
         if not isinstance(title, str):
             raise InputError(f'{at(corpus_path, lineno)}: "title" must be a string')
         corpus_ids.append(doc_id)
-        # Same text the index writer embeds (Document.embedding_text); empty documents stay empty.
-        corpus_texts.append(f"{title}\n{text}" if title else text)
+        corpus_texts.append(document_text(title, text))  # what the index writer embeds
     if not corpus_ids:
         raise InputError(f"{corpus_path}: empty corpus (no documents)")
     queries: dict[str, str] = {}

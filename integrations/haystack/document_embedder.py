@@ -1,8 +1,9 @@
 """``CareDocumentEmbedder``: the document tower of a CARE model as a Haystack document embedder.
 
-Only the document tower is loaded (``load="document"``). By default the title is embedded above the
-text (``meta_fields_to_embed=["title"]``, separator newline): the text ``care-retriever index``
-encodes, so documents embedded here and by the CLI get the same vectors.
+Only the document tower is loaded (``load="document"``). By default (``meta_fields_to_embed=["title"]``,
+separator newline) the text embedded is the core's :func:`~care_retriever.corpus.document_text` of the
+document's title (:func:`~care_retriever.integrations.common.core_title`) and content: the text
+``care-retriever index`` encodes, so documents embedded here and by the CLI get the same vectors.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
+from care_retriever.corpus import document_text
 from care_retriever.errors import InputError
-from care_retriever.integrations.common import check_model_location
+from care_retriever.integrations.common import check_model_location, core_title
 from care_retriever.integrations.haystack.text_embedder import NOT_WARMED_UP
 
 
@@ -72,7 +74,10 @@ class CareDocumentEmbedder:
         return default_from_dict(cls, data)
 
     def text_to_embed(self, doc: Document) -> str:
-        """Meta values (skipping missing and empty ones), then the content, joined by the separator."""
+        """By default the core's document text; with other fields or separator, the meta values (skipping
+        missing and empty ones), then the content, joined by the separator."""
+        if self.meta_fields_to_embed == ["title"] and self.embedding_separator == "\n":
+            return document_text(core_title(doc.meta), doc.content or "")
         parts = [str(doc.meta[k]) for k in self.meta_fields_to_embed if doc.meta.get(k) not in (None, "")]
         return self.embedding_separator.join([*parts, doc.content or ""])
 

@@ -1,0 +1,302 @@
+"""One definition of each contract, used everywhere (issue 11, item 4).
+
+The document tower's input text, the space fingerprint, the query prompt, "is this a local path",
+SQL ``IN`` chunking and the ``Embedder`` protocol: each test compares every place that applies a
+contract, so a copy that drifts from the definition fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+
+from care_retriever import corpus
+from care_retriever.corpus import Document, document_text, read_corpus
+from care_retriever.errors import ModelError, StoreError
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE_DIRS = [REPO / "care_retriever", REPO / "integrations", REPO / "training"]
+
+# (id, title, text): a title, none, a blank one, an empty text under a title, a null title
+ROWS = [
+    ("a", "高血压", "高血压患者应低盐饮食。"),
+    ("b", "", "普通感冒多由病毒引起。"),
+    ("c", "  ", "空白标题的文档。"),
+    ("d", "只有标题", ""),
+    ("e", None, "标题为 null 的文档。"),
+]
+
+
+def _sources(skip: tuple[str, ...] = ()) -> list[Path]:
+    files = [p for d in SOURCE_DIRS for p in d.rglob("*.py")]
+    return [p for p in files if not any(part in skip for part in p.relative_to(REPO).parts)]
+
+
+# ---------------------------------------------------------------------- document text
+@pytest.fixture
+def beir_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "task"
+    (folder / "qrels").mkdir(parents=True)
+    with (folder / "corpus.jsonl").open("w", encoding="utf-8") as fh:
+        for doc_id, title, text in ROWS:
+            fh.write(json.dumps({"_id": doc_id, "title": title, "text": text}, ensure_ascii=False) + "\n")
+    (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "血压高怎么办"}\n', encoding="utf-8")
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\ta\t1\n", encoding="utf-8")
+    return folder
+
+
+def test_every_reader_gives_the_document_tower_the_same_text(beir_folder: Path) -> None:
+    pytest.importorskip("haystack")
+    from haystack import Document as HaystackDocument
+
+    from care_retriever.evaluation.benchmark import read_texts
+    from care_retriever.evaluation.tasks import load_task
+    from care_retriever.integrations.common import to_core_document
+    from care_retriever.integrations.haystack.document_embedder import CareDocumentEmbedder
+    from care_retriever.training.quickstart import Sample
+
+    expected = [document_text(title or "", text) for _, title, text in ROWS]
+    assert expected[0] == "高血压\n高血压患者应低盐饮食。" and expected[1] == "普通感冒多由病毒引起。"
+
+    readers = {
+        "corpus reader (care-retriever index)": [d.embedding_text() for d in read_corpus(beir_folder)],
+        "eval task loader": load_task(beir_folder).corpus_texts,
+        "bench text reader": read_texts(beir_folder / "corpus.jsonl", len(ROWS)),
+        "haystack document embedder": [
+            CareDocumentEmbedder(model="unused").text_to_embed(
+                HaystackDocument(content=text, meta={} if title is None else {"title": title}))
+            for _, title, text in ROWS
+        ],
+        "framework stores (to_core_document)": [
+            to_core_document(doc_id, text, {} if title is None else {"title": title}).embedding_text()
+            for doc_id, title, text in ROWS
+        ],
+        "quickstart sample": [Sample([], {}, {}).doc_text({"_id": i, "title": t, "text": x}) for i, t, x in ROWS],
+    }
+    for name, texts in readers.items():
+        assert texts == expected, name
+
+
+def test_no_copy_of_the_document_text_rule() -> None:
+    """``f"{title}\\n{text}"`` is written once, in corpus.py; every other place calls document_text."""
+    copies = []
+    for path in _sources():
+        if path == REPO / "care_retriever" / "corpus.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.JoinedStr):
+                parts = node.values
+                for first, middle in itertools.pairwise(parts):
+                    if (isinstance(first, ast.FormattedValue) and "title" in ast.unparse(first.value)
+                            and isinstance(middle, ast.Constant) and middle.value == "\n"):
+                        copies.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not copies, f"copies of the document text rule (use care_retriever.corpus.document_text): {copies}"
+
+
+# ---------------------------------------------------------------------- fingerprint
+def _fingerprint_before_issue_11(modules, dim: int, flatten: bool) -> str:
+    """The fingerprint as embedder.py (flatten=False) and baselines.py (flatten=True) computed it."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"dim={dim};".encode())
+    for module in modules:
+        for key, tensor in sorted(module.state_dict().items()):
+            digest.update(key.encode())
+            t = tensor.detach().to("cpu").contiguous()
+            digest.update((t.view(-1) if flatten else t).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def test_existing_models_keep_their_fingerprint(tiny_model_dir: Path) -> None:
+    """A store written before the fingerprint had one definition still opens with the same model."""
+    from care_retriever.baselines import OneTowerEmbedder
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.integrations.common import model_space
+
+    embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
+    saved = json.loads((tiny_model_dir / "care_config.json").read_text("utf-8"))["space_fingerprint"]
+    old = _fingerprint_before_issue_11(embedder.document_modules, embedder.dim, flatten=False)
+    assert embedder.space_fingerprint == saved == old
+    embedder.config.space_fingerprint = None  # recomputed from the weights
+    assert embedder.space_fingerprint == old
+    assert model_space(str(tiny_model_dir))[1] == old
+    one_tower = OneTowerEmbedder(embedder, "document")
+    assert one_tower.space_fingerprint == _fingerprint_before_issue_11([one_tower.model], embedder.dim, flatten=True)
+
+
+def test_a_document_text_rule_change_changes_every_fingerprint(
+    monkeypatch, tiny_model_dir: Path, small_corpus_path: Path, tmp_path: Path
+) -> None:
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.integrations.common import model_space
+    from care_retriever.retriever import CareRetriever
+    from care_retriever.writer import DocumentStoreWriter
+
+    embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
+    store = f"faiss:{tmp_path / 'store'}"
+    DocumentStoreWriter(embedder, store, show_progress=False).write(read_corpus(small_corpus_path))
+    before = embedder.space_fingerprint
+    CareRetriever(store, embedder).close()  # same rule: the store opens
+
+    monkeypatch.setattr(corpus, "document_text", lambda title, text: f"{title}：{text}" if title else text)
+    assert Document("x", "正文", "标题").embedding_text() == "标题：正文"  # the writer would now embed this
+    after = embedder.space_fingerprint
+    assert after != before
+    assert model_space(str(tiny_model_dir))[1] == after  # the adapters read the config: same rule applied
+    with pytest.raises(StoreError, match="built with another model"):
+        CareRetriever(store, embedder)
+
+
+# ---------------------------------------------------------------------- query prompt
+def test_every_embedder_fills_the_one_query_prompt(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from care_retriever import baselines
+    from care_retriever import embedder as embedder_module
+    from care_retriever.baselines import OneTowerEmbedder, SentenceTransformerEmbedder
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt
+
+    care = AsymmetricEmbedder.from_pretrained(tiny_model_dir, load="query")
+    care.config.query_prompt_template = QUERY_PROMPT_TEMPLATE  # what from_towers gives a decoder query tower
+    st_folder = tmp_path / "st"
+    st = care.query_model
+    st.prompts = {"query": "Instruct: 其他任务\nQuery: ", "document": ""}
+    st.save(str(st_folder))
+    baseline = SentenceTransformerEmbedder(str(st_folder))
+
+    expected = fill_query_prompt(QUERY_PROMPT_TEMPLATE, "检索医学文档")
+    assert expected.startswith("Instruct: 检索医学文档")
+    assert care.query_prompt("检索医学文档") == expected
+    assert OneTowerEmbedder(care, "query").query_prompt("检索医学文档") == expected
+    assert baseline.query_prompt("检索医学文档") == expected
+    assert baseline.query_prompt(None) == "Instruct: 其他任务\nQuery: "  # a fixed prompt of the model is kept
+    assert embedder_module.QUERY_PROMPT_TEMPLATE is baselines.QUERY_PROMPT_TEMPLATE is QUERY_PROMPT_TEMPLATE
+
+
+def test_the_query_template_is_written_once() -> None:
+    holders = [str(p.relative_to(REPO)) for p in _sources()
+               if "Instruct: {instruction}" in p.read_text("utf-8")]
+    assert holders == ["care_retriever/prompts.py"]
+
+
+# ---------------------------------------------------------------------- local paths
+@pytest.mark.parametrize("name", ["./no-such-model", "no-such/model/dir", "~/no-such-care-model", "C:\\models\\m"])
+def test_every_loader_refuses_a_missing_local_path_alike(name: str) -> None:
+    from care_retriever.baselines import load_embedder
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.integrations.common import check_model_location, model_space
+
+    loaders = {
+        "AsymmetricEmbedder.from_pretrained": lambda: AsymmetricEmbedder.from_pretrained(name),
+        "baselines.load_embedder (eval, bench)": lambda: load_embedder(name),
+        "integrations check_model_location": lambda: check_model_location(name),
+        "integrations model_space": lambda: model_space(name),
+    }
+    for what, load in loaders.items():
+        with pytest.raises(ModelError, match=r"^model folder not found") as info:
+            load()
+        assert name in str(info.value), what
+
+
+def test_hub_ids_are_not_local_paths() -> None:
+    from care_retriever.locations import local_model_dir, looks_local
+
+    for hub_id in ("BAAI/bge-small-zh-v1.5", "Qwen/Qwen3-Embedding-0.6B", "bert-base-chinese"):
+        assert not looks_local(hub_id) and local_model_dir(hub_id) is None
+    with pytest.raises(ModelError):
+        local_model_dir("  ")
+
+
+def test_every_loader_expands_home(monkeypatch, tiny_model_dir: Path, tmp_path: Path) -> None:
+    from care_retriever.baselines import load_embedder
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.integrations.common import model_space
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(tiny_model_dir, tmp_path / "models" / "tiny")
+    name = "~/models/tiny"
+    direct = AsymmetricEmbedder.from_pretrained(name, load="query")
+    via_eval = load_embedder(name, load="query")
+    assert isinstance(via_eval, AsymmetricEmbedder)
+    assert direct.space_fingerprint == via_eval.space_fingerprint == model_space(name)[1]
+
+
+# ---------------------------------------------------------------------- SQL IN chunking
+def test_in_chunks_covers_every_value_within_the_parameter_limit() -> None:
+    from care_retriever.sql import MAX_IN_PARAMS, in_chunks
+
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (id TEXT PRIMARY KEY)")
+    ids = [f"id{i}" for i in range(2 * MAX_IN_PARAMS + 7)]
+    db.executemany("INSERT INTO t VALUES (?)", [(i,) for i in ids])
+    found, sizes = [], []
+    for marks, chunk in in_chunks(ids):
+        assert marks.count("?") == len(chunk)
+        sizes.append(len(chunk))
+        found += [r for (r,) in db.execute(f"SELECT id FROM t WHERE id IN ({marks})", chunk)]
+    assert sorted(found) == sorted(ids) and sizes == [MAX_IN_PARAMS, MAX_IN_PARAMS, 7]
+    assert list(in_chunks([])) == []
+    with pytest.raises(ValueError):
+        list(in_chunks(ids, 0))
+
+
+def test_no_hand_rolled_in_list_outside_the_stores() -> None:
+    """The store's own loops (care_retriever/stores/) move to care_retriever.sql with issue 11 item 1."""
+    loops = [str(p.relative_to(REPO)) for p in _sources(skip=("stores",))
+             if p.name != "sql.py" and '",".join("?"' in p.read_text("utf-8")]
+    assert not loops, f"use care_retriever.sql.in_chunks: {loops}"
+
+
+# ---------------------------------------------------------------------- Embedder protocol
+def test_every_dense_model_is_an_embedder(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from care_retriever.baselines import OneTowerEmbedder, SentenceTransformerEmbedder
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.embedder_protocol import Embedder
+    from care_retriever.evaluation.benchmark import tower_params
+    from care_retriever.evaluation.bm25 import BM25Model
+    from care_retriever.evaluation.speed import count_parameters
+    from care_retriever.stores import open_store
+    from care_retriever.writer import DocumentStoreWriter
+
+    care = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
+    care.query_model.save(str(tmp_path / "st"))
+    st = SentenceTransformerEmbedder(str(tmp_path / "st"))
+    one = OneTowerEmbedder(care, "query")
+    for model in (care, st, one):
+        assert isinstance(model, Embedder), type(model).__name__
+    assert not isinstance(BM25Model(), Embedder)
+
+    assert care.document_model_name == "random:tiny" and st.document_model_name == str(tmp_path / "st")
+    store = f"faiss:{tmp_path / 'store'}"
+    DocumentStoreWriter(st, store, show_progress=False).write([Document("a", "高血压饮食")])
+    assert open_store(store).require_manifest().model_name == str(tmp_path / "st")
+
+    q, d = count_parameters(care.query_modules), count_parameters(care.document_modules)
+    assert q > 0 and d > 0
+    assert tower_params(care) == (q, d)
+    assert tower_params(one) == (q, q)
+
+
+def test_embedders_are_typed_not_probed() -> None:
+    """One Embedder protocol; the modules that take an embedder call it instead of probing it."""
+    definitions = [f"{p.relative_to(REPO)}" for p in _sources()
+                   for node in ast.walk(ast.parse(p.read_text("utf-8")))
+                   if isinstance(node, ast.ClassDef) and node.name == "Embedder"]
+    assert definitions == ["care_retriever/embedder_protocol.py"]
+    for rel in ("care_retriever/writer.py", "care_retriever/retriever.py", "care_retriever/index.py",
+                "care_retriever/evaluation/benchmark.py"):
+        tree = ast.parse((REPO / rel).read_text("utf-8"))
+        probes = [node.lineno for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"]
+        assert not probes, f"{rel}: hasattr at lines {probes}"
+        hints = [ast.unparse(arg.annotation) for node in ast.walk(tree)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for arg in node.args.args + node.args.kwonlyargs
+                 if arg.arg == "embedder" and arg.annotation is not None]
+        assert hints and all(h == "Embedder" for h in hints), f"{rel}: embedder typed as {hints}"
