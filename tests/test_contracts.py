@@ -85,6 +85,20 @@ def test_every_reader_gives_the_document_tower_the_same_text(beir_folder: Path) 
         assert texts == expected, name
 
 
+def test_haystack_embedder_and_framework_stores_agree_on_framework_titles() -> None:
+    """Titles only frameworks can carry (not a str, empty): the embedder embeds what the store keeps as title."""
+    pytest.importorskip("haystack")
+    from haystack import Document as HaystackDocument
+
+    from care_retriever.integrations.common import to_core_document
+    from care_retriever.integrations.haystack.document_embedder import CareDocumentEmbedder
+
+    embedder = CareDocumentEmbedder(model="unused")
+    for meta in ({"title": 5}, {"title": ""}, {"title": None}, {"title": ["a"]}, {"title": "标题", "topic": "x"}):
+        core = to_core_document("id", "正文", meta)
+        assert embedder.text_to_embed(HaystackDocument(content="正文", meta=meta)) == core.embedding_text(), meta
+
+
 def test_no_copy_of_the_document_text_rule() -> None:
     """``f"{title}\\n{text}"`` is written once, in corpus.py; every other place calls document_text."""
     copies = []
@@ -233,14 +247,14 @@ def test_in_chunks_covers_every_value_within_the_parameter_limit() -> None:
 
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE t (id TEXT PRIMARY KEY)")
-    ids = [f"id{i}" for i in range(2 * MAX_IN_PARAMS + 7)]
+    ids = [f"id{i}" for i in range(2 * MAX_IN_PARAMS + 1)]  # a last chunk of one
     db.executemany("INSERT INTO t VALUES (?)", [(i,) for i in ids])
     found, sizes = [], []
     for marks, chunk in in_chunks(ids):
         assert marks.count("?") == len(chunk)
         sizes.append(len(chunk))
         found += [r for (r,) in db.execute(f"SELECT id FROM t WHERE id IN ({marks})", chunk)]
-    assert sorted(found) == sorted(ids) and sizes == [MAX_IN_PARAMS, MAX_IN_PARAMS, 7]
+    assert sorted(found) == sorted(ids) and sizes == [MAX_IN_PARAMS, MAX_IN_PARAMS, 1]
     assert list(in_chunks([])) == []
     with pytest.raises(ValueError):
         list(in_chunks(ids, 0))
