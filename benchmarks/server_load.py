@@ -278,7 +278,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--duration", type=float, default=12.0)
+    parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     parser.add_argument("--json", type=Path, help="also write the raw numbers here")
     args = parser.parse_args()
