@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, overload
 
+import numpy as np
+
 from care_retriever.embedder_protocol import Embedder
 from care_retriever.errors import InputError
 from care_retriever.stores import Hit, VectorStore, open_store
@@ -51,6 +53,23 @@ class CareRetriever:
         vectors = self.embedder.embed_queries(queries, instruction=self.instruction)
         hits = self.store.search(vectors, top_k, filters)
         return hits[0] if single else hits
+
+    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        """The query vectors of ``queries``, one row each in order, from one forward pass.
+
+        With :meth:`search_vectors`, the two halves of :meth:`search`, for callers that batch the
+        queries of many requests into one forward pass (the HTTP service).
+        """
+        for i, q in enumerate(queries):
+            if not isinstance(q, str) or not q.strip():
+                raise InputError(f"query {i}: empty query")
+        return self.embedder.embed_queries(list(queries), instruction=self.instruction)
+
+    def search_vectors(self, vectors: np.ndarray, top_k: int = 10, filters: Filters | None = None) -> list[list[Hit]]:
+        """Top-``k`` hits for each row of ``vectors`` (query vectors from :meth:`embed_queries`)."""
+        if top_k < 1:
+            raise InputError(f"top_k must be >= 1, got {top_k}")
+        return self.store.search(vectors, top_k, filters)
 
     def close(self) -> None:
         self.store.close()

@@ -1,13 +1,17 @@
 """``care-retriever serve``: the HTTP search service (FastAPI + uvicorn), query tower only.
 
-Binds to 127.0.0.1 by default: the service has no authentication, so exposing it is an explicit
-choice (``--host 0.0.0.0`` behind a proxy that authenticates). ``--port 0`` picks a free port; the
-address actually bound is printed on stderr before serving (tests and scripts read it).
+Binds to 127.0.0.1 by default: exposing the service is an explicit choice (``--host 0.0.0.0``),
+best with a bearer token (the variable named by ``--token-env``, ``CARE_API_TOKEN`` by default: when it
+is set, every request needs ``Authorization: Bearer <token>``) or behind a proxy that authenticates.
+``--port 0`` picks a free port; the address actually bound is printed on stderr before serving (tests
+and scripts read it). SIGTERM or Ctrl-C: stop accepting, finish the requests in flight (at most
+``--shutdown-timeout`` seconds), exit.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import sys
 from typing import Annotated
@@ -17,6 +21,7 @@ import typer
 from care_retriever.errors import InputError
 
 DEFAULT_HOST = "127.0.0.1"
+TOKEN_ENV = "CARE_API_TOKEN"
 
 
 def _is_loopback(host: str) -> bool:
@@ -46,7 +51,7 @@ def serve(
     model: Annotated[str, typer.Option(help="CARE model folder or hub id (only its query tower is loaded).")],
     store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333")],
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
-    host: Annotated[str, typer.Option(help="Address to bind (loopback by default: the API has no auth).")] = (
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = (
         DEFAULT_HOST
     ),
     port: Annotated[int, typer.Option(help="Port (0 = any free port; the bound address is printed).")] = 8000,
@@ -54,18 +59,41 @@ def serve(
     max_queries: Annotated[int, typer.Option(help="Most queries in one request.")] = 32,
     max_query_chars: Annotated[int, typer.Option(help="Longest query, in characters.")] = 2048,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 64 * 1024,
-    max_concurrency: Annotated[int, typer.Option(help="Searches run at once (others wait).")] = 4,
+    max_concurrency: Annotated[int, typer.Option(help="Batches in the query tower at once (others wait).")] = 1,
+    max_batch_size: Annotated[int, typer.Option(help="Most queries per forward pass (1 = no batching).")] = 32,
+    max_wait_ms: Annotated[float, typer.Option(help="How long a batch waits for more queries (ms).")] = 5.0,
+    max_queue: Annotated[int, typer.Option(help="Queries waiting for the tower before answering 503.")] = 256,
+    body_timeout: Annotated[float, typer.Option(help="Seconds a request body may take to arrive (else 408).")] = (
+        10.0
+    ),
     max_connections: Annotated[int, typer.Option(help="Open connections before answering 503.")] = 256,
+    shutdown_timeout: Annotated[float, typer.Option(help="On SIGTERM, seconds to let requests in flight finish.")] = (
+        30.0
+    ),
+    token_env: Annotated[str, typer.Option(help="Environment variable holding the bearer token (auth on if set).")] = (
+        TOKEN_ENV
+    ),
     instruction: Annotated[str | None, typer.Option(help="Override the query instruction.")] = None,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
-    """Serve /search and /health over HTTP with the query tower and a store."""
+    """Serve /search, /health and /metrics over HTTP with the query tower and a store."""
     for name, value in (("--max-top-k", max_top_k), ("--max-queries", max_queries),
                         ("--max-query-chars", max_query_chars), ("--max-body-bytes", max_body_bytes),
-                        ("--max-concurrency", max_concurrency), ("--max-connections", max_connections)):
+                        ("--max-concurrency", max_concurrency), ("--max-connections", max_connections),
+                        ("--max-batch-size", max_batch_size), ("--max-queue", max_queue)):
         if value < 1:
             raise InputError(f"{name} must be >= 1, got {value}")
+    for name, seconds in (("--max-wait-ms", max_wait_ms), ("--shutdown-timeout", shutdown_timeout)):
+        if not seconds >= 0:
+            raise InputError(f"{name} must be >= 0, got {seconds}")
+    if not body_timeout > 0:
+        raise InputError(f"--body-timeout must be > 0, got {body_timeout}")
+    if max_queue < max_queries:
+        raise InputError(f"--max-queue ({max_queue}) must be >= --max-queries ({max_queries})")
+    api_token = os.environ.get(token_env)
+    if api_token is not None and not api_token.strip():
+        raise InputError(f"${token_env} is set but empty: set a token, or unset it to serve without auth")
     import uvicorn
 
     from care_retriever.cli.core import quiet_transformers
@@ -76,20 +104,25 @@ def serve(
     retriever = CareRetriever.from_pretrained(model, store, collection=collection, device=device,
                                               instruction=instruction)
     limits = ServiceLimits(max_top_k=max_top_k, max_queries=max_queries, max_query_chars=max_query_chars,
-                           max_body_bytes=max_body_bytes, max_concurrency=max_concurrency)
-    app = create_app(retriever, limits, model_name=model)
+                           max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
+                           max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue,
+                           body_timeout_s=body_timeout)
+    app = create_app(retriever, limits, model_name=model, api_token=api_token)
     sock = bind_socket(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
-    if not _is_loopback(host):
-        typer.secho(f"warning: binding to {host}: the service has no authentication; put it behind a proxy "
-                    "that authenticates", err=True, fg="yellow")
+    if not _is_loopback(host) and not api_token:
+        typer.secho(f"warning: binding to {host} without authentication: set ${token_env} or put the service "
+                    "behind a proxy that authenticates", err=True, fg="yellow")
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    batching = f"batches of up to {max_batch_size}" if max_batch_size > 1 else "no batching"
     typer.echo(f"care-retriever serve: listening on http://{shown}:{bound_port} "
-               f"({retriever.store.count()} documents, {retriever.store.describe()})", err=True)
+               f"({retriever.store.count()} documents, {retriever.store.describe()}; {batching}; "
+               f"auth {'on' if api_token else 'off'})", err=True)
     sys.stderr.flush()
     config = uvicorn.Config(app, log_level=log_level, access_log=False, server_header=False,
                             limit_concurrency=max_connections, timeout_keep_alive=5,
-                            h11_max_incomplete_event_size=16 * 1024)
+                            h11_max_incomplete_event_size=16 * 1024,
+                            timeout_graceful_shutdown=shutdown_timeout)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
