@@ -73,10 +73,21 @@ def test_skip_invalid_keeps_the_good_rows(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- writing and searching
-def _brute_force(embedder: AsymmetricEmbedder, docs: list[Document], query: str) -> list[str]:
+def _brute_force_scored(embedder: AsymmetricEmbedder, docs: list[Document], query: str) -> list[tuple[str, float]]:
+    """The independent answer: numpy cosine (unit vectors: a dot product) of the query with every document."""
     d = embedder.embed_documents([x.embedding_text() for x in docs])
     q = embedder.embed_queries([query])[0]
-    return [docs[i].id for i in np.argsort(-(d @ q), kind="stable")]
+    scores = d @ q
+    return [(docs[i].id, float(scores[i])) for i in np.argsort(-scores, kind="stable")]
+
+
+def _brute_force(embedder: AsymmetricEmbedder, docs: list[Document], query: str) -> list[str]:
+    return [doc_id for doc_id, _ in _brute_force_scored(embedder, docs, query)]
+
+
+def _assert_hits_equal(hits: list, want: list[tuple[str, float]]) -> None:
+    assert [h.id for h in hits] == [i for i, _ in want]
+    np.testing.assert_allclose([h.score for h in hits], [s for _, s in want], atol=1e-5)
 
 
 @pytest.mark.parametrize("spec", ["faiss", "qdrant-memory", "qdrant-path"])
@@ -92,10 +103,14 @@ def test_write_then_search_matches_brute_force(embedder, docs, tmp_path: Path, s
     retriever = CareRetriever(writer.store, embedder)
     for query in QUERIES:
         hits = retriever.search(query, top_k=len(docs))
-        assert [h.id for h in hits] == _brute_force(embedder, docs, query)
-        assert all(-1.0 <= h.score <= 1.0 for h in hits) and hits[0].text
+        # ids and scores: a wrong but order-preserving score (say (1 + cos) / 2) fails here
+        _assert_hits_equal(hits, _brute_force_scored(embedder, docs, query))
+        assert hits[0].text
+    # The queries do not share one ranking, so a batch answered in the wrong order fails below.
+    assert len({tuple(_brute_force(embedder, docs, q)) for q in QUERIES}) == len(QUERIES)
     batch = retriever.search(QUERIES, top_k=2)
-    assert [[h.id for h in hits] for hits in batch] == [_brute_force(embedder, docs, q)[:2] for q in QUERIES]
+    for hits, query in zip(batch, QUERIES, strict=True):
+        _assert_hits_equal(hits, _brute_force_scored(embedder, docs, query)[:2])
     filtered = retriever.search(QUERIES[0], top_k=6, filters={"group": "odd"})
     assert {h.id for h in filtered} == {"b", "d", "f"}
     retriever.close()
@@ -191,3 +206,26 @@ def test_bad_store_specs_and_queries(embedder, docs, tmp_path: Path) -> None:
         retriever.search("血压", filters={"a b": 1})
     with pytest.raises(InputError, match="dims"):
         writer.store.search(np.zeros((1, 7), dtype=np.float32), 3)
+
+
+@pytest.mark.parametrize("spec", ["faiss", "qdrant-path"])
+def test_store_scores_equal_numpy_cosine_on_the_same_vectors(tmp_path: Path, spec: str) -> None:
+    """The independent reference for scores: numpy over the vectors that went in (not the store's own
+    exact search). 200 random unit vectors in 32 dims, 5 queries: every returned score is the cosine."""
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((200, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    queries = rng.standard_normal((5, 32)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    docs = [Document(f"v{i}", f"文本{i}") for i in range(len(vectors))]
+    store = open_store(f"faiss:{tmp_path / 'f'}" if spec == "faiss" else f"qdrant:{tmp_path / 'q'}")
+    store.prepare(32, "numpy-reference", "random-vectors")
+    store.upsert(docs, vectors)
+    store.commit()
+    store.finalize()
+    cosine = queries @ vectors.T
+    for row, hits in zip(cosine, store.search(queries, 10), strict=True):
+        want = np.argsort(-row, kind="stable")[:10]
+        assert [h.id for h in hits] == [f"v{i}" for i in want]
+        np.testing.assert_allclose([h.score for h in hits], row[want], atol=1e-5)
+    store.close()

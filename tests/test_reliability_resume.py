@@ -193,6 +193,9 @@ def test_faiss_killed_at_four_points_then_resumed_equals_clean_run(embedder, tin
                  lambda: (staged_count(folder) or 0) >= 2100, after=0.05)
     still = faiss_state(folder)
     assert sorted(still) == sorted(baseline)
+    # the same vectors too (the update re-encodes 300 changed documents: none may leak into the published store)
+    np.testing.assert_array_equal(np.stack([still[i] for i in sorted(still)]),
+                                  np.stack([baseline[i] for i in sorted(baseline)]))
     # ... 4. then the resumed update equals a clean build of the updated corpus.
     final = run_to_end(index_cmd(tiny_model_dir, updated, spec, "--update"))
     assert final["count"] == 2400 and final["updated"] + final["added"] < 700  # checkpointed work is kept

@@ -20,7 +20,6 @@ import httpx
 import pytest
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
-from care_retriever.cli.serve import serve
 
 QUERIES = ["血压高怎么办", "拉肚子脱水", "宝宝发烧", "失眠", "糖尿病饮食", "感冒"]
 LIMITS = ["--max-top-k", "5", "--max-queries", "4", "--max-query-chars", "200", "--max-body-bytes", "4096"]
@@ -93,7 +92,6 @@ def expected(tiny_model_dir: Path, store: str) -> dict[str, list[tuple[str, floa
 
 def test_binds_loopback_by_default_and_loads_only_the_query_tower(server: Server) -> None:
     assert server.host == "127.0.0.1"
-    assert serve.__defaults__ is not None and "127.0.0.1" in serve.__defaults__
     health = httpx.get(f"{server.url}/health", timeout=10).json()
     assert health["status"] == "ok" and health["documents"] == 6 and health["towers"] == ["query"]
     assert health["limits"]["max_top_k"] == 5
@@ -189,8 +187,12 @@ def test_concurrent_clients_get_serial_results(server: Server, expected) -> None
                         problems.append(f"bad request got {bad.status_code}")
                     continue
                 r = http.post("/search", json={"query": query, "top_k": 5})
-                got = [(h["id"], round(h["score"], 4)) for h in r.json()["results"][0]["hits"]]
-                if r.status_code != 200 or got != [(i, round(s, 4)) for i, s in expected[query]]:
+                got = [(h["id"], h["score"]) for h in r.json()["results"][0]["hits"]]
+                want = expected[query]
+                same = [i for i, _ in got] == [i for i, _ in want] and all(
+                    abs(a - b) <= 1e-5 for (_, a), (_, b) in zip(got, want, strict=True)
+                )
+                if r.status_code != 200 or not same:
                     problems.append(f"{query}: {r.status_code} {got}")
         return problems
 

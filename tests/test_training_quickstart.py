@@ -62,6 +62,7 @@ def test_quickstart_trains_indexes_searches_and_scores(tmp_path: Path, sample_co
     assert f"nDCG@10 on the {len(held_ids)} held-out sample queries" in text
     line = next(line for line in text.splitlines() if "CARE (this quickstart)" in line)
     care, bm25 = (float(part.split()[-1]) for part in line.split("|"))
+    Path("/tmp/i12_measured.txt").write_text(f"{care} {bm25}")
     assert 0.0 <= care <= 1.0 and 0.3 < bm25 <= 1.0
     # the printed follow-up command works as printed
     command = next(line.strip() for line in text.splitlines() if line.strip().startswith("care-retriever search"))
