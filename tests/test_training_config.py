@@ -117,9 +117,11 @@ def test_a_run_does_not_change_the_callers_recipe(data_dir: Path, tmp_path: Path
     raw["model"]["max_length"] = 100
     recipe = parse_recipe(raw)
     before = copy.deepcopy(recipe)
-    run_recipe(recipe, tmp_path / "out", data_dir, dry_run_steps=1, preset="tiny", show_progress=False)
+    run_recipe(recipe, tmp_path / "out", data_dir, dry_run_steps=1, show_progress=False)
     assert recipe == before
     assert recipe.model.max_length == 100  # the dry run trained at 64 on a copy
+    run_recipe(recipe, tmp_path / "preset", data_dir, dry_run_steps=1, preset="mini", show_progress=False)
+    assert recipe == before and recipe.model.preset == "tiny"
 
 
 # ------------------------------------------------------------------ clm / mlm checkpoints and the fingerprint
