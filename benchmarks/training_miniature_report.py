@@ -1,17 +1,20 @@
-"""Score a miniature training run on the dev tasks and write docs/miniature.md (+ a speed plot).
+"""Score miniature training runs (one per seed) and write docs/miniature.md and docs/miniature.json.
 
-    nice -n 10 python benchmarks/training_miniature_report.py --run runs/miniature-ablations
-    python benchmarks/training_miniature_report.py --run runs/miniature --doc /tmp/m.md --plot /tmp/m.png
+    care-retriever train --recipe miniature-ablations --out runs/ablations --seeds 3
+    nice -n 10 python benchmarks/training_miniature_report.py --run runs/ablations/seed-*
+    python benchmarks/training_miniature_report.py --from-json docs/miniature.json   # re-render only
 
-Every model of the run (``final`` and each export under ``models/``) and BM25 go through the
+Every model of a run (``final`` and each export under ``models/``) and BM25 go through the
 product's own evaluation harness (``care_retriever.evaluation``, the code behind
 ``care-retriever eval``) on the ``../shared/data/tasks`` dev halves: two retrieval tasks
-(nDCG@10), one rerank task (MAP@10) and one STS task (Pearson), with the paper's per-task
-instructions. As in the paper's Tables 4 and 5, "Retr." is the mean of the retrieval tasks and
-"Avg" the mean of Retr. and Rerank; the share of the small-to-large symmetric gap that the
-asymmetric model closes is computed on Avg, and only when the large model is the better one.
-Query speed is the model's query path, one query per call (the online setting). Training time per
-stage comes from the run's ``run.json``. Every number in the written file comes from this run.
+(nDCG@10), one rerank task (MAP@10), one STS task (Pearson). A run's scores are kept in
+``RUN/miniature_scores.json`` (``--rescore`` recomputes them), so the report of several runs
+re-renders in seconds. Figures are mean +- sd (sample sd) over the runs' seeds.
+
+Avg is the issue's target measure: the mean of kuake-qtr retrieval nDCG@10 and kuake-qtr rerank
+MAP@10. The gap-closure ratio is (asymmetric - small) / (large - small) on the seeds' mean Avg,
+defined only when the large symmetric model is the better one. ``docs/miniature.json`` keeps every
+seed as ``{"seeds": [{"seed": 0, "models": {name: {task: {"main_score": x}}}}]}``.
 """
 
 from __future__ import annotations
@@ -21,26 +24,28 @@ import itertools
 import json
 import os
 import platform
+import statistics
 import time
 from datetime import date
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
-RETRIEVAL = ("kuake-qtr-retrieval", "im-qa-retrieval")
-RERANK = "kuake-qtr-rerank"
-STS = "chip-sts"
-TASKS = (*RETRIEVAL, RERANK, STS)
-ORDER = (
-    "small-symmetric",
-    "large-symmetric",
+KUAKE_RETRIEVAL, IMQA, RERANK, STS = "kuake-qtr-retrieval", "im-qa-retrieval", "kuake-qtr-rerank", "chip-sts"
+TASKS = (KUAKE_RETRIEVAL, IMQA, RERANK, STS)
+SCORES_FILE = "miniature_scores.json"
+TABLE4 = ("small-symmetric", "large-symmetric", "asymmetric-two-stage")
+TABLE5 = (
     "asymmetric-two-stage",
-    "without-stage-i",
     "without-stage-ii",
-    "score-distillation",
+    "without-stage-i",
+    "stage1-without-mse",
+    "stage1-without-contrastive",
+    "stage1-on-finetuning-data",
 )
+TABLE7 = ("small-symmetric", "score-distillation", "asymmetric-two-stage")
+ORDER = (*TABLE4, *TABLE5[1:], "score-distillation")
 MINIATURE_BUDGET_MIN = 30.0
+TARGET_GAP, TARGET_CLOSURE, TARGET_BM25 = 0.03, 0.90, 0.02
 
 
 def miniature_stages() -> list[str]:
@@ -90,165 +95,209 @@ def query_speed(embedder, queries: list[str], n: int = 200) -> float:
     return len(sample) / (time.perf_counter() - start)
 
 
-def summarise(row: dict) -> None:
-    row["retrieval"] = float(np.mean([row[t] for t in RETRIEVAL]))
-    row["avg"] = float(np.mean([row["retrieval"], row[RERANK]]))
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, required=True)
-    parser.add_argument(
-        "--data-dir", type=Path, default=Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data"))
-    )
-    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "miniature.md")
-    parser.add_argument("--plot", type=Path, default=REPO / "docs" / "miniature_speed.png")
-    parser.add_argument("--json", type=Path, default=None, help="Also write the scores here.")
-    parser.add_argument("--from-json", type=Path, default=None, help="Re-render the doc and plot from --json output.")
-    args = parser.parse_args()
-    run_state = json.loads((args.run / "run.json").read_text("utf-8"))
-    if args.from_json:
-        saved = json.loads(args.from_json.read_text("utf-8"))
-        write_doc(args, run_state, saved["results"], saved["gap_closed"], saved["machine"])
-        write_plot(args.plot, saved["results"])
-        return
+def score_run(run: Path, data_dir: Path, rescore: bool = False) -> dict:
+    """A run's seed entry (scores of BM25 and every model), computed once and kept in the run folder."""
+    cached = run / SCORES_FILE
+    if cached.is_file() and not rescore:
+        return json.loads(cached.read_text("utf-8"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from care_retriever.baselines import load_embedder
     from care_retriever.evaluation.runner import evaluate
     from care_retriever.evaluation.tasks import load_task
 
-    load_before = os.getloadavg()[1]
-    models = models_of(args.run)
+    state = json.loads((run / "run.json").read_text("utf-8"))
+    models = models_of(run)
     if not models:
-        raise SystemExit(f"{args.run}: no final model and no exports")
-    tasks = {name: load_task(args.data_dir / "tasks" / name) for name in TASKS}
-    retrieval_task = tasks[RETRIEVAL[0]]
-    speed_queries = [retrieval_task.queries[q] for q in retrieval_task.query_ids][:200]
-    results: dict[str, dict] = {}
+        raise SystemExit(f"{run}: no final model and no exports")
+    tasks = {name: load_task(data_dir / "tasks" / name) for name in TASKS}
+    speed_queries = [tasks[KUAKE_RETRIEVAL].queries[q] for q in tasks[KUAKE_RETRIEVAL].query_ids][:200]
+    entry: dict = {"seed": seed_of(state), "models": {}, "info": {}}
     for name in ("bm25", *models):
         embedder = load_embedder("bm25" if name == "bm25" else str(models[name]))
-        row: dict = {"path": "bm25" if name == "bm25" else str(models[name])}
+        scores = {}
         for task_name, task in tasks.items():
+            if name == "bm25" and task_name == STS:
+                continue  # no sentence embedding
             result = evaluate(embedder, task, model_name=name, show_progress=True)
-            row[task_name] = result.main_score
-            row[f"{task_name}_metrics"] = result.metrics
-            row[f"{task_name}_seconds"] = result.seconds
-            print(f"{name} {task_name}: {result.main_score}", flush=True)
+            scores[task_name] = {"main_score": result.main_score, "metrics": result.metrics}
+            print(f"{run.name} {name} {task_name}: {result.main_score}", flush=True)
+        entry["models"][name] = scores
         if name != "bm25":
-            row.update(
-                mode=embedder.mode,
-                query_params=parameters(embedder.query_modules),
-                document_params=parameters(embedder.document_modules),
-                queries_per_s=query_speed(embedder, speed_queries),
-            )
-        summarise(row)
-        results[name] = row
-    gap = gap_closed(results)
-    machine = {
-        "cpus": os.cpu_count(),
-        "arch": platform.machine(),
-        "load_before": round(load_before, 2),
-        "load_after": round(os.getloadavg()[1], 2),
-    }
-    write_doc(args, run_state, results, gap, machine)
-    write_plot(args.plot, results)
-    if args.json:
-        args.json.write_text(json.dumps({"results": results, "gap_closed": gap, "machine": machine}, indent=2))
+            entry["info"][name] = {
+                "query_params": parameters(embedder.query_modules),
+                "document_params": parameters(embedder.document_modules),
+                "queries_per_s": query_speed(embedder, speed_queries),
+            }
+    cached.write_text(json.dumps(entry, indent=2), encoding="utf-8")
+    return entry
 
 
-def gap_closed(results: dict[str, dict]) -> float | None:
-    """(asym - small) / (large - small) on Avg; undefined unless the large symmetric model is better."""
-    if not {"small-symmetric", "large-symmetric", "asymmetric-two-stage"} <= set(results):
+def seed_of(state: dict) -> int:
+    """The seed a run trained with (``--seeds`` runs live in ``seed-<k>`` folders; run.json keeps the recipe)."""
+    source = state.get("source")
+    seed = state.get("seed")
+    if seed is None and source and Path(source).is_file():
+        import yaml
+
+        seed = (yaml.safe_load(Path(source).read_text("utf-8")) or {}).get("seed")
+    return int(seed or 0)
+
+
+# ---------------------------------------------------------------------------- arithmetic
+def score(entry: dict, model: str, task: str) -> float | None:
+    value = entry["models"].get(model, {}).get(task, {}).get("main_score")
+    return None if value is None else float(value)
+
+
+def avg(entry: dict, model: str) -> float | None:
+    """The target measure: mean of kuake-qtr retrieval nDCG@10 and kuake-qtr rerank MAP@10."""
+    parts = [score(entry, model, KUAKE_RETRIEVAL), score(entry, model, RERANK)]
+    return None if None in parts else (parts[0] + parts[1]) / 2
+
+
+def values(seeds: list[dict], model: str, measure: str) -> list[float]:
+    found = [avg(e, model) if measure == "avg" else score(e, model, measure) for e in seeds]
+    return [v for v in found if v is not None]
+
+
+def mean_sd(data: list[float]) -> tuple[float, float] | None:
+    if not data:
         return None
-    small, large = results["small-symmetric"]["avg"], results["large-symmetric"]["avg"]
-    if large <= small:
+    return statistics.fmean(data), (statistics.stdev(data) if len(data) > 1 else 0.0)
+
+
+def cell(data: list[float]) -> str:
+    stats = mean_sd(data)
+    return "" if stats is None else f"{stats[0]:.4f} ± {stats[1]:.4f}"
+
+
+def gap_closure(seeds: list[dict]) -> float | None:
+    """(asym - small) / (large - small) on the mean Avg; None unless large beats small."""
+    means = {m: mean_sd(values(seeds, m, "avg")) for m in TABLE4}
+    if any(v is None for v in means.values()):
         return None
-    return (results["asymmetric-two-stage"]["avg"] - small) / (large - small)
+    small, large, asym = (means[m][0] for m in TABLE4)
+    return None if large <= small else (asym - small) / (large - small)
 
 
-def fmt(value: float | None) -> str:
-    return "" if value is None else f"{value:.4f}"
+def targets(seeds: list[dict]) -> list[str]:
+    """Each target of issue 14 stated as met, missed (by how much) or not measurable."""
+    lines = []
+    mean = {m: (mean_sd(values(seeds, m, "avg")) or (None,))[0] for m in (*TABLE4, *TABLE5)}
+    small, large, asym = (mean[m] for m in TABLE4)
+    n = len(seeds)
+    if small is not None and large is not None:
+        margin = large - small
+        met = margin >= TARGET_GAP
+        lines.append(
+            f"- large-symmetric >= small-symmetric + {TARGET_GAP} on Avg (mean of {n} seeds): "
+            f"**{'met' if met else 'missed'}** ({large:.4f} vs {small:.4f}, {margin:+.4f}"
+            + ("" if met else f"; short by {TARGET_GAP - margin:.4f}")
+            + ")."
+        )
+    closure = gap_closure(seeds)
+    if closure is not None:
+        met = closure >= TARGET_CLOSURE
+        lines.append(
+            f"- the asymmetric model closes >= {TARGET_CLOSURE:.0%} of that gap: **{'met' if met else 'missed'}**, "
+            f"closed {closure:.0%} (asymmetric Avg {asym:.4f}; paper: 78% at 4B, 89% at 8B)."
+        )
+    elif small is not None and large is not None and asym is not None:
+        lines.append(
+            f"- the asymmetric model closes >= {TARGET_CLOSURE:.0%} of that gap: **missed (not measurable)**: "
+            f"large-symmetric does not beat small-symmetric, there is no gap to close (asymmetric Avg {asym:.4f})."
+        )
+    margins = [
+        score(e, "asymmetric-two-stage", KUAKE_RETRIEVAL) - score(e, "bm25", KUAKE_RETRIEVAL)
+        for e in seeds
+        if score(e, "asymmetric-two-stage", KUAKE_RETRIEVAL) is not None and score(e, "bm25", KUAKE_RETRIEVAL)
+    ]
+    if margins:
+        met = len(margins) == n and min(margins) >= TARGET_BM25
+        lines.append(
+            f"- the asymmetric model beats BM25 on {KUAKE_RETRIEVAL} by >= {TARGET_BM25} nDCG@10 in every seed: "
+            f"**{'met' if met else 'missed'}** (margins {', '.join(f'{m:+.4f}' for m in margins)})."
+        )
+    order = [mean[m] for m in ("asymmetric-two-stage", "without-stage-ii", "without-stage-i")]
+    if None not in order:
+        met = order[0] > order[1] > order[2]
+        lines.append(
+            "- the paper's ablation order full > without Stage II > without Stage I (mean Avg): "
+            f"**{'met' if met else 'missed'}** ({order[0]:.4f} / {order[1]:.4f} / {order[2]:.4f})."
+        )
+    return lines
 
 
-def write_doc(args, run_state: dict, results: dict[str, dict], gap: float | None, machine: dict) -> None:
-    bm25 = results["bm25"]
+# ---------------------------------------------------------------------------- rendering
+def table(seeds: list[dict], info: dict, models: tuple[str, ...], *, bm25: bool = False) -> list[str]:
+    lines = [
+        "| model | query tower | document tower | kuake-qtr-retrieval | kuake-qtr-rerank | Avg | im-qa-retrieval "
+        "| chip-sts | queries/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in (*models, *(("bm25",) if bm25 else ())):
+        if not any(name in e["models"] for e in seeds):
+            continue
+        meta = info.get(name, {})
+        q, d, qps = meta.get("query_params"), meta.get("document_params"), meta.get("queries_per_s")
+        lines.append(
+            f"| {'BM25' if name == 'bm25' else name} | {'' if q is None else f'{q / 1e6:.1f}M'} | "
+            f"{'' if d is None else f'{d / 1e6:.1f}M'} | "
+            + " | ".join(cell(values(seeds, name, m)) for m in (KUAKE_RETRIEVAL, RERANK, "avg", IMQA, STS))
+            + f" | {'' if qps is None else f'{qps:.0f}'} |"
+        )
+    return lines
+
+
+def render(seeds: list[dict], info: dict, runs: list[dict], machine: dict | None) -> str:
+    n = len(seeds)
+    labels = [e.get("label") for e in seeds if e.get("label")]
     lines = [
         "# Miniature reproduction",
         "",
-        f"Generated by `benchmarks/training_miniature_report.py --run {args.run}` on {date.today()} "
-        f"({machine['arch']}, {machine['cpus']} CPUs; 5-minute load average {machine['load_before']} before "
-        f"scoring, {machine['load_after']} after); recipe `{Path(run_state.get('source', '')).name}`. "
-        "Nothing in this file is typed by hand: re-run the script to refresh it.",
-        "",
-        "Models are trained from scratch (`mini` preset: 4-layer 256-wide BERT query tower, 6-layer 384-wide "
-        "decoder document tower) on `../shared/data/train`"
+        f"Generated by `benchmarks/training_miniature_report.py` on {date.today()} from {n} seed(s) "
+        f"({', '.join(str(e['seed']) for e in seeds)})"
         + (
-            ", the document tower pretrained first with one epoch of next-token prediction over the training "
-            "texts (`clm` stage), as an LLM tower would be"
-            if any(r.get("type") == "clm" for r in run_state.get("reports", []))
+            f" ({machine['arch']}, {machine['cpus']} CPUs; 5-minute load average {machine['load_before']} before "
+            f"scoring, {machine['load_after']} after)"
+            if machine
             else ""
         )
-        + ", and scored by the evaluation harness "
-        "(`care-retriever eval`) on the dev halves of `../shared/data/tasks`: nDCG@10 for retrieval, MAP@10 for "
-        "rerank, Pearson for STS. Retr. = mean of the two retrieval tasks; Avg = mean of Retr. and Rerank (the "
-        "paper's Tables 4 and 5). BM25 is bm25s over jieba tokens (no sentence embedding, so no STS). "
-        "Queries/s: the model's query path, one query per call (the online setting), on this CPU.",
+        + ". Nothing in this file is typed by hand: re-run the script to refresh it; every seed's scores are "
+        "in `miniature.json`.",
         "",
-        "| model | query tower | document tower | kuake-qtr-retrieval | im-qa-retrieval | kuake-qtr-rerank "
-        "| chip-sts | Retr. | Avg | queries/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        f"| BM25 | | | {fmt(bm25[RETRIEVAL[0]])} | {fmt(bm25[RETRIEVAL[1]])} | {fmt(bm25[RERANK])} | | "
-        f"{bm25['retrieval']:.4f} | {bm25['avg']:.4f} | |",
+        *(f"> {label}" for label in labels),
+        *([""] if labels else []),
+        "Scored by the evaluation harness (`care-retriever eval`) on the dev halves of `../shared/data/tasks`: "
+        "nDCG@10 for retrieval, MAP@10 for rerank, Pearson for STS; mean ± sd over the seeds (sd 0 with one "
+        "seed). Avg = mean of kuake-qtr-retrieval and kuake-qtr-rerank (the targets' measure). BM25 is bm25s "
+        "over jieba tokens. Queries/s: the query path, one query per call, on this CPU (first run's models).",
+        "",
+        "## Table 4: small, large and asymmetric",
+        "",
+        *table(seeds, info, TABLE4, bm25=True),
+        "",
     ]
-    for name, row in results.items():
-        if name == "bm25":
-            continue
-        lines.append(
-            f"| {name} | {row['query_params'] / 1e6:.1f}M | {row['document_params'] / 1e6:.1f}M | "
-            f"{fmt(row[RETRIEVAL[0]])} | {fmt(row[RETRIEVAL[1]])} | {fmt(row[RERANK])} | {fmt(row[STS])} | "
-            f"{row['retrieval']:.4f} | {row['avg']:.4f} | {row['queries_per_s']:.0f} |"
-        )
-    lines.append("")
-    asym = results.get("asymmetric-two-stage")
-    if asym:
-        task = RETRIEVAL[0]
-        beats = asym[task] > bm25[task]
-        lines.append(
-            f"- Target 1, beat BM25 on {task}: **{'met' if beats else 'missed'}** "
-            f"({asym[task]:.4f} vs {bm25[task]:.4f}, {asym[task] - bm25[task]:+.4f})."
-        )
-    small, large = results.get("small-symmetric"), results.get("large-symmetric")
-    if gap is not None:
-        lines.append(
-            f"- Target 2, close >= 90% of the small-to-large symmetric gap (Avg): "
-            f"**{'met' if gap >= 0.9 else 'missed'}**, closed {gap * 100:.0f}% "
-            f"(small {small['avg']:.4f}, large {large['avg']:.4f}, asymmetric {asym['avg']:.4f}; "
-            "paper: 78% with a 4B, 89% with an 8B document tower)."
-        )
-    elif small and large and asym:
-        lines.append(
-            f"- Target 2, close >= 90% of the small-to-large symmetric gap: **not measurable in this run**: the "
-            f"large symmetric model (Avg {large['avg']:.4f}) does not beat the small one ({small['avg']:.4f}), "
-            "so there is no gap to close; the asymmetric model scores "
-            f"{asym['avg']:.4f}."
-        )
-    if large and asym:
-        # What the asymmetric model keeps of its own document tower used on both sides (the LLM path):
-        # the part of the paper's claim that this miniature can test whatever the tower sizes.
-        task = RETRIEVAL[0]
-        lines.append(
-            f"- The asymmetric model keeps {asym['avg'] / large['avg'] * 100:.1f}% of its document tower's "
-            f"symmetric Avg ({asym['avg']:.4f} vs {large['avg']:.4f}; {task} "
-            f"{asym[task] / large[task] * 100:.1f}%), with the small tower's query path."
-        )
-    else:
-        lines.append("- Target 2 (gap closure) needs the ablation run (`miniature-ablations.yaml`).")
-    reports = run_state.get("reports", [])
-    walls = wall_seconds(args.run, run_state)
-    lines += [
-        "",
-        "Time per stage (from the run's `run.json`; training = the optimisation loop, wall = the whole stage "
-        "with data reading, teacher caching, negative mining and saving):",
+    closure = gap_closure(seeds)
+    lines.append(
+        "Gap-closure ratio (asymmetric - small) / (large - small) on mean Avg: "
+        + ("undefined (large-symmetric does not beat small-symmetric)" if closure is None else f"{closure:.0%}")
+        + "."
+    )
+    lines += ["", "## Table 5: ablations", "", *table(seeds, info, TABLE5), ""]
+    lines += ["## Table 7: score distillation", "", *table(seeds, info, TABLE7), ""]
+    lines += ["## Targets (issue 14, dev halves)", "", *targets(seeds), ""]
+    for run in runs:
+        lines += stage_times(run)
+    return "\n".join(lines)
+
+
+def stage_times(run: dict) -> list[str]:
+    state, folder = run["state"], run["path"]
+    reports = state.get("reports", [])
+    walls = wall_seconds(folder, state)
+    lines = [
+        f"Time per stage, `{folder}` (from its `run.json`; training = the optimisation loop, wall = the whole stage):",
         "",
         "| stage | steps | training s | wall s | loss first -> last |",
         "|---|---|---|---|---|",
@@ -262,42 +311,103 @@ def write_doc(args, run_state: dict, results: dict[str, dict], gap: float | None
             f"{'' if wall is None else f'{wall:.0f}'} | {loss} |"
         )
     stages = [name for name in miniature_stages() if name in walls]
-    miniature = sum(walls.get(name, 0.0) for name in stages) + float(run_state.get("init_seconds", 0.0))
-    total = sum(walls.values()) + float(run_state.get("init_seconds", 0.0))
-    kept = "wall times kept by the run" if all("wall_seconds" in r for r in reports) else (
-        "wall times from the stage folders' save times, so each includes the previous stage's exports; "
-        "building the random towers is not counted"
-    )
+    miniature = sum(walls.get(name, 0.0) for name in stages) + float(state.get("init_seconds", 0.0))
+    total = sum(walls.values()) + float(state.get("init_seconds", 0.0))
     lines += [
         "",
-        f"Wall time, all stages: {total / 60:.1f} min; the stages `miniature.yaml` runs "
-        f"({', '.join(stages)}): {miniature / 60:.1f} min (budget {MINIATURE_BUDGET_MIN:.0f} min on 2 CPU "
-        f"cores; {kept}).",
-        "",
-        f"![accuracy vs query speed]({args.plot.name})",
+        f"Wall time, all stages: {total / 60:.1f} min; the stages `miniature.yaml` runs: {miniature / 60:.1f} min "
+        f"(budget {MINIATURE_BUDGET_MIN:.0f} min on 2 CPU cores).",
         "",
     ]
+    return lines
+
+
+def convert_legacy(path: Path) -> dict:
+    """A seed entry from the single-seed ``{"results": ...}`` file this script wrote before seeds."""
+    old = json.loads(path.read_text("utf-8"))
+    models, info = {}, {}
+    for name, row in old["results"].items():
+        models[name] = {
+            task: {"main_score": row[task], "metrics": row.get(f"{task}_metrics", {})}
+            for task in TASKS
+            if row.get(task) is not None
+        }
+        if "query_params" in row:
+            info[name] = {k: row[k] for k in ("query_params", "document_params", "queries_per_s")}
+    label = (
+        "Seed 0 is the single-seed run of 2026-11-23 (`miniature-ablations` v4: `mini` towers from scratch, one "
+        "CLM epoch over the training texts, max_length 64, no foundation), converted from the previous "
+        "`docs/miniature.json`; it has no Table 5 Stage I variants."
+    )
+    return {"seed": 0, "label": label, "models": models, "info": info}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, nargs="*", default=[], help="Run folders, one per seed.")
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data"))
+    )
+    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "miniature.md")
+    parser.add_argument("--json", type=Path, default=REPO / "docs" / "miniature.json")
+    parser.add_argument("--plot", type=Path, default=None, help="Also draw accuracy vs query speed here.")
+    parser.add_argument("--from-json", type=Path, default=None, help="Re-render from a miniature.json.")
+    parser.add_argument("--convert-legacy", type=Path, default=None, help="Single-seed JSON to keep as seed 0.")
+    parser.add_argument("--rescore", action="store_true", help="Score the runs again (ignore their cached scores).")
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg()[1]
+    seeds: list[dict] = []
+    runs: list[dict] = []
+    if args.from_json:
+        seeds = json.loads(args.from_json.read_text("utf-8"))["seeds"]
+    if args.convert_legacy:
+        seeds.append(convert_legacy(args.convert_legacy))
+    for folder in args.run:
+        state = json.loads((folder / "run.json").read_text("utf-8"))
+        seeds.append(score_run(folder, args.data_dir, args.rescore))
+        runs.append({"path": folder, "state": state})
+    if not seeds:
+        raise SystemExit("nothing to report: give --run folders, --from-json or --convert-legacy")
+    info: dict = {}
+    for entry in seeds:  # the first seed that measured a model gives its sizes and speed
+        for name, meta in entry.get("info", {}).items():
+            info.setdefault(name, meta)
+    machine = {
+        "cpus": os.cpu_count(),
+        "arch": platform.machine(),
+        "load_before": round(load_before, 2),
+        "load_after": round(os.getloadavg()[1], 2),
+    }
     args.doc.parent.mkdir(parents=True, exist_ok=True)
-    args.doc.write_text("\n".join(lines), encoding="utf-8")
-    print(f"wrote {args.doc}")
+    args.doc.write_text(render(seeds, info, runs, machine if args.run else None), encoding="utf-8")
+    kept = {"seeds": [{k: e[k] for k in ("seed", "label", "models", "info") if k in e} for e in seeds]}
+    args.json.write_text(json.dumps(kept, indent=2, ensure_ascii=False), encoding="utf-8")
+    if args.plot:
+        write_plot(args.plot, seeds[0], info)
+    print(f"wrote {args.doc} and {args.json} ({len(seeds)} seeds)")
 
 
-def write_plot(path: Path, results: dict[str, dict]) -> None:
+def write_plot(path: Path, entry: dict, info: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for name, row in results.items():
-        if name == "bm25":
-            ax.axhline(row["avg"], color="grey", linestyle="--", label="BM25")
+    for name in entry["models"]:
+        value = avg(entry, name)
+        if value is None:
             continue
-        ax.scatter(row["queries_per_s"], row["avg"])
-        ax.annotate(name, (row["queries_per_s"], row["avg"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if name == "bm25":
+            ax.axhline(value, color="grey", linestyle="--", label="BM25")
+            continue
+        if name in info:
+            ax.scatter(info[name]["queries_per_s"], value)
+            ax.annotate(name, (info[name]["queries_per_s"], value), textcoords="offset points", xytext=(4, 4),
+                        fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("queries per second (one query per call, CPU)")
-    ax.set_ylabel("Avg of retrieval (nDCG@10) and rerank (MAP@10)")
+    ax.set_ylabel("Avg of kuake-qtr retrieval (nDCG@10) and rerank (MAP@10)")
     ax.set_title("Miniature CARE: accuracy vs query speed")
     ax.legend(loc="upper left")
     fig.tight_layout()

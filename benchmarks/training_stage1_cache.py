@@ -85,7 +85,7 @@ def worker(config: str, model: Path, folder: Path, steps: int, batch: int, max_l
 
     from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.training.pairs import load_pairset
-    from care_retriever.training.recipe import DatasetSpec, StageSpec
+    from care_retriever.training.recipe import DatasetSpec, build_stage
     from care_retriever.training.runner import set_max_length
     from care_retriever.training.stages import STAGES, StageContext
 
@@ -97,18 +97,28 @@ def worker(config: str, model: Path, folder: Path, steps: int, batch: int, max_l
         config, "stage1_align"
     )
     rows = steps * batch
-    options: dict = {"max_examples": rows, "lora": {"r": 8, "alpha": 16}}
+    options: dict = {"max_examples": rows}
+    if kind in ("stage0_document", "stage2_joint"):
+        options["lora"] = {"r": 8, "alpha": 16}
     if kind == "stage1_align":
         options = {"alignment": {"queries": ["pairs"]}, "max_examples": rows}
         options["teacher"] = "cached" if config == "stage1-cached" else "recompute"
     if kind == "stage2_joint":
         options["hard_negatives"] = {"num": 1, "mine": False}
-    stage = StageSpec(
-        name=config,
-        type=kind,
-        datasets=[] if kind == "stage1_align" else ["pairs"],
-        args={"max_steps": steps, "per_device_train_batch_size": batch, "logging_steps": 1, "save_strategy": "no"},
-        options=options,
+    stage = build_stage(
+        {
+            "name": config,
+            "type": kind,
+            "datasets": [] if kind == "stage1_align" else ["pairs"],
+            "args": {
+                "max_steps": steps,
+                "per_device_train_batch_size": batch,
+                "logging_steps": 1,
+                "save_strategy": "no",
+            },
+            **options,
+        },
+        f"benchmark {config}",
     )
     out = folder / "run"
     ctx = StageContext(

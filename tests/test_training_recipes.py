@@ -9,7 +9,7 @@ import pytest
 
 from care_retriever.cli.main import main
 
-BUNDLED = ("quickstart", "miniature", "miniature-ablations", "paper")
+BUNDLED = ("quickstart", "miniature", "miniature-ablations", "paper")  # CARE recipes (foundation: its own test)
 
 
 @pytest.mark.parametrize("name", BUNDLED)
@@ -55,6 +55,9 @@ def test_ablation_recipe_exports_the_tables_models() -> None:
         "without-stage-i",
         "without-stage-ii",
         "score-distillation",  # the paper's Table 7 baseline
+        "stage1-without-mse",  # Table 5's Stage I variants
+        "stage1-without-contrastive",
+        "stage1-on-finetuning-data",
     }
     assert recipe.stage("stage2-without-stage1").source == "stage0-document"
     assert recipe.stage("score-distillation").source == "stage0-document"
@@ -92,12 +95,14 @@ def test_miniature_ablations_dry_run_on_shared_data(shared_data: Path, tmp_path:
     assert state["done"] == [
         "init",
         "stage0-query",
-        "clm-document",
         "stage0-document",
         "stage1",
         "stage2",
         "stage2-without-stage1",
         "score-distillation",
+        "stage1-without-mse",
+        "stage1-without-contrastive",
+        "stage1-on-finetuning-data",
     ]
     assert all(r["steps"] == 1 for r in state["reports"])
     models = ("small-symmetric", "large-symmetric", "asymmetric-two-stage", "without-stage-i", "without-stage-ii")

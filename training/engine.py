@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
 from care_retriever.errors import InputError
 
@@ -71,16 +71,40 @@ class CareTrainer(SentenceTransformerTrainer):
         from safetensors.torch import load_model
 
         folder = Path(resume_from_checkpoint)
-        run = folder / RUN_FILE
-        if not run.is_file() or not (folder / STATE_FILE).is_file():
-            raise InputError(f"{folder}: not a care-retriever checkpoint (no {RUN_FILE} / {STATE_FILE})")
-        found = json.loads(run.read_text()).get("fingerprint")
-        if found != self.care_fingerprint:
-            raise InputError(
-                f"{folder}: checkpoint of another recipe (fingerprint {found}, this run {self.care_fingerprint}); "
-                "use a new --out"
-            )
+        if not (folder / STATE_FILE).is_file():
+            raise InputError(f"{folder}: not a care-retriever checkpoint (no {STATE_FILE})")
+        check_fingerprint(folder, self.care_fingerprint)
         load_model(model or self.model, str(folder / STATE_FILE), strict=True)
+
+
+def check_fingerprint(folder: Path, fingerprint: str) -> None:
+    """Refuse a checkpoint written by another recipe (or by no care-retriever run)."""
+    run = folder / RUN_FILE
+    if not run.is_file():
+        raise InputError(f"{folder}: not a care-retriever checkpoint (no {RUN_FILE})")
+    found = json.loads(run.read_text()).get("fingerprint")
+    if found != fingerprint:
+        raise InputError(
+            f"{folder}: checkpoint of another recipe (fingerprint {found}, this run {fingerprint}); use a new --out"
+        )
+
+
+class CareLmTrainer(Trainer):
+    """The language-model pretraining trainer (``mlm``/``clm``): stock checkpoints, tagged with the
+    recipe fingerprint like :class:`CareTrainer`'s, and refused on resume by another recipe."""
+
+    def __init__(self, *args: Any, care_fingerprint: str, **kwargs: Any) -> None:
+        self.care_fingerprint = care_fingerprint
+        super().__init__(*args, **kwargs)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
+        super()._save(output_dir, state_dict)
+        target = Path(output_dir or self.args.output_dir)
+        (target / RUN_FILE).write_text(json.dumps({"fingerprint": self.care_fingerprint}))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        check_fingerprint(Path(resume_from_checkpoint), self.care_fingerprint)
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
 
 
 def build_arguments(

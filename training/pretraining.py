@@ -51,7 +51,7 @@ def stage_mlm(ctx: Any, stage: Any, embedder: Any):
     mlm = BertForMaskedLM(encoder.config)
     mlm.bert = encoder  # shared: training the MLM model trains the tower
     collator = DataCollatorForLanguageModeling(
-        transformer.tokenizer, mlm_probability=float(stage.options.get("mlm_probability", 0.15))
+        transformer.tokenizer, mlm_probability=float(stage.mlm_probability)
     )
     return _pretrain(ctx, stage, transformer, mlm, collator)
 
@@ -63,14 +63,17 @@ def stage_clm(ctx: Any, stage: Any, embedder: Any):
 
     transformer = transformer_of(embedder.document_modules)
     decoder = transformer.auto_model
-    lm_class = AutoModelForCausalLM._model_mapping.get(type(decoder.config), None) if is_decoder(transformer) else None
-    if lm_class is None or not isinstance(decoder, PreTrainedModel):
-        raise InputError(
-            f"stage {stage.name!r}: causal-LM pretraining needs a decoder document tower, got {type(decoder).__name__}"
-        )
+    refused = InputError(
+        f"stage {stage.name!r}: causal-LM pretraining needs a decoder document tower, got {type(decoder).__name__}"
+    )
+    if not is_decoder(transformer) or not isinstance(decoder, PreTrainedModel):
+        raise refused
     # Built on the meta device: its own copy of the decoder is never allocated, only replaced.
-    with torch.device("meta"):
-        lm = lm_class(decoder.config)
+    try:
+        with torch.device("meta"):
+            lm = AutoModelForCausalLM.from_config(decoder.config)
+    except ValueError:  # no causal-LM class for this configuration
+        raise refused from None
     setattr(lm, lm.base_model_prefix, decoder)  # shared: training the LM trains the tower
     embeddings = decoder.get_input_embeddings().weight
     head = torch.nn.Linear(embeddings.shape[1], embeddings.shape[0], bias=False, device=embeddings.device)
@@ -88,9 +91,8 @@ def stage_clm(ctx: Any, stage: Any, embedder: Any):
 
 def _pretrain(ctx: Any, stage: Any, transformer: Any, lm: Any, collator: Any):
     from datasets import Dataset
-    from transformers import Trainer
 
-    from care_retriever.training.engine import JsonlLogCallback, build_arguments
+    from care_retriever.training.engine import CareLmTrainer, JsonlLogCallback, build_arguments
     from care_retriever.training.stages import limit_for_dry_run, train_stage, trainer_settings
 
     texts = limit_for_dry_run(ctx, stage, pretraining_texts(ctx, stage))
@@ -102,11 +104,34 @@ def _pretrain(ctx: Any, stage: Any, transformer: Any, lm: Any, collator: Any):
         output_dir, trainer_settings(ctx, stage), seed=ctx.seed, max_steps=ctx.dry_run_steps, plain=True
     )
     args.disable_tqdm = not ctx.show_progress
-    trainer = Trainer(
+    trainer = CareLmTrainer(
         model=lm,
         args=args,
         train_dataset=dataset,
         data_collator=collator,
         callbacks=[JsonlLogCallback(ctx.out / "logs" / f"{stage.name}.jsonl", stage.name)],
+        care_fingerprint=ctx.fingerprint,
     )
-    return train_stage(ctx, stage, trainer, output_dir, examples=len(texts))
+    report = train_stage(ctx, stage, trainer, output_dir, examples=len(texts))
+    side = "query" if stage.type == "mlm" else "document"
+    epochs = float(trainer.state.epoch or 0.0)
+    report.extra.update(pretraining_compute(side, transformer.auto_model, encoded["input_ids"], epochs))
+    return report
+
+
+def pretraining_compute(side: str, tower: Any, input_ids: list[list[int]], epochs: float) -> dict[str, Any]:
+    """The tower's pretraining compute as the paper's head start is counted: parameters x tokens trained
+    (the tower's own parameters, not the discarded LM head; tokens of one epoch x epochs run)."""
+    parameters = sum(p.numel() for p in tower.parameters())
+    tokens = round(sum(len(ids) for ids in input_ids) * epochs)
+    return {"tower": side, "tower_parameters": parameters, "tokens": tokens, "compute": parameters * tokens}
+
+
+def compute_ratio(reports: list[dict[str, Any]]) -> float | None:
+    """Document-tower pretraining compute / query-tower pretraining compute of a run (None without both)."""
+    totals = {"query": 0, "document": 0}
+    for report in reports:
+        if report.get("tower") in totals:
+            totals[report["tower"]] += int(report.get("compute", 0))
+    return totals["document"] / totals["query"] if totals["query"] and totals["document"] else None
+

@@ -30,40 +30,12 @@ from typing import Any
 
 from care_retriever.errors import InputError
 
-STAGE_TYPES = (
-    "mlm",  # masked-LM pretraining of a from-scratch query tower (the paper uses RetroMAE)
-    "clm",  # causal-LM pretraining of a from-scratch decoder document tower (how LLMs are pretrained)
-    "stage0_query",  # symmetric InfoNCE of the query tower
-    "stage0_document",  # symmetric InfoNCE + Matryoshka of the document tower through LoRA
-    "stage1_align",  # query alignment against the frozen document tower (cached teacher)
-    "stage2_joint",  # joint fine-tuning, Asym-InfoNCE with hard negatives, LoRA on the document tower
-    "distill",  # baseline: score distillation (KL + InfoNCE) from the document tower into the query tower
-)
 DATA_FORMATS = ("pairs", "qtr", "sts", "qa", "alignment", "text")
 EXPORT_KINDS = ("asymmetric", "query-symmetric", "document-symmetric")
-# Keys of a stage / of ``defaults`` that are ours; everything else is a training argument.
+# Keys of ``defaults`` that are ours; everything else is a training argument.
 OWN_DEFAULT_KEYS = {"temperature", "gather_across_devices"}
-STAGE_KEYS = {
-    "name",
-    "type",
-    "from",
-    "datasets",
-    "args",
-    "export",
-    "lora",
-    "matryoshka_dims",
-    "alignment",
-    "lambda1",
-    "lambda2",
-    "temperature",
-    "teacher",
-    "hard_negatives",
-    "max_examples",
-    "mlm_probability",
-    "gather_across_devices",
-    "mini_batch_size",
-    "kl_weight",
-}
+HARD_NEGATIVE_KEYS = {"num", "mine", "range_min", "range_max", "duplicate_threshold", "miner"}
+ALIGNMENT_KEYS = {"queries", "documents"}
 
 
 @dataclass
@@ -80,6 +52,9 @@ class DatasetSpec:
     max_rows: int | None = None  # read at most this many examples (after filtering)
 
 
+MODEL_SOURCES = ("preset", "path", "foundation", "query_model")
+
+
 @dataclass
 class ModelSpec:
     """Where the starting model comes from: a preset from scratch, a saved CARE folder, or two towers."""
@@ -87,6 +62,8 @@ class ModelSpec:
     preset: str | None = None
     vocab_from: list[str] = field(default_factory=list)
     path: str | None = None
+    # A finished ``miniature-foundation`` run folder (or its ``final``): language-model-pretrained towers.
+    foundation: str | None = None
     query_model: str | None = None
     document_model: str | None = None
     dim: int | None = None  # expected shared dim; a different model is an error
@@ -103,13 +80,101 @@ class ModelSpec:
 
 @dataclass
 class StageSpec:
+    """Keys every stage type takes; each stage type is a subclass adding its own (see ``STAGE_CLASSES``)."""
+
     name: str
     type: str
     source: str | None = None  # "from": the stage whose output this one starts from
     datasets: list[str] = field(default_factory=list)
     args: dict[str, Any] = field(default_factory=dict)
     export: dict[str, str] = field(default_factory=dict)  # export name -> kind
-    options: dict[str, Any] = field(default_factory=dict)  # the type-specific keys
+    max_examples: int | None = None  # a seeded sample of at most this many rows
+
+    @classmethod
+    def recipe_keys(cls) -> set[str]:
+        """The YAML keys this stage type takes (``source`` is spelled ``from`` in a recipe)."""
+        return {"from" if f.name == "source" else f.name for f in dataclasses.fields(cls)}
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The type-specific keys and their values (for reports)."""
+        common = {f.name for f in dataclasses.fields(StageSpec)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in common}
+
+
+@dataclass
+class MlmStage(StageSpec):
+    """Masked-LM pretraining of a from-scratch BERT query tower (the paper's tower used RetroMAE)."""
+
+    mlm_probability: float = 0.15
+
+
+@dataclass
+class ClmStage(StageSpec):
+    """Causal-LM pretraining of a from-scratch decoder document tower (how LLMs are pretrained)."""
+
+
+@dataclass
+class ContrastiveStage(StageSpec):
+    """Keys of the InfoNCE stages; ``None`` falls back to the recipe's ``defaults``."""
+
+    temperature: float | None = None
+    gather_across_devices: bool | str | None = None  # "auto": on when several processes train
+    mini_batch_size: int | None = None  # GradCache: memory of a mini-batch, gradients of the batch
+
+
+@dataclass
+class Stage0QueryStage(ContrastiveStage):
+    """Symmetric InfoNCE of the query tower."""
+
+
+@dataclass
+class Stage0DocumentStage(ContrastiveStage):
+    """Symmetric InfoNCE + Matryoshka of the document tower (LoRA unless ``lora: false``)."""
+
+    lora: dict[str, Any] | bool | None = None  # None/true: default LoRA; false: full training
+    matryoshka_dims: list[int] | str | None = None  # "auto"/None: native, shared, half of shared
+
+
+@dataclass
+class Stage1AlignStage(StageSpec):
+    """Query alignment against the frozen document tower."""
+
+    alignment: dict[str, list[str]] = field(default_factory=dict)  # queries/documents data set names
+    lambda1: float = 1.0  # Asym-InfoNCE weight
+    lambda2: float = 1.0  # MSE weight
+    temperature: float | None = None
+    gather_across_devices: bool | str | None = None
+    teacher: str = "cached"  # "cached": the document tower runs once per text; "recompute": every step
+
+
+@dataclass
+class Stage2JointStage(ContrastiveStage):
+    """Joint fine-tuning: Asym-InfoNCE with hard negatives, LoRA on the document tower."""
+
+    lora: dict[str, Any] | bool | None = None
+    hard_negatives: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DistillStage(StageSpec):
+    """Baseline (Table 7): score distillation (KL + InfoNCE) from the document tower into the query tower."""
+
+    hard_negatives: dict[str, Any] = field(default_factory=dict)
+    kl_weight: float = 1.0
+    temperature: float | None = None
+
+
+STAGE_CLASSES: dict[str, type[StageSpec]] = {
+    "mlm": MlmStage,
+    "clm": ClmStage,
+    "stage0_query": Stage0QueryStage,
+    "stage0_document": Stage0DocumentStage,
+    "stage1_align": Stage1AlignStage,
+    "stage2_joint": Stage2JointStage,
+    "distill": DistillStage,
+}
+STAGE_TYPES = tuple(STAGE_CLASSES)
 
 
 @dataclass
@@ -132,6 +197,10 @@ class Recipe:
         """Identifies what a run computes; a resume from another recipe's folder is refused with it."""
         payload = json.dumps({"recipe": self.raw, **extra}, sort_keys=True, ensure_ascii=False, default=str)
         return hashlib.blake2b(payload.encode("utf-8"), digest_size=12).hexdigest()
+
+    def with_seed(self, seed: int) -> Recipe:
+        """The same recipe under another seed (its own fingerprint: a run of one seed never resumes another's)."""
+        return dataclasses.replace(self, seed=seed, raw={**self.raw, "seed": seed})
 
     def stage(self, name: str) -> StageSpec:
         for stage in self.stages:
@@ -237,9 +306,11 @@ def _model(raw: Any, source: str) -> ModelSpec:
         )
     _known(raw, {f.name for f in dataclasses.fields(ModelSpec)}, f"{source}: model")
     spec = ModelSpec(**raw)
-    chosen = [k for k in ("preset", "path", "query_model") if getattr(spec, k)]
+    chosen = [k for k in MODEL_SOURCES if getattr(spec, k)]
     if len(chosen) != 1:
-        raise InputError(f"{source}: model: give exactly one of preset, path, query_model (got {chosen or 'none'})")
+        raise InputError(
+            f"{source}: model: give exactly one of {', '.join(MODEL_SOURCES)} (got {chosen or 'none'})"
+        )
     if spec.preset:
         from care_retriever.towers.presets import PRESETS
 
@@ -274,47 +345,82 @@ def _stage(raw: Any, index: int, source: str, previous: list[StageSpec], dataset
     where = f"{source}: stages[{index}]"
     if not isinstance(raw, dict):
         raise InputError(f"{where}: expected a mapping")
-    _known(raw, STAGE_KEYS, where)
     name, kind = raw.get("name"), raw.get("type")
     if not name or not isinstance(name, str):
         raise InputError(f"{where}: missing 'name'")
     where = f"{source}: stage {name!r}"
     if any(s.name == name for s in previous):
         raise InputError(f"{where}: duplicate stage name")
-    if kind not in STAGE_TYPES:
+    if kind not in STAGE_CLASSES:
         raise InputError(f"{where}: type {kind!r} unknown; available: {list(STAGE_TYPES)}")
-    src = raw.get("from")
-    if src is not None and src != "init" and src not in {s.name for s in previous}:
+    return build_stage(raw, where, previous=[s.name for s in previous], datasets=set(datasets))
+
+
+def build_stage(
+    raw: dict[str, Any], where: str, *, previous: list[str] | None = None, datasets: set[str] | None = None
+) -> StageSpec:
+    """The typed stage of one recipe entry; a key its type does not take is an error listing the valid ones.
+
+    ``previous`` (earlier stage names) and ``datasets`` (defined data set names) are checked when given.
+    """
+    kind = raw.get("type")
+    cls = STAGE_CLASSES.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        raise InputError(f"{where}: type {kind!r} unknown; available: {list(STAGE_TYPES)}")
+    unknown = sorted(set(raw) - cls.recipe_keys())
+    if unknown:
+        raise InputError(
+            f"{where}: a {kind} stage does not take {', '.join(map(repr, unknown))}; "
+            f"valid keys: {', '.join(sorted(cls.recipe_keys()))}"
+        )
+    values = {("source" if k == "from" else k): v for k, v in raw.items()}
+    src = values.get("source")
+    if previous is not None and src is not None and src != "init" and src not in previous:
         raise InputError(f"{where}: from: {src!r} is not an earlier stage (or 'init')")
-    names = raw.get("datasets") or []
-    if isinstance(names, str):
-        names = [names]
-    alignment = raw.get("alignment") or {}
-    referenced = list(names) + [n for key in ("queries", "documents") for n in alignment.get(key, [])]
+    names = values.get("datasets") or []
+    values["datasets"] = [names] if isinstance(names, str) else list(names)
+    alignment = values.get("alignment") or {}
+    if not isinstance(alignment, dict):
+        raise InputError(f"{where}: alignment must be a mapping (queries, documents)")
+    _known(alignment, ALIGNMENT_KEYS, f"{where}: alignment")
+    values["alignment"] = alignment if kind == "stage1_align" else values.get("alignment")
+    referenced = values["datasets"] + [n for key in ("queries", "documents") for n in alignment.get(key, [])]
     for ds in referenced:
-        if ds not in datasets:
+        if datasets is not None and ds not in datasets:
             raise InputError(f"{where}: dataset {ds!r} is not defined under 'datasets'")
-    if kind in {"stage0_query", "stage0_document", "stage2_joint", "distill", "mlm", "clm"} and not names:
+    if kind != "stage1_align" and not values["datasets"]:
         raise InputError(f"{where}: needs 'datasets'")
-    if kind == "stage1_align" and not (names or alignment):
+    if kind == "stage1_align" and not (values["datasets"] or alignment):
         raise InputError(f"{where}: needs 'alignment' (queries/documents datasets) or 'datasets'")
-    args = raw.get("args") or {}
+    args = values.get("args") or {}
     if not isinstance(args, dict):
         raise InputError(f"{where}: 'args' must be a mapping")
     _check_args(args, f"{where}: args")
-    export = raw.get("export") or {}
+    values["args"] = args
+    export = values.get("export") or {}
     if isinstance(export, str):
         export = {export: "asymmetric"}
     for ex_name, ex_kind in export.items():
         if ex_kind not in EXPORT_KINDS:
             raise InputError(f"{where}: export {ex_name}: kind {ex_kind!r} unknown; available: {list(EXPORT_KINDS)}")
-    teacher = raw.get("teacher", "cached")
-    if teacher not in ("cached", "recompute"):
-        raise InputError(f"{where}: teacher must be 'cached' or 'recompute', got {teacher!r}")
-    options = {k: v for k, v in raw.items() if k not in {"name", "type", "from", "datasets", "args", "export"}}
+    values["export"] = export
+    if values.get("teacher", "cached") not in ("cached", "recompute"):
+        raise InputError(f"{where}: teacher must be 'cached' or 'recompute', got {values['teacher']!r}")
     for key in ("lambda1", "lambda2", "temperature", "mlm_probability", "kl_weight"):
-        if key in options and (not isinstance(options[key], (int, float)) or options[key] < 0):
+        if values.get(key) is not None and (not isinstance(values[key], (int, float)) or values[key] < 0):
             raise InputError(f"{where}: {key} must be a non-negative number")
-    if options.get("temperature") == 0:
+    if values.get("temperature") == 0:
         raise InputError(f"{where}: temperature must be > 0")
-    return StageSpec(name=name, type=kind, source=src, datasets=list(names), args=args, export=export, options=options)
+    for key in ("max_examples", "mini_batch_size"):
+        if values.get(key) is not None and (not isinstance(values[key], int) or values[key] < 1):
+            raise InputError(f"{where}: {key} must be a positive integer")
+    negatives = values.get("hard_negatives")
+    if negatives is not None:
+        if not isinstance(negatives, dict):
+            raise InputError(f"{where}: hard_negatives must be a mapping ({', '.join(sorted(HARD_NEGATIVE_KEYS))})")
+        _known(negatives, HARD_NEGATIVE_KEYS, f"{where}: hard_negatives")
+    if "lora" in values:
+        from care_retriever.training.lora import LoraSpec
+
+        LoraSpec.from_options(values["lora"], where)  # validated here, built by the stage
+    return cls(**{k: v for k, v in values.items() if v is not None or k in ("lora",)})

@@ -22,13 +22,14 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from care_retriever.errors import InputError, ModelError
 from care_retriever.training.pairs import PairSet, load_pairset, resolve_data_path
-from care_retriever.training.recipe import ModelSpec, Recipe
+from care_retriever.training.recipe import ModelSpec, Recipe, StageSpec
 
 logger = logging.getLogger("care_retriever")
 RUN_FILE = "run.json"
@@ -103,8 +104,9 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
 
         logger.info("Training tokenizers and building a random %r model ...", spec.preset)
         embedder = init_from_scratch(spec.preset, vocab_files(recipe, data_dir), seed=seed, device=device)
-    elif spec.path:
-        embedder = AsymmetricEmbedder.from_pretrained(spec.path, load="both", device=device, dtype="fp32")
+    elif spec.path or spec.foundation:
+        folder = spec.path or foundation_dir(spec.foundation)
+        embedder = AsymmetricEmbedder.from_pretrained(folder, load="both", device=device, dtype="fp32")
     else:
         embedder = AsymmetricEmbedder.from_towers(
             spec.query_model,
@@ -175,6 +177,206 @@ def export_model(embedder, kind: str, target: Path) -> Path:
     return AsymmetricEmbedder(config, modules, modules, device=embedder.device).save_pretrained(target)
 
 
+@dataclass
+class RunState:
+    """What ``run.json`` records: the recipe's identity, the finished stages, their reports and exports."""
+
+    recipe: str
+    source: str
+    fingerprint: str
+    done: list[str] = field(default_factory=list)
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    exports: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # init_seconds, final, foundation, ...
+
+    @classmethod
+    def resumed(cls, recipe: Recipe, fingerprint: str, previous: dict[str, Any] | None) -> RunState:
+        state = cls(recipe=recipe.name, source=recipe.source_path, fingerprint=fingerprint)
+        if previous:
+            state.done = list(previous.get("done", []))
+            state.reports = list(previous.get("reports", []))
+            state.exports = dict(previous.get("exports", {}))
+            known = {"recipe", "source", "fingerprint", "done", "reports", "exports"}
+            state.extra = {k: v for k, v in previous.items() if k not in known}
+        return state
+
+    def save(self, out: Path) -> None:
+        _write_run(
+            out,
+            {
+                "recipe": self.recipe,
+                "source": self.source,
+                "fingerprint": self.fingerprint,
+                "done": self.done,
+                "reports": self.reports,
+                "exports": self.exports,
+                **self.extra,
+            },
+        )
+
+
+def effective_recipe(recipe: Recipe, *, preset: str | None, dry_run_steps: int | None) -> Recipe:
+    """The recipe this run trains: the caller's, with ``--preset`` and a dry run's max_length applied
+    to a copy (the caller's recipe is left as it was)."""
+    model = replace(recipe.model, vocab_from=list(recipe.model.vocab_from))
+    if preset is not None:
+        model = ModelSpec(
+            preset=preset,
+            vocab_from=model.vocab_from,
+            max_length=model.max_length,
+            query_pooling=model.query_pooling,
+            document_pooling=model.document_pooling,
+        )
+    if dry_run_steps is not None:
+        model.max_length = min(model.max_length or DRY_RUN_MAX_LENGTH, DRY_RUN_MAX_LENGTH)
+    return replace(recipe, model=model, stages=list(recipe.stages), defaults=dict(recipe.defaults))
+
+
+def foundation_dir(path: str | Path) -> Path:
+    """The model folder of a foundation: a finished run's ``final``, or a saved CARE model folder."""
+    folder = Path(path)
+    if (folder / "care_config.json").is_file():
+        return folder
+    if (folder / "final" / "care_config.json").is_file():
+        return folder / "final"
+    hint = (
+        "the run is not finished; continue it with --resume"
+        if (folder / RUN_FILE).is_file()
+        else "train it with `care-retriever train --recipe miniature-foundation --out DIR`"
+    )
+    raise InputError(f"model.foundation {folder}: no finished foundation model there ({hint})")
+
+
+def foundation_fingerprint(path: str | Path) -> str:
+    """What identifies a foundation: its run's fingerprint, else its saved space fingerprint."""
+    model = foundation_dir(path)
+    run = model.parent / RUN_FILE
+    if model.name == "final" and run.is_file():
+        return str(json.loads(run.read_text("utf-8")).get("fingerprint"))
+    config = json.loads((model / "care_config.json").read_text("utf-8"))
+    return str(config.get("space_fingerprint"))
+
+
+def run_fingerprint(recipe: Recipe, *, dry_run_steps: int | None, preset: str | None) -> str:
+    extra: dict[str, Any] = {"dry_run_steps": dry_run_steps, "preset": preset}
+    if recipe.model.foundation:
+        # Another foundation is another run: resuming on top of it is refused.
+        extra["foundation"] = foundation_fingerprint(recipe.model.foundation)
+    return recipe.fingerprint(**extra)
+
+
+def used_datasets(recipe: Recipe) -> set[str]:
+    """Data sets the stages read as pairs (raw ``text`` files are read by the pretraining stages)."""
+    used: set[str] = set()
+    for stage in recipe.stages:
+        used |= set(stage.datasets)
+        alignment = getattr(stage, "alignment", None) or {}
+        used |= {n for key in ("queries", "documents") for n in alignment.get(key, [])}
+    return {name for name in used if recipe.datasets[name].format != "text"}
+
+
+def preload_datasets(recipe: Recipe, data_dir: Path) -> Callable[[str], PairSet]:
+    """Read and validate every data set before anything is written; returns the cached loader."""
+    cache: dict[str, PairSet] = {}
+
+    def load(name: str) -> PairSet:
+        if name not in cache:
+            cache[name] = load_pairset(recipe.datasets[name], data_dir)
+        return cache[name]
+
+    for name in sorted(used_datasets(recipe)):
+        load(name)
+    for spec in recipe.datasets.values():
+        if spec.format == "text" and not resolve_data_path(spec.path, data_dir).is_file():
+            raise InputError(f"data set {spec.name!r}: file not found: {resolve_data_path(spec.path, data_dir)}")
+    if recipe.model.preset:
+        vocab_files(recipe, data_dir)
+    return load
+
+
+def start_run(recipe: Recipe, out: Path, state: RunState, data_dir: Path, device: str | None):
+    """The starting model: built (and saved as ``stages/init``) on a new run, loaded on a resume."""
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.training.stages import matryoshka_dims
+
+    if "init" in state.done:
+        return AsymmetricEmbedder.from_pretrained(out / "stages" / "init", device=device, dtype="fp32")
+    started = time.perf_counter()
+    embedder = initial_model(recipe.model, recipe, data_dir, recipe.seed, device)
+    for stage in recipe.stages:  # dims are checked before the first write
+        if stage.type == "stage0_document":
+            matryoshka_dims(stage.matryoshka_dims, embedder.dim, embedder.document_dim, f"stage {stage.name!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    state.save(out)
+    embedder.save_pretrained(out / "stages" / "init")
+    state.extra["init_seconds"] = round(time.perf_counter() - started, 2)
+    if recipe.model.foundation:
+        state.extra["foundation"] = str(foundation_dir(recipe.model.foundation))
+    state.done = ["init"]
+    state.save(out)
+    return embedder
+
+
+def run_stage(ctx: Any, stage: StageSpec, embedder: Any, state: RunState) -> None:
+    """Train one stage in place, save it and its exports, record its report."""
+    from care_retriever.training.stages import STAGES, seed_everything
+
+    started = time.perf_counter()
+    seed_everything(ctx.seed)
+    report = STAGES[stage.type](ctx, stage, embedder)
+    embedder.save_pretrained(ctx.out / "stages" / stage.name)
+    for name, kind in stage.export.items():
+        state.exports[name] = str(export_model(embedder, kind, ctx.out / "models" / name))
+    state.done.append(stage.name)
+    # ``seconds`` is the training loop; the wall time adds data reading, teacher caching,
+    # negative mining, loading and saving: what a user waits for.
+    state.reports.append({**report.to_dict(), "wall_seconds": round(time.perf_counter() - started, 2)})
+    state.save(ctx.out)
+    logger.info(
+        "stage %s done: %d steps in %.1fs, loss %s -> %s",
+        stage.name,
+        report.steps,
+        report.seconds,
+        _fmt(report.first_loss),
+        _fmt(report.last_loss),
+    )
+
+
+def run_stages(recipe: Recipe, ctx: Any, embedder: Any, state: RunState, device: str | None) -> None:
+    """Each unfinished stage in order, from its ``from`` stage (default: the previous one)."""
+    from care_retriever.embedder import AsymmetricEmbedder
+
+    in_memory: str | None = "init"  # the stage whose output the in-memory embedder is
+    previous = "init"
+    for stage in recipe.stages:
+        source = stage.source or previous
+        previous = stage.name
+        if stage.name in state.done:
+            in_memory = None
+            continue
+        if in_memory != source:
+            embedder = AsymmetricEmbedder.from_pretrained(ctx.out / "stages" / source, device=device, dtype="fp32")
+            if recipe.model.max_length:
+                set_max_length(embedder, recipe.model.max_length)
+        logger.info("stage %s (%s) starts from %s", stage.name, stage.type, source)
+        run_stage(ctx, stage, embedder, state)
+        in_memory = stage.name
+
+
+def publish_final(recipe: Recipe, out: Path, state: RunState) -> Path:
+    """Copy the final stage to ``out/final`` through a temporary folder (never half-written)."""
+    final = out / "final"
+    tmp = out / ".final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(out / "stages" / recipe.final_stage, tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    state.extra["final"] = str(final)
+    state.save(out)
+    return final
+
+
 def run_recipe(
     recipe: Recipe,
     out: str | Path,
@@ -191,73 +393,18 @@ def run_recipe(
     ``preset`` replaces the recipe's model by a from-scratch one of that preset (validating a
     paper-size recipe on CPU with the ``base`` preset); ``dry_run_steps`` trains N steps per stage.
     """
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.training.stages import STAGES, StageContext, seed_everything
+    from care_retriever.training.stages import StageContext, seed_everything
 
     out = Path(out)
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     if dry_run_steps is not None and dry_run_steps < 1:
         raise InputError(f"--dry-run-steps must be >= 1, got {dry_run_steps}")
-    if preset is not None:
-        recipe.model = ModelSpec(
-            preset=preset,
-            vocab_from=recipe.model.vocab_from,
-            max_length=recipe.model.max_length,
-            query_pooling=recipe.model.query_pooling,
-            document_pooling=recipe.model.document_pooling,
-        )
-    if dry_run_steps is not None:
-        recipe.model.max_length = min(recipe.model.max_length or DRY_RUN_MAX_LENGTH, DRY_RUN_MAX_LENGTH)
-    fingerprint = recipe.fingerprint(dry_run_steps=dry_run_steps, preset=preset)
-    state = check_output(out, recipe, fingerprint, resume)
-
-    # Read and validate every data set before anything is written.
-    cache: dict[str, PairSet] = {}
-
-    def load(name: str) -> PairSet:
-        if name not in cache:
-            cache[name] = load_pairset(recipe.datasets[name], data_dir)
-        return cache[name]
-
-    used = {n for s in recipe.stages for n in s.datasets} | {
-        n
-        for s in recipe.stages
-        for key in ("queries", "documents")
-        for n in (s.options.get("alignment") or {}).get(key, [])
-    }
-    for stage in recipe.stages:
-        if stage.type == "mlm":
-            used -= set(stage.datasets)  # raw text, read by the MLM stage itself
-    for name in sorted(used):
-        load(name)
-    if recipe.model.preset:
-        vocab_files(recipe, data_dir)
-
+    recipe = effective_recipe(recipe, preset=preset, dry_run_steps=dry_run_steps)
+    fingerprint = run_fingerprint(recipe, dry_run_steps=dry_run_steps, preset=preset)
+    state = RunState.resumed(recipe, fingerprint, check_output(out, recipe, fingerprint, resume))
+    load = preload_datasets(recipe, data_dir)
     seed_everything(recipe.seed)
-    done: list[str] = list(state.get("done", [])) if state else []
-    reports: list[dict[str, Any]] = list(state.get("reports", [])) if state else []
-    exports: dict[str, str] = dict(state.get("exports", {})) if state else {}
-    stages_dir = out / "stages"
-    if "init" in done:
-        embedder = AsymmetricEmbedder.from_pretrained(stages_dir / "init", device=device, dtype="fp32")
-    else:
-        init_started = time.perf_counter()
-        embedder = initial_model(recipe.model, recipe, data_dir, recipe.seed, device)
-        for stage in recipe.stages:  # dims are checked before the first write
-            if stage.type == "stage0_document":
-                from care_retriever.training.stages import matryoshka_dims
-
-                matryoshka_dims(
-                    stage.options.get("matryoshka_dims"), embedder.dim, embedder.document_dim, f"stage {stage.name!r}"
-                )
-        out.mkdir(parents=True, exist_ok=True)
-        state = {"recipe": recipe.name, "source": recipe.source_path, "fingerprint": fingerprint, "done": []}
-        _write_run(out, state)
-        embedder.save_pretrained(stages_dir / "init")
-        state["init_seconds"] = round(time.perf_counter() - init_started, 2)
-        done = ["init"]
-        _write_run(out, {**state, "done": done, "reports": reports, "exports": exports})
-    current = "init"
+    embedder = start_run(recipe, out, state, data_dir, device)
     ctx = StageContext(
         out=out,
         data_dir=data_dir,
@@ -270,48 +417,9 @@ def run_recipe(
         resume=resume,
         show_progress=show_progress,
     )
-    previous = "init"
-    for stage in recipe.stages:
-        source = stage.source or previous
-        previous = stage.name
-        if stage.name in done:
-            current = None  # the in-memory model is no longer the latest stage's
-            continue
-        if current != source:
-            embedder = AsymmetricEmbedder.from_pretrained(stages_dir / source, device=device, dtype="fp32")
-            if recipe.model.max_length:
-                set_max_length(embedder, recipe.model.max_length)
-        logger.info("stage %s (%s) starts from %s", stage.name, stage.type, source)
-        started = time.perf_counter()
-        seed_everything(recipe.seed)
-        report = STAGES[stage.type](ctx, stage, embedder)
-        embedder.save_pretrained(stages_dir / stage.name)
-        for name, kind in stage.export.items():
-            exports[name] = str(export_model(embedder, kind, out / "models" / name))
-        current = stage.name
-        done.append(stage.name)
-        # ``seconds`` is the training loop; the wall time adds data reading, teacher caching,
-        # negative mining, loading and saving: what a user waits for.
-        reports.append({**report.to_dict(), "wall_seconds": round(time.perf_counter() - started, 2)})
-        _write_run(out, {**state, "done": done, "reports": reports, "exports": exports})
-        logger.info(
-            "stage %s done: %d steps in %.1fs, loss %s -> %s",
-            stage.name,
-            report.steps,
-            report.seconds,
-            _fmt(report.first_loss),
-            _fmt(report.last_loss),
-        )
-    final = out / "final"
-    source = stages_dir / recipe.final_stage
-    tmp = out / ".final.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source, tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _write_run(out, {**state, "done": done, "reports": reports, "exports": exports, "final": str(final)})
-    return RunResult(out=out, final=final, reports=reports, exports=exports)
+    run_stages(recipe, ctx, embedder, state, device)
+    final = publish_final(recipe, out, state)
+    return RunResult(out=out, final=final, reports=state.reports, exports=state.exports)
 
 
 def _fmt(value: float | None) -> str:

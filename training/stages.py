@@ -34,7 +34,15 @@ from care_retriever.errors import InputError
 from care_retriever.training.engine import CareTrainer, JsonlLogCallback, build_arguments, last_checkpoint, world_size
 from care_retriever.training.lora import LoraSpec, add_lora, merge_lora
 from care_retriever.training.pairs import Example, PairSet, unique
-from care_retriever.training.recipe import OWN_DEFAULT_KEYS, StageSpec
+from care_retriever.training.recipe import (
+    OWN_DEFAULT_KEYS,
+    DistillStage,
+    Stage0DocumentStage,
+    Stage0QueryStage,
+    Stage1AlignStage,
+    Stage2JointStage,
+    StageSpec,
+)
 
 logger = logging.getLogger("care_retriever")
 DEFAULT_TEMPERATURE = 0.05
@@ -88,8 +96,9 @@ class StageReport:
 # ----------------------------------------------------------------------------- helpers
 def option(ctx: StageContext, stage: StageSpec, key: str, default: Any) -> Any:
     """A stage option, else the recipe's ``defaults``, else ``default``."""
-    if key in stage.options:
-        return stage.options[key]
+    value = getattr(stage, key, None)
+    if value is not None:
+        return value
     return ctx.defaults.get(key, default)
 
 
@@ -131,7 +140,7 @@ def batch_rows(ctx: StageContext, stage: StageSpec) -> int:
 
 def limit_for_dry_run(ctx: StageContext, stage: StageSpec, items: list[Any]) -> list[Any]:
     """A dry run trains ``N`` steps: keep (a seeded sample of) the rows those steps need."""
-    cap = stage.options.get("max_examples")
+    cap = stage.max_examples
     if ctx.dry_run_steps is not None:
         # 4x the rows the steps need: the no-duplicates batch sampler skips rows whose texts repeat
         dry = 4 * ctx.dry_run_steps * batch_rows(ctx, stage)
@@ -188,7 +197,7 @@ def contrastive_loss(ctx: StageContext, stage: StageSpec, model):
     )
 
     scale = 1.0 / temperature(ctx, stage)
-    mini_batch = stage.options.get("mini_batch_size")
+    mini_batch = getattr(stage, "mini_batch_size", None)
     if mini_batch:
         return CachedMultipleNegativesRankingLoss(
             model,
@@ -269,7 +278,7 @@ def _pair_dataset(examples: list[Example], negatives: int = 0) -> Dataset:
 
 
 # ----------------------------------------------------------------------------- Stage 0
-def stage0_query(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+def stage0_query(ctx: StageContext, stage: Stage0QueryStage, embedder) -> StageReport:
     """Symmetric InfoNCE fine-tuning of the query tower (document tower untouched)."""
     examples = gather_examples(ctx, stage)
     model = embedder.to_sentence_transformer()
@@ -307,16 +316,16 @@ def matryoshka_dims(raw: Any, dim: int, native: int, where: str) -> list[int]:
     return sorted(set(dims), reverse=True)
 
 
-def stage0_document(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+def stage0_document(ctx: StageContext, stage: Stage0DocumentStage, embedder) -> StageReport:
     """The document tower alone: LoRA + symmetric InfoNCE averaged over Matryoshka dims."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
 
     where = f"stage {stage.name!r}"
-    dims = matryoshka_dims(stage.options.get("matryoshka_dims"), embedder.dim, embedder.document_dim, where)
+    dims = matryoshka_dims(stage.matryoshka_dims, embedder.dim, embedder.document_dim, where)
     examples = gather_examples(ctx, stage)
-    lora = LoraSpec.from_options(stage.options.get("lora"), where)
+    lora = LoraSpec.from_options(stage.lora, where)
     if lora is not None:
         trainable = add_lora(embedder.document_modules, lora, seed=ctx.seed)
         logger.info("%s: LoRA r=%d alpha=%d, %d trainable parameters", stage.name, lora.r, lora.alpha, trainable)
@@ -339,9 +348,9 @@ def stage0_document(ctx: StageContext, stage: StageSpec, embedder) -> StageRepor
 
 
 # ----------------------------------------------------------------------------- Stage I
-def alignment_texts(ctx: StageContext, stage: StageSpec) -> tuple[list[str], list[str]]:
+def alignment_texts(ctx: StageContext, stage: Stage1AlignStage) -> tuple[list[str], list[str]]:
     """Query-side and document-side texts of the alignment data (each later paired with itself)."""
-    spec = stage.options.get("alignment") or {}
+    spec = stage.alignment
     queries = unique([t for name in spec.get("queries", []) for t in ctx.load_pairset(name).queries()])
     documents = unique([t for name in spec.get("documents", []) for t in ctx.load_pairset(name).documents()])
     if not queries and not documents:
@@ -349,10 +358,10 @@ def alignment_texts(ctx: StageContext, stage: StageSpec) -> tuple[list[str], lis
     return limit_for_dry_run(ctx, stage, queries), limit_for_dry_run(ctx, stage, documents)
 
 
-def stage1_rows(ctx: StageContext, stage: StageSpec) -> dict[str, list[tuple[str, str]]]:
+def stage1_rows(ctx: StageContext, stage: Stage1AlignStage) -> dict[str, list[tuple[str, str]]]:
     """(student text, teacher text) rows per side: alignment data pairs each text with itself;
     ``datasets`` (the "Stage I on fine-tuning data" ablation) pairs each query with its positive."""
-    if stage.options.get("alignment"):
+    if stage.alignment:
         queries, documents = alignment_texts(ctx, stage)
         sides = {"queries": [(t, t) for t in queries], "documents": [(t, t) for t in documents]}
     else:
@@ -361,13 +370,13 @@ def stage1_rows(ctx: StageContext, stage: StageSpec) -> dict[str, list[tuple[str
     return {k: v for k, v in sides.items() if v}
 
 
-def stage1_align(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder) -> StageReport:
     """Query alignment: query tower trained towards the frozen document tower's (cached) embeddings."""
     from care_retriever.training.losses import QueryAlignmentLoss
     from care_retriever.training.teacher_cache import build_teacher_cache
 
     sides = stage1_rows(ctx, stage)
-    teacher_mode = stage.options.get("teacher", "cached")
+    teacher_mode = stage.teacher
     set_trainable(embedder.document_modules, False)
     set_trainable(embedder.query_modules, True)
     model = embedder.to_sentence_transformer()
@@ -404,8 +413,8 @@ def stage1_align(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
     loss = QueryAlignmentLoss(
         model,
         vectors,
-        lambda1=float(stage.options.get("lambda1", 1.0)),
-        lambda2=float(stage.options.get("lambda2", 1.0)),
+        lambda1=float(stage.lambda1),
+        lambda2=float(stage.lambda2),
         temperature=temperature(ctx, stage),
         gather_across_devices=gather_flag(ctx, stage),
     )
@@ -441,12 +450,10 @@ def _main_process_first(fn: Callable[[], Any]) -> Any:
 
 # ----------------------------------------------------------------------------- Stage II
 def add_hard_negatives(
-    ctx: StageContext, stage: StageSpec, embedder, examples: list[Example]
+    ctx: StageContext, stage: Stage2JointStage | DistillStage, embedder, examples: list[Example]
 ) -> tuple[list[Example], int]:
     """Give every example exactly ``num`` negatives: its own first, then mined ones from the pool."""
-    spec = stage.options.get("hard_negatives") or {}
-    if not isinstance(spec, dict):
-        raise InputError(f"stage {stage.name!r}: hard_negatives must be a mapping (num, mine, range_min, ...)")
+    spec = stage.hard_negatives
     num = int(spec.get("num", 1))
     if num <= 0:
         return [Example(e.query, e.positive) for e in examples], 0
@@ -486,12 +493,12 @@ def add_hard_negatives(
     return out, num
 
 
-def stage2_joint(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+def stage2_joint(ctx: StageContext, stage: Stage2JointStage, embedder) -> StageReport:
     """Joint fine-tuning: Asym-InfoNCE over hard + in-batch negatives, LoRA on the document tower."""
     where = f"stage {stage.name!r}"
     examples = gather_examples(ctx, stage)
     examples, num = add_hard_negatives(ctx, stage, embedder, examples)
-    lora = LoraSpec.from_options(stage.options.get("lora"), where)
+    lora = LoraSpec.from_options(stage.lora, where)
     set_trainable(embedder.query_modules, True)
     freeze_truncation(embedder.document_modules)
     if lora is not None:
@@ -519,7 +526,7 @@ def stage2_joint(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
     return report
 
 
-def distill(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
+def distill(ctx: StageContext, stage: DistillStage, embedder) -> StageReport:
     """Baseline (Table 7): the query tower alone learns the document tower's scores (KL) + InfoNCE.
 
     The teacher scores ``cos(E_D(q), E_D(c))`` over each query's positive and hard negatives are
@@ -540,7 +547,7 @@ def distill(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
     set_trainable(embedder.query_modules, True)
     model = embedder.to_sentence_transformer()
     loss = ScoreDistillationLoss(
-        model, kl_weight=float(stage.options.get("kl_weight", 1.0)), temperature=temperature(ctx, stage)
+        model, kl_weight=float(stage.kl_weight), temperature=temperature(ctx, stage)
     )
     router = {"anchor": "query", "positive": "query", **{f"negative_{k + 1}": "query" for k in range(num)}}
     try:

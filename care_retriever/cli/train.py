@@ -9,7 +9,13 @@ import typer
 
 
 def train(
-    recipe: Annotated[str, typer.Option(help="Recipe YAML file, or a bundled name (quickstart, miniature, paper).")],
+    recipe: Annotated[
+        str,
+        typer.Option(
+            help="Recipe YAML file, or a bundled name (quickstart, miniature, miniature-ablations, "
+            "miniature-foundation, paper)."
+        ),
+    ],
     out: Annotated[Path, typer.Option(help="Run folder: final model in OUT/final, checkpoints and logs beside it.")],
     data_dir: Annotated[
         Path | None,
@@ -31,6 +37,13 @@ def train(
         str | None, typer.Option(help="cpu | cuda (default: auto; torchrun/accelerate set it per process).")
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    seeds: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Train N runs with seeds S..S+N-1 (S: the recipe's seed) into OUT/seed-<k> (for mean +- sd).",
+        ),
+    ] = None,
 ) -> None:
     """Train a CARE model from a recipe; the final model is left in OUT/final."""
     from care_retriever.cli.core import quiet_transformers
@@ -42,20 +55,40 @@ def train(
 
     quiet_transformers()
     spec = load_recipe(recipe)
-    result = run_recipe(
-        spec,
-        out,
-        data_dir,
-        dry_run_steps=dry_run_steps,
-        resume=resume,
-        preset=preset,
-        device=device,
-        show_progress=progress,
-    )
+    runs = [(spec, out)] if seeds is None else [
+        (spec.with_seed(spec.seed + k), out / f"seed-{spec.seed + k}") for k in range(seeds)
+    ]
+    for seeded, folder in runs:
+        if seeds is not None:
+            typer.echo(f"seed {seeded.seed} -> {folder}")
+        result = run_recipe(
+            seeded,
+            folder,
+            data_dir,
+            dry_run_steps=dry_run_steps,
+            resume=resume,
+            preset=preset,
+            device=device,
+            show_progress=progress,
+        )
+        print_reports(result)
+
+
+def print_reports(result) -> None:
+    from care_retriever.training.pretraining import compute_ratio
+
     for report in result.reports:
         first, last = report.get("first_loss"), report.get("last_loss")
         losses = f"loss {first:.4f} -> {last:.4f}" if first is not None and last is not None else "no loss logged"
         typer.echo(f"{report['name']:>20}: {report['steps']} steps, {report['seconds']:.1f}s, {losses}")
+        if "compute" in report:
+            typer.echo(
+                f"{'':>20}  {report['tower']} tower pretraining: {report['tower_parameters'] / 1e6:.2f}M parameters "
+                f"x {report['tokens'] / 1e6:.2f}M tokens = {report['compute']:.3e}"
+            )
+    ratio = compute_ratio(result.reports)
+    if ratio is not None:
+        typer.echo(f"pretraining compute, document / query tower: {ratio:.1f}x")
     for name, path in result.exports.items():
         typer.echo(f"exported {name}: {path}")
     typer.echo(f"final model: {result.final}")

@@ -1,0 +1,94 @@
+"""The seeded miniature report's arithmetic, on synthetic run folders (their scores written by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPORT = Path(__file__).resolve().parents[1] / "benchmarks" / "training_miniature_report.py"
+
+
+@pytest.fixture(scope="module")
+def report():
+    spec = importlib.util.spec_from_file_location("training_miniature_report", REPORT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# (kuake-qtr-retrieval, kuake-qtr-rerank) per seed; Avg is their mean
+SCORES = {
+    "small-symmetric": [(0.50, 0.70), (0.52, 0.72), (0.54, 0.74)],  # Avg 0.60, 0.62, 0.64
+    "large-symmetric": [(0.56, 0.76), (0.58, 0.78), (0.60, 0.80)],  # Avg 0.66, 0.68, 0.70
+    "asymmetric-two-stage": [(0.56, 0.74), (0.57, 0.77), (0.58, 0.78)],  # Avg 0.65, 0.67, 0.68
+    "without-stage-ii": [(0.55, 0.73), (0.55, 0.73), (0.55, 0.73)],
+    "without-stage-i": [(0.30, 0.60), (0.31, 0.61), (0.32, 0.62)],
+    "bm25": [(0.546, 0.80)] * 3,
+}
+
+
+def synthetic_run(folder: Path, seed: int) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(
+        json.dumps(
+            {
+                "recipe": "miniature-ablations",
+                "done": ["init", "stage0-query"],
+                "init_seconds": 1.0,
+                "reports": [
+                    {"name": "stage0-query", "steps": 10, "seconds": 60.0, "wall_seconds": 61.0, "first_loss": 2.0,
+                     "last_loss": 1.0}
+                ],
+            }
+        )
+    )
+    models = {
+        name: {
+            "kuake-qtr-retrieval": {"main_score": rows[seed][0]},
+            "kuake-qtr-rerank": {"main_score": rows[seed][1]},
+            "im-qa-retrieval": {"main_score": 0.1 + seed / 100},
+        }
+        for name, rows in SCORES.items()
+    }
+    (folder / "miniature_scores.json").write_text(json.dumps({"seed": seed, "models": models, "info": {}}))
+    return folder
+
+
+def test_report_of_three_seeds(report, tmp_path: Path) -> None:
+    runs = [str(synthetic_run(tmp_path / f"seed-{s}", s)) for s in range(3)]
+    doc, kept = tmp_path / "m.md", tmp_path / "m.json"
+    report.main(["--run", *runs, "--doc", str(doc), "--json", str(kept)])
+
+    seeds = json.loads(kept.read_text())["seeds"]
+    assert [e["seed"] for e in seeds] == [0, 1, 2]
+    assert seeds[1]["models"]["small-symmetric"]["kuake-qtr-retrieval"] == {"main_score": 0.52}
+    text = doc.read_text()
+    # mean +- sample sd: small Avg 0.60/0.62/0.64 -> 0.6200 +- 0.0200; asym 0.65/0.67/0.68 -> 0.6667 +- 0.0153
+    assert "| small-symmetric |  |  | 0.5200 ± 0.0200 | 0.7200 ± 0.0200 | 0.6200 ± 0.0200 |" in text
+    assert "0.6667 ± 0.0153" in text
+    # gap (0.68 - 0.62) = 0.06; closed (0.6667 - 0.62) / 0.06 = 78%
+    assert report.gap_closure(seeds) == pytest.approx((2.0 / 3 - 0.62) / 0.06)
+    assert "Gap-closure ratio (asymmetric - small) / (large - small) on mean Avg: 78%." in text
+    assert "on Avg (mean of 3 seeds): **met** (0.6800 vs 0.6200, +0.0600)" in text
+    assert "closes >= 90% of that gap: **missed**, closed 78%" in text
+    # kuake-qtr margins over BM25 0.546: +0.014, +0.024, +0.034 -> missed in seed 0
+    assert "in every seed: **missed** (margins +0.0140, +0.0240, +0.0340)" in text
+    assert "full > without Stage II > without Stage I (mean Avg): **met**" in text
+    assert text.count("| stage0-query | 10 | 60 | 61 | 2.000 -> 1.000 |") == 3
+
+
+def test_legacy_single_seed_file_is_kept_as_a_labelled_seed_zero(report, tmp_path: Path) -> None:
+    legacy = tmp_path / "old.json"
+    row = {"kuake-qtr-retrieval": 0.55, "kuake-qtr-rerank": 0.85, "chip-sts": None, "query_params": 1,
+           "document_params": 2, "queries_per_s": 3.0}
+    legacy.write_text(json.dumps({"results": {"asymmetric-two-stage": row, "bm25": dict(row)}}))
+    kept = tmp_path / "m.json"
+    report.main(["--convert-legacy", str(legacy), "--doc", str(tmp_path / "m.md"), "--json", str(kept)])
+    (seed,) = json.loads(kept.read_text())["seeds"]
+    assert seed["seed"] == 0 and "converted from the previous" in seed["label"]
+    assert seed["models"]["asymmetric-two-stage"]["kuake-qtr-rerank"]["main_score"] == 0.85
+    assert "chip-sts" not in seed["models"]["bm25"]
+    assert "> Seed 0 is the single-seed run" in (tmp_path / "m.md").read_text()
