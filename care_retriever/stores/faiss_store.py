@@ -3,7 +3,7 @@
 Layout (also read by the Haystack and LangChain adapters)::
 
     DIR/manifest.json      Manifest: model fingerprint, dim, metric, count, index type, versions, checksums
-    DIR/index.faiss        faiss.IndexIDMap2 over Flat (exact inner product), HNSW or IVF; ids = row ids
+    DIR/index.faiss        faiss.IndexIDMap (format 1: IndexIDMap2) over Flat (exact inner product), HNSW or IVF; ids = row ids
     DIR/docstore.sqlite    documents(row_id INTEGER PRIMARY KEY, id TEXT UNIQUE, text, title, metadata JSON,
                            content_hash)
 
@@ -136,7 +136,9 @@ def build_index(dim: int, options: dict[str, Any]) -> faiss.Index:
                                 faiss.METRIC_INNER_PRODUCT)
     else:
         raise InputError(f"Unknown FAISS index type {kind!r}. Available index types: {list(INDEX_TYPES)}")
-    return faiss.IndexIDMap2(inner)
+    # IndexIDMap, not IndexIDMap2: reading an IDMap2 rebuilds its id -> position hash map (about a second
+    # per million vectors); stores of format 1 hold IDMap2 and are read as they are.
+    return faiss.IndexIDMap(inner)
 
 
 def inner_index(index: faiss.Index) -> faiss.Index:
@@ -179,6 +181,8 @@ class FaissStore(VectorStore):
         self._count = 0
         self._tombstones = 0
         self._opened_as: tuple[int, int] = (0, 0)  # (inode of index.faiss, committed delta bytes) at open
+        self._mapped = False  # index vectors memory-mapped from index.faiss (read-only)
+        self._id_order: np.ndarray | None = None  # argsort of the IndexIDMap's ids, for vectors()
         old = self._old_path()
         if (self.path / MANIFEST).exists():
             self._open(self.path)
@@ -226,7 +230,7 @@ class FaissStore(VectorStore):
             self._writer_lock = None
 
     # ------------------------------------------------------------------ opening
-    def _open(self, folder: Path) -> None:
+    def _open(self, folder: Path, writable: bool = False) -> None:
         """Open a published store: sizes, headers and counts are checked; no file is hashed (see verify())."""
         manifest_path = folder / MANIFEST
         try:
@@ -251,10 +255,14 @@ class FaissStore(VectorStore):
                     f"{folder / name}: size mismatch ({actual} bytes, the store recorded {size}); "
                     "the file is truncated or corrupted"
                 )
+        # With no delta to apply, flat vectors are memory-mapped (opening reads headers and ids, not every
+        # vector); a mapped index is read-only, so the first write of a process reads it whole (_begin_in_place).
+        self._mapped = not meta.get("delta_bytes") and not writable
         try:
-            self._index = faiss.read_index(str(folder / INDEX))
+            self._index = faiss.read_index(str(folder / INDEX), faiss.IO_FLAG_MMAP_IFC if self._mapped else 0)
         except RuntimeError as exc:
             raise StoreError(f"{folder / INDEX}: corrupted FAISS index ({str(exc).splitlines()[0]})") from None
+        self._id_order = None
         self._replay_delta(folder, 0, int(meta.get("delta_bytes", 0)))
         if "count" in meta:
             self._count, self._tombstones = int(meta["count"]), int(meta.get("tombstones", 0))
@@ -372,8 +380,9 @@ class FaissStore(VectorStore):
             meta = self._read_meta(self.path)
             committed = int(meta.get("delta_bytes", 0))
             inode = (self.path / INDEX).stat().st_ino
-            if inode != self._opened_as[0] or committed < self._opened_as[1] or meta.get("fold_pending"):
-                self._open(self.path)  # republished or folded meanwhile: read it again
+            stale = inode != self._opened_as[0] or committed < self._opened_as[1] or meta.get("fold_pending")
+            if stale or self._mapped:
+                self._open(self.path, writable=True)  # republished or folded meanwhile, or mapped: read it whole
             elif committed > self._opened_as[1]:
                 self._replay_delta(self.path, self._opened_as[1], committed)
                 self._count, self._tombstones = int(meta["count"]), int(meta.get("tombstones", 0))
@@ -538,6 +547,7 @@ class FaissStore(VectorStore):
                     )
                 inner.train(vectors)
             self._index.add_with_ids(vectors, row_ids)
+            self._id_order = None
             self._record(ADD, row_ids, vectors)
             self._count += len(documents) - removed
             self._search_index = None
@@ -556,6 +566,7 @@ class FaissStore(VectorStore):
         rows = np.asarray(existing, dtype=np.int64)
         if self._supports_remove():
             self._index.remove_ids(rows)
+            self._id_order = None
         else:
             self._tombstones += len(rows)
         self._record(REMOVE, rows, None)
@@ -729,6 +740,16 @@ class FaissStore(VectorStore):
                 marks = ",".join("?" * len(chunk))
                 rows.update(self._db.execute(f"SELECT id, row_id FROM documents WHERE id IN ({marks})", chunk))
             index = self._index
+            if isinstance(index, faiss.IndexIDMap):  # no id -> position map: find positions in the sorted ids
+                stored = faiss.vector_to_array(index.id_map)
+                if self._id_order is None:
+                    self._id_order = np.argsort(stored, kind="stable")
+                inner = faiss.downcast_index(index.index)
+                wanted = np.asarray([rows.get(i, -1) for i in ids], dtype=np.int64)
+                where = np.clip(np.searchsorted(stored[self._id_order], wanted), 0, max(len(stored) - 1, 0))
+                positions = self._id_order[where] if len(stored) else where
+                return [None if i not in rows or stored[p] != r else inner.reconstruct(int(p))
+                        for i, r, p in zip(ids, wanted, positions, strict=True)]
             if not hasattr(index, "id_map"):  # IVF keeps ids itself; reconstructing by id needs its direct map
                 ivf = faiss.extract_index_ivf(index)
                 if ivf.direct_map.type == faiss.DirectMap.NoMap:
