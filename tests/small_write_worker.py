@@ -44,7 +44,7 @@ def arm(point: str) -> None:
 
         store_cls._write_manifest = staticmethod(killing_write_manifest)
     elif point in ("fold-write", "fold-rename"):
-        faiss_store.FOLD_MIN_BYTES = 0  # fold on this write
+        faiss_store.FOLD_MIN_BYTES, faiss_store.FOLD_RATIO = 0, 0.0  # fold on this write
         if point == "fold-write":
             fsync_file = faiss_store._fsync_file
             faiss_store._fsync_file = lambda path: die() if path.name == faiss_store.NEXT_INDEX else fsync_file(path)
@@ -54,8 +54,8 @@ def arm(point: str) -> None:
                     die()
                 os.replace(src, dst)
 
-            faiss_store.os = types.SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if not k.startswith("__")},
-                                                   replace=replace)
+            names = {k: getattr(os, k) for k in dir(os) if not k.startswith("__")}
+            faiss_store.os = types.SimpleNamespace(**{**names, "replace": replace})
     else:
         raise SystemExit(f"unknown point {point!r}")
 

@@ -64,6 +64,7 @@ DOCSTORE = "docstore.sqlite"
 DELTA = "vectors.delta"
 NEXT_INDEX = "index.faiss.next"  # a fold's new index, renamed over INDEX once the docstore records it
 FOLD_MIN_BYTES = 4 << 20  # a delta smaller than this is never folded (replaying it costs little)
+FOLD_RATIO = 0.5  # fold once the delta outgrows this fraction of index.faiss: amortised O(1) per written byte
 INDEX_TYPES = FAISS_INDEX_TYPES
 
 _SCHEMA = """
@@ -638,7 +639,7 @@ class FaissStore(VectorStore):
             self.manifest.index["tombstones"] = self._tombstones
             self.manifest.updated_at = time.time()
             self._write_manifest(self.path, self.manifest)  # informative: the docstore's counts are the truth
-            if committed > max(FOLD_MIN_BYTES, (self.path / INDEX).stat().st_size // 2):
+            if committed > max(FOLD_MIN_BYTES, (self.path / INDEX).stat().st_size * FOLD_RATIO):
                 self._fold()
 
     def _fold(self) -> None:
