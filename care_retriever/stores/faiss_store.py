@@ -3,7 +3,7 @@
 Layout (also read by the Haystack and LangChain adapters)::
 
     DIR/manifest.json      Manifest: model fingerprint, dim, metric, count, index type, versions, checksums
-    DIR/index.faiss        faiss.IndexIDMap (format 1: IndexIDMap2) over Flat (exact inner product), HNSW or IVF; ids = row ids
+    DIR/index.faiss        faiss.IndexIDMap (format 1: IndexIDMap2) over Flat (exact IP), HNSW or IVF; ids = row ids
     DIR/docstore.sqlite    documents(row_id INTEGER PRIMARY KEY, id TEXT UNIQUE, text, title, metadata JSON,
                            content_hash)
 

@@ -22,7 +22,7 @@ from haystack.document_stores.types import FilterPolicy
 from haystack.document_stores.types.filter_policy import apply_filter_policy
 from haystack.utils import Secret, deserialize_secrets_inplace
 
-from care_retriever.errors import InputError, StoreError
+from care_retriever.errors import InputError
 from care_retriever.integrations.common import (
     as_matrix,
     check_model_location,
