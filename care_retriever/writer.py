@@ -176,10 +176,5 @@ class DocumentStoreWriter:
         return removed
 
     def _prune(self, keep: set[str]) -> int:
-        from care_retriever.stores.faiss_store import FaissStore
-
-        if not isinstance(self.store, FaissStore):
-            logger.warning("pruning is only supported for FAISS stores; skipped")
-            return 0
         stale = [d.id for d in self.store.iter_documents() if d.id not in keep]
         return self.store.delete(stale) if stale else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -171,13 +172,17 @@ def test_corrupted_stores_give_clear_errors(embedder, docs, tmp_path: Path) -> N
     manifest = json.loads((folder / MANIFEST).read_text())
     index_bytes = (folder / INDEX).read_bytes()
     (folder / INDEX).write_bytes(index_bytes[: len(index_bytes) // 2])
-    with pytest.raises(StoreError, match=r"index.faiss: checksum mismatch"):
+    with pytest.raises(StoreError, match=r"index.faiss: size mismatch"):  # open checks sizes, verify hashes
         open_store(f"faiss:{folder}")
     (folder / INDEX).write_bytes(index_bytes)
     (folder / MANIFEST).write_text(json.dumps({**manifest, "format_version": 99}))
     with pytest.raises(StoreError, match="newer than this care-retriever"):
         open_store(f"faiss:{folder}")
-    (folder / MANIFEST).write_text(json.dumps({**manifest, "count": 5, "checksums": {}}))
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    con = sqlite3.connect(folder / DOCSTORE)  # the docstore's meta table holds the counts open() checks
+    con.execute("UPDATE care_meta SET value = 5 WHERE key = 'count'")
+    con.commit()
+    con.close()
     with pytest.raises(StoreError, match="count mismatch"):
         open_store(f"faiss:{folder}")
     (folder / DOCSTORE).unlink()

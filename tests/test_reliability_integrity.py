@@ -43,18 +43,21 @@ def _drop_checksums(folder: Path) -> None:
 
 def test_truncated_index_without_checksums_is_reported_by_faiss(faiss_dir: Path) -> None:
     _drop_checksums(faiss_dir)  # even with no checksum to compare, FAISS's own reader must fail cleanly
-    data = (faiss_dir / INDEX).read_bytes()
-    (faiss_dir / INDEX).write_bytes(data[: len(data) // 3])
+    data = bytearray((faiss_dir / INDEX).read_bytes())
+    data[:4] = b"XXXX"  # same size: the size check passes, the header is garbage
+    (faiss_dir / INDEX).write_bytes(bytes(data))
     with pytest.raises(StoreError, match=r"index\.faiss: corrupted FAISS index"):
         open_store(f"faiss:{faiss_dir}")
 
 
-def test_flipped_bytes_in_docstore_fail_the_checksum(faiss_dir: Path) -> None:
+def test_flipped_bytes_in_docstore_fail_the_checksum(faiss_dir: Path, capsys) -> None:
     data = bytearray((faiss_dir / DOCSTORE).read_bytes())
     data[len(data) // 2] ^= 0xFF
     (faiss_dir / DOCSTORE).write_bytes(bytes(data))
-    with pytest.raises(StoreError, match=r"docstore\.sqlite: checksum mismatch"):
-        open_store(f"faiss:{faiss_dir}")
+    # Opening checks sizes and counts only; `verify` reads every byte.
+    assert main(["verify", "--store", f"faiss:{faiss_dir}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "docstore.sqlite: checksum mismatch" in err
 
 
 def test_garbage_docstore_without_checksums_is_named(faiss_dir: Path) -> None:
@@ -80,7 +83,10 @@ def test_cli_prints_one_line_for_a_corrupted_store(faiss_dir: Path, tiny_model_d
     code = main(["search", "血压", "--model", str(tiny_model_dir), "--store", f"faiss:{faiss_dir}"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "Traceback" not in err and len(err.splitlines()) == 1
-    assert err.startswith("error: ") and "index.faiss: checksum mismatch" in err
+    assert err.startswith("error: ") and "index.faiss: size mismatch" in err
+    code = main(["verify", "--store", f"faiss:{faiss_dir}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "index.faiss: size mismatch" in err
 
 
 def test_corrupted_checkpoint_names_the_staging_folder(embedder, docs, tmp_path: Path) -> None:
@@ -199,15 +205,13 @@ def test_qdrant_local_folder_is_single_process(embedder, docs, tmp_path: Path) -
 def test_search_never_returns_rows_missing_from_the_docstore(embedder, docs, faiss_dir: Path) -> None:
     """A docstore row deleted behind the store's back (count check off): hits skip it instead of inventing text."""
     _drop_checksums(faiss_dir)
-    manifest = json.loads((faiss_dir / MANIFEST).read_text())
     con = sqlite3.connect(faiss_dir / DOCSTORE)
     con.execute("DELETE FROM documents WHERE id = 'a'")
     con.commit()
     con.close()
+    store = open_store(f"faiss:{faiss_dir}")  # open does not count rows; verify does
     with pytest.raises(StoreError, match="count mismatch"):
-        open_store(f"faiss:{faiss_dir}")
-    (faiss_dir / MANIFEST).write_text(json.dumps({**manifest, "count": 5, "index": {"tombstones": 1}}))
-    store = open_store(f"faiss:{faiss_dir}")
+        store.verify()
     hits = store.search(np.asarray(embedder.embed_queries(["高血压"])), 10)[0]
     assert {h.id for h in hits} == {"b", "c", "d", "e", "f"}
     shutil.rmtree(faiss_dir)

@@ -266,9 +266,8 @@ def delete(
 
     target = open_store(store, collection=collection)
     manifest = target.require_manifest()
-    target.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name)
-    removed = target.delete(ids)
-    target.finalize()
+    with target.transaction(manifest.dim, manifest.space_fingerprint, manifest.model_name):
+        removed = target.delete(ids)
     remaining = target.count()
     target.close()
     typer.echo(f"deleted {removed} of {len(ids)} ids; the store now holds {remaining} documents")

@@ -6,7 +6,8 @@ import math
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -16,7 +17,9 @@ from care_retriever import __version__
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
 
-STORE_FORMAT_VERSION = 1
+# 2: the FAISS store may hold an append-only vector delta (written by small in-place writes). Format 1
+# stores (no delta) are read as they are.
+STORE_FORMAT_VERSION = 2
 FAISS_INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq")  # the FAISS store's index kinds (docs/scale.md)
 Filters = dict[str, Any]
 _FILTER_KEY = re.compile(r"^[\w.\-]+$")
@@ -51,6 +54,7 @@ class Manifest:
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     checksums: dict[str, str] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # file sizes at publication, checked on open
     format_version: int = STORE_FORMAT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,8 +163,57 @@ class VectorStore(ABC):
         """Stored documents by id (None where missing)."""
 
     @abstractmethod
-    def count(self) -> int:
-        """Number of live documents."""
+    def count(self, filters: Filters | None = None) -> int:
+        """Number of live documents (matching ``filters`` when given)."""
+
+    @abstractmethod
+    def iter_documents(self, batch: int = 1000) -> Iterator[Document]:
+        """Every live document, in a stable order."""
+
+    @abstractmethod
+    def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
+        """Stored vector of each id (None where the id is missing)."""
+
+    def verify(self) -> int:
+        """Check the whole store (every byte where the backend allows); return the live count.
+
+        Raises :class:`StoreError` naming the first problem found.
+        """
+        manifest = self.require_manifest()
+        return self.count() if manifest else 0
+
+    def abort(self) -> None:  # noqa: B027 - stores without rollback keep what was written
+        """Drop the writes since :meth:`prepare` (where the backend can) and release the writer lock."""
+
+    @contextmanager
+    def transaction(
+        self,
+        dim: int | None = None,
+        space_fingerprint: str | None = None,
+        model_name: str = "",
+        index: dict[str, Any] | None = None,
+    ) -> Iterator[VectorStore]:
+        """One all-or-nothing write: ``upsert`` / ``delete`` inside, published on success, aborted on error.
+
+        ``dim`` and ``space_fingerprint`` default to the existing store's (they are needed to create one).
+        """
+        manifest = self.manifest
+        if dim is None or space_fingerprint is None:
+            if manifest is None:
+                raise StoreError(f"{self.describe()}: a new store needs dim and space_fingerprint for its first write")
+            dim, space_fingerprint = manifest.dim, manifest.space_fingerprint
+            model_name = model_name or manifest.model_name
+        self.begin(dim, space_fingerprint, model_name, index)
+        try:
+            yield self
+            self.finalize()
+        except BaseException:
+            self.abort()
+            raise
+
+    def begin(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
+        """Start a :meth:`transaction` (by default a :meth:`prepare`)."""
+        self.prepare(dim, space_fingerprint, model_name, index)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files and connections."""

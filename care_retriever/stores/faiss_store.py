@@ -3,13 +3,27 @@
 Layout (also read by the Haystack and LangChain adapters)::
 
     DIR/manifest.json      Manifest: model fingerprint, dim, metric, count, index type, versions, checksums
-    DIR/index.faiss        faiss.IndexIDMap2 over Flat (exact inner product), HNSW or IVF; ids = row ids
+    DIR/index.faiss        faiss.IndexIDMap (format 1: IndexIDMap2) over Flat (exact IP), HNSW or IVF; ids = row ids
     DIR/docstore.sqlite    documents(row_id INTEGER PRIMARY KEY, id TEXT UNIQUE, text, title, metadata JSON,
                            content_hash)
 
-Vectors are unit-norm, so inner product is cosine. Writes go to a staging folder beside ``DIR``
-(checkpointed by :meth:`commit`); :meth:`finalize` swaps it into place, so readers never see a
-half-written store, and a killed writer resumes from its last checkpoint. One writer at a time:
+    DIR/vectors.delta      (format 2) vectors written in place since the last fold: fixed-size records
+                           (op: 'A' add / 'D' delete, row id, vector), replayed on open
+    docstore care_meta     (format 2) count, tombstones, committed delta length, index.faiss size
+
+Vectors are unit-norm, so inner product is cosine. Two write paths share one writer lock:
+
+* Bulk (``prepare`` / ``commit`` / ``finalize``, used by ``care-retriever index``): writes go to a
+  staging folder beside ``DIR`` (checkpointed by :meth:`commit`); :meth:`finalize` swaps it into
+  place, so readers never see a half-written store, and a killed writer resumes from its last checkpoint.
+* Small (:meth:`transaction` on a published store, used by the framework adapters): rows are written
+  in place in the docstore (SQLite WAL), vectors appended to ``vectors.delta``; the SQLite commit,
+  which also records the delta's committed length, is the commit point, so a write killed anywhere
+  leaves either all or none of it (a delta tail past the committed length is ignored and cut by the
+  next writer). Any other table in the docstore written in the same transaction commits with it.
+  The delta is folded into ``index.faiss`` when it grows past half of it (amortised cost per write).
+
+Opening checks sizes, headers and counts only; ``care-retriever verify`` reads every byte. One writer at a time:
 :meth:`prepare` takes an exclusive lock on ``.DIR.lock`` beside the store (released by the OS if the
 writer dies), so two indexing runs into one store fail fast instead of mixing their checkpoints.
 """
@@ -24,7 +38,7 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +49,7 @@ from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.base import (
     FAISS_INDEX_TYPES,
+    STORE_FORMAT_VERSION,
     Filters,
     Hit,
     Manifest,
@@ -46,6 +61,10 @@ from care_retriever.stores.base import (
 MANIFEST = "manifest.json"
 INDEX = "index.faiss"
 DOCSTORE = "docstore.sqlite"
+DELTA = "vectors.delta"
+NEXT_INDEX = "index.faiss.next"  # a fold's new index, renamed over INDEX once the docstore records it
+FOLD_MIN_BYTES = 4 << 20  # a delta smaller than this is never folded (replaying it costs little)
+FOLD_RATIO = 0.5  # fold once the delta outgrows this fraction of index.faiss: amortised O(1) per written byte
 INDEX_TYPES = FAISS_INDEX_TYPES
 
 _SCHEMA = """
@@ -58,6 +77,13 @@ CREATE TABLE IF NOT EXISTS documents (
     content_hash TEXT NOT NULL
 );
 """
+_META_SCHEMA = "CREATE TABLE IF NOT EXISTS care_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)"
+ADD, REMOVE = ord("A"), ord("D")
+
+
+def delta_dtype(dim: int) -> np.dtype:
+    """One delta record: op byte, row id, vector (a removal carries a zero vector: fixed-size records)."""
+    return np.dtype([("op", "u1"), ("row", "<i8"), ("vec", "<f4", (dim,))])
 
 
 def _fsync_dir(path: Path) -> None:
@@ -111,7 +137,9 @@ def build_index(dim: int, options: dict[str, Any]) -> faiss.Index:
                                 faiss.METRIC_INNER_PRODUCT)
     else:
         raise InputError(f"Unknown FAISS index type {kind!r}. Available index types: {list(INDEX_TYPES)}")
-    return faiss.IndexIDMap2(inner)
+    # IndexIDMap, not IndexIDMap2: reading an IDMap2 rebuilds its id -> position hash map (about a second
+    # per million vectors); stores of format 1 hold IDMap2 and are read as they are.
+    return faiss.IndexIDMap(inner)
 
 
 def inner_index(index: faiss.Index) -> faiss.Index:
@@ -149,6 +177,13 @@ class FaissStore(VectorStore):
         self._writing = False
         self._writer_lock: Any = None
         self._next_row_id = 0
+        self._in_place = False  # a transaction writing the published store in place (delta + WAL)
+        self._delta: list[np.ndarray] = []  # this transaction's delta records, appended at finalize
+        self._count = 0
+        self._tombstones = 0
+        self._opened_as: tuple[int, int] = (0, 0)  # (inode of index.faiss, committed delta bytes) at open
+        self._mapped = False  # index vectors memory-mapped from index.faiss (read-only)
+        self._id_order: np.ndarray | None = None  # argsort of the IndexIDMap's ids, for vectors()
         old = self._old_path()
         if (self.path / MANIFEST).exists():
             self._open(self.path)
@@ -196,7 +231,8 @@ class FaissStore(VectorStore):
             self._writer_lock = None
 
     # ------------------------------------------------------------------ opening
-    def _open(self, folder: Path) -> None:
+    def _open(self, folder: Path, writable: bool = False) -> None:
+        """Open a published store: sizes, headers and counts are checked; no file is hashed (see verify())."""
         manifest_path = folder / MANIFEST
         try:
             data = json.loads(manifest_path.read_text("utf-8"))
@@ -206,22 +242,69 @@ class FaissStore(VectorStore):
         for name in (INDEX, DOCSTORE):
             if not (folder / name).is_file():
                 raise StoreError(f"{folder / name}: missing; the store is incomplete")
-        self._verify_checksums(folder)
-        try:
-            self._index = faiss.read_index(str(folder / INDEX))
-        except RuntimeError as exc:
-            raise StoreError(f"{folder / INDEX}: corrupted FAISS index ({str(exc).splitlines()[0]})") from None
         if self._db is not None:
             self._db.close()
         self._db = self._connect(folder / DOCSTORE)
+        meta = self._read_meta(folder)
+        if meta.get("fold_pending") and (folder / NEXT_INDEX).exists():
+            os.replace(folder / NEXT_INDEX, folder / INDEX)  # roll a fold forward: the docstore already counts it
+        expected = meta.get("index_bytes", self.manifest.sizes.get(INDEX))
+        for name, size in ((INDEX, expected), (DELTA, meta.get("delta_bytes"))):
+            actual = (folder / name).stat().st_size if (folder / name).exists() else 0
+            if size is not None and (actual != size if name == INDEX else actual < size):
+                raise StoreError(
+                    f"{folder / name}: size mismatch ({actual} bytes, the store recorded {size}); "
+                    "the file is truncated or corrupted"
+                )
+        # With no delta to apply, flat vectors are memory-mapped (opening reads headers and ids, not every
+        # vector); a mapped index is read-only, so the first write of a process reads it whole (_begin_in_place).
+        self._mapped = not meta.get("delta_bytes") and not writable
+        try:
+            self._index = faiss.read_index(str(folder / INDEX), faiss.IO_FLAG_MMAP_IFC if self._mapped else 0)
+        except RuntimeError as exc:
+            raise StoreError(f"{folder / INDEX}: corrupted FAISS index ({str(exc).splitlines()[0]})") from None
+        self._id_order = None
+        self._replay_delta(folder, 0, int(meta.get("delta_bytes", 0)))
+        if "count" in meta:
+            self._count, self._tombstones = int(meta["count"]), int(meta.get("tombstones", 0))
+        else:  # format 1: the manifest holds the counts
+            self._count = self.manifest.count
+            self._tombstones = int(self.manifest.index.get("tombstones", 0))
         self._check_counts(folder)
+        self._opened_as = ((folder / INDEX).stat().st_ino, int(meta.get("delta_bytes", 0)))
         self._search_index = None
 
-    def _verify_checksums(self, folder: Path) -> None:
-        assert self.manifest is not None
-        for name, expected in self.manifest.checksums.items():
-            if _sha256(folder / name) != expected:
-                raise StoreError(f"{folder / name}: checksum mismatch with {MANIFEST}; the file is corrupted")
+    def _read_meta(self, folder: Path) -> dict[str, int]:
+        assert self._db is not None
+        try:
+            return dict(self._db.execute("SELECT key, value FROM care_meta"))
+        except sqlite3.OperationalError:  # format 1: no meta table
+            return {}
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{folder / DOCSTORE}: corrupted docstore ({exc})") from None
+
+    def _replay_delta(self, folder: Path, start: int, stop: int) -> None:
+        """Apply the committed delta records in ``[start, stop)`` bytes to the in-memory index."""
+        if stop <= start:
+            return
+        assert self._index is not None and self.manifest is not None
+        dtype = delta_dtype(self.manifest.dim)
+        if (stop - start) % dtype.itemsize:
+            raise StoreError(f"{folder / DELTA}: committed length {stop} is not a whole number of records")
+        with open(folder / DELTA, "rb") as fh:
+            fh.seek(start)
+            records = np.frombuffer(fh.read(stop - start), dtype=dtype)
+        if not np.isin(records["op"], (ADD, REMOVE)).all():
+            raise StoreError(f"{folder / DELTA}: unknown record type; the file is corrupted")
+        removable = self.manifest.index.get("type", "flat") != "hnsw"
+        # Consecutive records of one kind are applied in one call (row ids are never reused).
+        edges = np.flatnonzero(np.diff(records["op"])) + 1
+        for run in np.split(records, edges):
+            rows = np.ascontiguousarray(run["row"], dtype=np.int64)
+            if run["op"][0] == ADD:
+                self._index.add_with_ids(np.ascontiguousarray(run["vec"], dtype=np.float32), rows)
+            elif removable:
+                self._index.remove_ids(rows)
 
     def _connect(self, path: Path) -> sqlite3.Connection:
         try:
@@ -233,25 +316,16 @@ class FaissStore(VectorStore):
             raise StoreError(f"{path}: corrupted docstore ({exc})") from None
 
     def _check_counts(self, folder: Path) -> None:
-        assert self.manifest is not None and self._db is not None and self._index is not None
-        try:
-            rows = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{folder / DOCSTORE}: corrupted docstore ({exc})") from None
-        tombstones = int(self.manifest.index.get("tombstones", 0))
-        if rows != self.manifest.count or self._index.ntotal != rows + tombstones:
+        assert self._index is not None
+        if self._index.ntotal != self._count + self._tombstones:
             raise StoreError(
-                f"{folder}: count mismatch: manifest says {self.manifest.count}, docstore has {rows}, "
-                f"index has {self._index.ntotal} vectors ({tombstones} tombstones); the store is corrupted"
+                f"{folder}: count mismatch: the store records {self._count} documents and {self._tombstones} "
+                f"tombstones, the index has {self._index.ntotal} vectors; the store is corrupted"
             )
 
     # ------------------------------------------------------------------ writing
     def prepare(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
-        options = {"type": "flat", **(index or {})}
-        if options["type"] not in INDEX_TYPES:
-            raise InputError(
-                f"Unknown FAISS index type {options['type']!r}. Available index types: {list(INDEX_TYPES)}"
-            )
+        options = self._checked_options(index)
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
         self._acquire_writer_lock()
@@ -265,15 +339,105 @@ class FaissStore(VectorStore):
             raise
         self._writing = True
 
+    @staticmethod
+    def _checked_options(index: dict[str, Any] | None) -> dict[str, Any]:
+        options = {"type": "flat", **(index or {})}
+        if options["type"] not in INDEX_TYPES:
+            raise InputError(
+                f"Unknown FAISS index type {options['type']!r}. Available index types: {list(INDEX_TYPES)}"
+            )
+        return options
+
+    @property
+    def pending_write(self) -> bool:
+        """True while an interrupted bulk writer's checkpoint (a staging folder) waits to be resumed."""
+        return (self.staging / MANIFEST).exists() and not self._writing
+
+    def begin(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
+        """Start a :meth:`transaction`: in place on a published store, through a staging folder for a new one."""
+        self._checked_options(index)
+        if self.manifest is not None:
+            self.check_compatible(space_fingerprint, dim)
+        self._acquire_writer_lock()  # fails fast while another writer is running
+        try:
+            if self.pending_write:
+                raise StoreError(
+                    f"{self.describe()}: an interrupted `care-retriever index` run is pending in {self.staging}; "
+                    "finish it by running the same command again, or remove that folder"
+                )
+            if (self.path / MANIFEST).exists() and self.manifest is not None:
+                self._begin_in_place()
+                return
+        except BaseException:
+            self._release_writer_lock()
+            raise
+        self.prepare(dim, space_fingerprint, model_name, index)
+
+    def _begin_in_place(self) -> None:
+        """Catch up with writes made by other processes since this one opened, then accept writes in place."""
+        with self._lock:
+            assert self._db is not None
+            self._db.commit()
+            meta = self._read_meta(self.path)
+            committed = int(meta.get("delta_bytes", 0))
+            inode = (self.path / INDEX).stat().st_ino
+            stale = inode != self._opened_as[0] or committed < self._opened_as[1] or meta.get("fold_pending")
+            if stale or self._mapped:
+                self._open(self.path, writable=True)  # republished or folded meanwhile, or mapped: read it whole
+            elif committed > self._opened_as[1]:
+                self._replay_delta(self.path, self._opened_as[1], committed)
+                self._count, self._tombstones = int(meta["count"]), int(meta.get("tombstones", 0))
+                self._opened_as = (inode, committed)
+            assert self.manifest is not None and self._db is not None and self._index is not None
+            if not meta:  # a format-1 store takes its first small write: it becomes format 2
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute(_META_SCHEMA)
+                self._set_meta(count=self._count, tombstones=self._tombstones, delta_bytes=0, fold_pending=0,
+                               index_bytes=(self.path / INDEX).stat().st_size)
+                self._db.commit()
+            if self.manifest.checksums or self.manifest.sizes:
+                # Whole-file checksums stop describing the files once they change in place: drop them first,
+                # so that no crash leaves a manifest whose checksums look like corruption.
+                self.manifest.checksums, self.manifest.sizes = {}, {}
+                self.manifest.format_version = STORE_FORMAT_VERSION
+                self._write_manifest(self.path, self.manifest)
+            ids = index_ids(self._index)
+            row = self._db.execute("SELECT MAX(row_id) FROM documents").fetchone()[0]
+            self._next_row_id = max(row if row is not None else -1, int(ids.max()) if len(ids) else -1) + 1
+            self._staged_manifest = self.manifest
+            self._delta = []
+            self._in_place = True
+            self._writing = True
+
+    def _set_meta(self, **values: int) -> None:
+        assert self._db is not None
+        self._db.executemany("INSERT OR REPLACE INTO care_meta(key, value) VALUES (?, ?)", list(values.items()))
+
+    @staticmethod
+    def _write_manifest(folder: Path, manifest: Manifest) -> None:
+        _write_atomic(folder / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
+        _fsync_dir(folder)
+
     def _new_staging(self, dim: int, space_fingerprint: str, model_name: str, options: dict[str, Any]) -> None:
         """Start a write: a copy of the published store (or an empty index); its manifest is written last."""
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir(parents=True)
         source = self.path if (self.path / MANIFEST).exists() else self._old_path()
         if self.manifest is not None:  # update an existing store: work on a copy
-            for name in (INDEX, DOCSTORE):
-                shutil.copy2(source / name, self.staging / name)
-                _fsync_file(self.staging / name)
+            if self._opened_as[1] and self._index is not None:  # a delta is applied in memory: write it out whole
+                faiss.write_index(self._index, str(self.staging / INDEX))
+            else:
+                shutil.copy2(source / INDEX, self.staging / INDEX)
+            _fsync_file(self.staging / INDEX)
+            if self._db is not None:  # the backup API copies committed WAL pages too
+                target = sqlite3.connect(str(self.staging / DOCSTORE))
+                try:
+                    self._db.backup(target)
+                finally:
+                    target.close()
+            else:
+                shutil.copy2(source / DOCSTORE, self.staging / DOCSTORE)
+            _fsync_file(self.staging / DOCSTORE)
             manifest = Manifest.from_dict(self.manifest.to_dict(), MANIFEST)
         else:
             manifest = Manifest(backend="faiss", dim=dim, space_fingerprint=space_fingerprint,
@@ -281,7 +445,7 @@ class FaissStore(VectorStore):
                                 versions=default_versions(faiss=faiss.__version__))
             faiss.write_index(build_index(dim, options), str(self.staging / INDEX))
             _fsync_file(self.staging / INDEX)
-        manifest.checksums = {}
+        manifest.checksums, manifest.sizes = {}, {}
         # The staging manifest marks a complete starting point: a run killed before it exists starts over.
         _write_atomic(self.staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
         _fsync_dir(self.staging)
@@ -362,7 +526,7 @@ class FaissStore(VectorStore):
                 f"the store holds {self._staged_manifest.dim}-dim vectors"
             )
         with self._lock:
-            self._remove_rows([d.id for d in documents])
+            removed = self._remove_rows([d.id for d in documents])
             row_ids = np.arange(self._next_row_id, self._next_row_id + len(documents), dtype=np.int64)
             self._next_row_id += len(documents)
             self._db.executemany(
@@ -384,6 +548,9 @@ class FaissStore(VectorStore):
                     )
                 inner.train(vectors)
             self._index.add_with_ids(vectors, row_ids)
+            self._id_order = None
+            self._record(ADD, row_ids, vectors)
+            self._count += len(documents) - removed
             self._search_index = None
 
     def _remove_rows(self, ids: Sequence[str]) -> int:
@@ -397,20 +564,39 @@ class FaissStore(VectorStore):
             return 0
         self._db.executemany("DELETE FROM documents WHERE row_id = ?", [(r,) for r in existing])
         # HNSW cannot remove vectors: they stay as tombstones that searches skip (counted at commit).
+        rows = np.asarray(existing, dtype=np.int64)
         if self._supports_remove():
-            self._index.remove_ids(np.asarray(existing, dtype=np.int64))
+            self._index.remove_ids(rows)
+            self._id_order = None
+        else:
+            self._tombstones += len(rows)
+        self._record(REMOVE, rows, None)
         return len(existing)
+
+    def _record(self, op: int, rows: np.ndarray, vectors: np.ndarray | None) -> None:
+        """Remember a change for this in-place transaction's delta (bulk writes checkpoint the whole index)."""
+        if not self._in_place:
+            return
+        records = np.zeros(len(rows), dtype=delta_dtype(self._staged_manifest.dim))
+        records["op"], records["row"] = op, rows
+        if vectors is not None:
+            records["vec"] = vectors
+        self._delta.append(records)
 
     def delete(self, ids: Sequence[str]) -> int:
         self._require_writing()
         with self._lock:
             removed = self._remove_rows(list(ids))
+            self._count -= removed
             self._search_index = None
         return removed
 
     def commit(self) -> None:
         """Checkpoint: docstore transaction first, then the index, each durable and atomic."""
         self._require_writing()
+        if self._in_place:
+            self._commit_in_place()
+            return
         assert self._index is not None and self._db is not None
         with self._lock:
             self._db.commit()
@@ -419,23 +605,77 @@ class FaissStore(VectorStore):
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, self.staging / INDEX)
-            self._staged_manifest.count = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
-            self._staged_manifest.index["tombstones"] = int(self._index.ntotal - self._staged_manifest.count)
-            _write_atomic(self.staging / MANIFEST, json.dumps(self._staged_manifest.to_dict(), indent=2).encode())
-            _fsync_dir(self.staging)
+            self._count = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
+            self._tombstones = int(self._index.ntotal - self._count)
+            self._db.execute(_META_SCHEMA)
+            self._set_meta(count=self._count, tombstones=self._tombstones, delta_bytes=0, fold_pending=0,
+                           index_bytes=(self.staging / INDEX).stat().st_size)
+            self._db.commit()
+            self._staged_manifest.count = self._count
+            self._staged_manifest.index["tombstones"] = self._tombstones
+            self._write_manifest(self.staging, self._staged_manifest)
+
+    def _commit_in_place(self) -> None:
+        """Append this transaction's delta, then commit the docstore with the delta's new length (the commit point)."""
+        assert self._db is not None and self.manifest is not None
+        with self._lock:
+            committed = self._opened_as[1]
+            if self._delta:
+                data = np.concatenate(self._delta).tobytes()
+                created = not (self.path / DELTA).exists()
+                with open(self.path / DELTA, "ab") as fh:
+                    fh.truncate(committed)  # a killed writer's uncommitted tail
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                if created:
+                    _fsync_dir(self.path)
+                committed += len(data)
+            self._set_meta(count=self._count, tombstones=self._tombstones, delta_bytes=committed)
+            self._db.commit()
+            self._delta = []
+            self._opened_as = (self._opened_as[0], committed)
+            self.manifest.count = self._count
+            self.manifest.index["tombstones"] = self._tombstones
+            self.manifest.updated_at = time.time()
+            self._write_manifest(self.path, self.manifest)  # informative: the docstore's counts are the truth
+            if committed > max(FOLD_MIN_BYTES, (self.path / INDEX).stat().st_size * FOLD_RATIO):
+                self._fold()
+
+    def _fold(self) -> None:
+        """Write the in-memory index (delta applied) as the new index.faiss and empty the delta."""
+        assert self._db is not None and self._index is not None
+        nxt = self.path / NEXT_INDEX
+        faiss.write_index(self._index, str(nxt))
+        _fsync_file(nxt)
+        self._set_meta(delta_bytes=0, fold_pending=1, index_bytes=nxt.stat().st_size)
+        self._db.commit()  # from here on, open() rolls the fold forward
+        os.replace(nxt, self.path / INDEX)
+        _fsync_dir(self.path)
+        with open(self.path / DELTA, "ab") as fh:
+            fh.truncate(0)
+        self._set_meta(fold_pending=0)
+        self._db.commit()
+        self._opened_as = ((self.path / INDEX).stat().st_ino, 0)
 
     def finalize(self) -> None:
-        """Swap the staging folder into place (old store removed only after the new one is in)."""
+        """Publish: swap the staging folder into place (bulk), or commit the in-place transaction."""
         self.commit()
+        if self._in_place:
+            with self._lock:
+                self._in_place = False
+                self._writing = False
+                self._release_writer_lock()
+            return
         assert self._db is not None
         with self._lock:
             manifest = self._staged_manifest
+            self._db.close()  # the last connection's close folds any WAL into the file: hash the final bytes
+            self._db = None
             manifest.checksums = {name: _sha256(self.staging / name) for name in (INDEX, DOCSTORE)}
             manifest.updated_at = time.time()
-            _write_atomic(self.staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
-            _fsync_dir(self.staging)
-            self._db.close()
-            self._db = None
+            manifest.sizes = {name: (self.staging / name).stat().st_size for name in (INDEX, DOCSTORE)}
+            self._write_manifest(self.staging, manifest)
             old = self._old_path()
             shutil.rmtree(old, ignore_errors=True)
             if self.path.exists():
@@ -446,6 +686,26 @@ class FaissStore(VectorStore):
             self._writing = False
             self._release_writer_lock()
             self._open(self.path)
+
+    def abort(self) -> None:
+        """Drop the writes since begin()/prepare() and release the writer lock; the published store is reopened."""
+        with self._lock:
+            if self._db is not None:
+                self._db.rollback()
+                self._db.close()
+                self._db = None
+            if not self._in_place:
+                shutil.rmtree(self.staging, ignore_errors=True)
+            self._in_place = False
+            self._delta = []
+            self._writing = False
+            self._release_writer_lock()
+            self._index = None
+            self._search_index = None
+            self.manifest = None
+            self._count = self._tombstones = 0
+            if (self.path / MANIFEST).exists():
+                self._open(self.path)
 
     # ------------------------------------------------------------------ reading
     def _require_db(self) -> sqlite3.Connection:
@@ -458,11 +718,44 @@ class FaissStore(VectorStore):
         if not self._writing:
             raise StoreError(f"{self.describe()}: call prepare() before writing")
 
-    def count(self) -> int:
+    def count(self, filters: Filters | None = None) -> int:
         if self._db is None:
             return 0
+        filters = validate_filters(filters)
+        if filters:
+            return len(self._filtered_row_ids(filters))
+        if not self._writing or self._in_place:
+            return self._count
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
+
+    def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
+        """Stored vector of each id (None where the id is missing)."""
+        if self._db is None or self._index is None:
+            return [None] * len(ids)
+        ids = list(ids)
+        rows: dict[str, int] = {}
+        with self._lock:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows.update(self._db.execute(f"SELECT id, row_id FROM documents WHERE id IN ({marks})", chunk))
+            index = self._index
+            if isinstance(index, faiss.IndexIDMap):  # no id -> position map: find positions in the sorted ids
+                stored = faiss.vector_to_array(index.id_map)
+                if self._id_order is None:
+                    self._id_order = np.argsort(stored, kind="stable")
+                inner = faiss.downcast_index(index.index)
+                wanted = np.asarray([rows.get(i, -1) for i in ids], dtype=np.int64)
+                where = np.clip(np.searchsorted(stored[self._id_order], wanted), 0, max(len(stored) - 1, 0))
+                positions = self._id_order[where] if len(stored) else where
+                return [None if i not in rows or stored[p] != r else inner.reconstruct(int(p))
+                        for i, r, p in zip(ids, wanted, positions, strict=True)]
+            if not hasattr(index, "id_map"):  # IVF keeps ids itself; reconstructing by id needs its direct map
+                ivf = faiss.extract_index_ivf(index)
+                if ivf.direct_map.type == faiss.DirectMap.NoMap:
+                    ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
+            return [None if i not in rows else index.reconstruct(int(rows[i])) for i in ids]
 
     def _searchable(self) -> faiss.Index:
         if self._search_index is None:
@@ -486,8 +779,7 @@ class FaissStore(VectorStore):
             raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
         if len(vectors) == 0 or self._index.ntotal == 0:
             return [[] for _ in range(len(vectors))]
-        tombstones = int(manifest.index.get("tombstones", 0))
-        k = min(top_k + tombstones, self._index.ntotal)
+        k = min(top_k + self._tombstones, self._index.ntotal)
         params = self._search_params(manifest, filters)
         if params is False:
             return [[] for _ in range(len(vectors))]
@@ -570,7 +862,7 @@ class FaissStore(VectorStore):
                     found[did] = Document(id=did, text=text, title=title, metadata=json.loads(meta))
         return [found.get(i) for i in ids]
 
-    def iter_documents(self, batch: int = 1000):
+    def iter_documents(self, batch: int = 1000) -> Iterator[Document]:
         """All live documents in row order (adapters use this to list a store)."""
         db = self._require_db()
         last = -1
@@ -585,6 +877,50 @@ class FaissStore(VectorStore):
             for _rid, did, text, title, meta in rows:
                 yield Document(id=did, text=text, title=title, metadata=json.loads(meta))
             last = rows[-1][0]
+
+    def verify(self) -> int:
+        """Read everything: checksums (while the manifest's still describe the files), SQLite integrity,
+        the delta, the id sets of index and docstore, each row's content hash and each vector's norm."""
+        manifest = self.require_manifest()
+        db = self._require_db()
+        if self._writing:
+            raise StoreError(f"{self.describe()}: a write is in progress; verify after it")
+        with self._lock:
+            for name, expected in manifest.checksums.items():
+                if _sha256(self.path / name) != expected:
+                    raise StoreError(f"{self.path / name}: checksum mismatch with {MANIFEST}; the file is corrupted")
+            try:
+                problems = [r for (r,) in db.execute("PRAGMA integrity_check") if r != "ok"]
+                rows = db.execute("SELECT row_id, id, text, title, metadata, content_hash FROM documents").fetchall()
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"{self.path / DOCSTORE}: corrupted docstore ({exc})") from None
+            if problems:
+                raise StoreError(f"{self.path / DOCSTORE}: corrupted docstore ({problems[0]})")
+            if len(rows) != self._count:
+                raise StoreError(f"{self.path}: count mismatch: the store records {self._count} documents, "
+                                 f"the docstore has {len(rows)}")
+            for _rid, did, text, title, meta, digest in rows:
+                try:
+                    doc = Document(id=did, text=text, title=title, metadata=json.loads(meta))
+                except (TypeError, ValueError) as exc:
+                    raise StoreError(f"{self.path / DOCSTORE}: document {did!r} is unreadable ({exc})") from None
+                if doc.content_hash() != digest:
+                    raise StoreError(f"{self.path / DOCSTORE}: document {did!r} does not match its content hash")
+            assert self._index is not None
+            in_index = index_ids(self._index)
+            in_docstore = np.fromiter((r for r, *_ in rows), dtype=np.int64, count=len(rows))
+            missing = np.setdiff1d(in_docstore, in_index)
+            if len(missing) or len(in_index) != len(np.unique(in_index)):
+                raise StoreError(f"{self.path / INDEX}: {len(missing)} documents have no vector or vectors repeat "
+                                 "an id; the store is corrupted")
+            if len(rows):
+                vectors = self.vectors([r[1] for r in rows])
+                norms = np.linalg.norm(np.stack(vectors), axis=1)
+                bad = ~(np.isclose(norms, 1.0, atol=1e-3) | (norms == 0.0))
+                if bad.any():
+                    raise StoreError(f"{self.path / INDEX}: {int(bad.sum())} vectors are not unit-norm (first: "
+                                     f"{rows[int(np.argmax(bad))][1]!r}); the file is corrupted")
+        return len(rows)
 
     def close(self) -> None:
         """Close the docstore; a writer that did not finalize keeps its checkpoint for the next run."""

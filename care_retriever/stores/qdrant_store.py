@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,7 +57,7 @@ def _first_line(exc: BaseException) -> str:
     return line.replace(key, "***") if key else line
 
 
-def _client(location: str):
+def _client(location: str, api_key: str | None = None):
     try:
         from qdrant_client import QdrantClient
     except ImportError:
@@ -65,7 +65,7 @@ def _client(location: str):
     if location == ":memory:":
         return QdrantClient(location=":memory:")
     if is_server(location):
-        return QdrantClient(url=location, api_key=os.environ.get("QDRANT_API_KEY") or None, timeout=60)
+        return QdrantClient(url=location, api_key=api_key or os.environ.get("QDRANT_API_KEY") or None, timeout=60)
     try:
         return QdrantClient(path=location)
     except RuntimeError as exc:  # the local mode holds a file lock
@@ -115,10 +115,15 @@ def collection_options(dim: int, options: dict[str, Any]) -> dict[str, Any]:
 class QdrantStore(VectorStore):
     backend = "qdrant"
 
-    def __init__(self, location: str, collection: str = DEFAULT_COLLECTION, client: Any = None) -> None:
+    def __init__(
+        self, location: str, collection: str = DEFAULT_COLLECTION, client: Any = None, *, api_key: str | None = None
+    ) -> None:
+        """``client``: a ``QdrantClient`` the caller already holds (it stays the caller's: close() leaves it open);
+        ``api_key``: a server key other than ``QDRANT_API_KEY``'s."""
         self.location = location
         self.collection = collection
-        self.client = client if client is not None else _client(location)
+        self._owns_client = client is None
+        self.client = client if client is not None else _client(location, api_key)
         self.manifest: Manifest | None = None
         # Local mode is not thread-safe; a server client is, and needs no lock.
         self._lock: threading.Lock | contextlib.nullcontext = (
@@ -230,11 +235,42 @@ class QdrantStore(VectorStore):
     def finalize(self) -> None:
         self.commit()
 
-    def count(self) -> int:
+    def count(self, filters: Filters | None = None) -> int:
         if self.manifest is None:
             return 0
+        flt = self._filter(filters)
         with self._lock:
-            return self.client.count(self.collection, exact=True).count
+            return self.client.count(self.collection, count_filter=flt, exact=True).count
+
+    def iter_documents(self, batch: int = 256) -> Iterator[Document]:
+        if self.manifest is None:
+            return
+        offset = None
+        while True:
+            with self._lock:
+                points, offset = self.client.scroll(self.collection, limit=batch, offset=offset, with_payload=True,
+                                                    with_vectors=False)
+            for p in points:
+                yield self._document(p.payload)
+            if offset is None:
+                return
+
+    def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
+        if self.manifest is None:
+            return [None] * len(ids)
+        ids = list(ids)
+        found: dict[str, np.ndarray] = {}
+        for start in range(0, len(ids), 256):
+            with self._lock:
+                points = self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
+                                              with_payload=["doc_id"], with_vectors=True)
+            found.update({p.payload["doc_id"]: np.asarray(p.vector, dtype=np.float32) for p in points})
+        return [found.get(i) for i in ids]
+
+    @staticmethod
+    def _document(payload: dict[str, Any]) -> Document:
+        return Document(id=payload["doc_id"], text=payload["text"], title=payload.get("title", ""),
+                        metadata=payload.get("metadata") or {})
 
     def _filter(self, filters: Filters | None):
         from qdrant_client import models
@@ -291,11 +327,9 @@ class QdrantStore(VectorStore):
                 points = self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
                                               with_payload=True, with_vectors=False)
             for p in points:
-                found[p.payload["doc_id"]] = Document(id=p.payload["doc_id"], text=p.payload["text"],
-                                                      title=p.payload.get("title", ""),
-                                                      metadata=p.payload.get("metadata") or {})
+                found[p.payload["doc_id"]] = self._document(p.payload)
         return [found.get(i) for i in ids]
 
     def close(self) -> None:
-        if self.location != ":memory:":
+        if self._owns_client and self.location != ":memory:":
             self.client.close()

@@ -37,9 +37,9 @@ from care_retriever.integrations.common import (
     normalize_rows,
     to_core_document,
 )
-from care_retriever.integrations.faiss_ext import ExtendedFaissStore
 from care_retriever.integrations.haystack.filters import filtered_top_k, to_core_filters, validate_filters
 from care_retriever.stores.base import Hit
+from care_retriever.stores.faiss_store import FaissStore
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class CareFaissDocumentStore:
         self.index_options = index_options
         self.return_embedding = return_embedding
         self._space: tuple[int, str, str] | None = model_space(model) if model else None
-        self._store = ExtendedFaissStore(Path(path))
+        self._store = FaissStore(Path(path))
         if self._space is not None and self._store.manifest is not None:
             self._store.check_compatible(self._space[1], self._space[0])
         if self._space is not None and embedding_dim is not None and embedding_dim != self._space[0]:

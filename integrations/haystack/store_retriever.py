@@ -22,7 +22,7 @@ from haystack.document_stores.types import FilterPolicy
 from haystack.document_stores.types.filter_policy import apply_filter_policy
 from haystack.utils import Secret, deserialize_secrets_inplace
 
-from care_retriever.errors import InputError, StoreError
+from care_retriever.errors import InputError
 from care_retriever.integrations.common import (
     as_matrix,
     check_model_location,
@@ -134,15 +134,10 @@ class CareStoreRetriever:
         key = self.api_key.resolve_value() if self.api_key is not None else None
         if self._scheme != "qdrant" or not is_server(self._location) or not key:
             return open_store(self.store, collection=self.collection)
-        # A key from a Secret other than QDRANT_API_KEY: hand the core store a client built with it.
+        # A key from a Secret other than QDRANT_API_KEY: the core store builds its client with it.
         from care_retriever.stores.qdrant_store import DEFAULT_COLLECTION, QdrantStore
 
-        try:
-            from qdrant_client import QdrantClient
-        except ImportError:
-            raise StoreError("Qdrant stores need qdrant-client: pip install 'care-retriever[qdrant]'") from None
-        client = QdrantClient(url=self._location, api_key=key, timeout=60)
-        return QdrantStore(self._location, self.collection or DEFAULT_COLLECTION, client=client)
+        return QdrantStore(self._location, self.collection or DEFAULT_COLLECTION, api_key=key)
 
     def warm_up(self) -> None:
         """Open the store (once) and check it holds an index (and, with ``model=``, the model's space)."""

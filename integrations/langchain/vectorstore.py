@@ -6,7 +6,7 @@ the store's model fingerprint is checked, so searching with the wrong model is a
 garbage. Documents added here are written in the same format (the CLI and :class:`CareRetriever`
 can search them): ``page_content`` is the text, a non-empty string ``metadata["title"]`` the title
 column; the embedded text is the title above the text, as the CLI's; vectors are stored
-L2-normalised. FAISS writes are all-or-nothing; Qdrant has no transactions, so a failed Qdrant
+L2-normalised. FAISS writes are all-or-nothing (one store transaction); Qdrant has no transactions, so a failed Qdrant
 write may be partial (as with ``QdrantVectorStore``).
 
 ``filter`` takes the core's metadata filter: ``{"field": value}`` or ``{"field": [v1, v2]}`` (any of).
@@ -33,25 +33,10 @@ from care_retriever.integrations.common import (
     normalize_rows,
     to_core_document,
 )
-from care_retriever.integrations.faiss_ext import ExtendedFaissStore
 from care_retriever.integrations.langchain.embeddings import CareEmbeddings
 from care_retriever.stores import VectorStore as CoreStore
-from care_retriever.stores import open_store, parse_store_spec
+from care_retriever.stores import open_store
 from care_retriever.stores.base import Hit
-from care_retriever.stores.faiss_store import FaissStore
-
-
-def _open(store: str | CoreStore, collection: str | None) -> CoreStore:
-    """FAISS stores open as :class:`ExtendedFaissStore` (vectors readable, writes all-or-nothing)."""
-    if isinstance(store, ExtendedFaissStore):
-        return store
-    if isinstance(store, FaissStore):
-        store.close()
-        return ExtendedFaissStore(store.path)
-    if isinstance(store, CoreStore):
-        return store
-    scheme, location = parse_store_spec(store)
-    return ExtendedFaissStore(location) if scheme == "faiss" else open_store(store, collection=collection)
 
 
 class CareVectorStore(VectorStore):
@@ -71,7 +56,9 @@ class CareVectorStore(VectorStore):
         collection: str | None = None,
         index_options: dict[str, Any] | None = None,
     ) -> None:
-        self.store = _open(store, collection)
+        # A store handed in stays its caller's (close() leaves it open); one opened from a spec is ours.
+        self._owns_store = not isinstance(store, CoreStore)
+        self.store = open_store(store, collection=collection)
         self.embedding = embedding
         self.index_options = index_options
         self._space = embedding.space if isinstance(embedding, CareEmbeddings) else None
@@ -93,19 +80,11 @@ class CareVectorStore(VectorStore):
             dim, fingerprint, model_name = self._space
         else:
             dim, fingerprint, model_name = int(vectors.shape[1]), UNKNOWN_FINGERPRINT, ""
-        if isinstance(self.store, ExtendedFaissStore):
-            with self.store.transaction(dim, fingerprint, model_name, self.index_options) as store:
-                if deletes:
-                    store.delete(list(deletes))
-                else:
-                    store.upsert(list(upserts), vectors)
-            return
-        self.store.prepare(dim, fingerprint, model_name, self.index_options)
-        if deletes:
-            self.store.delete(list(deletes))
-        else:
-            self.store.upsert(list(upserts), vectors)
-        self.store.finalize()
+        with self.store.transaction(dim, fingerprint, model_name, self.index_options) as store:
+            if deletes:
+                store.delete(list(deletes))
+            else:
+                store.upsert(list(upserts), vectors)
 
     def add_texts(
         self,
@@ -148,17 +127,7 @@ class CareVectorStore(VectorStore):
         return True
 
     def _all_ids(self) -> list[str]:
-        if isinstance(self.store, ExtendedFaissStore):
-            return [d.id for d in self.store.iter_documents()]
-        ids: list[str] = []
-        offset = None
-        while True:  # Qdrant: page through the payloads
-            points, offset = self.store.client.scroll(
-                self.store.collection, limit=256, offset=offset, with_payload=["doc_id"], with_vectors=False
-            )
-            ids += [p.payload["doc_id"] for p in points]
-            if offset is None:
-                return ids
+        return [d.id for d in self.store.iter_documents()]
 
     # ------------------------------------------------------------------ reading
     @staticmethod
@@ -203,17 +172,6 @@ class CareVectorStore(VectorStore):
     def _select_relevance_score_fn(self) -> Callable[[float], float]:
         return cosine_to_unit
 
-    def _vectors(self, ids: list[str]) -> list[np.ndarray | None]:
-        if isinstance(self.store, ExtendedFaissStore):
-            return self.store.vectors(ids)
-        from care_retriever.stores.qdrant_store import point_id
-
-        points = self.store.client.retrieve(
-            self.store.collection, [point_id(i) for i in ids], with_payload=["doc_id"], with_vectors=True
-        )
-        found = {p.payload["doc_id"]: np.asarray(p.vector, dtype=np.float32) for p in points}
-        return [found.get(i) for i in ids]
-
     def max_marginal_relevance_search_by_vector(
         self,
         embedding: list[float],
@@ -227,7 +185,7 @@ class CareVectorStore(VectorStore):
         hits = self._search(embedding, max(k, fetch_k), filter)
         if not hits:
             return []
-        vectors = self._vectors([h.id for h in hits])
+        vectors = self.store.vectors([h.id for h in hits])
         pairs = [(h, v) for h, v in zip(hits, vectors, strict=True) if v is not None]
         query = normalize_rows(np.asarray([embedding], dtype=np.float32))[0]
         chosen = maximal_marginal_relevance(query, [v for _, v in pairs], lambda_mult=lambda_mult, k=k)
@@ -261,4 +219,6 @@ class CareVectorStore(VectorStore):
         return instance
 
     def close(self) -> None:
-        self.store.close()
+        """Close the store if this object opened it (a store passed in is left to its caller)."""
+        if self._owns_store:
+            self.store.close()

@@ -1,0 +1,76 @@
+"""Subprocess for tests/test_reliability_small_writes.py: small LangChain writes into a FAISS store.
+
+``loop DIR``: add two texts per call forever, printing each finished call's number (killed from outside).
+``POINT DIR``: add three texts in one call and SIGKILL itself at ``POINT`` inside the store's commit:
+``delta`` (delta appended, docstore not committed), ``manifest`` (docstore committed, manifest not
+rewritten), ``fold-write`` (a fold writing the new index), ``fold-rename`` (fold recorded, not renamed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import types
+
+from langchain_core.embeddings import DeterministicFakeEmbedding
+
+from care_retriever.integrations.langchain import CareVectorStore
+from care_retriever.stores import faiss_store
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm(point: str) -> None:
+    store_cls = faiss_store.FaissStore
+    if point == "delta":
+        set_meta = store_cls._set_meta
+
+        def killing_set_meta(self, **values: int) -> None:
+            if "delta_bytes" in values:
+                die()
+            set_meta(self, **values)
+
+        store_cls._set_meta = killing_set_meta
+    elif point == "manifest":
+        write_manifest = store_cls._write_manifest
+
+        def killing_write_manifest(folder, manifest) -> None:
+            if manifest.count == 23:
+                die()
+            write_manifest(folder, manifest)
+
+        store_cls._write_manifest = staticmethod(killing_write_manifest)
+    elif point in ("fold-write", "fold-rename"):
+        faiss_store.FOLD_MIN_BYTES, faiss_store.FOLD_RATIO = 0, 0.0  # fold on this write
+        if point == "fold-write":
+            fsync_file = faiss_store._fsync_file
+            faiss_store._fsync_file = lambda path: die() if path.name == faiss_store.NEXT_INDEX else fsync_file(path)
+        else:
+            def replace(src, dst) -> None:
+                if str(src).endswith(faiss_store.NEXT_INDEX):
+                    die()
+                os.replace(src, dst)
+
+            names = {k: getattr(os, k) for k in dir(os) if not k.startswith("__")}
+            faiss_store.os = types.SimpleNamespace(**{**names, "replace": replace})
+    else:
+        raise SystemExit(f"unknown point {point!r}")
+
+
+def main() -> None:
+    point, folder = sys.argv[1], sys.argv[2]
+    store = CareVectorStore(f"faiss:{folder}", DeterministicFakeEmbedding(size=8))
+    if point == "loop":
+        for i in range(100_000):
+            store.add_texts([f"loop {i} a", f"loop {i} b"], ids=[f"w{i}-a", f"w{i}-b"])
+            print(i, flush=True)
+    arm(point)
+    store.add_texts(["p0", "p1", "p2"], ids=["p0", "p1", "p2"])
+    print("finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()
