@@ -29,6 +29,8 @@ stages:
   - {name: stage2, type: stage2_joint, datasets: [queries, titles], lora: false, hard_negatives: {num: 1}}
 """
 
+RANDOM_NDCG_MAX = 0.045
+
 
 @pytest.fixture(autouse=True)
 def one_thread():
@@ -62,8 +64,10 @@ def test_quickstart_trains_indexes_searches_and_scores(tmp_path: Path, sample_co
     assert f"nDCG@10 on the {len(held_ids)} held-out sample queries" in text
     line = next(line for line in text.splitlines() if "CARE (this quickstart)" in line)
     care, bm25 = (float(part.split()[-1]) for part in line.split("|"))
-    Path("/tmp/i12_measured.txt").write_text(f"{care} {bm25}")
-    assert 0.0 <= care <= 1.0 and 0.3 < bm25 <= 1.0
+    # Quality floor. A random ranking of the 300 passages scores nDCG@10 0.017 on these held-out
+    # queries (mean of 20 seeds; highest 0.041); this one-epoch tiny CARE measured 0.077 (seed 0,
+    # CPU), BM25 0.615. The floor sits above every random ranking seen and well under the measured value.
+    assert care > RANDOM_NDCG_MAX and 0.3 < bm25 <= 1.0, (care, bm25)
     # the printed follow-up command works as printed
     command = next(line.strip() for line in text.splitlines() if line.strip().startswith("care-retriever search"))
     assert f"--model {out / 'model'}" in command and f"--store faiss:{out / 'index'}" in command
