@@ -117,7 +117,9 @@ def faiss_state(folder: Path) -> dict[str, np.ndarray]:
     rows = dict(store._db.execute("SELECT id, row_id FROM documents"))
     assert store.count() == len(rows) == store._index.ntotal  # flat: no tombstones, no orphans
     assert sorted(index_ids(store._index).tolist()) == sorted(rows.values())
-    state = {doc_id: store._index.reconstruct(int(row)) for doc_id, row in rows.items()}
+    ids = list(rows)
+    state = dict(zip(ids, store.vectors(ids), strict=True))  # IndexIDMap: no reconstruct by id of its own
+    assert store.verify() == len(ids)
     store.close()
     return state
 

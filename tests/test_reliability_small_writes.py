@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from langchain_core.embeddings import DeterministicFakeEmbedding
 
@@ -45,6 +46,10 @@ def _check(folder: Path, expected: int) -> None:
     store.add_texts(["after"], ids=["after"])  # the next writer cuts any uncommitted tail and goes on
     assert store.similarity_search("after", k=1)[0].id == "after"
     store.close()
+    want = np.asarray(DeterministicFakeEmbedding(size=8).embed_documents(["after"])[0], dtype=np.float32)
+    with FaissStore(folder) as reopened:  # read back from disk: the delta holds the vector just written
+        np.testing.assert_allclose(reopened.vectors(["after"])[0], want / np.linalg.norm(want), atol=1e-6)
+        assert reopened.count() == expected + 1
     assert main(["verify", "--store", f"faiss:{folder}"]) == 0
 
 

@@ -9,7 +9,7 @@ Mapping: ``Document.content`` is the stored text, a non-empty string ``meta["tit
 column, the rest of ``meta`` the metadata JSON. Vectors are stored L2-normalised (the format's
 contract: inner product is cosine), so ``filter_documents`` returns unit-norm embeddings. A
 document written without an embedding is kept with a zero vector and a hidden marker; retrieval
-skips it. Every write is all-or-nothing: validated first, then one staged write that is either
+skips it. Every write is all-or-nothing: validated first, then one store transaction that is either
 published whole or discarded.
 """
 
