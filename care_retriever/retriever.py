@@ -1,4 +1,8 @@
-"""``CareRetriever``: query -> query tower -> store. The search path loads only the query tower."""
+"""``CareRetriever``: query -> query tower -> store. The search path loads only the query tower.
+
+``mode``: ``dense`` (the query tower), ``sparse`` (the store's BM25 side, no model call) or ``hybrid``
+(both, fused: see :mod:`care_retriever.sparse.fusion`; a Qdrant store fuses RRF/DBSF server-side).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, overload
 
 from care_retriever.errors import InputError
+from care_retriever.sparse import FusionConfig, check_mode, fuse, require_sparse
 from care_retriever.stores import Hit, VectorStore, open_store
 from care_retriever.stores.base import Filters
 
@@ -32,12 +37,20 @@ class CareRetriever:
         return cls(store_obj, embedder, **kwargs)
 
     @overload
-    def search(self, query: str, top_k: int = 10, filters: Filters | None = None) -> list[Hit]: ...
+    def search(self, query: str, top_k: int = 10, filters: Filters | None = None, *, mode: str = "dense",
+               fusion: FusionConfig | None = None) -> list[Hit]: ...
     @overload
-    def search(self, query: Sequence[str], top_k: int = 10, filters: Filters | None = None) -> list[list[Hit]]: ...
+    def search(self, query: Sequence[str], top_k: int = 10, filters: Filters | None = None, *,
+               mode: str = "dense", fusion: FusionConfig | None = None) -> list[list[Hit]]: ...
 
-    def search(self, query: str | Sequence[str], top_k: int = 10, filters: Filters | None = None):
-        """Top-``k`` hits for one query (a list of hits) or a batch of queries (a list of lists)."""
+    def search(self, query: str | Sequence[str], top_k: int = 10, filters: Filters | None = None, *,
+               mode: str = "dense", fusion: FusionConfig | None = None):
+        """Top-``k`` hits for one query (a list of hits) or a batch of queries (a list of lists).
+
+        ``fusion`` (hybrid only): method ``rrf`` (``k``), ``dbsf`` or ``wsum`` (``dense_weight``); the
+        defaults are the measured ones of docs/hybrid.md. Hybrid scores are fused scores, not cosines.
+        """
+        check_mode(mode)
         single = isinstance(query, str)
         queries = [query] if single else list(query)
         for i, q in enumerate(queries):
@@ -47,9 +60,36 @@ class CareRetriever:
             raise InputError(f"top_k must be >= 1, got {top_k}")
         if not queries:
             return []
+        if mode != "dense":
+            require_sparse(self.store)  # before the query tower runs: a clear error, not a late one
+        if mode == "sparse":
+            hits = self.store.search_sparse(queries, top_k, filters)
+            return hits[0] if single else hits
         vectors = self.embedder.embed_queries(queries, instruction=self.instruction)
-        hits = self.store.search(vectors, top_k, filters)
+        if mode == "dense":
+            hits = self.store.search(vectors, top_k, filters)
+        else:
+            hits = self._hybrid(queries, vectors, top_k, filters, fusion or FusionConfig())
         return hits[0] if single else hits
+
+    def _hybrid(self, queries: list[str], vectors: Any, top_k: int, filters: Filters | None,
+                fusion: FusionConfig) -> list[list[Hit]]:
+        depth = max(fusion.candidates, top_k)
+        server_side = getattr(self.store, "search_hybrid", None)
+        if server_side is not None and fusion.method in ("rrf", "dbsf"):
+            return server_side(vectors, queries, top_k, filters, fusion=fusion)
+        dense = self.store.search(vectors, depth, filters)
+        sparse = self.store.search_sparse(queries, depth, filters)
+        out = []
+        for dense_hits, sparse_hits in zip(dense, sparse, strict=True):
+            if not sparse_hits:  # no query token in the index (punctuation, stop words): the dense ranking
+                out.append(dense_hits[:top_k])
+                continue
+            by_id = {h.id: h for h in (*sparse_hits, *dense_hits)}
+            fused = fuse([(h.id, h.score) for h in dense_hits], [(h.id, h.score) for h in sparse_hits], fusion)
+            out.append([Hit(id=d, score=s, text=by_id[d].text, title=by_id[d].title, metadata=by_id[d].metadata)
+                        for d, s in fused[:top_k]])
+        return out
 
     def close(self) -> None:
         self.store.close()
