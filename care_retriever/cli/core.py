@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from care_retriever.errors import InputError, ModelError
+from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
 
 
 def quiet_transformers() -> None:
@@ -116,12 +117,12 @@ def init(
 
 
 def index(
-    model: Annotated[str, typer.Option(help="CARE model folder or hub id.")],
-    corpus: Annotated[
-        Path,
-        typer.Option(help="JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line)."),
-    ],
     store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant::memory: | qdrant:http://host:6333")],
+    model: Annotated[str | None, typer.Option(help="CARE model folder or hub id.")] = None,
+    corpus: Annotated[
+        Path | None,
+        typer.Option(help="JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line)."),
+    ] = None,
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
     batch_size: Annotated[int, typer.Option(help="Documents per forward pass.")] = 16,
     chunk_size: Annotated[int, typer.Option(help="Documents read per chunk (memory bound).")] = 1024,
@@ -144,8 +145,20 @@ def index(
     device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: auto).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    sparse: Annotated[
+        bool, typer.Option(help="Also write the BM25 side for --mode sparse|hybrid searches (docs/hybrid.md).")
+    ] = True,
+    sparse_only: Annotated[
+        bool, typer.Option(help="Add (or rebuild) the BM25 side of an existing store from its stored texts; "
+                                "no model, nothing re-encoded.")
+    ] = False,
 ) -> None:
     """Encode a corpus with the document tower and write it into a FAISS or Qdrant store."""
+    if sparse_only:
+        _add_sparse_side(store, collection, progress, json_out)
+        return
+    if model is None or corpus is None:
+        raise InputError("index needs --model and --corpus (or --sparse-only to add the BM25 side of a store)")
     from care_retriever.corpus import corpus_file, read_corpus
     from care_retriever.stores import open_store
     from care_retriever.stores.base import FAISS_INDEX_TYPES
@@ -183,6 +196,7 @@ def index(
         checkpoint_every=checkpoint_every,
         index_options=options,
         show_progress=progress,
+        sparse=sparse,
     )
     report = writer.write(read_corpus(file, skip_invalid=skip_invalid), total=total, prune_ids_not_in=prune)
     target.close()
@@ -193,6 +207,30 @@ def index(
             f"{report.store}: {report.added} added, {report.updated} updated, {report.unchanged} unchanged, "
             f"{report.deleted} deleted; {report.count} documents ({report.docs_per_second:.1f} docs/s encoded)"
         )
+
+
+def _add_sparse_side(store: str, collection: str | None, progress: bool, json_out: bool) -> None:
+    """``index --sparse-only``: the BM25 side of an existing store, written in one publish (care_retriever.sparse)."""
+    import time
+
+    from care_retriever.stores import open_store
+
+    target = open_store(store, collection=collection)
+    manifest = target.require_manifest()
+    start = time.perf_counter()
+    target.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name)
+    tokenized = target.enable_sparse(show_progress=progress)
+    target.finalize()
+    report = {"store": target.describe(), "tokenized": tokenized, "count": target.count(),
+              "seconds": round(time.perf_counter() - start, 3), "sparse": target.require_manifest().sparse}
+    target.close()
+    if json_out:
+        typer.echo(json.dumps(report, ensure_ascii=False))
+    elif tokenized:
+        typer.echo(f"{report['store']}: BM25 side built over {tokenized} documents in {report['seconds']:.1f}s")
+    else:
+        typer.echo(f"{report['store']}: BM25 side already present (tokenizer {manifest.sparse['tokenizer']['name']} "
+                   f"v{manifest.sparse['tokenizer']['version']}); nothing to do")
 
 
 def search(
@@ -209,19 +247,30 @@ def search(
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per query per line.")] = False,
+    mode: Annotated[str, typer.Option(help="dense (query tower) | sparse (BM25) | hybrid (both, fused).")] = "dense",
+    fusion: Annotated[str, typer.Option(help="Hybrid fusion: rrf | dbsf | wsum (docs/hybrid.md).")] = DEFAULT_FUSION,
+    rrf_k: Annotated[int, typer.Option(help="RRF constant k: 1 / (k + rank).")] = DEFAULT_RRF_K,
+    dense_weight: Annotated[float, typer.Option(help="wsum: weight of the dense side (BM25 gets the rest).")] = (
+        DEFAULT_DENSE_WEIGHT
+    ),
 ) -> None:
-    """Search a store with the query tower."""
+    """Search a store with the query tower, its BM25 side, or both (--mode hybrid)."""
     from care_retriever.retriever import CareRetriever
+    from care_retriever.sparse import FusionConfig, check_mode, require_sparse
     from care_retriever.stores import open_store
 
     if top_k < 1:
         raise InputError(f"--top-k must be >= 1, got {top_k}")
+    check_mode(mode)
+    fusion_config = FusionConfig(fusion, k=rrf_k, dense_weight=dense_weight)
     filters = _parse_filters(filter_)
     target = open_store(store, collection=collection)
     target.require_manifest()
+    if mode != "dense":
+        require_sparse(target)  # before loading the model
     embedder = _load_embedder(model, "query", device)
     retriever = CareRetriever(target, embedder, instruction=instruction)
-    results = retriever.search(queries, top_k=top_k, filters=filters)
+    results = retriever.search(queries, top_k=top_k, filters=filters, mode=mode, fusion=fusion_config)
     for query, hits in zip(queries, results, strict=True):
         if json_out:
             row = {
@@ -270,6 +319,7 @@ def info(
         "metric",
         "count",
         "index",
+        "sparse",
         "versions",
     ):
         typer.echo(f"{key:>18}: {data[key]}")
