@@ -1,6 +1,6 @@
 """Choose hybrid search's defaults on the dev tasks and write docs/hybrid.md.
 
-    python benchmarks/hybrid_eval.py --model runs/miniature/final [--data ../shared/data] [--speed docs/hybrid_speed.json]
+    python benchmarks/hybrid_eval.py --model runs/miniature/final [--data ../shared/data]
 
 For each retrieval task: the model's dense top-100 (the eval harness's exact search), BM25's top-100
 (the ``bm25`` baseline: the sparse side's tokenizer over bm25s), then every fusion in the grid below,

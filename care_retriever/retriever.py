@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any, overload
 
 from care_retriever.errors import InputError
-from care_retriever.sparse import FusionConfig, check_mode, fuse, require_sparse
+from care_retriever.sparse import FusionConfig, check_mode, require_sparse
+from care_retriever.sparse.hybrid import hybrid_search
 from care_retriever.stores import Hit, VectorStore, open_store
 from care_retriever.stores.base import Filters
 
@@ -69,27 +70,8 @@ class CareRetriever:
         if mode == "dense":
             hits = self.store.search(vectors, top_k, filters)
         else:
-            hits = self._hybrid(queries, vectors, top_k, filters, fusion or FusionConfig())
+            hits = hybrid_search(self.store, vectors, queries, top_k, filters, fusion or FusionConfig())
         return hits[0] if single else hits
-
-    def _hybrid(self, queries: list[str], vectors: Any, top_k: int, filters: Filters | None,
-                fusion: FusionConfig) -> list[list[Hit]]:
-        depth = max(fusion.candidates, top_k)
-        server_side = getattr(self.store, "search_hybrid", None)
-        if server_side is not None and fusion.method in ("rrf", "dbsf"):
-            return server_side(vectors, queries, top_k, filters, fusion=fusion)
-        dense = self.store.search(vectors, depth, filters)
-        sparse = self.store.search_sparse(queries, depth, filters)
-        out = []
-        for dense_hits, sparse_hits in zip(dense, sparse, strict=True):
-            if not sparse_hits:  # no query token in the index (punctuation, stop words): the dense ranking
-                out.append(dense_hits[:top_k])
-                continue
-            by_id = {h.id: h for h in (*sparse_hits, *dense_hits)}
-            fused = fuse([(h.id, h.score) for h in dense_hits], [(h.id, h.score) for h in sparse_hits], fusion)
-            out.append([Hit(id=d, score=s, text=by_id[d].text, title=by_id[d].title, metadata=by_id[d].metadata)
-                        for d, s in fused[:top_k]])
-        return out
 
     def close(self) -> None:
         self.store.close()

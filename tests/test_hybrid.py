@@ -14,7 +14,6 @@ from care_retriever.retriever import CareRetriever
 from care_retriever.sparse import FusionConfig
 from care_retriever.sparse.fusion import fuse, rrf
 from care_retriever.writer import DocumentStoreWriter
-
 from tests.conftest import MEDICAL_TEXTS
 
 QUERIES = ["高血压吃什么药", "宝宝发烧怎么办", "拉肚子脱水", "失眠 咖啡"]
