@@ -1,6 +1,6 @@
 """The search service: a FastAPI app over a :class:`CareRetriever` (query tower only).
 
-``POST /search`` takes ``{"query": str | [str, ...], "top_k": int, "filters": {...}}`` and returns
+``POST /search`` takes ``{"query": str | [str, ...], "top_k": int, "filters": {...}, "mode": "dense"}`` and returns
 ``{"results": [{"query": ..., "hits": [{id, score, text, title, metadata}, ...]}, ...]}``;
 ``GET /health`` reports the store and the limits. Every limit is explicit (:class:`ServiceLimits`):
 body size, queries per request, characters per query, ``top_k``, concurrent searches. Bad input is
@@ -14,7 +14,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import FastAPI, Request
@@ -120,6 +120,7 @@ def _request_model(limits: ServiceLimits) -> type[BaseModel]:
         query: query_text | Annotated[list[query_text], Field(min_length=1, max_length=limits.max_queries)]
         top_k: StrictInt = Field(10, ge=1, le=limits.max_top_k)
         filters: Annotated[dict[str, filter_value], Field(max_length=32)] | None = None
+        mode: Literal["dense", "sparse", "hybrid"] = "dense"  # hybrid: the store's BM25 side fused (docs/hybrid.md)
 
     return SearchRequest
 
@@ -159,7 +160,7 @@ def create_app(retriever: Any, limits: ServiceLimits | None = None, *, model_nam
     @app.post("/search")
     async def search(request: search_request) -> dict[str, Any]:  # type: ignore[valid-type]
         queries = [request.query] if isinstance(request.query, str) else list(request.query)
-        call = partial(retriever.search, queries, top_k=request.top_k, filters=request.filters)
+        call = partial(retriever.search, queries, top_k=request.top_k, filters=request.filters, mode=request.mode)
         hits = await anyio.to_thread.run_sync(call, limiter=limiter)
         return {"results": [{"query": q, "hits": [h.to_dict() for h in row]}
                             for q, row in zip(queries, hits, strict=True)]}

@@ -84,3 +84,21 @@ def test_langchain_hybrid_retriever_matches_cli(capsys, tiny_model_dir: Path, hy
     with pytest.raises(ValueError, match="hybrid"):
         store.as_retriever(search_type="fuzzy")
     store.close()
+
+
+def test_server_mode_field_matches_cli(capsys, tiny_model_dir: Path, hybrid_store: str) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from care_retriever.retriever import CareRetriever
+    from care_retriever.server import create_app
+
+    retriever = CareRetriever.from_pretrained(str(tiny_model_dir), hybrid_store)
+    client = TestClient(create_app(retriever))
+    want = cli_hits(capsys, tiny_model_dir, hybrid_store, QUERIES[0])
+    reply = client.post("/search", json={"query": QUERIES[0], "top_k": 5, "mode": "hybrid"})
+    assert reply.status_code == 200
+    assert [(h["id"], pytest.approx(h["score"], abs=1e-5)) for h in reply.json()["results"][0]["hits"]] == want
+    bad = client.post("/search", json={"query": QUERIES[0], "mode": "fuzzy"})
+    assert bad.status_code == 422 and "mode" in bad.json()["error"]
+    retriever.close()

@@ -63,6 +63,8 @@ def test_quickstart_trains_indexes_searches_and_scores(tmp_path: Path, sample_co
     line = next(line for line in text.splitlines() if "CARE (this quickstart)" in line)
     care, bm25 = (float(part.split()[-1]) for part in line.split("|"))
     assert 0.0 <= care <= 1.0 and 0.3 < bm25 <= 1.0
+    hybrid = float(next(line for line in text.splitlines() if "hybrid: dense + BM25" in line).split()[-1])
+    assert 0.0 <= hybrid <= 1.0 and "{'loss'" not in text + captured.err  # three modes, no raw trainer dicts
     # the printed follow-up command works as printed
     command = next(line.strip() for line in text.splitlines() if line.strip().startswith("care-retriever search"))
     assert f"--model {out / 'model'}" in command and f"--store faiss:{out / 'index'}" in command

@@ -109,4 +109,7 @@ def _pretrain(ctx: Any, stage: Any, transformer: Any, lm: Any, collator: Any):
         data_collator=collator,
         callbacks=[JsonlLogCallback(ctx.out / "logs" / f"{stage.name}.jsonl", stage.name)],
     )
+    from care_retriever.training.quiet import quiet_trainer
+
+    quiet_trainer(trainer)  # one bar per stage, no raw log dicts
     return train_stage(ctx, stage, trainer, output_dir, examples=len(texts))
