@@ -157,27 +157,21 @@ def test_other_tokenizer_version_is_refused(embedder, tmp_path: Path) -> None:
 
 
 def test_failed_sparse_build_leaves_the_store_untouched(embedder, tmp_path: Path, monkeypatch) -> None:
+    """`index --sparse-only` killed mid-build publishes nothing; running it again completes the side."""
     from care_retriever.sparse import tokenizer
     from care_retriever.stores import open_store
 
     path = tmp_path / "f"
     write(embedder, f"faiss:{path}", sparse=False).close()
     before = {p.name: p.read_bytes() for p in path.iterdir()}
-    calls = {"n": 0}
     real = tokenizer.tokenize
 
-    def failing(texts, **kwargs):
-        calls["n"] += 1
+    def killed(texts, **kwargs):
         raise KeyboardInterrupt("killed mid-build")
 
-    monkeypatch.setattr(tokenizer, "tokenize", failing)
-    store = open_store(f"faiss:{path}")
-    store.prepare(store.manifest.dim, store.manifest.space_fingerprint, "")
+    monkeypatch.setattr(tokenizer, "tokenize", killed)
     with pytest.raises(KeyboardInterrupt):
-        store.enable_sparse()
-    store.commit()  # even a checkpoint after the failure must not publish a half-built side
-    store.close()
-    assert calls["n"] == 1
+        main(["index", "--sparse-only", "--store", f"faiss:{path}", "--no-progress"])
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before
     assert not open_store(f"faiss:{path}").manifest.sparse
     monkeypatch.setattr(tokenizer, "tokenize", real)

@@ -218,12 +218,14 @@ def _add_sparse_side(store: str, collection: str | None, progress: bool, json_ou
     target = open_store(store, collection=collection)
     manifest = target.require_manifest()
     start = time.perf_counter()
-    target.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name)
-    tokenized = target.enable_sparse(show_progress=progress)
-    target.finalize()
-    report = {"store": target.describe(), "tokenized": tokenized, "count": target.count(),
-              "seconds": round(time.perf_counter() - start, 3), "sparse": target.require_manifest().sparse}
-    target.close()
+    try:
+        target.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name)
+        tokenized = target.enable_sparse(show_progress=progress)
+        target.finalize()  # publishes both sides at once; a failure above leaves the published store as it was
+        report = {"store": target.describe(), "tokenized": tokenized, "count": target.count(),
+                  "seconds": round(time.perf_counter() - start, 3), "sparse": target.require_manifest().sparse}
+    finally:
+        target.close()
     if json_out:
         typer.echo(json.dumps(report, ensure_ascii=False))
     elif tokenized:
