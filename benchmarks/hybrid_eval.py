@@ -125,6 +125,32 @@ def render(model: str, results: dict[str, dict[str, float]], best: str, speed: d
     lines += ["", f"Dense model: `{model}`.", ""]
     if speed:
         lines += ["## Speed (FAISS, batch 1)", "", speed["table"], ""]
+        ratio = speed["index_seconds"]["hybrid"] / speed["index_seconds"]["dense"]
+        extra = speed["index_seconds"]["hybrid"] - speed["index_seconds"]["dense"]
+        lines += [
+            f"`index` builds the BM25 side by default (`--no-sparse` to skip it): it added {extra:.1f} s "
+            f"({ratio:.2f}x) to indexing 32,176 short titles with this model, a cost that is fixed per token "
+            "(jieba, SQLite) while the document tower's cost grows with its size: with an LLM document tower "
+            "(hours on GPUs for a real corpus) it is noise, and without it `--mode hybrid` needs a second pass "
+            "(`index --sparse-only`).",
+            "",
+        ]
+    lines += [
+        "## Notes",
+        "",
+        "- BM25 here scores with the sparse side's tokenizer: jieba search-mode tokens, NFKC, lower case, "
+        "punctuation and Chinese function words dropped. On the dev tasks that gives the BM25 rows above "
+        "(kuake-qtr 0.550, im-qa 0.217 with the default k1/b); raw `jieba.lcut_for_search` tokens with every "
+        "token kept (the data README's reference, 0.546 / 0.189) score lower on both.",
+        "- Fusion is computed by `care_retriever/sparse/fusion.py` (RRF with ranks from 1, DBSF as Qdrant "
+        "defines it, weighted sum of min-max-normalised scores), not ranx: on this 2-core machine "
+        "`import ranx` took 13.7 s and its first `fuse` call (numba compilation) 246 s, then 3 ms a call.",
+        "- Qdrant stores fuse RRF and DBSF server-side through the Query API (prefetch dense + sparse); "
+        "`tests/test_hybrid.py` checks that Qdrant local mode returns the FAISS store's fused scores. A "
+        "Qdrant server was not available here: server-side fusion on a real server is untested.",
+        "- A query with no indexed token (all punctuation or function words) returns its dense hits.",
+        "",
+    ]
     return "\n".join(lines) + "\n"
 
 

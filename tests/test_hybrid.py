@@ -204,3 +204,21 @@ def test_qdrant_local_hybrid_matches_faiss(embedder, tmp_path: Path) -> None:
     writer.delete(["b"])
     assert "b" not in {h.id for h in qdrant.search_sparse(["感冒 病毒"], 6)[0]}
     qdrant.close()
+
+
+def test_eval_mode_hybrid_rows(tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`eval --mode dense --mode hybrid` gives one row per mode; the random tiny model gains from BM25."""
+    task = tmp_path / "task"
+    (task / "qrels").mkdir(parents=True)
+    (task / "corpus.jsonl").write_text("\n".join(json.dumps({"_id": d.id, "title": d.title, "text": d.text},
+                                                            ensure_ascii=False) for d in DOCS), encoding="utf-8")
+    queries = {"q1": "高血压降压药", "q2": "宝宝发烧", "q3": "拉肚子补充水分", "q4": "失眠咖啡"}
+    (task / "queries.jsonl").write_text("\n".join(json.dumps({"_id": q, "text": t}, ensure_ascii=False)
+                                                  for q, t in queries.items()), encoding="utf-8")
+    (task / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\ta\t1\nq2\tf\t1\nq3\td\t1\nq4\te\t1\n")
+    code = main(["eval", "--model", str(tiny_model_dir), "--task", str(task), "--mode", "dense", "--mode", "hybrid",
+                 "--json", "--no-progress"])
+    assert code == 0
+    rows = {r["model"]: r for r in map(json.loads, capsys.readouterr().out.strip().splitlines())}
+    assert set(rows) == {"tiny", "tiny+bm25 (rrf k=10)"}
+    assert rows["tiny+bm25 (rrf k=10)"]["main_score"] > rows["tiny"]["main_score"]
