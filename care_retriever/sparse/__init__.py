@@ -28,7 +28,9 @@ def sparse_entry(kind: str, **params: Any) -> dict[str, Any]:
 def store_spec(store: Any) -> str:
     """``faiss:DIR`` / ``qdrant:PATH`` for messages that name a command to run."""
     described = store.describe()
-    return described.split(" (collection")[0]
+    spec, _, collection = described.partition(" (collection ")
+    collection = collection.rstrip(")")
+    return f"{spec} --collection {collection}" if collection and collection != "care" else spec
 
 
 def require_sparse(store: Any) -> dict[str, Any]:
