@@ -20,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from care_retriever.corpus import corpus_file, read_corpus
+from care_retriever.corpus import Document
 from care_retriever.embedder import AsymmetricEmbedder
+from care_retriever.evaluation.tasks import load_task
 from care_retriever.retriever import CareRetriever
 from care_retriever.writer import DocumentStoreWriter
 
@@ -43,10 +44,10 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path("docs/hybrid_speed.json"))
     args = parser.parse_args()
-    task = args.data / "tasks" / "kuake-qtr-retrieval"
-    docs = list(read_corpus(corpus_file(task / "corpus.jsonl")))
-    queries = [json.loads(line)["text"] for line in (task / "queries.jsonl").read_text("utf-8").splitlines()
-               if line.strip()][: args.queries]
+    task = load_task(args.data / "tasks" / "kuake-qtr-retrieval")
+    # Its rows are page titles with an empty text field: the text the harness reads (title) is the document.
+    docs = [Document(id=i, text=t) for i, t in zip(task.corpus_ids, task.corpus_texts, strict=True)]
+    queries = [task.queries[q] for q in task.query_ids][: args.queries]
     embedder = AsymmetricEmbedder.from_pretrained(args.model)
     root = Path(tempfile.mkdtemp(prefix="hybrid-speed-"))
     try:
