@@ -179,6 +179,7 @@ class IndexSettings:
     backend: str = "auto"
     timeout_minutes: float = 120.0
     progress: bool = True
+    sparse: bool = True  # also write the BM25 side (care_retriever.sparse; docs/hybrid.md)
 
     def validate(self) -> None:
         """Every check that needs neither the corpus nor the model: a bad option fails before any work."""
@@ -254,7 +255,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
         writer = DocumentStoreWriter(embedder, target, batch_size=settings.batch_size, chunk_size=settings.chunk_size,
                                      checkpoint_every=settings.checkpoint_every,
                                      index_options=settings.index_options(), show_progress=settings.progress,
-                                     encoder=encoder)
+                                     encoder=encoder, sparse=settings.sparse)
         report = writer.write(read_corpus(file, skip_invalid=settings.skip_invalid), total=total,
                               prune_ids_not_in=settings.prune)
     finally:

@@ -1,4 +1,8 @@
-"""``CareRetriever``: query -> query tower -> store. The search path loads only the query tower."""
+"""``CareRetriever``: query -> query tower -> store. The search path loads only the query tower.
+
+``mode``: ``dense`` (the query tower), ``sparse`` (the store's BM25 side, no model call) or ``hybrid``
+(both, fused: see :mod:`care_retriever.sparse.fusion`; a Qdrant store fuses RRF/DBSF server-side).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import numpy as np
 
 from care_retriever.embedder_protocol import Embedder
 from care_retriever.errors import InputError
+from care_retriever.sparse import FusionConfig, check_mode, require_sparse
+from care_retriever.sparse.hybrid import hybrid_search
 from care_retriever.stores import Hit, VectorStore, open_store
 from care_retriever.stores.base import Filters
 
@@ -35,12 +41,20 @@ class CareRetriever:
         return cls(store_obj, embedder, **kwargs)
 
     @overload
-    def search(self, query: str, top_k: int = 10, filters: Filters | None = None) -> list[Hit]: ...
+    def search(self, query: str, top_k: int = 10, filters: Filters | None = None, *, mode: str = "dense",
+               fusion: FusionConfig | None = None) -> list[Hit]: ...
     @overload
-    def search(self, query: Sequence[str], top_k: int = 10, filters: Filters | None = None) -> list[list[Hit]]: ...
+    def search(self, query: Sequence[str], top_k: int = 10, filters: Filters | None = None, *,
+               mode: str = "dense", fusion: FusionConfig | None = None) -> list[list[Hit]]: ...
 
-    def search(self, query: str | Sequence[str], top_k: int = 10, filters: Filters | None = None):
-        """Top-``k`` hits for one query (a list of hits) or a batch of queries (a list of lists)."""
+    def search(self, query: str | Sequence[str], top_k: int = 10, filters: Filters | None = None, *,
+               mode: str = "dense", fusion: FusionConfig | None = None):
+        """Top-``k`` hits for one query (a list of hits) or a batch of queries (a list of lists).
+
+        ``fusion`` (hybrid only): method ``rrf`` (``k``), ``dbsf`` or ``wsum`` (``dense_weight``); the
+        defaults are the measured ones of docs/hybrid.md. Hybrid scores are fused scores, not cosines.
+        """
+        check_mode(mode)
         single = isinstance(query, str)
         queries = [query] if single else list(query)
         for i, q in enumerate(queries):
@@ -50,8 +64,16 @@ class CareRetriever:
             raise InputError(f"top_k must be >= 1, got {top_k}")
         if not queries:
             return []
+        if mode != "dense":
+            require_sparse(self.store)  # before the query tower runs: a clear error, not a late one
+        if mode == "sparse":
+            hits = self.store.search_sparse(queries, top_k, filters)
+            return hits[0] if single else hits
         vectors = self.embedder.embed_queries(queries, instruction=self.instruction)
-        hits = self.store.search(vectors, top_k, filters)
+        if mode == "dense":
+            hits = self.store.search(vectors, top_k, filters)
+        else:
+            hits = hybrid_search(self.store, vectors, queries, top_k, filters, fusion or FusionConfig())
         return hits[0] if single else hits
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
@@ -65,11 +87,24 @@ class CareRetriever:
                 raise InputError(f"query {i}: empty query")
         return self.embedder.embed_queries(list(queries), instruction=self.instruction)
 
-    def search_vectors(self, vectors: np.ndarray, top_k: int = 10, filters: Filters | None = None) -> list[list[Hit]]:
-        """Top-``k`` hits for each row of ``vectors`` (query vectors from :meth:`embed_queries`)."""
+    def search_vectors(self, vectors: np.ndarray, top_k: int = 10, filters: Filters | None = None, *,
+                       mode: str = "dense", queries: Sequence[str] | None = None,
+                       fusion: FusionConfig | None = None) -> list[list[Hit]]:
+        """Top-``k`` hits for each row of ``vectors`` (query vectors from :meth:`embed_queries`).
+
+        ``sparse`` and ``hybrid`` also need the query texts (``queries``, one per row) for the BM25 side.
+        """
+        check_mode(mode)
         if top_k < 1:
             raise InputError(f"top_k must be >= 1, got {top_k}")
-        return self.store.search(vectors, top_k, filters)
+        if mode == "dense":
+            return self.store.search(vectors, top_k, filters)
+        if queries is None or len(queries) != len(vectors):
+            raise InputError(f"mode {mode!r} needs the query texts beside their vectors")
+        require_sparse(self.store)
+        if mode == "sparse":
+            return self.store.search_sparse(list(queries), top_k, filters)
+        return hybrid_search(self.store, vectors, queries, top_k, filters, fusion or FusionConfig())
 
     def close(self) -> None:
         self.store.close()

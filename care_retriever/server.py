@@ -1,6 +1,6 @@
 """The search service: a FastAPI app over a :class:`CareRetriever` (query tower only).
 
-``POST /search`` takes ``{"query": str | [str, ...], "top_k": int, "filters": {...}}`` and returns
+``POST /search`` takes ``{"query": str | [str, ...], "top_k": int, "filters": {...}, "mode": "dense"}`` and returns
 ``{"results": [{"query": ..., "hits": [{id, score, text, title, metadata}, ...]}, ...]}``;
 ``GET /health`` reports the store and the limits; ``GET /metrics`` is in Prometheus text format.
 Every limit is explicit (:class:`ServiceLimits`): body size and how long its upload may take,
@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import FastAPI, Request
@@ -259,6 +259,7 @@ def _request_model(limits: ServiceLimits) -> type[BaseModel]:
         query: query_text | Annotated[list[query_text], Field(min_length=1, max_length=limits.max_queries)]
         top_k: StrictInt = Field(10, ge=1, le=limits.max_top_k)
         filters: Annotated[dict[str, filter_value], Field(max_length=32)] | None = None
+        mode: Literal["dense", "sparse", "hybrid"] = "dense"  # hybrid: the store's BM25 side fused (docs/hybrid.md)
 
     return SearchRequest
 
@@ -286,7 +287,7 @@ def search_batch(retriever: Any, jobs: Sequence[Job]) -> list[Any]:
     for members in groups.values():
         rows = [row for i in members for row in range(starts[i], starts[i + 1])]
         try:
-            hits = retriever.search_vectors(vectors[rows], **jobs[members[0]].params)
+            hits = retriever.search_vectors(vectors[rows], queries=[texts[r] for r in rows], **jobs[members[0]].params)
         except CareError as exc:
             for i in members:
                 results[i] = exc

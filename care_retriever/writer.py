@@ -105,6 +105,7 @@ class DocumentStoreWriter:
         index_options: dict[str, Any] | None = None,
         show_progress: bool = True,
         encoder: Encoder | None = None,
+        sparse: bool = False,
     ) -> None:
         self.embedder = embedder
         self.store = open_store(store, collection=collection)
@@ -114,12 +115,15 @@ class DocumentStoreWriter:
         self.index_options = index_options
         self.show_progress = show_progress
         self.encoder = encoder
+        self.sparse = sparse  # also write the BM25 side (care_retriever.sparse), in the same transactions
 
     def write(self, documents: Iterable[Document], *, total: int | None = None,
               prune_ids_not_in: bool = False) -> WriteReport:
         """Upsert ``documents``; with ``prune_ids_not_in``, also delete stored ids the input lacks."""
         embedder = self.embedder
         self.store.prepare(embedder.dim, embedder.space_fingerprint, embedder.document_model_name, self.index_options)
+        if self.sparse:
+            self.store.enable_sparse(show_progress=self.show_progress)
         report = WriteReport(store=self.store.describe())
         seen: set[str] = set()
         since_checkpoint = 0

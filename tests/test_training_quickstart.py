@@ -68,6 +68,8 @@ def test_quickstart_trains_indexes_searches_and_scores(tmp_path: Path, sample_co
     # queries (mean of 20 seeds; highest 0.041); this one-epoch tiny CARE measured 0.077 (seed 0,
     # CPU), BM25 0.615. The floor sits above every random ranking seen and well under the measured value.
     assert care > RANDOM_NDCG_MAX and 0.3 < bm25 <= 1.0, (care, bm25)
+    hybrid = float(next(line for line in text.splitlines() if "hybrid: dense + BM25" in line).split()[-1])
+    assert 0.0 <= hybrid <= 1.0 and "{'loss'" not in text + captured.err  # three modes, no raw trainer dicts
     # the printed follow-up command works as printed
     command = next(line.strip() for line in text.splitlines() if line.strip().startswith("care-retriever search"))
     assert f"--model {out / 'model'}" in command and f"--store faiss:{out / 'index'}" in command

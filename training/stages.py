@@ -34,6 +34,7 @@ from care_retriever.errors import InputError
 from care_retriever.training.engine import CareTrainer, JsonlLogCallback, build_arguments, last_checkpoint, world_size
 from care_retriever.training.lora import LoraSpec, add_lora, merge_lora
 from care_retriever.training.pairs import Example, PairSet, unique
+from care_retriever.training.quiet import quiet_trainer
 from care_retriever.training.recipe import (
     OWN_DEFAULT_KEYS,
     DistillStage,
@@ -245,6 +246,7 @@ def fit(
         callbacks=[JsonlLogCallback(ctx.out / "logs" / f"{stage.name}.jsonl", stage.name)],
         care_fingerprint=ctx.fingerprint,
     )
+    quiet_trainer(trainer)  # one bar per stage, no raw log dicts (training/quiet.py)
     return train_stage(ctx, stage, trainer, output_dir, examples=examples)
 
 

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from care_retriever.errors import InputError, ModelError
+from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
 
 
 def quiet_transformers() -> None:
@@ -108,13 +109,12 @@ def init(
 
 
 def index(
-    model: Annotated[str, typer.Option(help="CARE model folder or hub id.")],
-    corpus: Annotated[
-        Path,
-        typer.Option(help="JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line); "
-                          "read by rank 0 only."),
-    ],
     store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant::memory: | qdrant:http://host:6333")],
+    model: Annotated[str | None, typer.Option(help="CARE model folder or hub id.")] = None,
+    corpus: Annotated[
+        Path | None,
+        typer.Option(help="JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line)."),
+    ] = None,
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
     batch_size: Annotated[int, typer.Option(help="Documents per forward pass (per rank under torchrun).")] = 16,
     chunk_size: Annotated[
@@ -148,6 +148,13 @@ def index(
     ] = 120.0,
     progress: Annotated[bool, typer.Option(help="Show a progress bar (rank 0).")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON (rank 0).")] = False,
+    sparse: Annotated[
+        bool, typer.Option(help="Also write the BM25 side for --mode sparse|hybrid searches (docs/hybrid.md).")
+    ] = True,
+    sparse_only: Annotated[
+        bool, typer.Option(help="Add (or rebuild) the BM25 side of an existing store from its stored texts; "
+                                "no model, nothing re-encoded.")
+    ] = False,
 ) -> None:
     """Encode a corpus with the document tower and write it into a FAISS or Qdrant store.
 
@@ -155,12 +162,17 @@ def index(
     """
     from care_retriever.index import IndexSettings, run_index
 
+    if sparse_only:
+        _add_sparse_side(store, collection, progress, json_out)
+        return
+    if model is None or corpus is None:
+        raise InputError("index needs --model and --corpus (or --sparse-only to add the BM25 side of a store)")
     settings = IndexSettings(
         model=model, corpus=corpus, store=store, collection=collection, batch_size=batch_size,
         chunk_size=chunk_size, checkpoint_every=checkpoint_every, index_type=index_type, hnsw_m=hnsw_m,
         ef_construction=ef_construction, ef_search=ef_search, nlist=nlist, nprobe=nprobe, pq_m=pq_m,
         update=update, prune=prune, skip_invalid=skip_invalid, device=device, backend=backend,
-        timeout_minutes=timeout_minutes, progress=progress,
+        timeout_minutes=timeout_minutes, progress=progress, sparse=sparse,
     )
     report = run_index(settings)
     if report is None:  # a worker rank: rank 0 reports
@@ -174,6 +186,32 @@ def index(
         f"{report['deleted']} deleted; {report['count']} documents ({report['docs_per_second']:.1f} docs/s "
         f"encoded{over})"
     )
+
+
+def _add_sparse_side(store: str, collection: str | None, progress: bool, json_out: bool) -> None:
+    """``index --sparse-only``: the BM25 side of an existing store, written in one publish (care_retriever.sparse)."""
+    import time
+
+    from care_retriever.stores import open_store
+
+    target = open_store(store, collection=collection)
+    manifest = target.require_manifest()
+    start = time.perf_counter()
+    try:
+        target.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name)
+        tokenized = target.enable_sparse(show_progress=progress)
+        target.finalize()  # publishes both sides at once; a failure above leaves the published store as it was
+        report = {"store": target.describe(), "tokenized": tokenized, "count": target.count(),
+                  "seconds": round(time.perf_counter() - start, 3), "sparse": target.require_manifest().sparse}
+    finally:
+        target.close()
+    if json_out:
+        typer.echo(json.dumps(report, ensure_ascii=False))
+    elif tokenized:
+        typer.echo(f"{report['store']}: BM25 side built over {tokenized} documents in {report['seconds']:.1f}s")
+    else:
+        typer.echo(f"{report['store']}: BM25 side already present (tokenizer {manifest.sparse['tokenizer']['name']} "
+                   f"v{manifest.sparse['tokenizer']['version']}); nothing to do")
 
 
 def search(
@@ -190,19 +228,30 @@ def search(
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per query per line.")] = False,
+    mode: Annotated[str, typer.Option(help="dense (query tower) | sparse (BM25) | hybrid (both, fused).")] = "dense",
+    fusion: Annotated[str, typer.Option(help="Hybrid fusion: rrf | dbsf | wsum (docs/hybrid.md).")] = DEFAULT_FUSION,
+    rrf_k: Annotated[int, typer.Option(help="RRF constant k: 1 / (k + rank).")] = DEFAULT_RRF_K,
+    dense_weight: Annotated[float, typer.Option(help="wsum: weight of the dense side (BM25 gets the rest).")] = (
+        DEFAULT_DENSE_WEIGHT
+    ),
 ) -> None:
-    """Search a store with the query tower."""
+    """Search a store with the query tower, its BM25 side, or both (--mode hybrid)."""
     from care_retriever.retriever import CareRetriever
+    from care_retriever.sparse import FusionConfig, check_mode, require_sparse
     from care_retriever.stores import open_store
 
     if top_k < 1:
         raise InputError(f"--top-k must be >= 1, got {top_k}")
+    check_mode(mode)
+    fusion_config = FusionConfig(fusion, k=rrf_k, dense_weight=dense_weight)
     filters = _parse_filters(filter_)
     target = open_store(store, collection=collection)
     target.require_manifest()
+    if mode != "dense":
+        require_sparse(target)  # before loading the model
     embedder = _load_embedder(model, "query", device)
     retriever = CareRetriever(target, embedder, instruction=instruction)
-    results = retriever.search(queries, top_k=top_k, filters=filters)
+    results = retriever.search(queries, top_k=top_k, filters=filters, mode=mode, fusion=fusion_config)
     for query, hits in zip(queries, results, strict=True):
         if json_out:
             row = {
@@ -251,6 +300,7 @@ def info(
         "metric",
         "count",
         "index",
+        "sparse",
         "versions",
     ):
         typer.echo(f"{key:>18}: {data[key]}")

@@ -99,6 +99,13 @@ def eval_command(
     doc_batch_size: Annotated[int, typer.Option(help="Documents per forward pass (length-sorted).")] = 64,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
     progress: Annotated[bool, typer.Option(help="Progress bars on stderr.")] = True,
+    mode: Annotated[
+        list[str] | None,
+        typer.Option(help="dense | hybrid (the model fused with bm25) | sparse (bm25); repeat for several rows."),
+    ] = None,
+    fusion: Annotated[str, typer.Option(help="Hybrid fusion: rrf | dbsf | wsum (docs/hybrid.md).")] = "rrf",
+    rrf_k: Annotated[int | None, typer.Option(help="RRF constant k (default: docs/hybrid.md's).")] = None,
+    dense_weight: Annotated[float | None, typer.Option(help="wsum: the dense side's weight.")] = None,
 ) -> None:
     """Score models on retrieval (nDCG@10), rerank (MAP@10) and STS (Pearson) tasks."""
     from care_retriever.evaluation.suites import resolve_suite
@@ -117,6 +124,12 @@ def eval_command(
         raise InputError("give --task DIR..., --suite NAME DIR or --mteb-task NAME")
 
     from care_retriever.baselines import load_embedder
+    from care_retriever.evaluation.hybrid import HybridModel, mode_label
+    from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_RRF_K, FusionConfig, check_mode
+
+    modes = [check_mode(m) for m in (mode or ["dense"])]
+    fusion_config = FusionConfig(fusion, k=DEFAULT_RRF_K if rrf_k is None else rrf_k,
+                                 dense_weight=DEFAULT_DENSE_WEIGHT if dense_weight is None else dense_weight)
     from care_retriever.evaluation.report import comparison_table, detail_table
     from care_retriever.evaluation.runner import Timer, evaluate
     from care_retriever.evaluation.tasks import load_task
@@ -128,12 +141,23 @@ def eval_command(
         tasks.append(load_task(p, split=split, instruction=instruction))
         load_seconds.append(time.perf_counter() - t0)
     results = []
-    many = len(names) * len(tasks) > 1
+    runs = []  # (label, name, mode): bm25 is the sparse mode; hybrid pairs a dense model with bm25
     for name in names:
-        label = display_name(name)
-        t0 = time.perf_counter()
-        embedder = load_embedder(name, device=device)
-        model_load = time.perf_counter() - t0
+        for m in modes:
+            if m == "sparse" or name.lower() == "bm25":
+                if ("bm25", "bm25", "sparse") not in runs:
+                    runs.append(("bm25", "bm25", "sparse"))
+            else:
+                runs.append((mode_label(display_name(name), m, fusion_config), name, m))
+    loaded: dict[str, tuple[object, float]] = {}
+    for label, name, m in runs:
+        if name not in loaded:
+            t0 = time.perf_counter()
+            loaded[name] = (load_embedder(name, device=device), time.perf_counter() - t0)
+        embedder, model_load = loaded[name]
+        if m == "hybrid":
+            embedder = HybridModel(embedder, fusion_config)
+        many = len(runs) * len(tasks) > 1
         for t, loaded_in in zip(tasks, load_seconds, strict=True):
             timer = Timer(loaded_in)
             out = run_path(save_run, label, t.name, many) if save_run else None

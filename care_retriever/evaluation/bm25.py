@@ -1,11 +1,11 @@
-"""The BM25 baseline: bm25s over jieba tokens.
+"""The BM25 baseline: bm25s over the sparse side's tokens (:mod:`care_retriever.sparse.tokenizer`).
 
-Tokenisation is ``jieba.lcut_for_search`` (search-engine mode: a long word also yields its shorter
-in-vocabulary parts, so 高血压 matches 血压), every token kept as jieba returns it (no stop words,
-no punctuation filter), with bm25s's defaults (Lucene variant, k1=1.5, b=0.75). This is the
-variant that reproduces the reference figures of ``shared/data/README.md``: kuake-qtr-retrieval
-nDCG@10 0.546 and im-qa-retrieval nDCG@10 0.189 / Recall@100 0.515. Plain ``jieba.lcut`` gives
-0.542 / 0.163, and dropping punctuation tokens gives 0.546 / 0.204.
+Tokens are jieba search-mode tokens (a long word also yields its shorter in-vocabulary parts, so
+高血压 matches 血压), NFKC-folded, lower-cased, punctuation and Chinese function words dropped: the
+same tokens a store's BM25 side holds, so ``eval --model bm25`` and ``search --mode sparse`` agree.
+bm25s's defaults (Lucene variant, k1=1.5, b=0.75). On the dev tasks this gives kuake-qtr-retrieval
+nDCG@10 0.550 and im-qa-retrieval 0.217; the data README's reference figures (0.546 / 0.189) are
+those of raw ``jieba.lcut_for_search`` tokens with every token kept (docs/hybrid.md).
 """
 
 from __future__ import annotations
@@ -14,25 +14,12 @@ import logging
 from collections.abc import Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
+
+from care_retriever.sparse.tokenizer import tokenize
 
 NAME = "bm25"
 
-
-def _jieba():
-    import jieba
-
-    jieba.setLogLevel(logging.WARNING)
-    jieba.initialize()
-    return jieba
-
-
-def tokenize(
-    texts: Sequence[str], *, show_progress: bool = False, desc: str = "Tokenizing"
-) -> list[list[str]]:
-    """jieba search-mode tokens of each text (an empty text gives no tokens)."""
-    jieba = _jieba()
-    return [jieba.lcut_for_search(t) for t in tqdm(texts, desc=desc, unit="text", disable=not show_progress)]
+__all__ = ["NAME", "BM25Model", "tokenize"]
 
 
 class BM25Model:

@@ -151,7 +151,12 @@ def _retrieval_run(
 ) -> dict[str, dict[str, float]]:
     qids = task.query_ids
     texts = [task.queries[q] for q in qids]
-    if is_lexical(model):
+    if getattr(model, "kind", None) == "hybrid":  # dense + bm25, fused (care_retriever.evaluation.hybrid)
+        with timer.phase("encode"):
+            sc, idx = model.retrieve(task.corpus_texts, texts, instruction=task.instruction, top_k=top_k,
+                                     doc_batch_size=doc_batch_size, query_batch_size=query_batch_size,
+                                     show_progress=show_progress, search=exact_search)
+    elif is_lexical(model):
         with timer.phase("encode"):
             model.index(task.corpus_texts, show_progress=show_progress)
         with timer.phase("search"):

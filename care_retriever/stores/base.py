@@ -55,6 +55,7 @@ class Manifest:
     updated_at: float = field(default_factory=time.time)
     checksums: dict[str, str] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # file sizes at publication, checked on open
+    sparse: dict[str, Any] = field(default_factory=dict)  # the BM25 side, when built (care_retriever.sparse)
     format_version: int = STORE_FORMAT_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -44,9 +44,11 @@ from typing import Any
 
 import faiss
 import numpy as np
+from tqdm.auto import tqdm
 
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
+from care_retriever.sparse.sqlite_bm25 import SqliteBM25
 from care_retriever.stores.base import (
     FAISS_INDEX_TYPES,
     STORE_FORMAT_VERSION,
@@ -468,6 +470,8 @@ class FaissStore(VectorStore):
         missing = row_ids - stored_ids
         if missing:
             self._db.executemany("DELETE FROM documents WHERE row_id = ?", [(r,) for r in missing])
+            if self._staged_manifest.sparse:
+                SqliteBM25(self._db).remove(sorted(missing))
             self._db.commit()
 
     def _read_staged_manifest(self) -> Manifest:
@@ -536,6 +540,8 @@ class FaissStore(VectorStore):
                     for r, d in zip(row_ids, documents, strict=True)
                 ],
             )
+            if self._staged_manifest.sparse:  # the BM25 side, in the same SQLite transaction
+                SqliteBM25(self._db).add(row_ids.tolist(), [d.embedding_text() for d in documents])
             inner = inner_index(self._index)
             if isinstance(inner, faiss.IndexIVF) and not inner.is_trained:
                 # Trained once, on the first batch: make the first chunk large (>= 39 * nlist, and >= 256 * 39
@@ -563,6 +569,8 @@ class FaissStore(VectorStore):
         if not existing:
             return 0
         self._db.executemany("DELETE FROM documents WHERE row_id = ?", [(r,) for r in existing])
+        if self._staged_manifest.sparse:
+            SqliteBM25(self._db).remove(existing)
         # HNSW cannot remove vectors: they stay as tombstones that searches skip (counted at commit).
         rows = np.asarray(existing, dtype=np.int64)
         if self._supports_remove():
@@ -706,6 +714,61 @@ class FaissStore(VectorStore):
             self._count = self._tombstones = 0
             if (self.path / MANIFEST).exists():
                 self._open(self.path)
+
+    def enable_sparse(self, *, rebuild: bool = False, show_progress: bool = False) -> int:
+        """Give the store being written a BM25 side (care_retriever.sparse), built from the stored texts.
+
+        Nothing is re-encoded. The postings are written in the docstore's transaction and published by
+        finalize(): a build killed before that leaves the published store as it was. Returns the number of
+        documents tokenized (0 when the side exists with this tokenizer and ``rebuild`` is off).
+        """
+        from care_retriever.sparse import sparse_entry
+        from care_retriever.sparse.tokenizer import tokenize, tokenizer_spec
+
+        self._require_writing()
+        assert self._db is not None
+        entry = self._staged_manifest.sparse
+        if entry and entry.get("tokenizer") == tokenizer_spec() and not rebuild:
+            return 0
+        with self._lock:
+            bm25 = SqliteBM25(self._db)
+            bm25.clear()  # a killed earlier build (or another tokenizer's) may have committed postings
+            done, last = 0, -1
+            total = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
+            with tqdm(total=total, desc="Sparse index", unit="doc", disable=not show_progress) as bar:
+                while rows := self._db.execute(
+                    "SELECT row_id, text, title FROM documents WHERE row_id > ? ORDER BY row_id LIMIT 2000", (last,)
+                ).fetchall():
+                    texts = [Document(id="", text=text, title=title).embedding_text() for _, text, title in rows]
+                    bm25.add([r for r, _, _ in rows], texts, tokenize(texts))
+                    done += len(rows)
+                    last = rows[-1][0]
+                    bar.update(len(rows))
+            self._staged_manifest.sparse = sparse_entry("sqlite-bm25")
+        return done
+
+    def search_sparse(self, queries: Sequence[str], top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
+        """BM25 top-``k`` hits for each query text (an empty list for a query with no indexed token)."""
+        from care_retriever.sparse import require_sparse
+        from care_retriever.sparse.tokenizer import tokenize
+
+        if self._writing:
+            raise StoreError(f"{self.describe()}: sparse search on a store being written; finalize() first")
+        require_sparse(self)
+        if top_k < 1:
+            raise InputError(f"top_k must be >= 1, got {top_k}")
+        filters = validate_filters(filters)
+        db = self._require_db()
+        results: list[list[Hit]] = []
+        for tokens in tokenize(list(queries)):
+            with self._lock:
+                allowed = {int(r) for r in self._filtered_row_ids(filters)} if filters else None
+                scores = SqliteBM25(db).scores(tokens, allowed)
+            best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:top_k]
+            docs = self._rows({r for r, _ in best})
+            results.append([Hit(id=docs[r].id, score=float(s), text=docs[r].text, title=docs[r].title,
+                                metadata=docs[r].metadata) for r, s in best if r in docs])
+        return results
 
     # ------------------------------------------------------------------ reading
     def _require_db(self) -> sqlite3.Connection:

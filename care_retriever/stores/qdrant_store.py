@@ -158,6 +158,9 @@ class QdrantStore(VectorStore):
 
         options = {"type": "hnsw", **(index or {})}
         kwargs = collection_options(dim, options)
+        from care_retriever.sparse.qdrant_sparse import vectors_config
+
+        kwargs["sparse_vectors_config"] = vectors_config()  # declared always: filled by enable_sparse()
         manifest = Manifest(backend="qdrant", dim=dim, space_fingerprint=space_fingerprint, model_name=model_name,
                             index=options,
                             versions=default_versions(qdrant_client=getattr(qdrant_client, "__version__", "unknown")))
@@ -201,14 +204,15 @@ class QdrantStore(VectorStore):
             raise InputError(
                 f"{self.describe()}: vectors have shape {vectors.shape}; the store holds {manifest.dim}-dim"
             )
+        sparse = self._sparse_vectors(documents)
         points = [
             models.PointStruct(
                 id=point_id(d.id),
-                vector=v.tolist(),
+                vector=v.tolist() if sparse is None else {"": v.tolist(), **sparse[i]},
                 payload={"doc_id": d.id, "text": d.text, "title": d.title, "metadata": d.metadata,
                          "content_hash": d.content_hash()},
             )
-            for d, v in zip(documents, vectors, strict=True)
+            for i, (d, v) in enumerate(zip(documents, vectors, strict=True))
         ]
         for start in range(0, len(points), 256):
             with self._lock:
@@ -317,6 +321,106 @@ class QdrantStore(VectorStore):
             ]
             for response in responses
         ]
+
+    # ------------------------------------------------------------------ the sparse (BM25) side
+    def _sparse_vectors(self, documents: Sequence[Document]) -> list[dict[str, Any]] | None:
+        from care_retriever.sparse.qdrant_sparse import VECTOR, document_vector
+        from care_retriever.sparse.tokenizer import tokenize
+
+        entry = self.require_manifest().sparse
+        if not entry or not documents:
+            return None
+        tokens = tokenize([d.embedding_text() for d in documents])
+        if not entry.get("avgdl"):  # fixed by the first documents written, then kept (see qdrant_sparse)
+            entry["avgdl"] = max(sum(map(len, tokens)) / len(tokens), 1.0)
+        return [{VECTOR: document_vector(t, entry["avgdl"], entry["k1"], entry["b"])} for t in tokens]
+
+    def enable_sparse(self, *, rebuild: bool = False, show_progress: bool = False) -> int:
+        """Write the BM25 sparse vector of every stored point (nothing re-encoded); commit() saves the manifest."""
+        from tqdm.auto import tqdm
+
+        from care_retriever.sparse import sparse_entry
+        from care_retriever.sparse.qdrant_sparse import VECTOR, document_vector
+        from care_retriever.sparse.tokenizer import tokenize, tokenizer_spec
+
+        manifest = self.require_manifest()
+        if manifest.sparse and manifest.sparse.get("tokenizer") == tokenizer_spec() and not rebuild:
+            return 0
+        with self._lock:
+            info = self.client.get_collection(self.collection)
+        if VECTOR not in (info.config.params.sparse_vectors or {}):
+            raise StoreError(f"{self.describe()}: the collection was created without a '{VECTOR}' sparse vector "
+                             "(before care-retriever had hybrid search); index into a new collection")
+        from qdrant_client import models
+
+        entry = sparse_entry("qdrant-sparse", vector=VECTOR, avgdl=0.0)
+        done, offset = 0, None
+        with tqdm(total=self.count(), desc="Sparse index", unit="doc", disable=not show_progress) as bar:
+            while True:
+                with self._lock:
+                    points, offset = self.client.scroll(self.collection, limit=512, offset=offset,
+                                                        with_payload=["text", "title"], with_vectors=False)
+                if points:
+                    texts = [Document(id="", text=p.payload["text"], title=p.payload.get("title", "")).embedding_text()
+                             for p in points]
+                    tokens = tokenize(texts)
+                    if not entry["avgdl"]:
+                        entry["avgdl"] = max(sum(map(len, tokens)) / len(tokens), 1.0)
+                    updates = [models.PointVectors(id=p.id, vector={VECTOR: document_vector(t, entry["avgdl"])})
+                               for p, t in zip(points, tokens, strict=True)]
+                    with self._lock:
+                        self.client.update_vectors(self.collection, updates, wait=True)
+                    done += len(points)
+                    bar.update(len(points))
+                if offset is None:
+                    break
+        manifest.sparse = entry
+        return done
+
+    def _hits(self, points: Sequence[Any]) -> list[Hit]:
+        return [Hit(id=p.payload["doc_id"], score=float(p.score), text=p.payload["text"],
+                    title=p.payload.get("title", ""), metadata=p.payload.get("metadata") or {}) for p in points]
+
+    def search_sparse(self, queries: Sequence[str], top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
+        """BM25 top-``k`` for each query text, scored by Qdrant (IDF modifier)."""
+        return self.search_hybrid(None, queries, top_k, filters, fusion=None)
+
+    def search_hybrid(self, vectors: np.ndarray | None, queries: Sequence[str], top_k: int,
+                      filters: Filters | None = None, *, fusion: Any = None) -> list[list[Hit]]:
+        """Dense + BM25 prefetches fused server-side (``fusion.method`` rrf or dbsf) through the Query API.
+
+        ``vectors`` None: BM25 only. A query with no indexed token gets its dense hits alone.
+        """
+        from qdrant_client import models
+
+        from care_retriever.sparse import require_sparse
+        from care_retriever.sparse.qdrant_sparse import VECTOR, query_vector
+        from care_retriever.sparse.tokenizer import tokenize
+
+        require_sparse(self)
+        if top_k < 1:
+            raise InputError(f"top_k must be >= 1, got {top_k}")
+        flt = self._filter(filters)
+        requests = []
+        for i, tokens in enumerate(tokenize(list(queries))):
+            sparse = models.Prefetch(query=query_vector(tokens), using=VECTOR, limit=fusion.candidates if fusion else
+                                     top_k, filter=flt) if tokens else None
+            if vectors is None:
+                request = (models.QueryRequest(query=sparse.query, using=VECTOR, limit=top_k, filter=flt,
+                                               with_payload=True) if sparse else None)
+            elif sparse is None:
+                request = models.QueryRequest(query=vectors[i].tolist(), limit=top_k, filter=flt, with_payload=True)
+            else:
+                dense = models.Prefetch(query=vectors[i].tolist(), limit=fusion.candidates, filter=flt)
+                # Qdrant's RRF gives rank r (from 1) 1 / (k + r - 1); ours (and ranx's) 1 / (k + r): pass k + 1.
+                query = (models.RrfQuery(rrf=models.Rrf(k=fusion.k + 1)) if fusion.method == "rrf"
+                         else models.FusionQuery(fusion=models.Fusion.DBSF))
+                request = models.QueryRequest(prefetch=[dense, sparse], query=query, limit=top_k, with_payload=True)
+            requests.append(request)
+        live = [r for r in requests if r is not None]
+        with self._lock:
+            responses = iter(self.client.query_batch_points(self.collection, live) if live else [])
+        return [self._hits(next(responses).points) if r is not None else [] for r in requests]
 
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         if self.manifest is None:

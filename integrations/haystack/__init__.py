@@ -11,13 +11,14 @@
 from care_retriever.integrations.haystack.document_embedder import CareDocumentEmbedder
 from care_retriever.integrations.haystack.document_store import CareFaissDocumentStore
 from care_retriever.integrations.haystack.retriever import CareFaissEmbeddingRetriever
-from care_retriever.integrations.haystack.store_retriever import CareStoreRetriever
+from care_retriever.integrations.haystack.store_retriever import CareStoreBM25Retriever, CareStoreRetriever
 from care_retriever.integrations.haystack.text_embedder import CareTextEmbedder
 
 __all__ = [
     "CareDocumentEmbedder",
     "CareFaissDocumentStore",
     "CareFaissEmbeddingRetriever",
+    "CareStoreBM25Retriever",
     "CareStoreRetriever",
     "CareTextEmbedder",
 ]

@@ -7,7 +7,10 @@ at all). This component needs no Haystack document store: it opens the store spe
 the core ``VectorStore.search``, so "index offline with the CLI, serve with Haystack" works for every
 backend and returns the same hits and scores as ``care-retriever search``.
 
-Connect ``CareTextEmbedder.embedding`` to ``query_embedding``. Nothing in a bare embedding says
+Connect ``CareTextEmbedder.embedding`` to ``query_embedding``. ``mode="hybrid"`` also takes the query
+text (``query``) and fuses the store's BM25 ranking with the dense one exactly as
+``care-retriever search --mode hybrid`` does (:func:`care_retriever.sparse.hybrid.hybrid_search`);
+``mode="sparse"`` needs only ``query``. Nothing in a bare embedding says
 which model made it, so the width is always checked against the store; pass ``model=`` (the same
 folder as the text embedder's) to also check the store's space fingerprint, as the CLI does.
 """
@@ -51,6 +54,13 @@ def _pre_filter(backend: str, filters: dict[str, Any] | None) -> dict[str, Any] 
     return core if all(isinstance(v, str) for v in values) else None
 
 
+def _core_filters_or_error(filters: dict[str, Any] | None, mode: str) -> dict[str, Any] | None:
+    core = to_core_filters(filters)
+    if filters and core is None:
+        raise InputError(f"mode {mode!r} takes only filters that are AND-ed equality/`in` conditions on meta fields")
+    return core
+
+
 @component
 class CareStoreRetriever:
     """Retrieve the ``top_k`` documents of a care-retriever store most similar (cosine) to a query embedding.
@@ -78,7 +88,16 @@ class CareStoreRetriever:
         scale_score: bool = False,
         filter_policy: str | FilterPolicy = FilterPolicy.REPLACE,
         api_key: Secret | None = Secret.from_env_var("QDRANT_API_KEY", strict=False),
+        mode: str = "dense",
+        fusion: str = "rrf",
+        rrf_k: int | None = None,
+        dense_weight: float | None = None,
     ) -> None:
+        from care_retriever.sparse import check_mode
+
+        check_mode(mode)
+        self.mode, self.fusion, self.rrf_k, self.dense_weight = mode, fusion, rrf_k, dense_weight
+        self._fusion = self._fusion_config()
         if not isinstance(store, str):
             raise InputError(f"store must be a store spec string such as faiss:DIR or qdrant:PATH, got {store!r}")
         self._scheme, self._location = parse_store_spec(store)
@@ -119,7 +138,17 @@ class CareStoreRetriever:
             scale_score=self.scale_score,
             filter_policy=self.filter_policy.value,
             api_key=self.api_key.to_dict() if self.api_key is not None else None,
+            mode=self.mode,
+            fusion=self.fusion,
+            rrf_k=self.rrf_k,
+            dense_weight=self.dense_weight,
         )
+
+    def _fusion_config(self):
+        from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_RRF_K, FusionConfig
+
+        return FusionConfig(self.fusion, k=DEFAULT_RRF_K if self.rrf_k is None else self.rrf_k,
+                            dense_weight=DEFAULT_DENSE_WEIGHT if self.dense_weight is None else self.dense_weight)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CareStoreRetriever:
@@ -168,10 +197,11 @@ class CareStoreRetriever:
     @component.output_types(documents=list[Document])
     def run(
         self,
-        query_embedding: list[float],
+        query_embedding: list[float] | None = None,
         filters: dict[str, Any] | None = None,
         top_k: int | None = None,
         scale_score: bool | None = None,
+        query: str | None = None,
     ) -> dict[str, list[Document]]:
         """Documents ranked by cosine similarity to ``query_embedding``, best first, with ``score`` set.
 
@@ -183,6 +213,8 @@ class CareStoreRetriever:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         filters = apply_filter_policy(self.filter_policy, self.filters, filters)
         validate_filters(filters)
+        if self.mode != "dense":
+            return {"documents": self._run_with_sparse(query_embedding, query, filters, top_k)}
         if not isinstance(query_embedding, list) or not query_embedding:
             raise InputError("query_embedding should be a non-empty list of floats.")
         self.warm_up()
@@ -216,3 +248,81 @@ class CareStoreRetriever:
 
         docs = filtered_top_k(search, filters, top_k, store.count, _pre_filter(store.backend, filters))
         return {"documents": docs}
+
+    def _run_with_sparse(self, query_embedding: list[float] | None, query: str | None,
+                         filters: dict[str, Any] | None, top_k: int) -> list[Document]:
+        """``sparse`` / ``hybrid``: the core's BM25 or hybrid search (the CLI's code); metadata filters
+        must translate to core filters here (no post-filtering of fused scores)."""
+        from care_retriever.sparse import require_sparse
+        from care_retriever.sparse.hybrid import hybrid_search
+
+        if not isinstance(query, str) or not query.strip():
+            raise InputError(f"mode={self.mode!r} needs the query text: connect it to the `query` input")
+        self.warm_up()
+        store = self._store
+        assert store is not None
+        require_sparse(store)
+        core_filters = _core_filters_or_error(filters, self.mode)
+        if self.mode == "sparse":
+            hits = store.search_sparse([query], top_k, core_filters)[0]
+        else:
+            if not isinstance(query_embedding, list) or not query_embedding:
+                raise InputError("mode='hybrid' needs query_embedding as well as query")
+            dim = store.require_manifest().dim
+            vector = normalize_rows(as_matrix([query_embedding], dim, "query_embedding"))
+            hits = hybrid_search(store, vector, [query], top_k, core_filters, self._fusion)[0]
+        return [Document(id=h.id, content=h.text, meta=from_core_metadata(h.title, h.metadata, hidden=(NO_EMBEDDING,)),
+                         score=h.score) for h in hits]
+
+
+@component
+class CareStoreBM25Retriever:
+    """BM25 over the sparse side of a care-retriever store (``care-retriever index`` writes it): no model.
+
+    Pair it with :class:`CareStoreRetriever` (dense) under Haystack's ``DocumentJoiner`` for a hybrid
+    pipeline (examples/haystack_hybrid.py), or use ``CareStoreRetriever(mode="hybrid")``.
+    """
+
+    def __init__(self, store: str, collection: str | None = None, top_k: int = 10) -> None:
+        parse_store_spec(store)
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        self.store, self.collection, self.top_k = store, collection, top_k
+        self._store: VectorStore | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return default_to_dict(self, store=self.store, collection=self.collection, top_k=self.top_k)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CareStoreBM25Retriever:
+        return default_from_dict(cls, data)
+
+    def warm_up(self) -> None:
+        from care_retriever.sparse import require_sparse
+
+        if self._store is None:
+            store = open_store(self.store, collection=self.collection)
+            try:
+                require_sparse(store)
+            except BaseException:
+                store.close()
+                raise
+            self._store = store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    @component.output_types(documents=list[Document])
+    def run(self, query: str, filters: dict[str, Any] | None = None, top_k: int | None = None
+            ) -> dict[str, list[Document]]:
+        """Documents ranked by BM25 score, best first (a query with no indexed token: none)."""
+        validate_filters(filters)
+        self.warm_up()
+        assert self._store is not None
+        core_filters = _core_filters_or_error(filters, "sparse")
+        hits = self._store.search_sparse([query], self.top_k if top_k is None else top_k, core_filters)[0]
+        return {"documents": [Document(id=h.id, content=h.text, meta=from_core_metadata(h.title, h.metadata,
+                                                                                        hidden=(NO_EMBEDDING,)),
+                                       score=h.score) for h in hits]}

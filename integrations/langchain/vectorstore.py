@@ -10,6 +10,11 @@ L2-normalised. FAISS writes are all-or-nothing (one store transaction); Qdrant h
 write may be partial (as with ``QdrantVectorStore``).
 
 ``filter`` takes the core's metadata filter: ``{"field": value}`` or ``{"field": [v1, v2]}`` (any of).
+
+Hybrid search (the store's BM25 side fused with the dense ranking, as ``care-retriever search --mode
+hybrid``): ``hybrid_search(query)``, ``search(query, "hybrid")`` or
+``as_retriever(search_type="hybrid", search_kwargs={"k": 5, "fusion": "rrf", "rrf_k": 10})``;
+``"sparse"`` is BM25 alone.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
-from langchain_core.vectorstores import VectorStore
+from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 from care_retriever.errors import InputError
@@ -169,6 +175,48 @@ class CareVectorStore(VectorStore):
     ) -> list[Document]:
         return [doc for doc, _ in self.similarity_search_with_score(query, k, filter)]
 
+    def _fused_hits(self, query: str, k: int, filter: dict[str, Any] | None, mode: str, fusion: str = "rrf",
+                    rrf_k: int | None = None, dense_weight: float | None = None) -> list[Hit]:
+        from care_retriever.sparse import require_sparse
+        from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_RRF_K, FusionConfig
+        from care_retriever.sparse.hybrid import hybrid_search
+
+        if k < 1:
+            raise InputError(f"k must be >= 1, got {k}")
+        require_sparse(self.store)
+        if mode == "sparse":
+            return self.store.search_sparse([query], k, filter)[0]
+        config = FusionConfig(fusion, k=DEFAULT_RRF_K if rrf_k is None else rrf_k,
+                              dense_weight=DEFAULT_DENSE_WEIGHT if dense_weight is None else dense_weight)
+        manifest = self.store.require_manifest()
+        vector = normalize_rows(as_matrix([self.embedding.embed_query(query)], manifest.dim, "query embedding"))
+        return hybrid_search(self.store, vector, [query], k, filter, config)[0]
+
+    def hybrid_search_with_score(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
+                                 **kwargs: Any) -> list[tuple[Document, float]]:
+        """Dense + BM25, fused (``fusion`` rrf | dbsf | wsum, ``rrf_k``, ``dense_weight``); scores are fused scores."""
+        return [(self._to_document(h), h.score) for h in self._fused_hits(query, k, filter, "hybrid", **kwargs)]
+
+    def hybrid_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
+                      **kwargs: Any) -> list[Document]:
+        return [doc for doc, _ in self.hybrid_search_with_score(query, k, filter, **kwargs)]
+
+    def sparse_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
+                      **kwargs: Any) -> list[Document]:
+        """BM25 alone over the store's sparse side (no embedding)."""
+        return [self._to_document(h) for h in self._fused_hits(query, k, filter, "sparse")]
+
+    def search(self, query: str, search_type: str, **kwargs: Any) -> list[Document]:
+        if search_type == "hybrid":
+            return self.hybrid_search(query, **kwargs)
+        if search_type == "sparse":
+            return self.sparse_search(query, **kwargs)
+        return super().search(query, search_type, **kwargs)
+
+    def as_retriever(self, **kwargs: Any) -> CareVectorStoreRetriever:
+        tags = kwargs.pop("tags", None) or [*self._get_retriever_tags()]
+        return CareVectorStoreRetriever(vectorstore=self, tags=tags, **kwargs)
+
     def _select_relevance_score_fn(self) -> Callable[[float], float]:
         return cosine_to_unit
 
@@ -222,3 +270,16 @@ class CareVectorStore(VectorStore):
         """Close the store if this object opened it (a store passed in is left to its caller)."""
         if self._owns_store:
             self.store.close()
+
+
+class CareVectorStoreRetriever(VectorStoreRetriever):
+    """LangChain's vector-store retriever plus ``search_type="hybrid"`` and ``"sparse"``."""
+
+    allowed_search_types = (*VectorStoreRetriever.allowed_search_types, "hybrid", "sparse")
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        if self.search_type in ("hybrid", "sparse"):
+            return self.vectorstore.search(query, self.search_type, **(self.search_kwargs | kwargs))
+        return super()._get_relevant_documents(query, run_manager=run_manager, **kwargs)

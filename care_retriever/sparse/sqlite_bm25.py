@@ -1,0 +1,135 @@
+"""BM25 over an inverted index kept as tables in the FAISS store's SQLite docstore.
+
+The postings live in the same database, on the same connection, as the ``documents`` table, so a
+write of both sides commits (or rolls back) in one SQLite transaction: the two sides cannot drift
+apart, and a killed build leaves nothing behind but an uncommitted transaction. Writes are
+incremental: adding or removing a document touches its own postings and the document frequencies
+of its tokens, never the rest of the corpus.
+
+Scores are the Lucene variant of BM25 exactly as ``bm25s`` computes them (the ``bm25`` eval
+baseline), over the tokens of :mod:`care_retriever.sparse.tokenizer`::
+
+    idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))
+    score(q, d) = sum over query tokens t (repeats count) of idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl))
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from care_retriever.sparse.tokenizer import tokenize
+
+K1, B = 1.5, 0.75
+TABLES = ("sparse_postings", "sparse_lengths", "sparse_terms", "sparse_stats")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sparse_postings (token TEXT NOT NULL, row_id INTEGER NOT NULL, tf INTEGER NOT NULL,
+                                            PRIMARY KEY (token, row_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sparse_postings_row ON sparse_postings(row_id);
+CREATE TABLE IF NOT EXISTS sparse_lengths (row_id INTEGER PRIMARY KEY, length INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sparse_terms (token TEXT PRIMARY KEY, df INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sparse_stats (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+def _chunks(items: Sequence[int], size: int = 500) -> Iterable[list[int]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
+class SqliteBM25:
+    """The sparse side of a FAISS store: postings keyed by the docstore's row ids. The caller commits."""
+
+    def __init__(self, db: sqlite3.Connection, k1: float = K1, b: float = B) -> None:
+        self.db = db
+        self.k1, self.b = k1, b
+
+    def create(self) -> None:
+        for statement in _SCHEMA.split(";"):  # not executescript: it would commit the caller's transaction
+            if statement.strip():
+                self.db.execute(statement)
+
+    def clear(self) -> None:
+        """Drop every posting (before a rebuild: a killed earlier build may have left some committed)."""
+        self.create()
+        for table in TABLES:
+            self.db.execute(f"DELETE FROM {table}")
+
+    def _bump_stats(self, docs: int, tokens: int) -> None:
+        self.db.executemany(
+            "INSERT INTO sparse_stats(name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+            [("docs", docs), ("tokens", tokens)],
+        )
+
+    def add(self, row_ids: Sequence[int], texts: Sequence[str], tokens: Sequence[list[str]] | None = None) -> None:
+        """Index new rows (their row ids must not be indexed yet: remove a replaced row first)."""
+        tokens = tokenize(texts) if tokens is None else tokens
+        postings, lengths, df = [], [], Counter()
+        for row_id, toks in zip(row_ids, tokens, strict=True):
+            counts = Counter(toks)
+            postings += [(t, int(row_id), n) for t, n in counts.items()]
+            lengths.append((int(row_id), len(toks)))
+            df.update(counts.keys())
+        self.db.executemany("INSERT INTO sparse_postings(token, row_id, tf) VALUES (?, ?, ?)", postings)
+        self.db.executemany("INSERT INTO sparse_lengths(row_id, length) VALUES (?, ?)", lengths)
+        self.db.executemany(
+            "INSERT INTO sparse_terms(token, df) VALUES (?, ?) ON CONFLICT(token) DO UPDATE SET df = df + excluded.df",
+            list(df.items()),
+        )
+        self._bump_stats(len(lengths), sum(n for _, n in lengths))
+
+    def remove(self, row_ids: Sequence[int]) -> None:
+        """Forget rows (ids that were never indexed are ignored)."""
+        for chunk in _chunks(list(row_ids)):
+            marks = ",".join("?" * len(chunk))
+            gone = self.db.execute(f"SELECT COUNT(*), COALESCE(SUM(length), 0) FROM sparse_lengths "
+                                   f"WHERE row_id IN ({marks})", chunk).fetchone()
+            if not gone[0]:
+                continue
+            df = self.db.execute(f"SELECT token, COUNT(*) FROM sparse_postings WHERE row_id IN ({marks}) "
+                                 "GROUP BY token", chunk).fetchall()
+            self.db.executemany("UPDATE sparse_terms SET df = df - ? WHERE token = ?", [(n, t) for t, n in df])
+            self.db.executemany("DELETE FROM sparse_terms WHERE token = ? AND df <= 0", [(t,) for t, _ in df])
+            self.db.execute(f"DELETE FROM sparse_postings WHERE row_id IN ({marks})", chunk)
+            self.db.execute(f"DELETE FROM sparse_lengths WHERE row_id IN ({marks})", chunk)
+            self._bump_stats(-gone[0], -gone[1])
+
+    def size(self) -> int:
+        row = self.db.execute("SELECT value FROM sparse_stats WHERE name = 'docs'").fetchone()
+        return int(row[0]) if row else 0
+
+    def scores(self, tokens: Sequence[str], allowed: set[int] | None = None) -> dict[int, float]:
+        """BM25 score of every row that holds one of ``tokens`` (and is in ``allowed``, when given)."""
+        stats = dict(self.db.execute("SELECT name, value FROM sparse_stats").fetchall())
+        n_docs, n_tokens = stats.get("docs", 0), stats.get("tokens", 0)
+        if not tokens or not n_docs:
+            return {}
+        avgdl = n_tokens / n_docs if n_tokens else 1.0
+        weights = Counter(tokens)
+        marks = ",".join("?" * len(weights))
+        dfs = dict(self.db.execute(f"SELECT token, df FROM sparse_terms WHERE token IN ({marks})", list(weights)))
+        if not dfs:
+            return {}
+        idf = {t: weights[t] * math.log(1 + (n_docs - df + 0.5) / (df + 0.5)) for t, df in dfs.items()}
+        rows = self.db.execute(
+            f"SELECT p.token, p.row_id, p.tf, l.length FROM sparse_postings p JOIN sparse_lengths l USING (row_id) "
+            f"WHERE p.token IN ({','.join('?' * len(dfs))})", list(dfs),
+        ).fetchall()
+        if not rows:
+            return {}
+        token_idf = np.fromiter((idf[r[0]] for r in rows), dtype=np.float64, count=len(rows))
+        row_ids = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        tf = np.fromiter((r[2] for r in rows), dtype=np.float64, count=len(rows))
+        length = np.fromiter((r[3] for r in rows), dtype=np.float64, count=len(rows))
+        partial = token_idf * tf / (tf + self.k1 * (1 - self.b + self.b * length / avgdl))
+        unique, inverse = np.unique(row_ids, return_inverse=True)
+        totals = np.bincount(inverse, weights=partial)
+        out = dict(zip(unique.tolist(), totals.tolist(), strict=True))
+        if allowed is not None:
+            out = {r: s for r, s in out.items() if r in allowed}
+        return out

@@ -1,0 +1,224 @@
+"""Hybrid search: the sparse (BM25) side of FAISS and Qdrant local stores, fusion, modes, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from care_retriever.cli.main import main
+from care_retriever.corpus import Document
+from care_retriever.errors import StoreError
+from care_retriever.retriever import CareRetriever
+from care_retriever.sparse import FusionConfig
+from care_retriever.sparse.fusion import fuse, rrf
+from care_retriever.writer import DocumentStoreWriter
+from tests.conftest import MEDICAL_TEXTS
+
+QUERIES = ["高血压吃什么药", "宝宝发烧怎么办", "拉肚子脱水", "失眠 咖啡"]
+DOCS = [Document(id=i, title=t, text=x, metadata={"group": "odd" if n % 2 else "even"})
+        for n, (i, t, x) in enumerate(MEDICAL_TEXTS)]
+
+
+@pytest.fixture(scope="module")
+def embedder(tiny_model_dir: Path):
+    from care_retriever.embedder import AsymmetricEmbedder
+
+    return AsymmetricEmbedder.from_pretrained(str(tiny_model_dir))
+
+
+def write(embedder, spec: str, docs=DOCS, *, sparse: bool = True, prune: bool = False):
+    writer = DocumentStoreWriter(embedder, spec, sparse=sparse, show_progress=False)
+    writer.write(docs, prune_ids_not_in=prune)
+    return writer.store
+
+
+def ranking(hits) -> list[tuple[str, float]]:
+    return [(h.id, round(h.score, 5)) for h in hits]
+
+
+def test_fusion_definitions() -> None:
+    dense, sparse = [("a", 0.9), ("b", 0.5), ("c", 0.1)], [("c", 7.0), ("a", 1.0)]
+    assert rrf([dense, sparse], k=10) == pytest.approx({"a": 1 / 11 + 1 / 12, "b": 1 / 12, "c": 1 / 13 + 1 / 11})
+    wsum = dict(fuse(dense, sparse, FusionConfig("wsum", dense_weight=0.25)))
+    assert wsum == pytest.approx({"a": 0.25 * 1.0 + 0.0, "b": 0.25 * 0.5, "c": 0.0 + 0.75 * 1.0})
+    assert [d for d, _ in fuse(dense, sparse, FusionConfig("rrf", k=10))] == ["a", "c", "b"]
+
+
+def test_faiss_sparse_scores_equal_the_bm25_baseline(embedder, tmp_path: Path) -> None:
+    """The store's inverted index scores exactly as the eval baseline (bm25s, same tokens)."""
+    from care_retriever.evaluation.bm25 import BM25Model
+
+    store = write(embedder, f"faiss:{tmp_path / 's'}")
+    baseline = BM25Model()
+    baseline.index([d.embedding_text() for d in DOCS])
+    for query in QUERIES:
+        idx, scores = baseline.search([query], len(DOCS))
+        expected = {DOCS[i].id: float(s) for i, s in zip(idx[0], scores[0], strict=True) if s > 0}
+        got = {h.id: h.score for h in store.search_sparse([query], len(DOCS))[0]}
+        assert got == pytest.approx(expected, rel=1e-5), query
+        assert expected
+
+
+def test_faiss_incremental_writes_equal_a_rebuild(embedder, tmp_path: Path) -> None:
+    """Upsert (changed text), delete and prune keep the BM25 side equal to one built from the final corpus."""
+    path = tmp_path / "inc"
+    write(embedder, f"faiss:{path}")
+    changed = Document(id="a", title="头痛", text="偏头痛发作时可以在安静黑暗的房间休息。", metadata={})
+    store = write(embedder, f"faiss:{path}", [changed, *DOCS[1:]])
+    assert not [h for h in store.search_sparse(["高血压"], 10)[0] if h.id == "a"]  # the old text's tokens are gone
+    assert [h.id for h in store.search_sparse(["偏头痛"], 10)[0]] == ["a"]
+    store.close()
+    final = [changed, *DOCS[1:4]]
+    store = write(embedder, f"faiss:{path}", final, prune=True)  # prunes e, f
+    fresh = write(embedder, f"faiss:{tmp_path / 'fresh'}", final)
+    for query in [*QUERIES, "偏头痛 休息"]:
+        assert ranking(store.search_sparse([query], 10)[0]) == ranking(fresh.search_sparse([query], 10)[0]), query
+    assert {h.id for q in QUERIES for h in store.search_sparse([q], 10)[0]} <= {"a", "b", "c", "d"}
+    assert main(["delete", "b", "--store", f"faiss:{path}"]) == 0
+    fresh_b = write(embedder, f"faiss:{tmp_path / 'fresh-b'}", [changed, *DOCS[2:4]])
+    from care_retriever.stores import open_store
+
+    reopened = open_store(f"faiss:{path}")
+    for query in QUERIES:
+        assert ranking(reopened.search_sparse([query], 10)[0]) == ranking(fresh_b.search_sparse([query], 10)[0])
+
+
+def test_hybrid_modes_and_filters_faiss(embedder, tmp_path: Path) -> None:
+    store = write(embedder, f"faiss:{tmp_path / 'm'}")
+    retriever = CareRetriever(store, embedder)
+    dense = retriever.search(QUERIES[0], 6)
+    sparse = retriever.search(QUERIES[0], 6, mode="sparse")
+    hybrid = retriever.search(QUERIES[0], 6, mode="hybrid", fusion=FusionConfig("rrf", k=10))
+    expected = fuse([(h.id, h.score) for h in dense], [(h.id, h.score) for h in sparse], FusionConfig("rrf", k=10))
+    assert [(h.id, pytest.approx(h.score)) for h in hybrid] == [(d, pytest.approx(s)) for d, s in expected]
+    assert sparse[0].id == "a"
+    filtered = retriever.search(QUERIES[0], 6, {"group": "odd"}, mode="hybrid")
+    assert filtered and {h.metadata["group"] for h in filtered} == {"odd"}
+
+
+def test_punctuation_or_stopword_query_gives_dense_results(embedder, tmp_path: Path) -> None:
+    retriever = CareRetriever(write(embedder, f"faiss:{tmp_path / 'p'}"), embedder)
+    for query in ["？？！。", "的吗呢 请问"]:
+        dense = retriever.search(query, 4)
+        assert retriever.search(query, 4, mode="sparse") == []
+        assert ranking(retriever.search(query, 4, mode="hybrid")) == ranking(dense)
+
+
+def test_hybrid_without_sparse_side_names_the_command_and_sparse_only_adds_it(
+    embedder, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "dense"
+    store = write(embedder, f"faiss:{path}", sparse=False)
+    retriever = CareRetriever(store, embedder)
+    with pytest.raises(StoreError, match=r"index --sparse-only --store faiss:"):
+        retriever.search(QUERIES[0], 3, mode="hybrid")
+    retriever.close()
+    vectors_before = (path / "index.faiss").read_bytes()
+    assert main(["index", "--sparse-only", "--store", f"faiss:{path}", "--no-progress", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tokenized"] == len(DOCS) and report["sparse"]["tokenizer"]["name"] == "jieba-search"
+    assert (path / "index.faiss").read_bytes() == vectors_before  # nothing re-encoded
+    from care_retriever.stores import open_store
+
+    assert ranking(open_store(f"faiss:{path}").search_sparse([QUERIES[0]], 6)[0]) == ranking(
+        write(embedder, f"faiss:{tmp_path / 'ref'}").search_sparse([QUERIES[0]], 6)[0]
+    )
+
+
+def test_cli_hybrid_on_a_dense_only_store_is_one_line(embedder, tmp_path: Path, tiny_model_dir: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    write(embedder, f"faiss:{tmp_path / 'd'}", sparse=False).close()
+    code = main(["search", "高血压", "--model", str(tiny_model_dir), "--store", f"faiss:{tmp_path / 'd'}",
+                 "--mode", "hybrid"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1 and "care-retriever index --sparse-only" in err
+    assert main(["search", "x", "--model", str(tiny_model_dir), "--store", f"faiss:{tmp_path / 'd'}",
+                 "--mode", "fuzzy"]) != 0
+    assert "Available modes: ['dense', 'sparse', 'hybrid']" in capsys.readouterr().err
+
+
+def test_other_tokenizer_version_is_refused(embedder, tmp_path: Path) -> None:
+    path = tmp_path / "v"
+    write(embedder, f"faiss:{path}").close()
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["sparse"]["tokenizer"]["version"] = 0
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    from care_retriever.stores import open_store
+
+    store = open_store(f"faiss:{path}")
+    assert store.search(embedder.embed_queries(["高血压"]), 2)[0]  # dense still works
+    with pytest.raises(StoreError, match="tokenizer jieba-search v0"):
+        CareRetriever(store, embedder).search("高血压", 3, mode="hybrid")
+    store.close()
+    assert main(["index", "--sparse-only", "--store", f"faiss:{path}", "--no-progress"]) == 0  # the fix it names
+    assert open_store(f"faiss:{path}").search_sparse(["高血压"], 3)[0][0].id == "a"
+
+
+def test_failed_sparse_build_leaves_the_store_untouched(embedder, tmp_path: Path, monkeypatch) -> None:
+    """`index --sparse-only` killed mid-build publishes nothing; running it again completes the side."""
+    from care_retriever.sparse import tokenizer
+    from care_retriever.stores import open_store
+
+    path = tmp_path / "f"
+    write(embedder, f"faiss:{path}", sparse=False).close()
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
+    real = tokenizer.tokenize
+
+    def killed(texts, **kwargs):
+        raise KeyboardInterrupt("killed mid-build")
+
+    monkeypatch.setattr(tokenizer, "tokenize", killed)
+    with pytest.raises(KeyboardInterrupt):
+        main(["index", "--sparse-only", "--store", f"faiss:{path}", "--no-progress"])
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+    assert not open_store(f"faiss:{path}").manifest.sparse
+    monkeypatch.setattr(tokenizer, "tokenize", real)
+    assert main(["index", "--sparse-only", "--store", f"faiss:{path}", "--no-progress"]) == 0  # resumes the build
+    reopened = open_store(f"faiss:{path}")
+    assert reopened.manifest.sparse and reopened.search_sparse(["高血压"], 3)[0][0].id == "a"
+
+
+def test_qdrant_local_hybrid_matches_faiss(embedder, tmp_path: Path) -> None:
+    """Native sparse vectors (IDF modifier) score as the FAISS inverted index; server-side RRF/DBSF as ours."""
+    qdrant = write(embedder, f"qdrant:{tmp_path / 'q'}")
+    faiss_store = write(embedder, f"faiss:{tmp_path / 'f'}")
+    config = qdrant.client.get_collection(qdrant.collection).config.params
+    assert str(config.sparse_vectors["bm25"].modifier).lower().endswith("idf")
+    for query in QUERIES:
+        assert ranking(qdrant.search_sparse([query], 6)[0]) == ranking(faiss_store.search_sparse([query], 6)[0])
+    on_qdrant, on_faiss = CareRetriever(qdrant, embedder), CareRetriever(faiss_store, embedder)
+    for fusion in (FusionConfig("rrf", k=10), FusionConfig("dbsf"), FusionConfig("wsum", dense_weight=0.3)):
+        for query in QUERIES:
+            got = ranking(on_qdrant.search(query, 6, mode="hybrid", fusion=fusion))
+            want = ranking(on_faiss.search(query, 6, mode="hybrid", fusion=fusion))
+            assert sorted(s for _, s in got) == pytest.approx(sorted(s for _, s in want), abs=1e-4), (fusion, query)
+            assert got[0] == pytest.approx(want[0], abs=1e-4) if got[0][0] == want[0][0] else got[0][1] == want[0][1]
+    # upsert and delete keep Qdrant's sparse side consistent too
+    changed = Document(id="a", title="头痛", text="偏头痛发作时可以在安静黑暗的房间休息。")
+    write(embedder, qdrant, [changed])
+    assert [h.id for h in qdrant.search_sparse(["偏头痛"], 6)[0]] == ["a"]
+    assert "a" not in {h.id for h in qdrant.search_sparse(["高血压"], 6)[0]}
+    writer = DocumentStoreWriter(embedder, qdrant, show_progress=False)
+    writer.delete(["b"])
+    assert "b" not in {h.id for h in qdrant.search_sparse(["感冒 病毒"], 6)[0]}
+    qdrant.close()
+
+
+def test_eval_mode_hybrid_rows(tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`eval --mode dense --mode hybrid` gives one row per mode; the random tiny model gains from BM25."""
+    task = tmp_path / "task"
+    (task / "qrels").mkdir(parents=True)
+    (task / "corpus.jsonl").write_text("\n".join(json.dumps({"_id": d.id, "title": d.title, "text": d.text},
+                                                            ensure_ascii=False) for d in DOCS), encoding="utf-8")
+    queries = {"q1": "高血压降压药", "q2": "宝宝发烧", "q3": "拉肚子补充水分", "q4": "失眠咖啡"}
+    (task / "queries.jsonl").write_text("\n".join(json.dumps({"_id": q, "text": t}, ensure_ascii=False)
+                                                  for q, t in queries.items()), encoding="utf-8")
+    (task / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\ta\t1\nq2\tf\t1\nq3\td\t1\nq4\te\t1\n")
+    code = main(["eval", "--model", str(tiny_model_dir), "--task", str(task), "--mode", "dense", "--mode", "hybrid",
+                 "--json", "--no-progress"])
+    assert code == 0
+    rows = {r["model"]: r for r in map(json.loads, capsys.readouterr().out.strip().splitlines())}
+    assert set(rows) == {"tiny", "tiny+bm25 (rrf k=10)"}
+    assert rows["tiny+bm25 (rrf k=10)"]["main_score"] > rows["tiny"]["main_score"]
