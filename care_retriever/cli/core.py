@@ -20,7 +20,13 @@ def quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def _load_embedder(model: str, load: str, device: str | None):
+def _load_embedder(model: str, load: str, device: str | None, backend: str = "torch"):
+    if load == "query":
+        from care_retriever.backends import load_query_embedder, resolve_backend
+
+        if resolve_backend(model, backend) == "torch":
+            quiet_transformers()
+        return load_query_embedder(model, backend, device=device)
     quiet_transformers()
     from care_retriever.embedder import AsymmetricEmbedder
 
@@ -209,6 +215,9 @@ def search(
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per query per line.")] = False,
+    backend: Annotated[
+        str, typer.Option(help="auto | torch | onnx | openvino (auto: the model's export if it has one).")
+    ] = "auto",
 ) -> None:
     """Search a store with the query tower."""
     from care_retriever.retriever import CareRetriever
@@ -219,7 +228,7 @@ def search(
     filters = _parse_filters(filter_)
     target = open_store(store, collection=collection)
     target.require_manifest()
-    embedder = _load_embedder(model, "query", device)
+    embedder = _load_embedder(model, "query", device, backend)
     retriever = CareRetriever(target, embedder, instruction=instruction)
     results = retriever.search(queries, top_k=top_k, filters=filters)
     for query, hits in zip(queries, results, strict=True):

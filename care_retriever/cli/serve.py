@@ -58,6 +58,9 @@ def serve(
     max_connections: Annotated[int, typer.Option(help="Open connections before answering 503.")] = 256,
     instruction: Annotated[str | None, typer.Option(help="Override the query instruction.")] = None,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
+    backend: Annotated[
+        str, typer.Option(help="auto | torch | onnx (auto: the model's export if it has one; see `export`).")
+    ] = "auto",
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve /search and /health over HTTP with the query tower and a store."""
@@ -68,13 +71,15 @@ def serve(
             raise InputError(f"{name} must be >= 1, got {value}")
     import uvicorn
 
+    from care_retriever.backends import resolve_backend
     from care_retriever.cli.core import quiet_transformers
     from care_retriever.retriever import CareRetriever
     from care_retriever.server import ServiceLimits, create_app
 
-    quiet_transformers()
+    if resolve_backend(model, backend) == "torch":
+        quiet_transformers()
     retriever = CareRetriever.from_pretrained(model, store, collection=collection, device=device,
-                                              instruction=instruction)
+                                              backend=backend, instruction=instruction)
     limits = ServiceLimits(max_top_k=max_top_k, max_queries=max_queries, max_query_chars=max_query_chars,
                            max_body_bytes=max_body_bytes, max_concurrency=max_concurrency)
     app = create_app(retriever, limits, model_name=model)
