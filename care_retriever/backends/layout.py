@@ -146,7 +146,9 @@ def find_export(model: Path, backend: str) -> ExportRecord | None:
         data = json.loads(path.read_text("utf-8"))
         return ExportRecord(**data)
     except (OSError, ValueError, TypeError) as exc:
-        raise ModelError(f"{path}: unreadable export record ({exc}); re-run `{export_command(model, backend)}`") from None
+        raise ModelError(
+            f"{path}: unreadable export record ({exc}); re-run `{export_command(model, backend)}`"
+        ) from None
 
 
 def require_export(model: Path, backend: str) -> tuple[QueryRoute, ExportRecord]:
@@ -165,7 +167,8 @@ def require_export(model: Path, backend: str) -> tuple[QueryRoute, ExportRecord]
         if current != record.query_fingerprint:
             raise ModelError(
                 f"{route.backend_dir(backend)}: exported from another query tower (fingerprint "
-                f"{record.query_fingerprint[:12]} != {current[:12]} of {model}); re-run `{export_command(model, backend)}`"
+                f"{record.query_fingerprint[:12]} != {current[:12]} of {model}); "
+                f"re-run `{export_command(model, backend)}`"
             )
     return route, record
 

@@ -15,6 +15,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,7 @@ def export_onnx(model: str | Path, quantize: tuple[str, ...] = ("none", "int8"))
     return ExportReport(target, record.files, _check_parity(folder, embedder, record.files))
 
 
-def _torch_export(torch, model, probe, input_names: list[str], path: Path) -> None:  # noqa: ANN001
+def _torch_export(torch: Any, model: Any, probe: Any, input_names: list[str], path: Path) -> None:
     class LastHiddenState(torch.nn.Module):
         def __init__(self, inner: torch.nn.Module) -> None:
             super().__init__()
@@ -136,11 +137,18 @@ def _torch_export(torch, model, probe, input_names: list[str], path: Path) -> No
 def _quantize_int8(source: Path, target: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    # sentence-transformers' avx512_vnni config: dynamic, u8 activations, s8 weights, per tensor
-    quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=False, reduce_range=False)
+    # sentence-transformers' avx512_vnni config: dynamic, u8 activations, s8 weights, per tensor.
+    # onnxruntime logs a "consider pre-processing" hint on the root logger; a CLI user cannot act on it.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=False, reduce_range=False)
+    finally:
+        root.setLevel(level)
 
 
-def _check_parity(folder: Path, embedder, files: dict[str, str]) -> dict[str, float]:  # noqa: ANN001
+def _check_parity(folder: Path, embedder: Any, files: dict[str, str]) -> dict[str, float]:
     from care_retriever.backends.onnx_embedder import OnnxQueryEmbedder
 
     reference = embedder.embed_queries(list(CHECK_QUERIES))
