@@ -231,16 +231,22 @@ def main() -> int:
     parser.add_argument("--process-repeats", type=int, default=4, help="cold-start runs per backend")
     parser.add_argument("--ndcg-model", type=Path, help="a trained CARE model for the nDCG@10 comparison")
     parser.add_argument("--ndcg-queries", type=int, help="judged queries to use (default: all)")
+    parser.add_argument("--store", help="reuse a store this model built (default: index 8 documents now)")
+    parser.add_argument("--no-export", action="store_true", help="use the model folder's existing exports")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
     model = model_dir(args.preset)
-    notes = ensure_exports(model)
+    notes = [] if args.no_export else ensure_exports(model)
     queries, source = realistic_queries(args.queries)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="care-qb-store-") as tmp:
-        store = build_store(model, Path(tmp), 8)
+        store = args.store or build_store(model, Path(tmp), 8)
         retrievers = load_variants(model, store)
+        if "openvino int8" not in retrievers and not any(n.startswith("OpenVINO") for n in notes):
+            notes.append("OpenVINO: not measured (the search path has no openvino backend in this build: "
+                         "`openvino` 2026.4 + `nncf` 3.4 install without downgrading torch/transformers/"
+                         "sentence-transformers, but the backend was not written in this session)")
         lat_rows, p50_ratio = latency_rows(retrievers, queries, args.batch_rounds)
         for r in retrievers.values():
             r.close()
