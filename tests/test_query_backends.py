@@ -195,3 +195,22 @@ def test_decoder_query_tower_stays_on_torch(tiny_model_dir: Path, tmp_path: Path
     assert error.startswith("error:") and "the query tower is a decoder" in error and "--backend torch" in error
     assert "Traceback" not in err
     assert not (symmetric / query_route(symmetric).transformer / "onnx").exists()
+
+
+def test_haystack_text_embedder_and_langchain_embed_query_take_backend(exported: Path) -> None:
+    pytest.importorskip("haystack")
+    pytest.importorskip("langchain_core")
+    from care_retriever.integrations.haystack import CareTextEmbedder
+    from care_retriever.integrations.langchain import CareEmbeddings
+
+    reference = _torch_vectors(exported, [QUERIES[0]])[0]
+    text_embedder = CareTextEmbedder.from_dict(CareTextEmbedder(str(exported), backend="onnx").to_dict())
+    text_embedder.warm_up()
+    assert type(text_embedder.embedder).__name__ == "OnnxQueryEmbedder"
+    haystack_vector = np.asarray(text_embedder.run(QUERIES[0])["embedding"])
+    embeddings = CareEmbeddings(model=str(exported), backend="onnx")
+    langchain_vector = np.asarray(embeddings.embed_query(QUERIES[0]))
+    for vector in (haystack_vector, langchain_vector):
+        assert float(vector @ reference) >= 0.99
+    # the document side of the same LangChain object stays on torch
+    assert len(embeddings.embed_documents(["感冒多喝水"])[0]) == reference.shape[0]
