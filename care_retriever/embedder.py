@@ -210,8 +210,8 @@ class AsymmetricEmbedder:
     ) -> Any:
         """Load a saved CARE model from a folder or hub id; ``load`` picks the towers to build.
 
-        ``backend`` (``auto | torch | onnx | openvino``, with ``load="query"``): ``onnx`` / ``openvino``
-        return an the query-only embedder of :mod:`care_retriever.backends` over the folder's export
+        ``backend`` (``torch`` by default | ``auto`` | ``onnx``, with ``load="query"``): ``onnx``
+        returns the query-only embedder of :mod:`care_retriever.backends` over the folder's export
         (``care-retriever export``); ``auto`` takes an export when the folder has one, else torch.
         Model code from the hub (``trust_remote_code``) and pickled weights (``allow_pickled_weights``)
         are refused unless asked for: both can run arbitrary code.

@@ -25,8 +25,8 @@ class CareRetriever:
                         backend: str = "auto", **kwargs: Any) -> CareRetriever:
         """Load the query tower of ``model`` only, and open ``store``.
 
-        ``backend``: ``auto | torch | onnx | openvino``; ``auto`` takes the folder's export
-        (``care-retriever export``) when it has one. onnx / openvino never import torch.
+        ``backend``: ``auto | torch | onnx``; ``auto`` takes the folder's ONNX export
+        (``care-retriever export``) when it has one. onnx never imports torch.
         """
         from care_retriever.backends import load_query_embedder
 

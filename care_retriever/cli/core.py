@@ -216,7 +216,7 @@ def search(
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per query per line.")] = False,
     backend: Annotated[
-        str, typer.Option(help="auto | torch | onnx | openvino (auto: the model's export if it has one).")
+        str, typer.Option(help="auto | torch | onnx (auto: the model's ONNX export if it has one; see `export`).")
     ] = "auto",
 ) -> None:
     """Search a store with the query tower."""
