@@ -12,7 +12,6 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -90,7 +89,7 @@ class OnnxQueryEmbedder:
 
     @classmethod
     def from_pretrained(cls, model_name_or_path: str | os.PathLike[str], *, onnx_file: str | None = None,
-                        threads: int | None = None, **_ignored: Any) -> OnnxQueryEmbedder:
+                        threads: int | None = None) -> OnnxQueryEmbedder:
         """Load the ONNX query tower of a local CARE model folder (int8 when exported, else fp32)."""
         model = Path(model_name_or_path).expanduser()
         route, record = require_export(model, "onnx")
