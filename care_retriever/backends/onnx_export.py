@@ -88,6 +88,7 @@ def export_onnx(model: str | Path, quantize: tuple[str, ...] = ("none", "int8"))
     target = route.backend_dir("onnx")
     tmp = Path(tempfile.mkdtemp(prefix=".onnx.", dir=route.transformer_dir))
     try:
+        tmp.chmod(0o755)  # mkdtemp makes it owner-only; the export is read by whoever serves the model
         fp32 = tmp / ONNX_FILES["none"]
         _torch_export(torch, transformer.auto_model, probe, input_names, fp32)
         if "int8" in quantize:
