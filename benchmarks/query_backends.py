@@ -248,6 +248,7 @@ def main() -> int:
                          "`openvino` 2026.4 + `nncf` 3.4 install without downgrading torch/transformers/"
                          "sentence-transformers, but the backend was not written in this session)")
         lat_rows, p50_ratio = latency_rows(retrievers, queries, args.batch_rounds)
+        print(table(["backend", "p50 ms", "p99 ms", "ratio", "batch-32 q/s"], lat_rows), flush=True)
         for r in retrievers.values():
             r.close()
         del retrievers
