@@ -66,7 +66,17 @@ def _torch_vectors(model: Path, queries: list[str], instruction: str | None = No
 def test_export_writes_the_sentence_transformers_layout(exported: Path) -> None:
     route = query_route(exported)
     folder = exported / route.transformer / "onnx"
-    assert sorted(p.name for p in folder.iterdir()) == sorted([ONNX_FP32, ONNX_INT8, RECORD_NAME])
+    # weights beside each graph (memory-mapped at load), everything readable like the rest of the model
+    expected = [ONNX_FP32, f"{ONNX_FP32}_data", ONNX_INT8, f"{ONNX_INT8}_data", RECORD_NAME]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(expected)
+    import onnx
+
+    for name in (ONNX_FP32, ONNX_INT8):
+        graph = onnx.load(str(folder / name), load_external_data=False).graph
+        embeddings = max(graph.initializer, key=lambda t: np.prod(t.dims))
+        assert embeddings.data_location == onnx.TensorProto.EXTERNAL, name
+    for path in [folder, *folder.iterdir()]:
+        assert path.stat().st_mode & 0o044 == 0o044, path
     record = json.loads((folder / RECORD_NAME).read_text("utf-8"))
     assert record["query_fingerprint"] == query_fingerprint(route)[0]
     assert record["files"] == {ONNX_FP32: "none", ONNX_INT8: "int8"}

@@ -93,6 +93,8 @@ def export_onnx(model: str | Path, quantize: tuple[str, ...] = ("none", "int8"))
         _torch_export(torch, transformer.auto_model, probe, input_names, fp32)
         if "int8" in quantize:
             _quantize_int8(fp32, tmp / ONNX_FILES["int8"])
+        for name in record.files:
+            _externalize_weights(tmp / name)
         (tmp / RECORD_NAME).write_text(record.to_json(), encoding="utf-8")
         if target.exists():
             old = target.with_name(".onnx.old")
@@ -147,6 +149,21 @@ def _quantize_int8(source: Path, target: Path) -> None:
         quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=False, reduce_range=False)
     finally:
         root.setLevel(level)
+
+
+def _externalize_weights(path: Path) -> None:
+    """Move the weights to ``<file>_data`` beside the graph (optimum's layout for large models).
+
+    onnxruntime memory-maps external weights, so a search process keeps resident only the pages it
+    touches (the embedding rows of the tokens it sees) instead of a parsed copy of the whole file.
+    """
+    import onnx
+
+    graph = onnx.load(str(path))
+    data = path.with_name(path.name + "_data")
+    onnx.save_model(graph, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+    data.chmod(0o644)  # onnx writes it owner-only
 
 
 def _check_parity(folder: Path, embedder: Any, files: dict[str, str]) -> dict[str, float]:
