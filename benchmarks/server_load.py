@@ -230,7 +230,7 @@ def report(results: dict, levels: list[int], source: str, n_queries: int, warmup
     on, off = results[ON], results[OFF]
     base_p50 = on[1]["p50"]
     lines = [
-        "### (h) Server under load (`benchmarks/server_load.py`, base preset query tower)",
+        "### (i) Server under load (`benchmarks/server_load.py`, base preset query tower)",
         "",
         f"`care-retriever serve` in a subprocess on loopback, FAISS flat store of 300 documents, top_k 10, "
         f"{n_queries} queries from `{source}` (one per request), closed-loop clients in one asyncio+httpx "

@@ -15,7 +15,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,7 +29,14 @@ from care_retriever.encoding import check_texts, encode_texts, logger
 from care_retriever.errors import ModelError
 from care_retriever.fingerprint import space_fingerprint, weights_fingerprint
 from care_retriever.locations import local_model_dir
-from care_retriever.prompts import DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE, fill_query_prompt
+from care_retriever.model_config import (  # re-exported: callers import these from here
+    CONFIG_NAME,
+    DEFAULT_INSTRUCTION,
+    FORMAT_VERSION,  # noqa: F401
+    QUERY_PROMPT_TEMPLATE,
+    CareConfig,
+    TowerInfo,
+)
 from care_retriever.towers.modules import (
     DEFAULT_MAX_LENGTH,
     load_transformer,
@@ -40,65 +46,12 @@ from care_retriever.towers.modules import (
 )
 from care_retriever.towers.tokenizer import ensure_eos_appended
 
-CONFIG_NAME = "care_config.json"
-FORMAT_VERSION = 1
-
 Load = Literal["both", "query", "document"]
 ROUTES: dict[str, tuple[str, ...]] = {
     "both": ("query", "document"),
     "query": ("query",),
     "document": ("document",),
 }
-
-
-@dataclass
-class TowerInfo:
-    pooling: str
-    native_dim: int
-    max_length: int = DEFAULT_MAX_LENGTH
-    base_model: str | None = None
-
-
-@dataclass
-class CareConfig:
-    """What a saved CARE model needs beyond the sentence-transformers modules."""
-
-    mode: Literal["asymmetric", "symmetric"]
-    dim: int
-    query: TowerInfo
-    document: TowerInfo
-    # A prompt template with an ``{instruction}`` slot, or None for towers that take no prompt.
-    query_prompt_template: str | None = None
-    default_instruction: str | None = None
-    # The document tower's weights fingerprint (care_retriever.fingerprint.weights_fingerprint); the
-    # space fingerprint stores compare is derived from it (AsymmetricEmbedder.space_fingerprint).
-    space_fingerprint: str | None = None
-    preset: str | None = None
-    format_version: int = FORMAT_VERSION
-    care_retriever_version: str = __version__
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, indent=2)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = CONFIG_NAME) -> CareConfig:
-        version = data.get("format_version", 1)
-        if version > FORMAT_VERSION:
-            raise ModelError(
-                f"{source}: format_version {version} is newer than this care-retriever understands "
-                f"({FORMAT_VERSION}); upgrade care-retriever"
-            )
-        try:
-            return cls(
-                **{
-                    **data,
-                    "query": TowerInfo(**data["query"]),
-                    "document": TowerInfo(**data["document"]),
-                }
-            )
-        except (KeyError, TypeError) as exc:
-            raise ModelError(f"{source}: malformed CARE config ({exc})") from None
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -254,14 +207,27 @@ class AsymmetricEmbedder:
         revision: str | None = None,
         token: str | bool | None = None,
         cache_folder: str | None = None,
-    ) -> AsymmetricEmbedder:
+        backend: str = "torch",
+    ) -> Any:
         """Load a saved CARE model from a folder or hub id; ``load`` picks the towers to build.
 
+        ``backend`` (``torch`` by default | ``auto`` | ``onnx``, with ``load="query"``): ``onnx``
+        returns the query-only embedder of :mod:`care_retriever.backends` over the folder's export
+        (``care-retriever export``); ``auto`` takes an export when the folder has one, else torch.
         Model code from the hub (``trust_remote_code``) and pickled weights (``allow_pickled_weights``)
         are refused unless asked for: both can run arbitrary code.
         """
         if load not in ROUTES:
             raise ModelError(f"Unknown load {load!r}. Available: {sorted(ROUTES)}")
+        if backend != "torch":
+            from care_retriever.backends import load_query_embedder, resolve_backend
+
+            resolved = resolve_backend(model_name_or_path, backend)
+            if resolved != "torch":
+                if load != "query":
+                    raise ModelError(f"backend {resolved!r} holds only the query tower; use load='query' "
+                                     "or backend='torch'")
+                return load_query_embedder(model_name_or_path, resolved, device=device)
         name = str(model_name_or_path)
         local = local_model_dir(name)
         if local is not None:
@@ -359,7 +325,7 @@ class AsymmetricEmbedder:
         return space_fingerprint(self.config.space_fingerprint)
 
     def query_prompt(self, instruction: str | None = None) -> str | None:
-        return fill_query_prompt(self.config.query_prompt_template, instruction or self.config.default_instruction)
+        return self.config.query_prompt(instruction)
 
     # ------------------------------------------------------------------ encoding
     def embed_queries(

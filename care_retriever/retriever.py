@@ -31,13 +31,17 @@ class CareRetriever:
 
     @classmethod
     def from_pretrained(cls, model: str, store: str, *, collection: str | None = None, device: str | None = None,
-                        **kwargs: Any) -> CareRetriever:
-        """Load the query tower of ``model`` only, and open ``store``."""
-        from care_retriever.embedder import AsymmetricEmbedder
+                        backend: str = "auto", **kwargs: Any) -> CareRetriever:
+        """Load the query tower of ``model`` only, and open ``store``.
+
+        ``backend``: ``auto | torch | onnx``; ``auto`` takes the folder's ONNX export
+        (``care-retriever export``) when it has one. onnx never imports torch.
+        """
+        from care_retriever.backends import load_query_embedder
 
         store_obj = open_store(store, collection=collection)
         store_obj.require_manifest()
-        embedder = AsymmetricEmbedder.from_pretrained(model, load="query", device=device)
+        embedder = load_query_embedder(model, backend, device=device)
         return cls(store_obj, embedder, **kwargs)
 
     @overload

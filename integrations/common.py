@@ -69,17 +69,20 @@ def model_space(model: str) -> tuple[int, str, str]:
 class TowerLoader:
     """Loads each tower of a CARE model on first use; thread-safe, each side built at most once."""
 
-    def __init__(self, model: str | None, *, device: str | None = None, embedder: Any = None) -> None:
+    def __init__(self, model: str | None, *, device: str | None = None, embedder: Any = None,
+                 query_backend: str = "torch") -> None:
         if model is None and embedder is None:
             raise ModelError("pass a CARE model folder (model=...) or a loaded AsymmetricEmbedder (embedder=...)")
         self.model = model
         self.device = device
+        # auto | torch | onnx (care_retriever.backends); the document tower always runs on torch
+        self.query_backend = query_backend
         self._sides: dict[str, Any] = {}
         for side in ("query", "document") if embedder is not None else ():
             try:
                 getattr(embedder, f"{side}_model")  # raises ModelError when that tower was not loaded
                 self._sides[side] = embedder
-            except ModelError:
+            except (ModelError, AttributeError):  # AttributeError: a query-only backend (onnx)
                 pass
         self._lock = threading.Lock()
 
@@ -95,9 +98,14 @@ class TowerLoader:
             if side not in self._sides:
                 if self.model is None:
                     raise ModelError(f"the given embedder has no {side} tower and no model path to load it from")
-                from care_retriever.embedder import AsymmetricEmbedder
+                if side == "query":
+                    from care_retriever.backends import load_query_embedder
 
-                self._sides[side] = AsymmetricEmbedder.from_pretrained(self.model, load=side, device=self.device)
+                    self._sides[side] = load_query_embedder(self.model, self.query_backend, device=self.device)
+                else:
+                    from care_retriever.embedder import AsymmetricEmbedder
+
+                    self._sides[side] = AsymmetricEmbedder.from_pretrained(self.model, load=side, device=self.device)
             return self._sides[side]
 
 

@@ -21,7 +21,13 @@ def quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def _load_embedder(model: str, load: str, device: str | None):
+def _load_embedder(model: str, load: str, device: str | None, backend: str = "torch"):
+    if load == "query":
+        from care_retriever.backends import load_query_embedder, resolve_backend
+
+        if resolve_backend(model, backend) == "torch":
+            quiet_transformers()
+        return load_query_embedder(model, backend, device=device)
     quiet_transformers()
     from care_retriever.embedder import AsymmetricEmbedder
 
@@ -234,6 +240,9 @@ def search(
     dense_weight: Annotated[float, typer.Option(help="wsum: weight of the dense side (BM25 gets the rest).")] = (
         DEFAULT_DENSE_WEIGHT
     ),
+    backend: Annotated[
+        str, typer.Option(help="auto | torch | onnx (auto: the model's ONNX export if it has one; see `export`).")
+    ] = "auto",
 ) -> None:
     """Search a store with the query tower, its BM25 side, or both (--mode hybrid)."""
     from care_retriever.retriever import CareRetriever
@@ -249,7 +258,7 @@ def search(
     target.require_manifest()
     if mode != "dense":
         require_sparse(target)  # before loading the model
-    embedder = _load_embedder(model, "query", device)
+    embedder = _load_embedder(model, "query", device, backend)
     retriever = CareRetriever(target, embedder, instruction=instruction)
     results = retriever.search(queries, top_k=top_k, filters=filters, mode=mode, fusion=fusion_config)
     for query, hits in zip(queries, results, strict=True):

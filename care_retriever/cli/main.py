@@ -22,7 +22,7 @@ app = typer.Typer(
 )
 
 # Command modules, each with ``register(app)``; kept light at import (heavy imports inside commands).
-COMMAND_MODULES = ("core", "quickstart", "train", "data", "eval", "bench", "serve", "verify")
+COMMAND_MODULES = ("core", "quickstart", "train", "data", "eval", "bench", "serve", "verify", "export")
 
 
 def _register_all() -> None:

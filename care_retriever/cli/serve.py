@@ -75,6 +75,9 @@ def serve(
     ),
     instruction: Annotated[str | None, typer.Option(help="Override the query instruction.")] = None,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
+    backend: Annotated[
+        str, typer.Option(help="auto | torch | onnx (auto: the model's export if it has one; see `export`).")
+    ] = "auto",
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve /search, /health and /metrics over HTTP with the query tower and a store."""
@@ -96,13 +99,15 @@ def serve(
         raise InputError(f"${token_env} is set but empty: set a token, or unset it to serve without auth")
     import uvicorn
 
+    from care_retriever.backends import resolve_backend
     from care_retriever.cli.core import quiet_transformers
     from care_retriever.retriever import CareRetriever
     from care_retriever.server import ServiceLimits, create_app
 
-    quiet_transformers()
+    if resolve_backend(model, backend) == "torch":
+        quiet_transformers()
     retriever = CareRetriever.from_pretrained(model, store, collection=collection, device=device,
-                                              instruction=instruction)
+                                              backend=backend, instruction=instruction)
     limits = ServiceLimits(max_top_k=max_top_k, max_queries=max_queries, max_query_chars=max_query_chars,
                            max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
                            max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue,

@@ -12,10 +12,10 @@ import torch
 from sentence_transformers.sentence_transformer.modules import Dense, Module, Pooling, Transformer
 
 from care_retriever.errors import ModelError
+from care_retriever.model_config import DEFAULT_MAX_LENGTH
 
 PoolingName = Literal["cls", "mean", "last_token"]
 POOLING_MODES: dict[str, str] = {"cls": "cls", "mean": "mean", "last_token": "lasttoken"}
-DEFAULT_MAX_LENGTH = 512
 
 
 def pooling_mode(pooling: str) -> str:

@@ -24,23 +24,28 @@ class CareTextEmbedder:
     :param model: CARE model folder (or hub id) written by ``care-retriever init`` / training.
     :param instruction: override the model's default query instruction (instruction-tuned towers only).
     :param device: ``cpu``, ``cuda``, ``cuda:N``; default picks CUDA when available.
+    :param backend: ``auto`` | ``torch`` | ``onnx``; ``auto`` runs the model's ONNX export
+        (``care-retriever export``) when it has one.
     """
 
-    def __init__(self, model: str, instruction: str | None = None, device: str | None = None) -> None:
+    def __init__(self, model: str, instruction: str | None = None, device: str | None = None,
+                 backend: str = "auto") -> None:
         self.model = model
         self.instruction = instruction
         self.device = device
+        self.backend = backend
         self.embedder: Any = None
 
     def warm_up(self) -> None:
         """Load the query tower (once); pipelines call this before the first run."""
         if self.embedder is None:
-            from care_retriever.embedder import AsymmetricEmbedder
+            from care_retriever.backends import load_query_embedder
 
-            self.embedder = AsymmetricEmbedder.from_pretrained(self.model, load="query", device=self.device)
+            self.embedder = load_query_embedder(self.model, self.backend, device=self.device)
 
     def to_dict(self) -> dict[str, Any]:
-        return default_to_dict(self, model=self.model, instruction=self.instruction, device=self.device)
+        return default_to_dict(self, model=self.model, instruction=self.instruction, device=self.device,
+                               backend=self.backend)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CareTextEmbedder:

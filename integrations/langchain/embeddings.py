@@ -30,6 +30,10 @@ class CareEmbeddings(BaseModel, Embeddings):
     model: str = Field(description="CARE model folder (or hub id) written by `care-retriever init` / training.")
     instruction: str | None = Field(default=None, description="Override the default query instruction.")
     device: str | None = Field(default=None, description="cpu | cuda | cuda:N (default: CUDA when available).")
+    backend: str = Field(
+        default="auto",
+        description="Query tower backend for embed_query: auto | torch | onnx (auto: the model's ONNX export if any).",
+    )
     query_batch_size: int = Field(default=32, ge=1)
     document_batch_size: int = Field(default=16, ge=1)
     show_progress: bool = Field(default=False, description="tqdm bar while embedding documents.")
@@ -40,13 +44,14 @@ class CareEmbeddings(BaseModel, Embeddings):
 
     def model_post_init(self, context: Any, /) -> None:
         check_model_location(self.model)
-        self._towers = TowerLoader(self.model, device=self.device)
+        self._towers = TowerLoader(self.model, device=self.device, query_backend=self.backend)
 
     @classmethod
     def from_embedder(cls, embedder: Any, model: str, **kwargs: Any) -> CareEmbeddings:
         """Wrap an already loaded :class:`AsymmetricEmbedder` (``model`` still names it, for serialisation)."""
         instance = cls(model=model, **kwargs)
-        instance._towers = TowerLoader(model, device=instance.device, embedder=embedder)
+        instance._towers = TowerLoader(model, device=instance.device, embedder=embedder,
+                                       query_backend=instance.backend)
         return instance
 
     @property

@@ -1,0 +1,76 @@
+"""``care_config.json``: what a saved CARE model needs beyond the sentence-transformers modules.
+
+Kept free of torch so a torch-free search process (the ONNX query backend) reads the same
+definitions as the torch path: pooling, dims, the prompt template and the space fingerprint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from care_retriever import __version__
+from care_retriever.errors import ModelError
+from care_retriever.prompts import DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE, fill_query_prompt
+
+__all__ = ["CONFIG_NAME", "DEFAULT_INSTRUCTION", "DEFAULT_MAX_LENGTH", "FORMAT_VERSION", "QUERY_PROMPT_TEMPLATE",
+           "CareConfig", "TowerInfo"]
+
+CONFIG_NAME = "care_config.json"
+FORMAT_VERSION = 1
+DEFAULT_MAX_LENGTH = 512
+
+
+@dataclass
+class TowerInfo:
+    pooling: str
+    native_dim: int
+    max_length: int = DEFAULT_MAX_LENGTH
+    base_model: str | None = None
+
+
+@dataclass
+class CareConfig:
+    """What a saved CARE model needs beyond the sentence-transformers modules."""
+
+    mode: Literal["asymmetric", "symmetric"]
+    dim: int
+    query: TowerInfo
+    document: TowerInfo
+    # A prompt template with an ``{instruction}`` slot, or None for towers that take no prompt.
+    query_prompt_template: str | None = None
+    default_instruction: str | None = None
+    # The document tower's weights fingerprint (care_retriever.fingerprint.weights_fingerprint); the
+    # space fingerprint stores compare is derived from it (AsymmetricEmbedder.space_fingerprint).
+    space_fingerprint: str | None = None
+    preset: str | None = None
+    format_version: int = FORMAT_VERSION
+    care_retriever_version: str = __version__
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, indent=2)
+
+    def query_prompt(self, instruction: str | None = None) -> str | None:
+        """The text prepended to every query (None for towers that take no prompt)."""
+        return fill_query_prompt(self.query_prompt_template, instruction or self.default_instruction)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = CONFIG_NAME) -> CareConfig:
+        version = data.get("format_version", 1)
+        if version > FORMAT_VERSION:
+            raise ModelError(
+                f"{source}: format_version {version} is newer than this care-retriever understands "
+                f"({FORMAT_VERSION}); upgrade care-retriever"
+            )
+        try:
+            return cls(
+                **{
+                    **data,
+                    "query": TowerInfo(**data["query"]),
+                    "document": TowerInfo(**data["document"]),
+                }
+            )
+        except (KeyError, TypeError) as exc:
+            raise ModelError(f"{source}: malformed CARE config ({exc})") from None
