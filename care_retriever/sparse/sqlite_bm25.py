@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 import sqlite3
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from care_retriever.sparse.tokenizer import tokenize
+from care_retriever.sql import in_chunks
 
 K1, B = 1.5, 0.75
 TABLES = ("sparse_postings", "sparse_lengths", "sparse_terms", "sparse_stats")
@@ -34,11 +35,6 @@ CREATE TABLE IF NOT EXISTS sparse_lengths (row_id INTEGER PRIMARY KEY, length IN
 CREATE TABLE IF NOT EXISTS sparse_terms (token TEXT PRIMARY KEY, df INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sparse_stats (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
-
-
-def _chunks(items: Sequence[int], size: int = 500) -> Iterable[list[int]]:
-    for start in range(0, len(items), size):
-        yield list(items[start : start + size])
 
 
 class SqliteBM25:
@@ -85,8 +81,7 @@ class SqliteBM25:
 
     def remove(self, row_ids: Sequence[int]) -> None:
         """Forget rows (ids that were never indexed are ignored)."""
-        for chunk in _chunks(list(row_ids)):
-            marks = ",".join("?" * len(chunk))
+        for marks, chunk in in_chunks(list(row_ids)):
             gone = self.db.execute(f"SELECT COUNT(*), COALESCE(SUM(length), 0) FROM sparse_lengths "
                                    f"WHERE row_id IN ({marks})", chunk).fetchone()
             if not gone[0]:
@@ -111,8 +106,9 @@ class SqliteBM25:
             return {}
         avgdl = n_tokens / n_docs if n_tokens else 1.0
         weights = Counter(tokens)
-        marks = ",".join("?" * len(weights))
-        dfs = dict(self.db.execute(f"SELECT token, df FROM sparse_terms WHERE token IN ({marks})", list(weights)))
+        dfs: dict[str, int] = {}
+        for marks, chunk in in_chunks(list(weights)):
+            dfs.update(self.db.execute(f"SELECT token, df FROM sparse_terms WHERE token IN ({marks})", chunk))
         if not dfs:
             return {}
         idf = {t: weights[t] * math.log(1 + (n_docs - df + 0.5) / (df + 0.5)) for t, df in dfs.items()}
