@@ -22,7 +22,7 @@ import pytest
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss_store import MANIFEST, FaissStore, index_ids
-from care_retriever.stores.qdrant_store import QdrantStore
+from care_retriever.stores.qdrant_store import QdrantStore, dense_vector
 from care_retriever.writer import WriteReport
 
 pytestmark = pytest.mark.slow
@@ -135,7 +135,7 @@ def qdrant_state(folder: Path) -> dict[str, np.ndarray]:
     ids = [p.payload["doc_id"] for p in points]
     assert len(ids) == len(set(ids)) == store.count()
     assert store.manifest is not None and store.manifest.count == len(ids)
-    state = {p.payload["doc_id"]: np.asarray(p.vector, dtype=np.float32) for p in points}
+    state = {p.payload["doc_id"]: dense_vector(p.vector) for p in points}
     store.close()
     return state
 

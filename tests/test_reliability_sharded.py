@@ -26,9 +26,9 @@ def _torchrun() -> list[str]:
 
 def _rows(folder: Path) -> tuple[dict[str, int], dict[str, np.ndarray]]:
     store = FaissStore(folder)
-    assert store._db is not None and store._index is not None
-    rows = dict(store._db.execute("SELECT id, row_id FROM documents"))
-    vectors = {i: store._index.reconstruct(int(r)) for i, r in rows.items()}
+    ids = [d.id for d in store.iter_documents()]  # row order: the order they were written
+    rows = {i: n for n, i in enumerate(ids)}
+    vectors = dict(zip(ids, store.vectors(ids), strict=True))
     store.close()
     return rows, vectors
 

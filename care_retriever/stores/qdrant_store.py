@@ -112,6 +112,11 @@ def collection_options(dim: int, options: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def dense_vector(vector: Any) -> np.ndarray:
+    """A point's dense vector: the whole vector, or its unnamed one beside the named BM25 side."""
+    return np.asarray(vector[""] if isinstance(vector, dict) else vector, dtype=np.float32)
+
+
 class QdrantStore(VectorStore):
     backend = "qdrant"
 
@@ -268,7 +273,7 @@ class QdrantStore(VectorStore):
             with self._lock:
                 points = self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
                                               with_payload=["doc_id"], with_vectors=True)
-            found.update({p.payload["doc_id"]: np.asarray(p.vector, dtype=np.float32) for p in points})
+            found.update({p.payload["doc_id"]: dense_vector(p.vector) for p in points})
         return [found.get(i) for i in ids]
 
     @staticmethod
