@@ -49,9 +49,7 @@ def model_dir(preset: str = "base") -> Path:
 def sample_queries(n: int) -> list[str]:
     import json
 
-    texts = [
-        json.loads(line)["text"] for line in (SAMPLE / "queries.jsonl").open(encoding="utf-8") if line.strip()
-    ]
+    texts = [json.loads(line)["text"] for line in (SAMPLE / "queries.jsonl").open(encoding="utf-8") if line.strip()]
     return [texts[i % len(texts)] for i in range(n)]
 
 

@@ -46,9 +46,7 @@ def run(preset: str = "base", n_queries: int = 64) -> tuple[str, bool]:
     speedup32 = asym[32].per_second / llm[32].per_second
     text = (
         f"### (d) Query QPS: asymmetric vs symmetric LLM path ({preset} preset, {n_queries} queries)\n\n"
-        + table(
-            ["query encoder", "batch 1 q/s", "p50 ms", "p99 ms", "batch 32 q/s", "p50 ms per batch"], rows
-        )
+        + table(["query encoder", "batch 1 q/s", "p50 ms", "p99 ms", "batch 32 q/s", "p50 ms per batch"], rows)
         + f"\n\nAsymmetric / symmetric-LLM query throughput: **{speedup1:.1f}x** at batch 1, "
         f"**{speedup32:.1f}x** at batch 32.\n"
     )

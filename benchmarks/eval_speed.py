@@ -22,11 +22,7 @@ from pathlib import Path
 
 from core_common import CLI, REPO, machine_line, model_dir, table, verdict
 
-TASK = (
-    Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data"))
-    / "tasks"
-    / "kuake-qtr-retrieval"
-)
+TASK = Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data")) / "tasks" / "kuake-qtr-retrieval"
 TARGET_S = 180.0
 
 

@@ -27,9 +27,11 @@ from care_retriever.evaluation.tasks import load_task
 from care_retriever.sparse.fusion import FusionConfig, fuse
 
 TASKS = ("kuake-qtr-retrieval", "im-qa-retrieval")
-GRID = [FusionConfig("rrf", k=k) for k in (1, 5, 10, 20, 60)] + [FusionConfig("dbsf")] + [
-    FusionConfig("wsum", dense_weight=w) for w in (0.3, 0.4, 0.5, 0.6, 0.7)
-]
+GRID = (
+    [FusionConfig("rrf", k=k) for k in (1, 5, 10, 20, 60)]
+    + [FusionConfig("dbsf")]
+    + [FusionConfig("wsum", dense_weight=w) for w in (0.3, 0.4, 0.5, 0.6, 0.7)]
+)
 DEPTH = 100
 TARGET = 0.02
 
@@ -48,13 +50,16 @@ def rankings(task, model) -> tuple[list[list[tuple[int, float]]], list[list[tupl
     docs = model.embed_documents(task.corpus_texts, batch_size=64, show_progress=True)
     queries = model.embed_queries(texts, instruction=task.instruction, batch_size=64)
     sc, idx = exact_search(docs, queries, DEPTH)
-    dense = [[(int(i), float(s)) for i, s in zip(r_i, r_s, strict=True) if i >= 0] for r_i, r_s in zip(idx, sc,
-                                                                                                      strict=True)]
+    dense = [
+        [(int(i), float(s)) for i, s in zip(r_i, r_s, strict=True) if i >= 0] for r_i, r_s in zip(idx, sc, strict=True)
+    ]
     bm25 = BM25Model()
     bm25.index(task.corpus_texts)
     b_idx, b_sc = bm25.search(texts, DEPTH)
-    sparse = [[(int(i), float(s)) for i, s in zip(r_i, r_s, strict=True) if s > 0] for r_i, r_s in zip(b_idx, b_sc,
-                                                                                                       strict=True)]
+    sparse = [
+        [(int(i), float(s)) for i, s in zip(r_i, r_s, strict=True) if s > 0]
+        for r_i, r_s in zip(b_idx, b_sc, strict=True)
+    ]
     return dense, sparse
 
 
@@ -85,8 +90,9 @@ def main() -> None:
     best = max((label(c) for c in GRID), key=lambda key: np.mean([results[t][key] for t in TASKS]))
     speed = json.loads(args.speed.read_text()) if args.speed.is_file() else None
     args.out.write_text(render(args.model, results, best, speed), encoding="utf-8")
-    (args.out.with_suffix(".json")).write_text(json.dumps({"model": args.model, "ndcg@10": results, "best": best},
-                                                          indent=2), encoding="utf-8")
+    (args.out.with_suffix(".json")).write_text(
+        json.dumps({"model": args.model, "ndcg@10": results, "best": best}, indent=2), encoding="utf-8"
+    )
     print(f"best fusion: {best}; wrote {args.out}")
 
 
@@ -119,9 +125,11 @@ def render(model: str, results: dict[str, dict[str, float]], best: str, speed: d
         row = results[t]
         bar = max(row["dense"], row["bm25"]) + TARGET
         verdict = "met" if row[best] >= bar else "missed"
-        lines.append(f"- {t}: hybrid ({best}) {row[best]:.4f} vs max(BM25 {row['bm25']:.4f}, dense "
-                     f"{row['dense']:.4f}) + {TARGET} = {bar:.4f}: **{verdict}** ({row[best] - bar + TARGET:+.4f} "
-                     "over the better side).")
+        lines.append(
+            f"- {t}: hybrid ({best}) {row[best]:.4f} vs max(BM25 {row['bm25']:.4f}, dense "
+            f"{row['dense']:.4f}) + {TARGET} = {bar:.4f}: **{verdict}** ({row[best] - bar + TARGET:+.4f} "
+            "over the better side)."
+        )
     lines += ["", f"Dense model: `{model}`.", ""]
     if speed:
         lines += ["## Speed (FAISS, batch 1)", "", speed["table"], ""]

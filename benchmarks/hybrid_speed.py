@@ -81,12 +81,19 @@ def main() -> None:
         f"| BM25 only (`--mode sparse`), median ms | | {med['sparse']:.2f} | | | |",
     ]
     load = os.getloadavg()[0]
-    table = "\n".join(rows) + (f"\n\nModel `{args.model}`; {os.cpu_count()} CPUs, load average {load:.2f} at the end; "
-                               f"`python benchmarks/hybrid_speed.py --model {args.model}`.")
+    table = "\n".join(rows) + (
+        f"\n\nModel `{args.model}`; {os.cpu_count()} CPUs, load average {load:.2f} at the end; "
+        f"`python benchmarks/hybrid_speed.py --model {args.model}`."
+    )
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"median_ms": med, "p95_ms": p95, "index_seconds": {"dense": dense_s,
-                                    "hybrid": hybrid_s}, "table": table}, indent=2), encoding="utf-8")
+    args.out.write_text(
+        json.dumps(
+            {"median_ms": med, "p95_ms": p95, "index_seconds": {"dense": dense_s, "hybrid": hybrid_s}, "table": table},
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
 
 
 if __name__ == "__main__":

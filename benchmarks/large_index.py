@@ -51,8 +51,9 @@ def generate(path: Path, n: int, dim: int, clusters: int, seed: int, block: int 
     out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, dim))
     for start in range(0, n, block):
         size = min(block, n - start)
-        x = centres[rng.integers(0, clusters, size)] + 0.6 / np.sqrt(dim) * rng.standard_normal((size, dim),
-                                                                                                dtype=np.float32)
+        x = centres[rng.integers(0, clusters, size)] + 0.6 / np.sqrt(dim) * rng.standard_normal(
+            (size, dim), dtype=np.float32
+        )
         out[start : start + size] = x / np.linalg.norm(x, axis=1, keepdims=True)
     out.flush()
     del out
@@ -107,13 +108,18 @@ def run_faiss(kind: str, data: np.ndarray, queries: np.ndarray, args: argparse.N
     if kind == "flat":
         variants: list[tuple[str, Any]] = [("exact", None)]
     elif kind == "hnsw":
-        variants = [(f"M={args.hnsw_m} efC={args.ef_construction} efS={ef}", faiss.SearchParametersHNSW(efSearch=ef))
-                    for ef in _ints(args.ef_search)]
+        variants = [
+            (f"M={args.hnsw_m} efC={args.ef_construction} efS={ef}", faiss.SearchParametersHNSW(efSearch=ef))
+            for ef in _ints(args.ef_search)
+        ]
     else:
-        variants = [(f"nlist={args.nlist} m={args.pq_m}x8bit nprobe={n}", faiss.SearchParametersIVF(nprobe=n))
-                    for n in _ints(args.nprobe)]
+        variants = [
+            (f"nlist={args.nlist} m={args.pq_m}x8bit nprobe={n}", faiss.SearchParametersIVF(nprobe=n))
+            for n in _ints(args.nprobe)
+        ]
     results = []
     for settings, params in variants:
+
         def search(q: np.ndarray, k: int = args.k, params: Any = params) -> np.ndarray:
             return index.search(q, k, params=params)[1] if params is not None else index.search(q, k)[1]
 
@@ -121,8 +127,17 @@ def run_faiss(kind: str, data: np.ndarray, queries: np.ndarray, args: argparse.N
         t = time.perf_counter()
         found = search(queries)
         qps = len(queries) / (time.perf_counter() - t)
-        results.append({"build_s": build, "memory_bytes": memory, "p50_ms": p50, "p99_ms": p99, "batch_qps": qps,
-                        "found": found.tolist(), "settings": settings})
+        results.append(
+            {
+                "build_s": build,
+                "memory_bytes": memory,
+                "p50_ms": p50,
+                "p99_ms": p99,
+                "batch_qps": qps,
+                "found": found.tolist(),
+                "settings": settings,
+            }
+        )
     return results
 
 
@@ -139,13 +154,15 @@ def run_qdrant(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace) 
     before = rss_anon()
     t = time.perf_counter()
     client = QdrantClient(location=":memory:")
-    client.create_collection("bench", vectors_config=models.VectorParams(size=data.shape[1],
-                                                                         distance=models.Distance.COSINE))
+    client.create_collection(
+        "bench", vectors_config=models.VectorParams(size=data.shape[1], distance=models.Distance.COSINE)
+    )
     step = 5_000  # the client takes Python lists: keep the transient list small
     for start in range(0, len(data), step):
         block = np.ascontiguousarray(data[start : start + step])
-        client.upsert("bench", models.Batch(ids=list(range(start, start + len(block))), vectors=block.tolist()),
-                      wait=True)
+        client.upsert(
+            "bench", models.Batch(ids=list(range(start, start + len(block))), vectors=block.tolist()), wait=True
+        )
     build = time.perf_counter() - t
     memory = rss_anon() - before
 
@@ -159,8 +176,17 @@ def run_qdrant(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace) 
     t = time.perf_counter()
     found = search(subset)
     qps = len(subset) / (time.perf_counter() - t)
-    return [{"build_s": build, "memory_bytes": memory, "p50_ms": p50, "p99_ms": p99, "batch_qps": qps,
-             "found": found, "settings": f"local mode (:memory:), exact numpy scan, {len(subset)} queries"}]
+    return [
+        {
+            "build_s": build,
+            "memory_bytes": memory,
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "batch_qps": qps,
+            "found": found,
+            "settings": f"local mode (:memory:), exact numpy scan, {len(subset)} queries",
+        }
+    ]
 
 
 # ---------------------------------------------------------------------- driver
@@ -233,8 +259,17 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for backend in backends:
             result_path = Path(tmp) / f"{backend}.json"
-            cmd = [sys.executable, __file__, "--worker", backend, "--data", str(data_path), "--result",
-                   str(result_path), *_forward(args)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                backend,
+                "--data",
+                str(data_path),
+                "--result",
+                str(result_path),
+                *_forward(args),
+            ]
             print(f"running {backend} ...", file=sys.stderr)
             # Passive OpenMP waiting: spinning threads on a busy (shared) machine distort every latency.
             env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONWARNINGS": "ignore"}
@@ -270,15 +305,29 @@ def exact_neighbours(data: np.ndarray, queries: np.ndarray, k: int) -> np.ndarra
 
 
 def _forward(args: argparse.Namespace) -> list[str]:
-    keys = ("queries", "latency_queries", "k", "hnsw_m", "ef_construction", "ef_search", "nlist", "pq_m",
-            "nprobe", "threads", "seed", "qdrant_queries")
+    keys = (
+        "queries",
+        "latency_queries",
+        "k",
+        "hnsw_m",
+        "ef_construction",
+        "ef_search",
+        "nlist",
+        "pq_m",
+        "nprobe",
+        "threads",
+        "seed",
+        "qdrant_queries",
+    )
     return [x for key in keys for x in (f"--{key.replace('_', '-')}", str(getattr(args, key)))]
 
 
 def _row(r: dict[str, Any], args: argparse.Namespace) -> str:
-    return (f"build {r['build_s']:.1f}s, memory {r['memory_bytes'] / 2**20:,.0f} MiB "
-            f"(estimate {r['estimate_bytes'] / 2**20:,.0f}), p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
-            f"{_qps(r['batch_qps'])} q/s batched, recall@{args.k} {r['recall_at_k']:.3f}")
+    return (
+        f"build {r['build_s']:.1f}s, memory {r['memory_bytes'] / 2**20:,.0f} MiB "
+        f"(estimate {r['estimate_bytes'] / 2**20:,.0f}), p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
+        f"{_qps(r['batch_qps'])} q/s batched, recall@{args.k} {r['recall_at_k']:.3f}"
+    )
 
 
 def _qps(value: float) -> str:
@@ -286,14 +335,23 @@ def _qps(value: float) -> str:
 
 
 def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    head = (f"| engine | settings | build (s) | memory (MiB) | by construction (MiB) | p50 (ms) | p99 (ms) "
-            f"| batch q/s | recall@{args.k} |")
-    lines = [f"{args.n:,} vectors x {args.dim} dims, {args.queries} queries ({args.latency_queries} timed singly), "
-             f"{os.cpu_count()} CPU cores", "", head, "|" + "---|" * 9]
+    head = (
+        f"| engine | settings | build (s) | memory (MiB) | by construction (MiB) | p50 (ms) | p99 (ms) "
+        f"| batch q/s | recall@{args.k} |"
+    )
+    lines = [
+        f"{args.n:,} vectors x {args.dim} dims, {args.queries} queries ({args.latency_queries} timed singly), "
+        f"{os.cpu_count()} CPU cores",
+        "",
+        head,
+        "|" + "---|" * 9,
+    ]
     for r in rows:
-        lines.append(f"| {r['backend']} | {r['settings']} | {r['build_s']:.1f} | {r['memory_bytes'] / 2**20:,.0f} "
-                     f"| {r['estimate_bytes'] / 2**20:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
-                     f"| {_qps(r['batch_qps'])} | {r['recall_at_k']:.3f} |")
+        lines.append(
+            f"| {r['backend']} | {r['settings']} | {r['build_s']:.1f} | {r['memory_bytes'] / 2**20:,.0f} "
+            f"| {r['estimate_bytes'] / 2**20:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
+            f"| {_qps(r['batch_qps'])} | {r['recall_at_k']:.3f} |"
+        )
     return "\n".join(lines)
 
 

@@ -54,15 +54,21 @@ def realistic_queries(n: int) -> tuple[list[str], str]:
 def ensure_exports(model: Path) -> list[str]:
     """Export the query tower (ONNX fp32 + int8, and OpenVINO where installed) with the project's exporter."""
     notes = []
-    subprocess.run([*CLI, "export", "--model", str(model), "--backend", "onnx", "--quantize", "int8"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [*CLI, "export", "--model", str(model), "--backend", "onnx", "--quantize", "int8"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     try:
         import openvino  # noqa: F401
     except ImportError:
         notes.append("OpenVINO: not measured (openvino is not installed in this environment)")
         return notes
-    proc = subprocess.run([*CLI, "export", "--model", str(model), "--backend", "openvino", "--quantize", "int8"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [*CLI, "export", "--model", str(model), "--backend", "openvino", "--quantize", "int8"],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         notes.append(f"OpenVINO: not measured (export failed: {proc.stderr.strip().splitlines()[-1:]})")
     return notes
@@ -95,7 +101,7 @@ def interleaved(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             start = time.perf_counter()
             calls[name]()
             times[name].append(time.perf_counter() - start)
@@ -116,7 +122,7 @@ def latency_rows(retrievers: dict[str, Any], queries: list[str], batch_rounds: i
         got = interleaved({n: (lambda r=r, q=q: r.search(q, top_k=10)) for n, r in retrievers.items()}, 1)
         for n, t in got.items():
             singles[n] += t
-    batches = [queries[(i * 32) % len(queries):][:32] for i in range(batch_rounds)]
+    batches = [queries[(i * 32) % len(queries) :][:32] for i in range(batch_rounds)]
     batches = [b if len(b) == 32 else (b + queries)[:32] for b in batches]
     batch_times: dict[str, list[float]] = {n: [] for n in retrievers}
     for batch in batches:
@@ -127,8 +133,15 @@ def latency_rows(retrievers: dict[str, Any], queries: list[str], batch_rounds: i
     rows = []
     for name in retrievers:
         p50 = statistics.median(singles[name])
-        rows.append([name, f"{p50 * 1e3:.2f}", f"{percentile(singles[name], 0.99) * 1e3:.2f}", f"{p50 / base:.3f}",
-                     f"{32 / statistics.median(batch_times[name]):.1f}"])
+        rows.append(
+            [
+                name,
+                f"{p50 * 1e3:.2f}",
+                f"{percentile(singles[name], 0.99) * 1e3:.2f}",
+                f"{p50 / base:.3f}",
+                f"{32 / statistics.median(batch_times[name]):.1f}",
+            ]
+        )
     ratio = statistics.median(singles["onnx int8"]) / base
     return rows, ratio
 
@@ -156,18 +169,28 @@ def process_run(argv: list[str]) -> tuple[float, float]:
 
 
 def process_rows(model: Path, store: str, query: str, repeats: int) -> tuple[list[list[str]], float, float]:
-    argv = {b: [*CLI, "search", "--model", str(model), "--store", store, "--backend", b, "--json", "--top-k", "10",
-                query] for b in ("torch", "onnx")}
+    argv = {
+        b: [*CLI, "search", "--model", str(model), "--store", store, "--backend", b, "--json", "--top-k", "10", query]
+        for b in ("torch", "onnx")
+    }
     for b in argv:  # one discarded run each: the page cache then holds both sides' files
         process_run(argv[b])
     runs: dict[str, list[tuple[float, float]]] = {b: [] for b in argv}
     for r in range(repeats):
-        for b in (("torch", "onnx") if r % 2 == 0 else ("onnx", "torch")):
+        for b in ("torch", "onnx") if r % 2 == 0 else ("onnx", "torch"):
             runs[b].append(process_run(argv[b]))
     med = {b: (statistics.median(t for t, _ in v), statistics.median(m for _, m in v)) for b, v in runs.items()}
     cold, rss = med["onnx"][0] / med["torch"][0], med["onnx"][1] / med["torch"][1]
-    rows = [[f"`care-retriever search --backend {b}`", f"{med[b][0]:.2f}", f"{med[b][0] / med['torch'][0]:.3f}",
-             f"{med[b][1]:.0f}", f"{med[b][1] / med['torch'][1]:.3f}"] for b in argv]
+    rows = [
+        [
+            f"`care-retriever search --backend {b}`",
+            f"{med[b][0]:.2f}",
+            f"{med[b][0] / med['torch'][0]:.3f}",
+            f"{med[b][1]:.0f}",
+            f"{med[b][1] / med['torch'][1]:.3f}",
+        ]
+        for b in argv
+    ]
     return rows, cold, rss
 
 
@@ -181,8 +204,11 @@ def ndcg_rows(model: Path, n_queries: int | None) -> tuple[list[list[str]], str]
     from care_retriever.evaluation.metrics import retrieval_metrics
 
     task = SHARED_TASKS / "kuake-qtr-retrieval"
-    subprocess.run([*CLI, "export", "--model", str(model), "--backend", "onnx", "--quantize", "int8"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [*CLI, "export", "--model", str(model), "--backend", "onnx", "--quantize", "int8"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     qrels: dict[str, dict[str, int]] = {}
     with (task / "qrels" / "test.tsv").open(encoding="utf-8") as fh:
         next(fh)
@@ -201,9 +227,11 @@ def ndcg_rows(model: Path, n_queries: int | None) -> tuple[list[list[str]], str]
     doc_vecs = torch_model.embed_documents(texts, batch_size=64, show_progress=True)
     rows = []
     scores = {}
-    for name, embedder in (("torch fp32", torch_model),
-                           ("onnx fp32", load_query_embedder(model, "onnx", onnx_file=ONNX_FP32)),
-                           ("onnx int8", load_query_embedder(model, "onnx", onnx_file=ONNX_INT8))):
+    for name, embedder in (
+        ("torch fp32", torch_model),
+        ("onnx fp32", load_query_embedder(model, "onnx", onnx_file=ONNX_FP32)),
+        ("onnx int8", load_query_embedder(model, "onnx", onnx_file=ONNX_INT8)),
+    ):
         q_vecs = embedder.embed_queries([queries[q] for q in qids])
         sims = q_vecs @ doc_vecs.T
         top = np.argsort(-sims, axis=1)[:, :100]
@@ -217,7 +245,7 @@ def write_section(text: str) -> None:
     doc = DOC.read_text("utf-8")
     block = f"{BEGIN}\n{text.rstrip()}\n{END}"
     if BEGIN in doc and END in doc:
-        doc = doc[: doc.index(BEGIN)] + block + doc[doc.index(END) + len(END):]
+        doc = doc[: doc.index(BEGIN)] + block + doc[doc.index(END) + len(END) :]
     else:
         doc = doc.rstrip() + "\n\n" + block + "\n"
     DOC.write_text(doc, "utf-8")
@@ -244,9 +272,11 @@ def main() -> int:
         store = args.store or build_store(model, Path(tmp), 8)
         retrievers = load_variants(model, store)
         if "openvino int8" not in retrievers and not any(n.startswith("OpenVINO") for n in notes):
-            notes.append("OpenVINO: not measured (the search path has no openvino backend in this build: "
-                         "`openvino` 2026.4 + `nncf` 3.4 install without downgrading torch/transformers/"
-                         "sentence-transformers, but the backend was not written in this session)")
+            notes.append(
+                "OpenVINO: not measured (the search path has no openvino backend in this build: "
+                "`openvino` 2026.4 + `nncf` 3.4 install without downgrading torch/transformers/"
+                "sentence-transformers, but the backend was not written in this session)"
+            )
         lat_rows, p50_ratio = latency_rows(retrievers, queries, args.batch_rounds)
         print(table(["backend", "p50 ms", "p99 ms", "ratio", "batch-32 q/s"], lat_rows), flush=True)
         for r in retrievers.values():
@@ -263,8 +293,9 @@ def main() -> int:
         "FAISS store, so tokenisation, pooling, normalisation and the lookup are included; the backends take "
         "turns query by query.",
         "",
-        table(["backend", "batch-1 p50 ms", "batch-1 p99 ms", "p50 ratio to torch fp32", "batch-32 queries/s"],
-              lat_rows),
+        table(
+            ["backend", "batch-1 p50 ms", "batch-1 p99 ms", "p50 ratio to torch fp32", "batch-32 queries/s"], lat_rows
+        ),
         "",
         f"Target: onnx int8 batch-1 p50 <= {P50_TARGET}x torch fp32: **{verdict(p50_ratio <= P50_TARGET)}** "
         f"(ratio {p50_ratio:.3f}).",
@@ -279,12 +310,19 @@ def main() -> int:
     ]
     if args.ndcg_model:
         rows, what = ndcg_rows(args.ndcg_model, args.ndcg_queries)
-        out += ["", f"nDCG@10 on kuake-qtr-retrieval ({what}), model `{args.ndcg_model.name}` "
-                "(the quickstart model), same document vectors for every row:", "",
-                table(["query tower", "nDCG@10", "delta to torch"], rows)]
-    out += ["", *(f"{n}." for n in notes),
-            f"Machine: {machine_line()}; load average {load_before:.1f} before, {load_after:.1f} after (shared "
-            "machine: absolute times are indicative, ratios are side by side)."]
+        out += [
+            "",
+            f"nDCG@10 on kuake-qtr-retrieval ({what}), model `{args.ndcg_model.name}` "
+            "(the quickstart model), same document vectors for every row:",
+            "",
+            table(["query tower", "nDCG@10", "delta to torch"], rows),
+        ]
+    out += [
+        "",
+        *(f"{n}." for n in notes),
+        f"Machine: {machine_line()}; load average {load_before:.1f} before, {load_after:.1f} after (shared "
+        "machine: absolute times are indicative, ratios are side by side).",
+    ]
     text = "\n".join(out)
     print(text)
     if not args.no_write:

@@ -79,7 +79,8 @@ def build_store(model: Path, folder: Path) -> str:
 
     spec = f"faiss:{folder / 'store'}"
     DocumentStoreWriter(embedder, spec, show_progress=False, encoder=random_vectors).write(
-        read_corpus(SAMPLE / "corpus.jsonl"))
+        read_corpus(SAMPLE / "corpus.jsonl")
+    )
     return spec
 
 
@@ -87,8 +88,21 @@ class Server:
     def __init__(self, model: Path, store: str, options: list[str], env_extra: dict[str, str]) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **env_extra}
         env.pop("CARE_API_TOKEN", None)
-        cmd = [*CLI, "serve", "--model", str(model), "--store", store, "--port", "0", "--max-queue", "1024",
-               "--max-connections", "512", *options]
+        cmd = [
+            *CLI,
+            "serve",
+            "--model",
+            str(model),
+            "--store",
+            store,
+            "--port",
+            "0",
+            "--max-queue",
+            "1024",
+            "--max-connections",
+            "512",
+            *options,
+        ]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
@@ -173,8 +187,14 @@ async def drive(url: str, queries: list[str], clients: int, warmup: float, durat
             return float("nan")
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000
 
-    return {"requests": len(latencies), "qps": len(latencies) / duration, "p50": pct(0.50), "p99": pct(0.99),
-            "failures": failures, "loadgen_cpu": cpu / wall}
+    return {
+        "requests": len(latencies),
+        "qps": len(latencies) / duration,
+        "p50": pct(0.50),
+        "p99": pct(0.99),
+        "failures": failures,
+        "loadgen_cpu": cpu / wall,
+    }
 
 
 def measure(server: Server, queries: list[str], clients: int, warmup: float, duration: float) -> dict[str, float]:
@@ -211,8 +231,12 @@ def run(levels: list[int], warmup: float, duration: float) -> tuple[str, dict]:
                 for label, server in servers.items():
                     results[label][clients] = measure(server, queries, clients, warmup, duration)
                     stats = results[label][clients]
-                    print(f"{label:40s} {clients:3d} clients: {stats['qps']:6.1f} q/s p50 {stats['p50']:7.1f} "
-                          f"p99 {stats['p99']:7.1f} ms, batch {stats['batch']:.1f}", file=sys.stderr, flush=True)
+                    print(
+                        f"{label:40s} {clients:3d} clients: {stats['qps']:6.1f} q/s p50 {stats['p50']:7.1f} "
+                        f"p99 {stats['p99']:7.1f} ms, batch {stats['batch']:.1f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         finally:
             for server in servers.values():
                 server.stop()
@@ -224,9 +248,21 @@ def report(results: dict, levels: list[int], source: str, n_queries: int, warmup
     for label, by_level in results.items():
         for clients in levels:
             s = by_level[clients]
-            rows.append([label, clients, f"{s['qps']:.1f}", f"{s['p50']:.0f}", f"{s['p99']:.0f}", f"{s['batch']:.1f}",
-                         f"{s['forward_ms']:.0f}", f"{s['wait_ms']:.0f}", f"{s['server_cpu']:.2f}",
-                         f"{s['loadgen_cpu']:.2f}", int(s["failures"] + s["5xx"])])
+            rows.append(
+                [
+                    label,
+                    clients,
+                    f"{s['qps']:.1f}",
+                    f"{s['p50']:.0f}",
+                    f"{s['p99']:.0f}",
+                    f"{s['batch']:.1f}",
+                    f"{s['forward_ms']:.0f}",
+                    f"{s['wait_ms']:.0f}",
+                    f"{s['server_cpu']:.2f}",
+                    f"{s['loadgen_cpu']:.2f}",
+                    int(s["failures"] + s["5xx"]),
+                ]
+            )
     on, off = results[ON], results[OFF]
     base_p50 = on[1]["p50"]
     lines = [
@@ -238,27 +274,45 @@ def report(results: dict, levels: list[int], source: str, n_queries: int, warmup
         "the query tower and the store, `wait ms`: a request's time in the queue before its batch starts "
         "(both from the server's /metrics); `server CPU` / `loadgen CPU`: cores used by each process.",
         "",
-        table(["server", "clients", "q/s", "p50 ms", "p99 ms", "mean batch", "forward ms", "wait ms",
-               "server CPU", "loadgen CPU", "errors"], rows),
+        table(
+            [
+                "server",
+                "clients",
+                "q/s",
+                "p50 ms",
+                "p99 ms",
+                "mean batch",
+                "forward ms",
+                "wait ms",
+                "server CPU",
+                "loadgen CPU",
+                "errors",
+            ],
+            rows,
+        ),
         "",
     ]
     if 32 in on and 32 in off:
         ratio = on[32]["qps"] / off[32]["qps"]
-        lines.append(f"- Throughput at 32 clients, batching on / off: **{ratio:.2f}x** (target >= 2.5x: "
-                     f"**{'met' if ratio >= 2.5 else 'missed'}**); against the server before batching: "
-                     f"{on[32]['qps'] / results[OLD][32]['qps']:.2f}x.")
+        lines.append(
+            f"- Throughput at 32 clients, batching on / off: **{ratio:.2f}x** (target >= 2.5x: "
+            f"**{'met' if ratio >= 2.5 else 'missed'}**); against the server before batching: "
+            f"{on[32]['qps'] / results[OLD][32]['qps']:.2f}x."
+        )
     for clients in levels:
         p99 = on[clients]["p99"]
         # Closed-loop clients: mean latency = clients / throughput (Little's law), so p99 <= 3x the
         # single-client p50 needs at least this throughput, whatever the batching does.
         needed = clients / (3 * base_p50 / 1000)
-        lines.append(f"- Batching on, {clients} clients: p99 {p99:.0f} ms = **{p99 / base_p50:.1f}x** the "
-                     f"single-client p50 ({base_p50:.0f} ms); target <= 3x: "
-                     f"**{'met' if p99 <= 3 * base_p50 else 'missed'}**. Little's law: it needs >= {needed:.0f} q/s "
-                     f"at {clients} clients; measured {on[clients]['qps']:.1f} q/s, batches of "
-                     f"{on[clients]['batch']:.1f} queries taking {on[clients]['forward_ms']:.0f} ms "
-                     f"({on[clients]['forward_ms'] / max(on[clients]['batch'], 1):.0f} ms per query), "
-                     f"{on[clients]['wait_ms']:.0f} ms queued.")
+        lines.append(
+            f"- Batching on, {clients} clients: p99 {p99:.0f} ms = **{p99 / base_p50:.1f}x** the "
+            f"single-client p50 ({base_p50:.0f} ms); target <= 3x: "
+            f"**{'met' if p99 <= 3 * base_p50 else 'missed'}**. Little's law: it needs >= {needed:.0f} q/s "
+            f"at {clients} clients; measured {on[clients]['qps']:.1f} q/s, batches of "
+            f"{on[clients]['batch']:.1f} queries taking {on[clients]['forward_ms']:.0f} ms "
+            f"({on[clients]['forward_ms'] / max(on[clients]['batch'], 1):.0f} ms per query), "
+            f"{on[clients]['wait_ms']:.0f} ms queued."
+        )
     lines.append("")
     lines.append(f"Machine: {machine_line()}.")
     return "\n".join(lines) + "\n"
@@ -268,7 +322,7 @@ def write_section(text: str) -> None:
     body = DOC.read_text(encoding="utf-8") if DOC.is_file() else "# Benchmarks\n"
     section = f"{BEGIN}\n{text.rstrip()}\n{END}"
     if BEGIN in body and END in body:
-        body = body[:body.index(BEGIN)] + section + body[body.index(END) + len(END):]
+        body = body[: body.index(BEGIN)] + section + body[body.index(END) + len(END) :]
     else:
         body = body.rstrip() + "\n\n" + section + "\n"
     DOC.write_text(body, encoding="utf-8")

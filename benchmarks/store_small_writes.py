@@ -47,8 +47,13 @@ def _build(folder: Path, n: int) -> None:
         size = min(50_000, n - start)
         vectors = rng.normal(size=(size, DIM)).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        store.upsert([Document(id=f"d{i}", text=f"高血压患者第{i}号文档，低盐饮食，规律服药。", metadata={"g": i % 7})
-                      for i in range(start, start + size)], vectors)
+        store.upsert(
+            [
+                Document(id=f"d{i}", text=f"高血压患者第{i}号文档，低盐饮食，规律服药。", metadata={"g": i % 7})
+                for i in range(start, start + size)
+            ],
+            vectors,
+        )
     store.finalize()
     store.close()
 
@@ -112,8 +117,11 @@ def _run(version: str, old_tree: Path, *task: str) -> object:
 def _old_tree(tmp: Path) -> Path:
     tree = tmp / "old"
     tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", OLD_COMMIT, "care_retriever", "integrations"],
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", OLD_COMMIT, "care_retriever", "integrations"],
+        check=True,
+        capture_output=True,
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     # The wheel maps integrations/ to care_retriever.integrations (pyproject package-dir); mirror that.
     (tree / "care_retriever" / "integrations").symlink_to(tree / "integrations")
@@ -141,8 +149,9 @@ def write_section(text: str) -> None:
     body = DOC.read_text(encoding="utf-8") if DOC.is_file() else "# Core benchmarks\n\n"
     parts = re.split(r"(?m)^(?=### \()", body)
     kept = [p for p in parts if not p.startswith("### (h)")]
-    DOC.write_text("".join(p.rstrip() + "\n\n" for p in kept).rstrip() + "\n\n" + text.rstrip() + "\n",
-                   encoding="utf-8")
+    DOC.write_text(
+        "".join(p.rstrip() + "\n\n" for p in kept).rstrip() + "\n\n" + text.rstrip() + "\n", encoding="utf-8"
+    )
 
 
 def main() -> int:
@@ -157,8 +166,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker is not None:
         task, folder, *rest = args.worker
-        ns = argparse.Namespace(task=task, folder=folder, n=int(rest[0]) if task == "build" else 0,
-                                calls=int(rest[0]) if task == "writes" else 0)
+        ns = argparse.Namespace(
+            task=task,
+            folder=folder,
+            n=int(rest[0]) if task == "build" else 0,
+            calls=int(rest[0]) if task == "writes" else 0,
+        )
         worker(ns)
         return 0
     with tempfile.TemporaryDirectory(prefix="care-store-bench-") as tmp_name:
@@ -183,7 +196,8 @@ def main() -> int:
         for _ in range(args.opens):
             for version in ("old", "new"):
                 samples.setdefault((version, "open"), []).append(
-                    _run(version, old_tree, "open", str(tmp / f"{version}-large")))
+                    _run(version, old_tree, "open", str(tmp / f"{version}-large"))
+                )
         medians = {key: statistics.median(values) for key, values in samples.items()}
     rows = [
         (f"add_texts(10) into {args.big:,} docs", medians[("old", "big")], medians[("new", "big")]),

@@ -403,8 +403,9 @@ def write_plot(path: Path, entry: dict, info: dict) -> None:
             continue
         if name in info:
             ax.scatter(info[name]["queries_per_s"], value)
-            ax.annotate(name, (info[name]["queries_per_s"], value), textcoords="offset points", xytext=(4, 4),
-                        fontsize=8)
+            ax.annotate(
+                name, (info[name]["queries_per_s"], value), textcoords="offset points", xytext=(4, 4), fontsize=8
+            )
     ax.set_xscale("log")
     ax.set_xlabel("queries per second (one query per call, CPU)")
     ax.set_ylabel("Avg of kuake-qtr retrieval (nDCG@10) and rerank (MAP@10)")

@@ -120,9 +120,7 @@ class SentenceTransformerEmbedder:
             self.model.encode_query, texts, self.query_prompt(instruction) or "", batch_size, show_progress
         )
 
-    def embed_documents(
-        self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False
-    ) -> np.ndarray:
+    def embed_documents(self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False) -> np.ndarray:
         from care_retriever.encoding import check_texts
 
         texts = check_texts(texts, "documents")
@@ -214,9 +212,7 @@ class OneTowerEmbedder:
             unit="query",
         )
 
-    def embed_documents(
-        self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False
-    ) -> np.ndarray:
+    def embed_documents(self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False) -> np.ndarray:
         from care_retriever.encoding import check_texts, encode_texts
 
         return encode_texts(
@@ -264,12 +260,11 @@ def load_embedder(
         embedder = AsymmetricEmbedder.from_pretrained(local, load=tower or load, device=device)  # type: ignore[arg-type]
         return OneTowerEmbedder(embedder, tower) if tower else embedder  # type: ignore[arg-type]
     if tower:
-        raise ModelError(
-            f"{base}: '#{tower}' selects a tower of a CARE model folder (one with care_config.json)"
-        )
+        raise ModelError(f"{base}: '#{tower}' selects a tower of a CARE model folder (one with care_config.json)")
     _quiet_transformers()
-    return SentenceTransformerEmbedder(str(local) if local is not None else name_or_path, device=device,
-                                       trust_remote_code=trust_remote_code)
+    return SentenceTransformerEmbedder(
+        str(local) if local is not None else name_or_path, device=device, trust_remote_code=trust_remote_code
+    )
 
 
 def _quiet_transformers() -> None:

@@ -52,8 +52,16 @@ BatchObserver = Callable[[int, float, Sequence[float]], None]
 class QueryBatcher:
     """Collects concurrent jobs into batches of at most ``max_batch_size`` queries and runs them."""
 
-    def __init__(self, run: BatchRunner, *, max_batch_size: int, max_wait_s: float, max_queue: int,
-                 workers: int = 1, observe: BatchObserver | None = None) -> None:
+    def __init__(
+        self,
+        run: BatchRunner,
+        *,
+        max_batch_size: int,
+        max_wait_s: float,
+        max_queue: int,
+        workers: int = 1,
+        observe: BatchObserver | None = None,
+    ) -> None:
         self.run = run
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
@@ -142,8 +150,11 @@ class QueryBatcher:
             except Exception as exc:  # the runner failed as a whole: every job in it gets the error
                 results = [exc] * len(batch)
             if self.observe is not None:
-                self.observe(sum(len(j.queries) for j in batch), time.perf_counter() - started,
-                             [started - j.submitted for j in batch])
+                self.observe(
+                    sum(len(j.queries) for j in batch),
+                    time.perf_counter() - started,
+                    [started - j.submitted for j in batch],
+                )
             for job, result in zip(batch, results, strict=True):
                 if job.future.done():
                     continue

@@ -225,8 +225,9 @@ class AsymmetricEmbedder:
             resolved = resolve_backend(model_name_or_path, backend)
             if resolved != "torch":
                 if load != "query":
-                    raise ModelError(f"backend {resolved!r} holds only the query tower; use load='query' "
-                                     "or backend='torch'")
+                    raise ModelError(
+                        f"backend {resolved!r} holds only the query tower; use load='query' or backend='torch'"
+                    )
                 return load_query_embedder(model_name_or_path, resolved, device=device)
         name = str(model_name_or_path)
         local = local_model_dir(name)

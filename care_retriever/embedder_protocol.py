@@ -60,8 +60,6 @@ class Embedder(Protocol):
         """``(len(texts), dim)`` float32 unit rows from the query side."""
         ...
 
-    def embed_documents(
-        self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False
-    ) -> np.ndarray:
+    def embed_documents(self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False) -> np.ndarray:
         """``(len(texts), dim)`` float32 unit rows from the document side."""
         ...

@@ -70,8 +70,11 @@ def encode_texts(
     truncated = 0
     lock = _tokenizer_lock(model)
     own_bar = progress is None
-    bar_cm = tqdm(total=n, desc=desc, unit=unit, disable=not show_progress, dynamic_ncols=True) if own_bar \
+    bar_cm = (
+        tqdm(total=n, desc=desc, unit=unit, disable=not show_progress, dynamic_ncols=True)
+        if own_bar
         else nullcontext(progress)
+    )
     with bar_cm as bar:
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]

@@ -95,8 +95,9 @@ class ShardedEncoder:
         from care_retriever.encoding import encode_texts
 
         stats: dict[str, int] = {}
-        vectors = encode_texts(self.embedder.document_model, texts, batch_size=self.batch_size,
-                               desc="Encoding documents", stats=stats)
+        vectors = encode_texts(
+            self.embedder.document_model, texts, batch_size=self.batch_size, desc="Encoding documents", stats=stats
+        )
         self.truncated += stats.get("truncated", 0)
         return vectors
 
@@ -202,8 +203,15 @@ class IndexSettings:
         """The FAISS build and search settings kept in the store's manifest (Qdrant takes none)."""
         if not self.store.startswith("faiss:"):
             return None
-        return {"type": self.index_type, "m": self.hnsw_m, "ef_construction": self.ef_construction,
-                "ef_search": self.ef_search, "nlist": self.nlist, "nprobe": self.nprobe, "pq_m": self.pq_m}
+        return {
+            "type": self.index_type,
+            "m": self.hnsw_m,
+            "ef_construction": self.ef_construction,
+            "ef_search": self.ef_search,
+            "nlist": self.nlist,
+            "nprobe": self.nprobe,
+            "pq_m": self.pq_m,
+        }
 
 
 def run_index(settings: IndexSettings) -> dict[str, Any] | None:
@@ -248,16 +256,25 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
         total = sum(1 for _ in read_corpus(file, skip_invalid=settings.skip_invalid))
         target = open_store(settings.store, collection=settings.collection)
         if settings.update and target.manifest is None:
-            raise InputError(f"--update: {target.describe()} holds no index yet (a mistyped path?); "
-                             "drop --update to build a new one")
+            raise InputError(
+                f"--update: {target.describe()} holds no index yet (a mistyped path?); drop --update to build a new one"
+            )
         embedder = load_document_tower(settings.model, device)
         encoder = ShardedEncoder(embedder, group, settings.batch_size) if group.active else None
-        writer = DocumentStoreWriter(embedder, target, batch_size=settings.batch_size, chunk_size=settings.chunk_size,
-                                     checkpoint_every=settings.checkpoint_every,
-                                     index_options=settings.index_options(), show_progress=settings.progress,
-                                     encoder=encoder, sparse=settings.sparse)
-        report = writer.write(read_corpus(file, skip_invalid=settings.skip_invalid), total=total,
-                              prune_ids_not_in=settings.prune)
+        writer = DocumentStoreWriter(
+            embedder,
+            target,
+            batch_size=settings.batch_size,
+            chunk_size=settings.chunk_size,
+            checkpoint_every=settings.checkpoint_every,
+            index_options=settings.index_options(),
+            show_progress=settings.progress,
+            encoder=encoder,
+            sparse=settings.sparse,
+        )
+        report = writer.write(
+            read_corpus(file, skip_invalid=settings.skip_invalid), total=total, prune_ids_not_in=settings.prune
+        )
     finally:
         if target is not None:
             target.close()
@@ -266,8 +283,9 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
     if encoder is not None:  # the writer counted nothing itself: every chunk went through the ranks
         report.truncated += truncated_all_ranks
         if truncated_all_ranks:
-            logger.warning("%d documents reached the document tower's max length and were truncated",
-                           truncated_all_ranks)
+            logger.warning(
+                "%d documents reached the document tower's max length and were truncated", truncated_all_ranks
+            )
     return {**report.to_dict(), "world_size": group.world, "backend": group.backend or "single-process"}
 
 

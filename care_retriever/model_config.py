@@ -14,8 +14,15 @@ from care_retriever import __version__
 from care_retriever.errors import ModelError
 from care_retriever.prompts import DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE, fill_query_prompt
 
-__all__ = ["CONFIG_NAME", "DEFAULT_INSTRUCTION", "DEFAULT_MAX_LENGTH", "FORMAT_VERSION", "QUERY_PROMPT_TEMPLATE",
-           "CareConfig", "TowerInfo"]
+__all__ = [
+    "CONFIG_NAME",
+    "DEFAULT_INSTRUCTION",
+    "DEFAULT_MAX_LENGTH",
+    "FORMAT_VERSION",
+    "QUERY_PROMPT_TEMPLATE",
+    "CareConfig",
+    "TowerInfo",
+]
 
 CONFIG_NAME = "care_config.json"
 FORMAT_VERSION = 1

@@ -22,16 +22,30 @@ from care_retriever.stores.base import Filters
 class CareRetriever:
     """Search a store built by :class:`~care_retriever.writer.DocumentStoreWriter` with the same model."""
 
-    def __init__(self, store: str | VectorStore, embedder: Embedder, *, collection: str | None = None,
-                 instruction: str | None = None) -> None:
+    def __init__(
+        self,
+        store: str | VectorStore,
+        embedder: Embedder,
+        *,
+        collection: str | None = None,
+        instruction: str | None = None,
+    ) -> None:
         self.store = open_store(store, collection=collection)
         self.embedder = embedder
         self.instruction = instruction
         self.store.check_compatible(embedder.space_fingerprint, embedder.dim)
 
     @classmethod
-    def from_pretrained(cls, model: str, store: str, *, collection: str | None = None, device: str | None = None,
-                        backend: str = "auto", **kwargs: Any) -> CareRetriever:
+    def from_pretrained(
+        cls,
+        model: str,
+        store: str,
+        *,
+        collection: str | None = None,
+        device: str | None = None,
+        backend: str = "auto",
+        **kwargs: Any,
+    ) -> CareRetriever:
         """Load the query tower of ``model`` only, and open ``store``.
 
         ``backend``: ``auto | torch | onnx``; ``auto`` takes the folder's ONNX export
@@ -45,14 +59,35 @@ class CareRetriever:
         return cls(store_obj, embedder, **kwargs)
 
     @overload
-    def search(self, query: str, top_k: int = 10, filters: Filters | None = None, *, mode: str = "dense",
-               fusion: FusionConfig | None = None) -> list[Hit]: ...
+    def search(
+        self,
+        query: str,
+        top_k: int = 10,
+        filters: Filters | None = None,
+        *,
+        mode: str = "dense",
+        fusion: FusionConfig | None = None,
+    ) -> list[Hit]: ...
     @overload
-    def search(self, query: Sequence[str], top_k: int = 10, filters: Filters | None = None, *,
-               mode: str = "dense", fusion: FusionConfig | None = None) -> list[list[Hit]]: ...
+    def search(
+        self,
+        query: Sequence[str],
+        top_k: int = 10,
+        filters: Filters | None = None,
+        *,
+        mode: str = "dense",
+        fusion: FusionConfig | None = None,
+    ) -> list[list[Hit]]: ...
 
-    def search(self, query: str | Sequence[str], top_k: int = 10, filters: Filters | None = None, *,
-               mode: str = "dense", fusion: FusionConfig | None = None):
+    def search(
+        self,
+        query: str | Sequence[str],
+        top_k: int = 10,
+        filters: Filters | None = None,
+        *,
+        mode: str = "dense",
+        fusion: FusionConfig | None = None,
+    ):
         """Top-``k`` hits for one query (a list of hits) or a batch of queries (a list of lists).
 
         ``fusion`` (hybrid only): method ``rrf`` (``k``), ``dbsf`` or ``wsum`` (``dense_weight``); the
@@ -91,9 +126,16 @@ class CareRetriever:
                 raise InputError(f"query {i}: empty query")
         return self.embedder.embed_queries(list(queries), instruction=self.instruction)
 
-    def search_vectors(self, vectors: np.ndarray, top_k: int = 10, filters: Filters | None = None, *,
-                       mode: str = "dense", queries: Sequence[str] | None = None,
-                       fusion: FusionConfig | None = None) -> list[list[Hit]]:
+    def search_vectors(
+        self,
+        vectors: np.ndarray,
+        top_k: int = 10,
+        filters: Filters | None = None,
+        *,
+        mode: str = "dense",
+        queries: Sequence[str] | None = None,
+        fusion: FusionConfig | None = None,
+    ) -> list[list[Hit]]:
         """Top-``k`` hits for each row of ``vectors`` (query vectors from :meth:`embed_queries`).
 
         ``sparse`` and ``hybrid`` also need the query texts (``queries``, one per row) for the BM25 side.

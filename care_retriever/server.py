@@ -53,16 +53,26 @@ class ServiceLimits:
     body_timeout_s: float = 10.0  # a request body must arrive within this, else 408
 
     def __post_init__(self) -> None:
-        for name in ("max_top_k", "max_queries", "max_query_chars", "max_body_bytes", "max_concurrency",
-                     "max_batch_size", "max_queue"):
+        for name in (
+            "max_top_k",
+            "max_queries",
+            "max_query_chars",
+            "max_body_bytes",
+            "max_concurrency",
+            "max_batch_size",
+            "max_queue",
+        ):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_wait_ms < 0 or self.body_timeout_s <= 0:
-            raise InputError(f"max_wait_ms must be >= 0 and body_timeout_s > 0, got {self.max_wait_ms} and "
-                             f"{self.body_timeout_s}")
+            raise InputError(
+                f"max_wait_ms must be >= 0 and body_timeout_s > 0, got {self.max_wait_ms} and {self.body_timeout_s}"
+            )
         if self.max_queue < self.max_queries:
-            raise InputError(f"max_queue ({self.max_queue}) must be >= max_queries ({self.max_queries}), "
-                             "else a full request could never be queued")
+            raise InputError(
+                f"max_queue ({self.max_queue}) must be >= max_queries ({self.max_queries}), "
+                "else a full request could never be queued"
+            )
 
 
 class BodyLimit:
@@ -124,9 +134,13 @@ class BodyLimit:
 
 async def _send_error(send: Send, status: int, message: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     body = json.dumps({"error": message}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -145,8 +159,12 @@ class BearerAuth:
         if scope["type"] == "http":
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
-                await _send_error(send, 401, "missing or invalid bearer token (Authorization: Bearer <token>)",
-                                  [(b"www-authenticate", b'Bearer realm="care-retriever"')])
+                await _send_error(
+                    send,
+                    401,
+                    "missing or invalid bearer token (Authorization: Bearer <token>)",
+                    [(b"www-authenticate", b'Bearer realm="care-retriever"')],
+                )
                 return
         await self.app(scope, receive, send)
 
@@ -163,27 +181,47 @@ class ServiceMetrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
-        self.requests = Counter("care_requests", "HTTP requests answered, by route and status code",
-                                ["route", "status"], registry=self.registry)
-        self.errors = Counter("care_errors", "Requests answered with an error, by kind (client: 4xx but the "
-                              "kinds named, unauthorized: 401, disconnected: 499, the client left before "
-                              "sending all its request, overloaded: 503, internal: other 5xx)",
-                              ["kind"], registry=self.registry)
-        self.latency = Histogram("care_request_duration_seconds", "Time from request to response, by route",
-                                 ["route"], registry=self.registry,
-                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5,
-                                          2.5, 5.0, 10.0))
-        self.batch_size = Histogram("care_batch_queries", "Queries per forward pass of the query tower",
-                                    registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
-        self.batch_seconds = Histogram("care_batch_duration_seconds", "Forward pass plus store searches, per batch",
-                                       registry=self.registry,
-                                       buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
-        self.queue_wait = Histogram("care_queue_wait_seconds", "Time a request waited for its batch to start",
-                                    registry=self.registry,
-                                    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
+        self.requests = Counter(
+            "care_requests",
+            "HTTP requests answered, by route and status code",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "care_errors",
+            "Requests answered with an error, by kind (client: 4xx but the "
+            "kinds named, unauthorized: 401, disconnected: 499, the client left before "
+            "sending all its request, overloaded: 503, internal: other 5xx)",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "care_request_duration_seconds",
+            "Time from request to response, by route",
+            ["route"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0),
+        )
+        self.batch_size = Histogram(
+            "care_batch_queries",
+            "Queries per forward pass of the query tower",
+            registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )
+        self.batch_seconds = Histogram(
+            "care_batch_duration_seconds",
+            "Forward pass plus store searches, per batch",
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )
+        self.queue_wait = Histogram(
+            "care_queue_wait_seconds",
+            "Time a request waited for its batch to start",
+            registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )
         self.queue_depth = Gauge("care_queue_depth", "Queries waiting for a forward pass", registry=self.registry)
-        self.queue_limit = Gauge("care_queue_limit", "Most queries that may wait (beyond: 503)",
-                                 registry=self.registry)
+        self.queue_limit = Gauge("care_queue_limit", "Most queries that may wait (beyond: 503)", registry=self.registry)
 
     def observe_batch(self, queries: int, seconds: float, waits: Sequence[float]) -> None:
         self.batch_size.observe(queries)
@@ -197,7 +235,8 @@ class ServiceMetrics:
         self.latency.labels(route=route).observe(seconds)
         if status >= 400:
             kind = {401: "unauthorized", 503: "overloaded", CLIENT_CLOSED: "disconnected"}.get(
-                status, "internal" if status >= 500 else "client")
+                status, "internal" if status >= 500 else "client"
+            )
             self.errors.labels(kind=kind).inc()
 
     def render(self) -> tuple[bytes, str]:
@@ -233,8 +272,7 @@ class RequestMetrics:
             raise
         finally:
             # No answer and no exception: the client left before its request was complete (nginx's 499).
-            self.metrics.observe_request(scope.get("path", ""), status or CLIENT_CLOSED,
-                                         time.perf_counter() - started)
+            self.metrics.observe_request(scope.get("path", ""), status or CLIENT_CLOSED, time.perf_counter() - started)
 
 
 def _one_line(exc: RequestValidationError) -> str:
@@ -294,13 +332,14 @@ def search_batch(retriever: Any, jobs: Sequence[Job]) -> list[Any]:
             continue
         at = 0
         for i in members:
-            results[i] = hits[at:at + len(jobs[i].queries)]
+            results[i] = hits[at : at + len(jobs[i].queries)]
             at += len(jobs[i].queries)
     return results
 
 
-def create_app(retriever: Any, limits: ServiceLimits | None = None, *, model_name: str = "",
-               api_token: str | None = None) -> ASGIApp:
+def create_app(
+    retriever: Any, limits: ServiceLimits | None = None, *, model_name: str = "", api_token: str | None = None
+) -> ASGIApp:
     """A FastAPI app serving ``retriever`` (a CareRetriever, ideally loaded with the query tower only).
 
     ``api_token``: when given, every request needs ``Authorization: Bearer <api_token>``.
@@ -308,9 +347,14 @@ def create_app(retriever: Any, limits: ServiceLimits | None = None, *, model_nam
     limits = limits or ServiceLimits()
     search_request = _request_model(limits)
     metrics = ServiceMetrics()
-    batcher = QueryBatcher(lambda jobs: search_batch(retriever, jobs), max_batch_size=limits.max_batch_size,
-                           max_wait_s=limits.max_wait_ms / 1000, max_queue=limits.max_queue,
-                           workers=limits.max_concurrency, observe=metrics.observe_batch)
+    batcher = QueryBatcher(
+        lambda jobs: search_batch(retriever, jobs),
+        max_batch_size=limits.max_batch_size,
+        max_wait_s=limits.max_wait_ms / 1000,
+        max_queue=limits.max_queue,
+        workers=limits.max_concurrency,
+        observe=metrics.observe_batch,
+    )
     metrics.queue_depth.set_function(lambda: batcher.depth)
     metrics.queue_limit.set(limits.max_queue)
     health_limiter = anyio.CapacityLimiter(1)
@@ -320,8 +364,14 @@ def create_app(retriever: Any, limits: ServiceLimits | None = None, *, model_nam
         yield
         await batcher.aclose()  # uvicorn has let the in-flight requests finish by now
 
-    app = FastAPI(title="care-retriever", summary="CARE dense retrieval: query tower + vector store",
-                  docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="care-retriever",
+        summary="CARE dense retrieval: query tower + vector store",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+    )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -348,8 +398,16 @@ def create_app(retriever: Any, limits: ServiceLimits | None = None, *, model_nam
         store = retriever.store
         count = await anyio.to_thread.run_sync(store.count, limiter=health_limiter)
         towers = [t for t in ("query", "document") if getattr(retriever.embedder, f"_{t}_model", None) is not None]
-        return {"status": "ok", "store": store.describe(), "documents": count, "dim": retriever.embedder.dim,
-                "model": model_name, "towers": towers, "limits": asdict(limits), "queue_depth": batcher.depth}
+        return {
+            "status": "ok",
+            "store": store.describe(),
+            "documents": count,
+            "dim": retriever.embedder.dim,
+            "model": model_name,
+            "towers": towers,
+            "limits": asdict(limits),
+            "queue_depth": batcher.depth,
+        }
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -364,8 +422,9 @@ def create_app(retriever: Any, limits: ServiceLimits | None = None, *, model_nam
                 raise InputError(f"query {i}: empty query" if len(queries) > 1 else "empty query")
         params = request.model_dump(exclude={"query"})  # top_k, filters, ...: the job's search parameters
         hits = await batcher.submit(queries, params)
-        return {"results": [{"query": q, "hits": [h.to_dict() for h in row]}
-                            for q, row in zip(queries, hits, strict=True)]}
+        return {
+            "results": [{"query": q, "hits": [h.to_dict() for h in row]} for q, row in zip(queries, hits, strict=True)]
+        }
 
     guarded: ASGIApp = BodyLimit(app, limits.max_body_bytes, limits.body_timeout_s)
     if api_token:

@@ -117,8 +117,9 @@ class DocumentStoreWriter:
         self.encoder = encoder
         self.sparse = sparse  # also write the BM25 side (care_retriever.sparse), in the same transactions
 
-    def write(self, documents: Iterable[Document], *, total: int | None = None,
-              prune_ids_not_in: bool = False) -> WriteReport:
+    def write(
+        self, documents: Iterable[Document], *, total: int | None = None, prune_ids_not_in: bool = False
+    ) -> WriteReport:
         """Upsert ``documents``; with ``prune_ids_not_in``, also delete stored ids the input lacks."""
         embedder = self.embedder
         self.store.prepare(embedder.dim, embedder.space_fingerprint, embedder.document_model_name, self.index_options)
@@ -129,8 +130,9 @@ class DocumentStoreWriter:
         since_checkpoint = 0
         start = time.perf_counter()
         stats: dict[str, int] = {}
-        with tqdm(total=total, desc="Indexing", unit="doc", disable=not self.show_progress,
-                  dynamic_ncols=True, smoothing=0.05) as bar:
+        with tqdm(
+            total=total, desc="Indexing", unit="doc", disable=not self.show_progress, dynamic_ncols=True, smoothing=0.05
+        ) as bar:
             for raw in _chunks(documents, self.chunk_size):
                 chunk = _validated(raw)
                 bar.update(len(raw) - len(chunk))
@@ -156,18 +158,28 @@ class DocumentStoreWriter:
         report.count = self.store.count()
         report.truncated = stats.get("truncated", 0)
         if report.truncated:
-            logger.warning("%d of %d encoded documents reached the document tower's max length and were truncated",
-                           report.truncated, report.encoded)
+            logger.warning(
+                "%d of %d encoded documents reached the document tower's max length and were truncated",
+                report.truncated,
+                report.encoded,
+            )
         return report
 
     def _encode(self, texts: list[str], bar: tqdm, stats: dict[str, int]) -> np.ndarray:
         if self.encoder is None:
-            return encode_texts(self.embedder.document_model, texts, batch_size=self.batch_size,
-                                desc="Encoding documents", progress=bar, stats=stats)
+            return encode_texts(
+                self.embedder.document_model,
+                texts,
+                batch_size=self.batch_size,
+                desc="Encoding documents",
+                progress=bar,
+                stats=stats,
+            )
         vectors = np.asarray(self.encoder(texts), dtype=np.float32)
         if vectors.shape != (len(texts), self.embedder.dim):
-            raise ModelError(f"encoder returned shape {vectors.shape} for {len(texts)} texts of a "
-                             f"{self.embedder.dim}-dim model")
+            raise ModelError(
+                f"encoder returned shape {vectors.shape} for {len(texts)} texts of a {self.embedder.dim}-dim model"
+            )
         bar.update(len(texts))
         return vectors
 

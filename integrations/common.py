@@ -69,8 +69,9 @@ def model_space(model: str) -> tuple[int, str, str]:
 class TowerLoader:
     """Loads each tower of a CARE model on first use; thread-safe, each side built at most once."""
 
-    def __init__(self, model: str | None, *, device: str | None = None, embedder: Any = None,
-                 query_backend: str = "torch") -> None:
+    def __init__(
+        self, model: str | None, *, device: str | None = None, embedder: Any = None, query_backend: str = "torch"
+    ) -> None:
         if model is None and embedder is None:
             raise ModelError("pass a CARE model folder (model=...) or a loaded AsymmetricEmbedder (embedder=...)")
         self.model = model

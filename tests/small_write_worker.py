@@ -49,6 +49,7 @@ def arm(point: str) -> None:
             fsync_file = faiss_store._fsync_file
             faiss_store._fsync_file = lambda path: die() if path.name == faiss_store.NEXT_INDEX else fsync_file(path)
         else:
+
             def replace(src, dst) -> None:
                 if str(src).endswith(faiss_store.NEXT_INDEX):
                     die()

@@ -49,11 +49,7 @@ def test_bench_writes_json_table_and_plot(
     assert code == 0, captured.err
     data = json.loads((out / "bench.json").read_text())
     roles = [m["role"] for m in data["models"]]
-    assert (
-        roles[0] == "asymmetric"
-        and roles[1].startswith("small symmetric")
-        and roles[2].startswith("symmetric LLM")
-    )
+    assert roles[0] == "asymmetric" and roles[1].startswith("small symmetric") and roles[2].startswith("symmetric LLM")
     for m in data["models"]:
         assert m["query"]["batch_1"]["calls"] == 32 and m["query"]["batch_32"]["calls"] == 1
         assert m["query"]["batch_1"]["per_second"] > 0 and m["indexing_docs_per_s"] > 0

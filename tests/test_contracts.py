@@ -72,7 +72,8 @@ def test_every_reader_gives_the_document_tower_the_same_text(beir_folder: Path) 
         "bench text reader": read_texts(beir_folder / "corpus.jsonl", len(ROWS)),
         "haystack document embedder": [
             CareDocumentEmbedder(model="unused").text_to_embed(
-                HaystackDocument(content=text, meta={} if title is None else {"title": title}))
+                HaystackDocument(content=text, meta={} if title is None else {"title": title})
+            )
             for _, title, text in ROWS
         ],
         "framework stores (to_core_document)": [
@@ -109,8 +110,12 @@ def test_no_copy_of_the_document_text_rule() -> None:
             if isinstance(node, ast.JoinedStr):
                 parts = node.values
                 for first, middle in itertools.pairwise(parts):
-                    if (isinstance(first, ast.FormattedValue) and "title" in ast.unparse(first.value)
-                            and isinstance(middle, ast.Constant) and middle.value == "\n"):
+                    if (
+                        isinstance(first, ast.FormattedValue)
+                        and "title" in ast.unparse(first.value)
+                        and isinstance(middle, ast.Constant)
+                        and middle.value == "\n"
+                    ):
                         copies.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not copies, f"copies of the document text rule (use care_retriever.corpus.document_text): {copies}"
 
@@ -194,8 +199,7 @@ def test_every_embedder_fills_the_one_query_prompt(tiny_model_dir: Path, tmp_pat
 
 
 def test_the_query_template_is_written_once() -> None:
-    holders = [str(p.relative_to(REPO)) for p in _sources()
-               if "Instruct: {instruction}" in p.read_text("utf-8")]
+    holders = [str(p.relative_to(REPO)) for p in _sources() if "Instruct: {instruction}" in p.read_text("utf-8")]
     assert holders == ["care_retriever/prompts.py"]
 
 
@@ -262,8 +266,11 @@ def test_in_chunks_covers_every_value_within_the_parameter_limit() -> None:
 
 def test_no_hand_rolled_in_list_outside_the_stores() -> None:
     """The store's own loops (care_retriever/stores/) move to care_retriever.sql with issue 11 item 1."""
-    loops = [str(p.relative_to(REPO)) for p in _sources(skip=("stores",))
-             if p.name != "sql.py" and '",".join("?"' in p.read_text("utf-8")]
+    loops = [
+        str(p.relative_to(REPO))
+        for p in _sources(skip=("stores",))
+        if p.name != "sql.py" and '",".join("?"' in p.read_text("utf-8")
+    ]
     assert not loops, f"use care_retriever.sql.in_chunks: {loops}"
 
 
@@ -299,18 +306,31 @@ def test_every_dense_model_is_an_embedder(tiny_model_dir: Path, tmp_path: Path) 
 
 def test_embedders_are_typed_not_probed() -> None:
     """One Embedder protocol; the modules that take an embedder call it instead of probing it."""
-    definitions = [f"{p.relative_to(REPO)}" for p in _sources()
-                   for node in ast.walk(ast.parse(p.read_text("utf-8")))
-                   if isinstance(node, ast.ClassDef) and node.name == "Embedder"]
+    definitions = [
+        f"{p.relative_to(REPO)}"
+        for p in _sources()
+        for node in ast.walk(ast.parse(p.read_text("utf-8")))
+        if isinstance(node, ast.ClassDef) and node.name == "Embedder"
+    ]
     assert definitions == ["care_retriever/embedder_protocol.py"]
-    for rel in ("care_retriever/writer.py", "care_retriever/retriever.py", "care_retriever/index.py",
-                "care_retriever/evaluation/benchmark.py"):
+    for rel in (
+        "care_retriever/writer.py",
+        "care_retriever/retriever.py",
+        "care_retriever/index.py",
+        "care_retriever/evaluation/benchmark.py",
+    ):
         tree = ast.parse((REPO / rel).read_text("utf-8"))
-        probes = [node.lineno for node in ast.walk(tree)
-                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"]
+        probes = [
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
+        ]
         assert not probes, f"{rel}: hasattr at lines {probes}"
-        hints = [ast.unparse(arg.annotation) for node in ast.walk(tree)
-                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 for arg in node.args.args + node.args.kwonlyargs
-                 if arg.arg == "embedder" and arg.annotation is not None]
+        hints = [
+            ast.unparse(arg.annotation)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for arg in node.args.args + node.args.kwonlyargs
+            if arg.arg == "embedder" and arg.annotation is not None
+        ]
         assert hints and all(h == "Embedder" for h in hints), f"{rel}: embedder typed as {hints}"

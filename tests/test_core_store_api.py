@@ -54,10 +54,15 @@ def private_accesses(source: str) -> list[tuple[int, str]]:
 
 
 def test_the_checker_sees_private_access_through_any_expression() -> None:
-    source = "import faiss\nclass A:\n    def f(self, store):\n        self._x = faiss._swig\n" \
-             "        return store._index, self._store._db, open_store('x')._lock, super()._y, type(self).__len__\n"
-    assert [expr for _, expr in private_accesses(source)] == ["store._index", "self._store._db",
-                                                               "open_store('x')._lock"]
+    source = (
+        "import faiss\nclass A:\n    def f(self, store):\n        self._x = faiss._swig\n"
+        "        return store._index, self._store._db, open_store('x')._lock, super()._y, type(self).__len__\n"
+    )
+    assert [expr for _, expr in private_accesses(source)] == [
+        "store._index",
+        "self._store._db",
+        "open_store('x')._lock",
+    ]
 
 
 def test_no_module_outside_the_stores_touches_private_members() -> None:

@@ -37,8 +37,7 @@ def write_tasks(root: Path) -> dict[str, Path]:
         "".join(json.dumps({"_id": q, "text": t}, ensure_ascii=False) + "\n" for q, t, _ in QUERIES)
     )
     (ret / "qrels" / "test.tsv").write_text(
-        "query-id\tcorpus-id\tscore\n"
-        + "".join(f"{q}\t{d}\t{s}\n" for q, _, j in QUERIES for d, s in j.items())
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{s}\n" for q, _, j in QUERIES for d, s in j.items())
     )
     rr = root / "toy-rerank"
     rr.mkdir()
@@ -57,8 +56,7 @@ def write_tasks(root: Path) -> dict[str, Path]:
     ]
     (sts / "test.jsonl").write_text(
         "".join(
-            json.dumps({"sentence1": a, "sentence2": b, "score": s}, ensure_ascii=False) + "\n"
-            for a, b, s in pairs
+            json.dumps({"sentence1": a, "sentence2": b, "score": s}, ensure_ascii=False) + "\n" for a, b, s in pairs
         )
     )
     return {"retrieval": ret, "rerank": rr, "sts": sts}
@@ -148,22 +146,16 @@ def test_eval_scores_equal_a_direct_computation(tiny_model_dir: Path, tasks: dic
     )
     # A random tiny model puts every pair near cosine 1, so compare cosines, then the correlation of those.
     assert np.allclose(harness_cos, cos, atol=1e-6)
-    assert result.metrics["pearson"] == pytest.approx(
-        stats.pearsonr(harness_cos, sts.scores).statistic, abs=1e-9
-    )
+    assert result.metrics["pearson"] == pytest.approx(stats.pearsonr(harness_cos, sts.scores).statistic, abs=1e-9)
     ret = load_task(tasks["retrieval"])
     docs = model.embed_documents(ret.corpus_texts)
     queries = model.embed_queries([ret.queries[q] for q in ret.query_ids], instruction=ret.instruction)
     sims = queries @ docs.T
 
-    run = _retrieval_run(
-        model, ret, Timer(), top_k=3, query_batch_size=2, doc_batch_size=2, show_progress=False
-    )
+    run = _retrieval_run(model, ret, Timer(), top_k=3, query_batch_size=2, doc_batch_size=2, show_progress=False)
     for row, qid in zip(sims, ret.query_ids, strict=True):
         # Same scores for every document (FAISS exact search = the dot products), empty document included.
-        assert sorted(run[qid].values(), reverse=True) == pytest.approx(
-            sorted(row, reverse=True)[:3], abs=1e-5
-        )
+        assert sorted(run[qid].values(), reverse=True) == pytest.approx(sorted(row, reverse=True)[:3], abs=1e-5)
         for doc, score in run[qid].items():
             assert score == pytest.approx(float(row[ret.corpus_ids.index(doc)]), abs=1e-5)
 
@@ -214,9 +206,7 @@ def test_sentence_transformer_baseline(tiny_model_dir: Path, tasks: dict[str, Pa
     assert evaluate(st, load_task(tasks["rerank"]), model_name="st").main_score is not None
 
 
-def test_cli_errors_are_one_line(
-    tasks: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_errors_are_one_line(tasks: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tasks["retrieval"] / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\tnope\t1\n")
     code, _out, err = run_cli(capsys, "eval", "--model", "bm25", "--task", tasks["retrieval"])
     assert code == 2
@@ -229,9 +219,7 @@ def test_cli_errors_are_one_line(
 
 
 def test_suite_all_runs_every_task(tasks: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(
-        capsys, "eval", "--model", "bm25", "--suite", "all", tasks["sts"].parent, "--json"
-    )
+    code, out, err = run_cli(capsys, "eval", "--model", "bm25", "--suite", "all", tasks["sts"].parent, "--json")
     assert code == 0, err
     assert sorted(json.loads(line)["task"] for line in out.splitlines()) == [
         "toy-rerank",
@@ -243,9 +231,7 @@ def test_suite_all_runs_every_task(tasks: dict[str, Path], capsys: pytest.Captur
 
 
 @pytest.mark.shared_data
-def test_bm25_reproduces_reference_on_kuake_qtr(
-    shared_data: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bm25_reproduces_reference_on_kuake_qtr(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """shared/data/README.md: BM25 (jieba, bm25s) nDCG@10 0.546 on kuake-qtr-retrieval."""
     task = shared_data / "tasks" / "kuake-qtr-retrieval"
     code, out, err = run_cli(capsys, "eval", "--model", "bm25", "--task", task, "--json", "--no-progress")

@@ -26,9 +26,7 @@ def beir(folder: Path, qrels: str | None = None) -> Path:
             {"_id": "t2", "text": "感冒多休息多喝水"},
         ],
     )
-    write_jsonl(
-        folder / "queries.jsonl", [{"_id": "q1", "text": "高血压吃什么"}, {"_id": "q2", "text": "感冒"}]
-    )
+    write_jsonl(folder / "queries.jsonl", [{"_id": "q1", "text": "高血压吃什么"}, {"_id": "q2", "text": "感冒"}])
     (folder / "qrels").mkdir(exist_ok=True)
     (folder / "qrels" / "test.tsv").write_text(
         qrels or "query-id\tcorpus-id\tscore\nq1\tt1\t3\nq1\tt0\t0\n", encoding="utf-8"
@@ -60,9 +58,7 @@ def test_known_kuake_qtr_counts_grade_two_as_relevant(tmp_path: Path) -> None:
 
 
 def test_rerank_and_sts_detected_from_rows(tmp_path: Path) -> None:
-    rr = write_jsonl(
-        tmp_path / "rr" / "test.jsonl", [{"query": "头痛", "positive": ["a"], "negative": ["b", "c"]}]
-    )
+    rr = write_jsonl(tmp_path / "rr" / "test.jsonl", [{"query": "头痛", "positive": ["a"], "negative": ["b", "c"]}])
     sts = write_jsonl(
         tmp_path / "sts" / "test.jsonl",
         [
@@ -88,9 +84,7 @@ def test_rerank_and_sts_detected_from_rows(tmp_path: Path) -> None:
             "test.tsv:2: unknown corpus id 't9'",
         ),
         (
-            lambda f: (f / "qrels" / "test.tsv").write_text(
-                "query-id\tcorpus-id\tscore\nq1\tt1\t1\nq7\tt1\t1\n"
-            ),
+            lambda f: (f / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\tt1\t1\nq7\tt1\t1\n"),
             "test.tsv:3: unknown query id 'q7'",
         ),
         (
@@ -99,9 +93,7 @@ def test_rerank_and_sts_detected_from_rows(tmp_path: Path) -> None:
         ),
         (lambda f: (f / "queries.jsonl").write_text(""), "queries.jsonl: empty query set"),
         (
-            lambda f: (f / "corpus.jsonl").write_text(
-                '{"_id": "t1", "text": "a"}\n{"_id": "t1", "text": "b"}\n'
-            ),
+            lambda f: (f / "corpus.jsonl").write_text('{"_id": "t1", "text": "a"}\n{"_id": "t1", "text": "b"}\n'),
             "corpus.jsonl:2: duplicate document id 't1'",
         ),
         (

@@ -17,8 +17,10 @@ from care_retriever.writer import DocumentStoreWriter
 from tests.conftest import MEDICAL_TEXTS
 
 QUERIES = ["高血压吃什么药", "宝宝发烧怎么办", "拉肚子脱水", "失眠 咖啡"]
-DOCS = [Document(id=i, title=t, text=x, metadata={"group": "odd" if n % 2 else "even"})
-        for n, (i, t, x) in enumerate(MEDICAL_TEXTS)]
+DOCS = [
+    Document(id=i, title=t, text=x, metadata={"group": "odd" if n % 2 else "even"})
+    for n, (i, t, x) in enumerate(MEDICAL_TEXTS)
+]
 
 
 @pytest.fixture(scope="module")
@@ -127,15 +129,19 @@ def test_hybrid_without_sparse_side_names_the_command_and_sparse_only_adds_it(
     )
 
 
-def test_cli_hybrid_on_a_dense_only_store_is_one_line(embedder, tmp_path: Path, tiny_model_dir: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_hybrid_on_a_dense_only_store_is_one_line(
+    embedder, tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write(embedder, f"faiss:{tmp_path / 'd'}", sparse=False).close()
-    code = main(["search", "高血压", "--model", str(tiny_model_dir), "--store", f"faiss:{tmp_path / 'd'}",
-                 "--mode", "hybrid"])
+    code = main(
+        ["search", "高血压", "--model", str(tiny_model_dir), "--store", f"faiss:{tmp_path / 'd'}", "--mode", "hybrid"]
+    )
     err = capsys.readouterr().err.strip()
     assert code != 0 and len(err.splitlines()) == 1 and "care-retriever index --sparse-only" in err
-    assert main(["search", "x", "--model", str(tiny_model_dir), "--store", f"faiss:{tmp_path / 'd'}",
-                 "--mode", "fuzzy"]) != 0
+    assert (
+        main(["search", "x", "--model", str(tiny_model_dir), "--store", f"faiss:{tmp_path / 'd'}", "--mode", "fuzzy"])
+        != 0
+    )
     assert "Available modes: ['dense', 'sparse', 'hybrid']" in capsys.readouterr().err
 
 
@@ -214,14 +220,30 @@ def test_eval_mode_hybrid_rows(tmp_path: Path, tiny_model_dir: Path, capsys: pyt
     """`eval --mode dense --mode hybrid` gives one row per mode; the random tiny model gains from BM25."""
     task = tmp_path / "task"
     (task / "qrels").mkdir(parents=True)
-    (task / "corpus.jsonl").write_text("\n".join(json.dumps({"_id": d.id, "title": d.title, "text": d.text},
-                                                            ensure_ascii=False) for d in DOCS), encoding="utf-8")
+    (task / "corpus.jsonl").write_text(
+        "\n".join(json.dumps({"_id": d.id, "title": d.title, "text": d.text}, ensure_ascii=False) for d in DOCS),
+        encoding="utf-8",
+    )
     queries = {"q1": "高血压降压药", "q2": "宝宝发烧", "q3": "拉肚子补充水分", "q4": "失眠咖啡"}
-    (task / "queries.jsonl").write_text("\n".join(json.dumps({"_id": q, "text": t}, ensure_ascii=False)
-                                                  for q, t in queries.items()), encoding="utf-8")
+    (task / "queries.jsonl").write_text(
+        "\n".join(json.dumps({"_id": q, "text": t}, ensure_ascii=False) for q, t in queries.items()), encoding="utf-8"
+    )
     (task / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\ta\t1\nq2\tf\t1\nq3\td\t1\nq4\te\t1\n")
-    code = main(["eval", "--model", str(tiny_model_dir), "--task", str(task), "--mode", "dense", "--mode", "hybrid",
-                 "--json", "--no-progress"])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(tiny_model_dir),
+            "--task",
+            str(task),
+            "--mode",
+            "dense",
+            "--mode",
+            "hybrid",
+            "--json",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     rows = {r["model"]: r for r in map(json.loads, capsys.readouterr().out.strip().splitlines())}
     assert set(rows) == {"tiny", "tiny+bm25 (rrf k=10)"}

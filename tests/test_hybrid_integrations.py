@@ -20,14 +20,44 @@ QUERIES = ["高血压吃什么药", "宝宝发烧怎么办", "拉肚子脱水怎
 @pytest.fixture(scope="module")
 def hybrid_store(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, small_corpus_path: Path) -> str:
     spec = f"faiss:{tmp_path_factory.mktemp('hy') / 'store'}"
-    assert main(["index", "--model", str(tiny_model_dir), "--corpus", str(small_corpus_path), "--store", spec,
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "index",
+                "--model",
+                str(tiny_model_dir),
+                "--corpus",
+                str(small_corpus_path),
+                "--store",
+                spec,
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     return spec
 
 
 def cli_hits(capsys, model: Path, spec: str, query: str, *extra: str) -> list[tuple[str, float]]:
-    assert main(["search", query, "--model", str(model), "--store", spec, "--top-k", "5", "--mode", "hybrid",
-                 "--json", *extra]) == 0
+    assert (
+        main(
+            [
+                "search",
+                query,
+                "--model",
+                str(model),
+                "--store",
+                spec,
+                "--top-k",
+                "5",
+                "--mode",
+                "hybrid",
+                "--json",
+                *extra,
+            ]
+        )
+        == 0
+    )
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     return [(h["id"], h["score"]) for h in row["hits"]]
 

@@ -34,8 +34,17 @@ def test_both_entry_points_take_the_same_options(capsys, monkeypatch) -> None:
     torchrun = _help_options(capsys, lambda: index_main(["--help"]))
     assert cli == torchrun
     # what each path lacked before they were one: build options on the torchrun side, its options on the CLI's
-    assert {"--pq-m", "--ef-construction", "--ef-search", "--nprobe", "--backend", "--timeout-minutes",
-            "--checkpoint-every", "--update", "--prune"} <= cli
+    assert {
+        "--pq-m",
+        "--ef-construction",
+        "--ef-search",
+        "--nprobe",
+        "--backend",
+        "--timeout-minutes",
+        "--checkpoint-every",
+        "--update",
+        "--prune",
+    } <= cli
 
 
 def _corpus(path: Path, n: int = 40) -> Path:
@@ -44,8 +53,10 @@ def _corpus(path: Path, n: int = 40) -> Path:
         for i in range(n):
             text = "".join(rng.choice(WORDS, size=int(rng.integers(1, 10))))
             title = "" if i % 3 else str(rng.choice(WORDS))
-            fh.write(json.dumps({"_id": f"d{i}", "title": title, "text": text, "metadata": {"i": i}},
-                                ensure_ascii=False) + "\n")
+            fh.write(
+                json.dumps({"_id": f"d{i}", "title": title, "text": text, "metadata": {"i": i}}, ensure_ascii=False)
+                + "\n"
+            )
     return path
 
 
@@ -58,12 +69,20 @@ def _corpus(path: Path, n: int = 40) -> Path:
         (["--backend", "mpi"], "Available backends: ['auto', 'nccl', 'gloo']"),
     ],
 )
-def test_both_entry_points_reject_bad_options_alike(capsys, tiny_model_dir: Path, small_corpus_path: Path,
-                                                    tmp_path: Path, option: list[str], message: str) -> None:
+def test_both_entry_points_reject_bad_options_alike(
+    capsys, tiny_model_dir: Path, small_corpus_path: Path, tmp_path: Path, option: list[str], message: str
+) -> None:
     errors = []
     for run in (lambda a: cli_main(["index", *a]), index_main):
-        args = ["--model", str(tiny_model_dir), "--corpus", str(small_corpus_path),
-                "--store", f"faiss:{tmp_path / 's'}", *option]
+        args = [
+            "--model",
+            str(tiny_model_dir),
+            "--corpus",
+            str(small_corpus_path),
+            "--store",
+            f"faiss:{tmp_path / 's'}",
+            *option,
+        ]
         code = run(args)
         err = capsys.readouterr().err
         lines = [line for line in err.splitlines() if line.strip()]
@@ -73,10 +92,18 @@ def test_both_entry_points_reject_bad_options_alike(capsys, tiny_model_dir: Path
     assert not (tmp_path / "s").exists() and not (tmp_path / ".s.staging").exists()
 
 
-def test_update_needs_an_existing_store(capsys, tiny_model_dir: Path, small_corpus_path: Path,
-                                        tmp_path: Path) -> None:
-    args = ["index", "--model", str(tiny_model_dir), "--corpus", str(small_corpus_path),
-            "--store", f"faiss:{tmp_path / 's'}", "--no-progress", "--json"]
+def test_update_needs_an_existing_store(capsys, tiny_model_dir: Path, small_corpus_path: Path, tmp_path: Path) -> None:
+    args = [
+        "index",
+        "--model",
+        str(tiny_model_dir),
+        "--corpus",
+        str(small_corpus_path),
+        "--store",
+        f"faiss:{tmp_path / 's'}",
+        "--no-progress",
+        "--json",
+    ]
     assert cli_main([*args, "--update"]) == 2
     assert "holds no index yet" in capsys.readouterr().err
     assert not (tmp_path / "s").exists() and not (tmp_path / ".s.staging").exists()
@@ -108,13 +135,46 @@ def test_torchrun_world_of_one_equals_the_cli(capsys, tiny_model_dir: Path, tmp_
     from care_retriever.embedder import AsymmetricEmbedder
 
     corpus = _corpus(tmp_path / "corpus.jsonl")
-    options = ["--model", str(tiny_model_dir), "--corpus", str(corpus), "--batch-size", "4", "--chunk-size", "16",
-               "--checkpoint-every", "16", "--index-type", "hnsw", "--hnsw-m", "8", "--ef-construction", "40",
-               "--ef-search", "24", "--no-progress", "--json"]
+    options = [
+        "--model",
+        str(tiny_model_dir),
+        "--corpus",
+        str(corpus),
+        "--batch-size",
+        "4",
+        "--chunk-size",
+        "16",
+        "--checkpoint-every",
+        "16",
+        "--index-type",
+        "hnsw",
+        "--hnsw-m",
+        "8",
+        "--ef-construction",
+        "40",
+        "--ef-search",
+        "24",
+        "--no-progress",
+        "--json",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([*_torchrun(), "--standalone", "--nproc-per-node", "1", "-m", "care_retriever.index",
-                           *options, "--store", f"faiss:{tmp_path / 'torchrun'}"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            *_torchrun(),
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "-m",
+            "care_retriever.index",
+            *options,
+            "--store",
+            f"faiss:{tmp_path / 'torchrun'}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     sharded = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
 

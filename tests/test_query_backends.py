@@ -65,8 +65,10 @@ def exported(tmp_path_factory: pytest.TempPathFactory, small_corpus_path: Path) 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, exported: Path, small_corpus_path: Path) -> str:
     spec = f"faiss:{tmp_path_factory.mktemp('onnx-store') / 'store'}"
-    assert main(["index", "--model", str(exported), "--corpus", str(small_corpus_path), "--store", spec,
-                 "--no-progress"]) == 0
+    assert (
+        main(["index", "--model", str(exported), "--corpus", str(small_corpus_path), "--store", spec, "--no-progress"])
+        == 0
+    )
     return spec
 
 
@@ -148,8 +150,20 @@ def test_cli_search_on_onnx_never_imports_torch(exported: Path, store: str, caps
     hits = json.loads(lines[0])["hits"]
     assert json.loads(lines[-1]) == {"torch": False, "transformers": False}
     # the same ranking as the torch search path
-    code, out, _ = _cli(capsys, "search", QUERIES[0], "--model", exported, "--store", store, "--json",
-                        "--backend", "torch", "--device", "cpu")
+    code, out, _ = _cli(
+        capsys,
+        "search",
+        QUERIES[0],
+        "--model",
+        exported,
+        "--store",
+        store,
+        "--json",
+        "--backend",
+        "torch",
+        "--device",
+        "cpu",
+    )
     assert code == 0
     assert [h["id"] for h in json.loads(out)["hits"]] == [h["id"] for h in hits]
 
@@ -182,8 +196,9 @@ def test_export_of_another_query_tower_is_refused(exported: Path, tmp_path: Path
     other.save_pretrained(tmp_path / "other")
     route = query_route(exported)
     shutil.copytree(exported / route.transformer / "onnx", tmp_path / "other" / route.transformer / "onnx")
-    code, out, err = _cli(capsys, "search", "感冒", "--model", tmp_path / "other", "--store", store,
-                          "--backend", "onnx")
+    code, out, err = _cli(
+        capsys, "search", "感冒", "--model", tmp_path / "other", "--store", store, "--backend", "onnx"
+    )
     assert code != 0 and out == ""
     assert "exported from another query tower" in err and "care-retriever export" in err
     assert len(err.strip().splitlines()) == 1

@@ -12,8 +12,21 @@ from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWrite
 from care_retriever.corpus import Document
 
 WORDS = [
-    "高血压", "感冒", "糖尿病", "腹泻", "失眠", "发烧", "宝宝", "饮食",
-    "运动", "就医", "降压药", "病毒", "脱水", "咖啡", "监测",
+    "高血压",
+    "感冒",
+    "糖尿病",
+    "腹泻",
+    "失眠",
+    "发烧",
+    "宝宝",
+    "饮食",
+    "运动",
+    "就医",
+    "降压药",
+    "病毒",
+    "脱水",
+    "咖啡",
+    "监测",
 ]
 
 
@@ -25,8 +38,10 @@ def embedder(tiny_model_dir: Path) -> AsymmetricEmbedder:
 @pytest.fixture(scope="module")
 def corpus() -> list[Document]:
     rng = np.random.default_rng(0)
-    return [Document(f"d{i}", "".join(rng.choice(WORDS, size=int(rng.integers(2, 8)))),
-                     metadata={"group": int(i % 4)}) for i in range(400)]
+    return [
+        Document(f"d{i}", "".join(rng.choice(WORDS, size=int(rng.integers(2, 8)))), metadata={"group": int(i % 4)})
+        for i in range(400)
+    ]
 
 
 def _queries(n: int) -> list[str]:
@@ -40,8 +55,11 @@ def _key(hits) -> list[tuple[str, float]]:
 
 @pytest.mark.parametrize("spec", ["faiss-flat", "faiss-hnsw", "qdrant-memory"])
 def test_threaded_search_equals_serial(embedder, corpus, tmp_path: Path, spec: str) -> None:
-    store = {"faiss-flat": f"faiss:{tmp_path / 'f'}", "faiss-hnsw": f"faiss:{tmp_path / 'h'}",
-             "qdrant-memory": "qdrant::memory:"}[spec]
+    store = {
+        "faiss-flat": f"faiss:{tmp_path / 'f'}",
+        "faiss-hnsw": f"faiss:{tmp_path / 'h'}",
+        "qdrant-memory": "qdrant::memory:",
+    }[spec]
     options = {"type": "hnsw", "m": 8} if spec == "faiss-hnsw" else None
     writer = DocumentStoreWriter(embedder, store, show_progress=False, index_options=options)
     writer.write(corpus)

@@ -35,8 +35,7 @@ def _answers(store: FaissStore) -> list[list[list]]:
 def _same(got: list, want: list) -> None:
     assert [[h[0] for h in row] for row in got] == [[h[0] for h in row] for row in want]
     assert [[h[2:] for h in row] for row in got] == [[h[2:] for h in row] for row in want]
-    np.testing.assert_allclose([[h[1] for h in row] for row in got], [[h[1] for h in row] for row in want],
-                               atol=1e-6)
+    np.testing.assert_allclose([[h[1] for h in row] for row in got], [[h[1] for h in row] for row in want], atol=1e-6)
 
 
 def test_old_store_opens_and_answers_identically(old_store: tuple[str, Path]) -> None:

@@ -19,13 +19,35 @@ from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWrite
 from care_retriever.corpus import Document
 from care_retriever.errors import CareError, InputError, ModelError
 
-SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                           HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
 
 CONTROL = st.characters(categories=["Cc", "Cf", "Zs", "Zl", "Zp", "Mn"])
-SCRIPTS = st.sampled_from(["高血压", "感冒发烧", "😷🩺", "العربية", "हिन्दी", "Ελληνικά", "кириллица", "abc", "123",
-                           "\u200b", "\ufeff", "\u202e", "e\u0301", "ﬁ", "\x00", "\t\n\r", " "])
+SCRIPTS = st.sampled_from(
+    [
+        "高血压",
+        "感冒发烧",
+        "😷🩺",
+        "العربية",
+        "हिन्दी",
+        "Ελληνικά",
+        "кириллица",
+        "abc",
+        "123",
+        "\u200b",
+        "\ufeff",
+        "\u202e",
+        "e\u0301",
+        "ﬁ",
+        "\x00",
+        "\t\n\r",
+        " ",
+    ]
+)
 TEXT = st.one_of(
     st.text(max_size=80),  # any code point except lone surrogates
     st.text(alphabet=CONTROL, max_size=20),
@@ -66,8 +88,9 @@ def test_any_texts_encode_to_unit_rows_of_the_right_width(embedder, texts: list[
 
 @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(pieces=st.lists(SCRIPTS, min_size=1, max_size=5), repeat=st.integers(600, 3000))
-def test_texts_far_beyond_max_length_are_truncated_and_reported_once(embedder, caplog, pieces: list[str],
-                                                                     repeat: int) -> None:
+def test_texts_far_beyond_max_length_are_truncated_and_reported_once(
+    embedder, caplog, pieces: list[str], repeat: int
+) -> None:
     long_text = ("高血压" + "".join(pieces)) * repeat
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="care_retriever"):
@@ -79,8 +102,10 @@ def test_texts_far_beyond_max_length_are_truncated_and_reported_once(embedder, c
 
 def test_huge_batch(embedder) -> None:
     rng = np.random.default_rng(0)
-    texts = ["".join(rng.choice(list("高血压感冒糖尿病腹泻失眠发烧 abc"), size=int(rng.integers(0, 12))))
-             for _ in range(4000)]
+    texts = [
+        "".join(rng.choice(list("高血压感冒糖尿病腹泻失眠发烧 abc"), size=int(rng.integers(0, 12))))
+        for _ in range(4000)
+    ]
     vectors = embedder.embed_queries(texts, batch_size=512)
     _check_rows(vectors, 4000, embedder.dim)
     np.testing.assert_allclose(embedder.embed_queries(texts[1234:1236]), vectors[1234:1236], atol=1e-4)
@@ -116,8 +141,9 @@ def test_any_query_searches_or_raises_input_error(retriever, query: str, top_k: 
 
 
 DOC_IDS = st.text(min_size=1, max_size=12)
-METADATA = st.dictionaries(st.text(max_size=8), st.one_of(st.text(max_size=8), st.integers(), st.booleans()),
-                           max_size=3)
+METADATA = st.dictionaries(
+    st.text(max_size=8), st.one_of(st.text(max_size=8), st.integers(), st.booleans()), max_size=3
+)
 DOCS = st.lists(st.builds(Document, id=DOC_IDS, text=TEXT, title=TEXT, metadata=METADATA), min_size=1, max_size=8)
 
 
@@ -137,10 +163,20 @@ def test_any_documents_round_trip_through_both_stores(embedder, docs: list[Docum
 
 
 @SETTINGS
-@given(lines=st.lists(st.one_of(st.binary(max_size=40), st.text(max_size=40).map(lambda t: t.encode()),
-                                st.builds(lambda i, t: json.dumps({"_id": i, "text": t}).encode(),
-                                          st.one_of(st.text(max_size=5), st.integers(), st.none()), TEXT)),
-                      max_size=8))
+@given(
+    lines=st.lists(
+        st.one_of(
+            st.binary(max_size=40),
+            st.text(max_size=40).map(lambda t: t.encode()),
+            st.builds(
+                lambda i, t: json.dumps({"_id": i, "text": t}).encode(),
+                st.one_of(st.text(max_size=5), st.integers(), st.none()),
+                TEXT,
+            ),
+        ),
+        max_size=8,
+    )
+)
 def test_any_corpus_bytes_read_or_raise_input_error(lines: list[bytes]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "corpus.jsonl"
@@ -153,14 +189,17 @@ def test_any_corpus_bytes_read_or_raise_input_error(lines: list[bytes]) -> None:
         assert all(isinstance(d, Document) and d.id and (d.text.strip() or d.title.strip()) for d in docs)
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-                    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children,
-                                                                                     max_size=4), max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
 BODIES = st.one_of(
     JSON,
     st.fixed_dictionaries({"query": JSON}, optional={"top_k": JSON, "filters": JSON}),
-    st.fixed_dictionaries({"query": TEXT}, optional={"top_k": st.integers(-5, 200),
-                                                     "filters": st.dictionaries(st.text(max_size=6), JSON)}),
+    st.fixed_dictionaries(
+        {"query": TEXT}, optional={"top_k": st.integers(-5, 200), "filters": st.dictionaries(st.text(max_size=6), JSON)}
+    ),
 )
 
 
@@ -172,8 +211,9 @@ def test_the_service_answers_any_json_body_without_a_5xx(retriever, body) -> Non
     from care_retriever.server import ServiceLimits, create_app
 
     client = TestClient(create_app(retriever, ServiceLimits(max_top_k=10)), raise_server_exceptions=False)
-    response = client.post("/search", content=json.dumps(body, allow_nan=True),
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/search", content=json.dumps(body, allow_nan=True), headers={"content-type": "application/json"}
+    )
     assert response.status_code < 500, (body, response.text)
     if response.status_code != 200:
         assert response.json()["error"]

@@ -67,10 +67,13 @@ def test_garbage_docstore_without_checksums_is_named(faiss_dir: Path) -> None:
         open_store(f"faiss:{faiss_dir}")
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("{not json", r"manifest\.json: unreadable manifest"),
-    ('{"backend": "faiss", "dim": 32, "mystery": 1}', r"manifest\.json: malformed manifest"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", r"manifest\.json: unreadable manifest"),
+        ('{"backend": "faiss", "dim": 32, "mystery": 1}', r"manifest\.json: malformed manifest"),
+    ],
+)
 def test_bad_manifest_is_named(faiss_dir: Path, content: str, message: str) -> None:
     (faiss_dir / MANIFEST).write_text(content)
     with pytest.raises(StoreError, match=message):

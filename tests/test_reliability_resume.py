@@ -41,8 +41,9 @@ def make_corpus(path: Path, n: int, seed: int, changed: int = 0, added: int = 0)
     rows = []
     for i in range(n + added):
         text = "".join(rng.choice(CHARS) for _ in range(rng.randint(4, 40)))
-        rows.append({"_id": f"doc-{i}", "title": CHARS[i % 17 : i % 17 + 3], "text": text,
-                     "metadata": {"group": i % 3}})
+        rows.append(
+            {"_id": f"doc-{i}", "title": CHARS[i % 17 : i % 17 + 3], "text": text, "metadata": {"group": i % 3}}
+        )
     rng2 = random.Random(seed + 1)
     for row in rng2.sample(rows[:n], changed):
         row["text"] += "（修订）"
@@ -55,10 +56,30 @@ def make_corpus(path: Path, n: int, seed: int, changed: int = 0, added: int = 0)
 
 
 def index_cmd(model: Path, corpus: Path, store: str, *extra: str) -> list[str]:
-    args = ["--batch-size", WRITER["batch_size"], "--chunk-size", WRITER["chunk_size"],
-            "--checkpoint-every", WRITER["checkpoint_every"]]
-    return [sys.executable, "-m", "care_retriever.cli.main", "index", "--model", str(model), "--corpus", str(corpus),
-            "--store", store, "--no-progress", "--json", *map(str, args), *extra]
+    args = [
+        "--batch-size",
+        WRITER["batch_size"],
+        "--chunk-size",
+        WRITER["chunk_size"],
+        "--checkpoint-every",
+        WRITER["checkpoint_every"],
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "care_retriever.cli.main",
+        "index",
+        "--model",
+        str(model),
+        "--corpus",
+        str(corpus),
+        "--store",
+        store,
+        "--no-progress",
+        "--json",
+        *map(str, args),
+        *extra,
+    ]
 
 
 def subprocess_env() -> dict[str, str]:
@@ -169,8 +190,9 @@ def embedder(tiny_model_dir: Path) -> AsymmetricEmbedder:
     return AsymmetricEmbedder.from_pretrained(tiny_model_dir)
 
 
-def test_faiss_killed_at_four_points_then_resumed_equals_clean_run(embedder, tiny_model_dir: Path,
-                                                                   tmp_path: Path) -> None:
+def test_faiss_killed_at_four_points_then_resumed_equals_clean_run(
+    embedder, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     corpus = make_corpus(tmp_path / "corpus.jsonl", 2000, seed=0)
     updated = make_corpus(tmp_path / "updated.jsonl", 2000, seed=0, changed=300, added=400)
     folder = tmp_path / "store"
@@ -191,19 +213,20 @@ def test_faiss_killed_at_four_points_then_resumed_equals_clean_run(embedder, tin
 
     # 3. mid-way through an --update (300 changed, 400 new): readers still see the published store ...
     baseline = faiss_state(folder)
-    run_and_kill(index_cmd(tiny_model_dir, updated, spec, "--update"),
-                 lambda: (staged_count(folder) or 0) >= 2100, after=0.05)
+    run_and_kill(
+        index_cmd(tiny_model_dir, updated, spec, "--update"), lambda: (staged_count(folder) or 0) >= 2100, after=0.05
+    )
     still = faiss_state(folder)
     assert sorted(still) == sorted(baseline)
     # the same vectors too (the update re-encodes 300 changed documents: none may leak into the published store)
-    np.testing.assert_array_equal(np.stack([still[i] for i in sorted(still)]),
-                                  np.stack([baseline[i] for i in sorted(baseline)]))
+    np.testing.assert_array_equal(
+        np.stack([still[i] for i in sorted(still)]), np.stack([baseline[i] for i in sorted(baseline)])
+    )
     # ... 4. then the resumed update equals a clean build of the updated corpus.
     final = run_to_end(index_cmd(tiny_model_dir, updated, spec, "--update"))
     assert final["count"] == 2400 and final["updated"] + final["added"] < 700  # checkpointed work is kept
     reference(embedder, updated, f"faiss:{tmp_path / 'clean2'}")
-    assert_same(faiss_state(folder), faiss_state(tmp_path / "clean2"), embedder, spec,
-                f"faiss:{tmp_path / 'clean2'}")
+    assert_same(faiss_state(folder), faiss_state(tmp_path / "clean2"), embedder, spec, f"faiss:{tmp_path / 'clean2'}")
 
 
 def test_qdrant_local_killed_then_resumed_equals_clean_run(embedder, tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -217,8 +240,7 @@ def test_qdrant_local_killed_then_resumed_equals_clean_run(embedder, tiny_model_
     final = run_to_end(cmd)
     assert final["count"] == 300 and final["unchanged"] >= 200
     reference(embedder, corpus, f"qdrant:{tmp_path / 'clean'}")
-    assert_same(qdrant_state(folder), qdrant_state(tmp_path / "clean"), embedder, spec,
-                f"qdrant:{tmp_path / 'clean'}")
+    assert_same(qdrant_state(folder), qdrant_state(tmp_path / "clean"), embedder, spec, f"qdrant:{tmp_path / 'clean'}")
     again = reindex(embedder, corpus, spec)
     assert (again.added, again.updated, again.unchanged, again.count) == (0, 0, 300, 300)
 

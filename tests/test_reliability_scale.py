@@ -43,8 +43,9 @@ def test_ivfpq_store_writes_reopens_updates_and_finds_neighbours(tmp_path: Path)
     queries = vectors[:50] + 0.01
     exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
     hits = reopened.search(queries, 10)
-    recall = np.mean([len({h.id for h in row} & {f"d{i}" for i in ex}) / 10 for row, ex in zip(hits, exact,
-                                                                                               strict=True)])
+    recall = np.mean(
+        [len({h.id for h in row} & {f"d{i}" for i in ex}) / 10 for row, ex in zip(hits, exact, strict=True)]
+    )
     assert recall > 0.5  # lossy 16-byte codes (random: 0.01); the point is a working ANN index
     assert {h.metadata["g"] for h in reopened.search(queries[:5], 5, {"g": 1})[0]} == {1}
     reopened.prepare(DIM, "fp", "m")
@@ -93,14 +94,42 @@ def test_unknown_qdrant_options_are_refused() -> None:
 
 
 def test_large_index_benchmark_prints_its_table(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(REPO / "benchmarks" / "large_index.py"), "--n", "3000", "--dim", "32", "--queries",
-           "40", "--latency-queries", "10", "--qdrant-queries", "10", "--clusters", "50", "--nlist", "16",
-           "--pq-m", "8", "--backends", "flat,hnsw,ivfpq,qdrant", "--threads", "1", "--workdir", str(tmp_path),
-           "--json", str(tmp_path / "r.json")]
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "large_index.py"),
+        "--n",
+        "3000",
+        "--dim",
+        "32",
+        "--queries",
+        "40",
+        "--latency-queries",
+        "10",
+        "--qdrant-queries",
+        "10",
+        "--clusters",
+        "50",
+        "--nlist",
+        "16",
+        "--pq-m",
+        "8",
+        "--backends",
+        "flat,hnsw,ivfpq,qdrant",
+        "--threads",
+        "1",
+        "--workdir",
+        str(tmp_path),
+        "--json",
+        str(tmp_path / "r.json"),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert lines[0].startswith("| engine |") and [line.split("|")[1].strip() for line in lines[1:]] == [
-        "flat", "hnsw", "ivfpq", "qdrant"]
+        "flat",
+        "hnsw",
+        "ivfpq",
+        "qdrant",
+    ]
     recalls = {line.split("|")[1].strip(): float(line.split("|")[-2]) for line in lines[1:]}
     assert recalls["flat"] == recalls["qdrant"] == 1.0 and recalls["hnsw"] > 0.9

@@ -42,8 +42,19 @@ def store(tiny_model_dir: Path, small_corpus_path: Path, tmp_path_factory: pytes
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, store: str) -> Iterator[Server]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "care_retriever.cli.main", "serve", "--model", str(tiny_model_dir),
-           "--store", store, "--port", "0", *LIMITS]  # no --host: the default must be loopback
+    cmd = [
+        sys.executable,
+        "-m",
+        "care_retriever.cli.main",
+        "serve",
+        "--model",
+        str(tiny_model_dir),
+        "--store",
+        store,
+        "--port",
+        "0",
+        *LIMITS,
+    ]  # no --host: the default must be loopback
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue[str] = queue.Queue()
     log: list[str] = []
@@ -135,10 +146,12 @@ MALFORMED: list[tuple[str, bytes | str, dict[str, str], int]] = [
 
 
 @pytest.mark.parametrize(("name", "body", "headers", "status"), MALFORMED, ids=[m[0] for m in MALFORMED])
-def test_malformed_requests_get_4xx_with_a_message(server: Server, name: str, body: bytes, headers: dict,
-                                                  status: int) -> None:
-    response = httpx.post(f"{server.url}/search", content=body,
-                          headers={"content-type": "application/json", **headers}, timeout=10)
+def test_malformed_requests_get_4xx_with_a_message(
+    server: Server, name: str, body: bytes, headers: dict, status: int
+) -> None:
+    response = httpx.post(
+        f"{server.url}/search", content=body, headers={"content-type": "application/json", **headers}, timeout=10
+    )
     assert response.status_code == status, response.text
     assert response.json()["error"]
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
@@ -176,6 +189,7 @@ def test_wrong_method_and_path(server: Server) -> None:
 
 def test_concurrent_clients_get_serial_results(server: Server, expected) -> None:
     """8 clients x 12 requests, mixed with bad ones; bounded in time."""
+
     def client(worker: int) -> list[str]:
         problems = []
         with httpx.Client(base_url=server.url, timeout=30) as http:

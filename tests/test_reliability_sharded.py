@@ -42,9 +42,28 @@ def test_two_gloo_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
             fh.write(json.dumps({"_id": f"d{i}", "text": text}, ensure_ascii=False) + "\n")
     sharded = tmp_path / "sharded"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [*_torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "care_retriever.index",
-           "--model", str(tiny_model_dir), "--corpus", str(corpus), "--store", f"faiss:{sharded}",
-           "--batch-size", "8", "--chunk-size", "64", "--checkpoint-every", "64", "--no-progress", "--json"]
+    cmd = [
+        *_torchrun(),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "care_retriever.index",
+        "--model",
+        str(tiny_model_dir),
+        "--corpus",
+        str(corpus),
+        "--store",
+        f"faiss:{sharded}",
+        "--batch-size",
+        "8",
+        "--chunk-size",
+        "64",
+        "--checkpoint-every",
+        "64",
+        "--no-progress",
+        "--json",
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
@@ -52,27 +71,38 @@ def test_two_gloo_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
 
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
     single = tmp_path / "single"
-    DocumentStoreWriter(embedder, f"faiss:{single}", batch_size=8, chunk_size=64, checkpoint_every=64,
-                        show_progress=False).write(read_corpus(corpus))
+    DocumentStoreWriter(
+        embedder, f"faiss:{single}", batch_size=8, chunk_size=64, checkpoint_every=64, show_progress=False
+    ).write(read_corpus(corpus))
     rows_a, vec_a = _rows(sharded)
     rows_b, vec_b = _rows(single)
     assert rows_a == rows_b  # same ids in the same order: rank 0 wrote what one process writes
     np.testing.assert_allclose(np.stack([vec_a[i] for i in rows_b]), np.stack([vec_b[i] for i in rows_b]), atol=1e-5)
     queries = ["高血压饮食", "宝宝发烧", "失眠"]
     a, b = CareRetriever(f"faiss:{sharded}", embedder), CareRetriever(f"faiss:{single}", embedder)
-    assert [[h.id for h in hits] for hits in a.search(queries, top_k=10)] == \
-        [[h.id for h in hits] for hits in b.search(queries, top_k=10)]
+    assert [[h.id for h in hits] for hits in a.search(queries, top_k=10)] == [
+        [h.id for h in hits] for hits in b.search(queries, top_k=10)
+    ]
 
 
-
-def test_single_process_without_torchrun(tiny_model_dir: Path, small_corpus_path: Path, tmp_path: Path,
-                                         capsys) -> None:
+def test_single_process_without_torchrun(tiny_model_dir: Path, small_corpus_path: Path, tmp_path: Path, capsys) -> None:
     from care_retriever.index import main
 
-    code = main(["--model", str(tiny_model_dir), "--corpus", str(small_corpus_path),
-                 "--store", f"faiss:{tmp_path / 's'}", "--no-progress", "--json"])
+    code = main(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--corpus",
+            str(small_corpus_path),
+            "--store",
+            f"faiss:{tmp_path / 's'}",
+            "--no-progress",
+            "--json",
+        ]
+    )
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and (report["world_size"], report["added"]) == (1, 6)
-    code = main(["--model", str(tmp_path / "missing"), "--corpus", str(small_corpus_path),
-                 "--store", f"faiss:{tmp_path / 's'}"])
+    code = main(
+        ["--model", str(tmp_path / "missing"), "--corpus", str(small_corpus_path), "--store", f"faiss:{tmp_path / 's'}"]
+    )
     assert code == 2 and capsys.readouterr().err.startswith("error: model folder not found")

@@ -32,8 +32,9 @@ def _seed(folder: Path, n: int = 20) -> None:
 
 
 def _worker(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(WORKER), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _check(folder: Path, expected: int) -> None:
@@ -53,8 +54,9 @@ def _check(folder: Path, expected: int) -> None:
     assert main(["verify", "--store", f"faiss:{folder}"]) == 0
 
 
-@pytest.mark.parametrize(("point", "survivors"),
-                         [("delta", 20), ("manifest", 23), ("fold-write", 23), ("fold-rename", 23)])
+@pytest.mark.parametrize(
+    ("point", "survivors"), [("delta", 20), ("manifest", 23), ("fold-write", 23), ("fold-rename", 23)]
+)
 def test_a_kill_inside_the_commit_keeps_all_or_nothing(tmp_path: Path, point: str, survivors: int) -> None:
     folder = tmp_path / "store"
     _seed(folder)

@@ -42,7 +42,8 @@ def _hits(rows: list[dict]) -> list[tuple[str, float]]:
 
 def _same(got: list[tuple[str, float]], want: list[tuple[str, float]]) -> bool:
     return [i for i, _ in got] == [i for i, _ in want] and all(
-        abs(a - b) <= 1e-5 for (_, a), (_, b) in zip(got, want, strict=True))
+        abs(a - b) <= 1e-5 for (_, a), (_, b) in zip(got, want, strict=True)
+    )
 
 
 def _metrics(text: str) -> dict[str, float]:
@@ -73,15 +74,23 @@ def test_concurrent_requests_share_forward_passes_and_get_their_own_hits(retriev
         if FILTERS[i % len(FILTERS)] is not None:
             body["filters"] = FILTERS[i % len(FILTERS)]
         bodies.append(body)
-    expected = [[_hits([h.to_dict() for h in retriever.search(q, top_k=b["top_k"], filters=b.get("filters"))])
-                 for q in ([b["query"]] if isinstance(b["query"], str) else b["query"])] for b in bodies]
+    expected = [
+        [
+            _hits([h.to_dict() for h in retriever.search(q, top_k=b["top_k"], filters=b.get("filters"))])
+            for q in ([b["query"]] if isinstance(b["query"], str) else b["query"])
+        ]
+        for b in bodies
+    ]
     # The check can tell requests apart: no two distinct (query, top_k, filters) give the same hits.
     distinct = {json.dumps(b, sort_keys=True, ensure_ascii=False): e for b, e in zip(bodies, expected, strict=True)}
     keys = list(distinct)
     for a in range(len(keys)):
         for b in range(a + 1, len(keys)):
             assert not all(_same(x, y) for x, y in zip(distinct[keys[a]], distinct[keys[b]], strict=False)), (
-                "the model cannot tell these requests apart", keys[a], keys[b])
+                "the model cannot tell these requests apart",
+                keys[a],
+                keys[b],
+            )
 
     app = create_app(retriever, ServiceLimits(max_top_k=10, max_batch_size=16, max_wait_ms=50, max_queue=256))
     responses = asyncio.run(_post_all(app, bodies))
@@ -150,16 +159,24 @@ def test_a_full_queue_answers_503_with_retry_after(retriever) -> None:
 def test_bearer_token_gates_every_route_and_is_never_echoed(retriever) -> None:
     app = create_app(retriever, ServiceLimits(), api_token=TOKEN)
     answers = []
-    for headers in (None, {"authorization": f"Bearer {TOKEN}x"}, {"authorization": TOKEN},
-                    {"authorization": f"Basic {TOKEN}"}, {"authorization": f"Bearer {TOKEN[:-1]}"}):
+    for headers in (
+        None,
+        {"authorization": f"Bearer {TOKEN}x"},
+        {"authorization": TOKEN},
+        {"authorization": f"Basic {TOKEN}"},
+        {"authorization": f"Bearer {TOKEN[:-1]}"},
+    ):
         for path in ("/health", "/metrics"):
             answers.append(asyncio.run(_get(app, path, headers)))
         answers.append(asyncio.run(_post_all(app, [{"query": "感冒"}], headers))[0])
     assert [a.status_code for a in answers] == [401] * len(answers)
     assert all(a.headers["www-authenticate"].startswith("Bearer") and a.json()["error"] for a in answers)
     good = {"authorization": f"Bearer {TOKEN}"}
-    answers += [asyncio.run(_get(app, "/health", good)), asyncio.run(_get(app, "/metrics", good)),
-                asyncio.run(_post_all(app, [{"query": "感冒"}], good))[0]]
+    answers += [
+        asyncio.run(_get(app, "/health", good)),
+        asyncio.run(_get(app, "/metrics", good)),
+        asyncio.run(_post_all(app, [{"query": "感冒"}], good))[0],
+    ]
     assert [a.status_code for a in answers[-3:]] == [200, 200, 200]
     for a in answers:
         assert TOKEN not in a.text and all(TOKEN not in v for v in a.headers.values())

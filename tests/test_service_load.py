@@ -31,8 +31,22 @@ SAMPLE = Path(__file__).resolve().parents[1] / "care_retriever" / "data" / "samp
 TOKEN = "care-load-token-93be2f17a4"
 FILTERS: list[dict | None] = [None, {"topic": "高血压"}, {"topic": ["感冒", "失眠", "胃炎", "哮喘"]}]
 BODY_TIMEOUT = 1.5
-LIMITS = ["--max-top-k", "10", "--max-queries", "4", "--max-body-bytes", "4096", "--max-batch-size", "16",
-          "--max-wait-ms", "10", "--max-queue", "512", "--body-timeout", str(BODY_TIMEOUT)]
+LIMITS = [
+    "--max-top-k",
+    "10",
+    "--max-queries",
+    "4",
+    "--max-body-bytes",
+    "4096",
+    "--max-batch-size",
+    "16",
+    "--max-wait-ms",
+    "10",
+    "--max-queue",
+    "512",
+    "--body-timeout",
+    str(BODY_TIMEOUT),
+]
 
 
 class Server:
@@ -58,10 +72,20 @@ def start_server(model: Path, store: str, *options: str, token: str | None = Non
     env.pop("CARE_API_TOKEN", None)
     if token is not None:
         env["CARE_API_TOKEN"] = token
-    cmd = [sys.executable, "-m", "care_retriever.cli.main", "serve", "--model", str(model), "--store", store,
-           "--port", "0", *options]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "care_retriever.cli.main",
+        "serve",
+        "--model",
+        str(model),
+        "--store",
+        store,
+        "--port",
+        "0",
+        *options,
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()
     log: list[str] = []
 
@@ -136,13 +160,15 @@ def direct(tiny_model_dir: Path, store: str) -> Iterator[CareRetriever]:
 
 def _expected(direct: CareRetriever, body: dict) -> list[list[tuple[str, float]]]:
     queries = [body["query"]] if isinstance(body["query"], str) else body["query"]
-    return [[(h.id, h.score) for h in direct.search(q, top_k=body["top_k"], filters=body.get("filters"))]
-            for q in queries]
+    return [
+        [(h.id, h.score) for h in direct.search(q, top_k=body["top_k"], filters=body.get("filters"))] for q in queries
+    ]
 
 
 def _matches(result: list[dict], want: list[tuple[str, float]]) -> bool:
     return [h["id"] for h in result] == [i for i, _ in want] and all(
-        abs(h["score"] - s) <= 1e-5 for h, (_, s) in zip(result, want, strict=True))
+        abs(h["score"] - s) <= 1e-5 for h, (_, s) in zip(result, want, strict=True)
+    )
 
 
 def _plan(n_clients: int, per_client: int, seed: int = 11) -> list[list[dict]]:
@@ -161,8 +187,9 @@ def _plan(n_clients: int, per_client: int, seed: int = 11) -> list[list[dict]]:
     return plan
 
 
-async def _raw(port: int, head: bytes, body_parts: list[bytes], gap: float = 0.0, *, read: bool = True,
-               timeout: float = 10) -> bytes:
+async def _raw(
+    port: int, head: bytes, body_parts: list[bytes], gap: float = 0.0, *, read: bool = True, timeout: float = 10
+) -> bytes:
     """Send a request by hand (a head, then the body in parts with pauses); the reply's bytes, or b"" if
     ``read`` is False (the client hangs up without reading)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -184,8 +211,13 @@ async def _raw(port: int, head: bytes, body_parts: list[bytes], gap: float = 0.0
 
 
 def _head(port: int, length: int | None, token: str = TOKEN) -> bytes:
-    lines = [b"POST /search HTTP/1.1", f"Host: 127.0.0.1:{port}".encode(), b"Content-Type: application/json",
-             f"Authorization: Bearer {token}".encode(), b"Connection: close"]
+    lines = [
+        b"POST /search HTTP/1.1",
+        f"Host: 127.0.0.1:{port}".encode(),
+        b"Content-Type: application/json",
+        f"Authorization: Bearer {token}".encode(),
+        b"Connection: close",
+    ]
     if length is not None:
         lines.append(f"Content-Length: {length}".encode())
     return b"\r\n".join(lines) + b"\r\n\r\n"
@@ -233,8 +265,12 @@ async def _hostile(port: int, url: str, rounds: int, direct: CareRetriever) -> l
             expect("too many queries", r.status_code, {422})
         for _ in range(rounds):
             # A slow body that arrives in time is answered, with its own hits.
-            reply = await _raw(port, _head(port, len(slow_body)), [slow_body[i:i + 8] for i in range(0, 40, 8)]
-                               + [slow_body[40:]], gap=0.15)
+            reply = await _raw(
+                port,
+                _head(port, len(slow_body)),
+                [slow_body[i : i + 8] for i in range(0, 40, 8)] + [slow_body[40:]],
+                gap=0.15,
+            )
             expect("slow body", _status(reply), {200})
             if _status(reply) == 200 and not _matches(_json_body(reply)["results"][0]["hits"], slow_want):
                 problems.append("slow body: hits of another query")
@@ -247,7 +283,7 @@ async def _hostile(port: int, url: str, rounds: int, direct: CareRetriever) -> l
             # Hang-ups: mid-body, and right after sending a whole request without reading the reply.
             await _raw(port, _head(port, len(slow_body)), [slow_body[:12]], read=False)
             await _raw(port, _head(port, len(slow_body)), [slow_body], read=False)
-            await _raw(port, _head(port, 10 ** 6), [b"{"], read=False)
+            await _raw(port, _head(port, 10**6), [b"{"], read=False)
             # Not HTTP at all.
             expect("garbage", _status(await _raw(port, b"\x16\x03\x01 hello\r\n\r\n", [])), {400})
     return problems
@@ -271,21 +307,27 @@ async def _well_formed(url: str, bodies: list[dict], expected: list[list[list[tu
     return problems
 
 
-def test_load_with_hostile_clients_gets_no_5xx_and_no_mixed_up_answers(tiny_model_dir: Path, store: str,
-                                                                       direct: CareRetriever) -> None:
+def test_load_with_hostile_clients_gets_no_5xx_and_no_mixed_up_answers(
+    tiny_model_dir: Path, store: str, direct: CareRetriever
+) -> None:
     plan = _plan(n_clients=12, per_client=10)
     expected = [[_expected(direct, body) for body in bodies] for bodies in plan]
-    flat = {json.dumps(b, sort_keys=True, ensure_ascii=False): e for bs, es in zip(plan, expected, strict=True)
-            for b, e in zip(bs, es, strict=True)}
+    flat = {
+        json.dumps(b, sort_keys=True, ensure_ascii=False): e
+        for bs, es in zip(plan, expected, strict=True)
+        for b, e in zip(bs, es, strict=True)
+    }
     # Precondition: the check can tell the requests apart (no two distinct requests' hits match each other).
     wants = list(flat.values())
     for a in range(len(wants)):
         for b in range(a + 1, len(wants)):
             assert len(wants[a]) != len(wants[b]) or not all(
-                _matches([{"id": i, "score": s} for i, s in x], y) for x, y in zip(wants[a], wants[b], strict=True))
+                _matches([{"id": i, "score": s} for i, s in x], y) for x, y in zip(wants[a], wants[b], strict=True)
+            )
 
     server = start_server(tiny_model_dir, store, *LIMITS, "--log-level", "debug", token=TOKEN)
     try:
+
         async def run() -> list[str]:
             tasks = [_well_formed(server.url, bodies, want) for bodies, want in zip(plan, expected, strict=True)]
             tasks += [_hostile(server.port, server.url, 2, direct) for _ in range(3)]
@@ -317,8 +359,9 @@ def test_load_with_hostile_clients_gets_no_5xx_and_no_mixed_up_answers(tiny_mode
 
 def test_sigterm_lets_requests_in_flight_finish(tiny_model_dir: Path, store: str, direct: CareRetriever) -> None:
     """Requests waiting in a batch when SIGTERM arrives are answered in full; new connections are refused."""
-    server = start_server(tiny_model_dir, store, "--max-batch-size", "64", "--max-wait-ms", "1500",
-                          "--shutdown-timeout", "20")
+    server = start_server(
+        tiny_model_dir, store, "--max-batch-size", "64", "--max-wait-ms", "1500", "--shutdown-timeout", "20"
+    )
     bodies = [{"query": q, "top_k": 4} for q in _queries()[:4]]
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:

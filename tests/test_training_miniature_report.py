@@ -39,8 +39,14 @@ def synthetic_run(folder: Path, seed: int) -> Path:
                 "done": ["init", "stage0-query"],
                 "init_seconds": 1.0,
                 "reports": [
-                    {"name": "stage0-query", "steps": 10, "seconds": 60.0, "wall_seconds": 61.0, "first_loss": 2.0,
-                     "last_loss": 1.0}
+                    {
+                        "name": "stage0-query",
+                        "steps": 10,
+                        "seconds": 60.0,
+                        "wall_seconds": 61.0,
+                        "first_loss": 2.0,
+                        "last_loss": 1.0,
+                    }
                 ],
             }
         )
@@ -82,8 +88,14 @@ def test_report_of_three_seeds(report, tmp_path: Path) -> None:
 
 def test_legacy_single_seed_file_is_kept_as_a_labelled_seed_zero(report, tmp_path: Path) -> None:
     legacy = tmp_path / "old.json"
-    row = {"kuake-qtr-retrieval": 0.55, "kuake-qtr-rerank": 0.85, "chip-sts": None, "query_params": 1,
-           "document_params": 2, "queries_per_s": 3.0}
+    row = {
+        "kuake-qtr-retrieval": 0.55,
+        "kuake-qtr-rerank": 0.85,
+        "chip-sts": None,
+        "query_params": 1,
+        "document_params": 2,
+        "queries_per_s": 3.0,
+    }
     legacy.write_text(json.dumps({"results": {"asymmetric-two-stage": row, "bm25": dict(row)}}))
     kept = tmp_path / "m.json"
     report.main(["--convert-legacy", str(legacy), "--doc", str(tmp_path / "m.md"), "--json", str(kept)])

@@ -50,9 +50,7 @@ def stage_mlm(ctx: Any, stage: Any, embedder: Any):
         )
     mlm = BertForMaskedLM(encoder.config)
     mlm.bert = encoder  # shared: training the MLM model trains the tower
-    collator = DataCollatorForLanguageModeling(
-        transformer.tokenizer, mlm_probability=float(stage.mlm_probability)
-    )
+    collator = DataCollatorForLanguageModeling(transformer.tokenizer, mlm_probability=float(stage.mlm_probability))
     return _pretrain(ctx, stage, transformer, mlm, collator)
 
 
@@ -137,4 +135,3 @@ def compute_ratio(reports: list[dict[str, Any]]) -> float | None:
         if report.get("tower") in totals:
             totals[report["tower"]] += int(report.get("compute", 0))
     return totals["document"] / totals["query"] if totals["query"] and totals["document"] else None
-

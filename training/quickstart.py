@@ -182,8 +182,7 @@ def run_quickstart(
     )
     bm25 = ndcg_at_10(bm25_run(doc_texts, doc_ids, query_texts, held_ids), held_qrels)
     fused = retriever.search(query_texts, top_k=100, mode="hybrid")
-    hybrid = ndcg_at_10({q: {h.id: h.score for h in hits} for q, hits in zip(held_ids, fused, strict=True)},
-                        held_qrels)
+    hybrid = ndcg_at_10({q: {h.id: h.score for h in hits} for q, hits in zip(held_ids, fused, strict=True)}, held_qrels)
     retriever.close()
     echo(f"[5/5] nDCG@10 on the {len(held_ids)} held-out sample queries (not used in training):")
     echo(f"      dense: CARE (this quickstart) {care:.3f}   |   BM25 (jieba + bm25s) {bm25:.3f}")

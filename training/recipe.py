@@ -308,9 +308,7 @@ def _model(raw: Any, source: str) -> ModelSpec:
     spec = ModelSpec(**raw)
     chosen = [k for k in MODEL_SOURCES if getattr(spec, k)]
     if len(chosen) != 1:
-        raise InputError(
-            f"{source}: model: give exactly one of {', '.join(MODEL_SOURCES)} (got {chosen or 'none'})"
-        )
+        raise InputError(f"{source}: model: give exactly one of {', '.join(MODEL_SOURCES)} (got {chosen or 'none'})")
     if spec.preset:
         from care_retriever.towers.presets import PRESETS
 

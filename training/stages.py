@@ -548,9 +548,7 @@ def distill(ctx: StageContext, stage: DistillStage, embedder) -> StageReport:
     set_trainable(embedder.document_modules, False)
     set_trainable(embedder.query_modules, True)
     model = embedder.to_sentence_transformer()
-    loss = ScoreDistillationLoss(
-        model, kl_weight=float(stage.kl_weight), temperature=temperature(ctx, stage)
-    )
+    loss = ScoreDistillationLoss(model, kl_weight=float(stage.kl_weight), temperature=temperature(ctx, stage))
     router = {"anchor": "query", "positive": "query", **{f"negative_{k + 1}": "query" for k in range(num)}}
     try:
         report = fit(

@@ -40,4 +40,3 @@ def load_query_embedder(
     from care_retriever.embedder import AsymmetricEmbedder
 
     return AsymmetricEmbedder.from_pretrained(model, load="query", device=device, backend="torch", **kwargs)
-

@@ -171,4 +171,3 @@ def require_export(model: Path, backend: str) -> tuple[QueryRoute, ExportRecord]
                 f"re-run `{export_command(model, backend)}`"
             )
     return route, record
-

@@ -54,8 +54,9 @@ class OnnxQueryEmbedder:
 
     backend = "onnx"
 
-    def __init__(self, config: CareConfig, route: QueryRoute, record: ExportRecord, onnx_file: str,
-                 threads: int | None = None) -> None:
+    def __init__(
+        self, config: CareConfig, route: QueryRoute, record: ExportRecord, onnx_file: str, threads: int | None = None
+    ) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -73,8 +74,7 @@ class OnnxQueryEmbedder:
         except Exception as exc:  # onnxruntime raises its own exception types for bad protobufs
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelError(
-                f"{self.onnx_path}: not a loadable ONNX model ({first[:200]}); "
-                f"re-run `{export_command(route.model)}`"
+                f"{self.onnx_path}: not a loadable ONNX model ({first[:200]}); re-run `{export_command(route.model)}`"
             ) from None
         self._inputs = [i.name for i in self._session.get_inputs()]
         tokenizer_file = route.transformer_dir / "tokenizer.json"
@@ -88,8 +88,9 @@ class OnnxQueryEmbedder:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_pretrained(cls, model_name_or_path: str | os.PathLike[str], *, onnx_file: str | None = None,
-                        threads: int | None = None) -> OnnxQueryEmbedder:
+    def from_pretrained(
+        cls, model_name_or_path: str | os.PathLike[str], *, onnx_file: str | None = None, threads: int | None = None
+    ) -> OnnxQueryEmbedder:
         """Load the ONNX query tower of a local CARE model folder (int8 when exported, else fp32)."""
         model = Path(model_name_or_path).expanduser()
         route, record = require_export(model, "onnx")
@@ -140,8 +141,9 @@ class OnnxQueryEmbedder:
         features = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return {name: features[name] for name in self._inputs}
 
-    def embed_queries(self, texts: Sequence[str], *, instruction: str | None = None, batch_size: int = 32,
-                      show_progress: bool = False) -> np.ndarray:
+    def embed_queries(
+        self, texts: Sequence[str], *, instruction: str | None = None, batch_size: int = 32, show_progress: bool = False
+    ) -> np.ndarray:
         """Encode queries: ``(len(texts), dim)`` float32, unit norm (same contract as the torch embedder)."""
         texts = check_texts(texts, "queries")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
@@ -164,4 +166,3 @@ class OnnxQueryEmbedder:
 
     def __repr__(self) -> str:
         return f"OnnxQueryEmbedder(file={self.onnx_path}, dim={self.dim}, pooling={self.config.query.pooling})"
-

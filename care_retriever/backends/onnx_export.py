@@ -161,8 +161,14 @@ def _externalize_weights(path: Path) -> None:
 
     graph = onnx.load(str(path))
     data = path.with_name(path.name + "_data")
-    onnx.save_model(graph, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=1024)
+    onnx.save_model(
+        graph,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data.name,
+        size_threshold=1024,
+    )
     data.chmod(0o644)  # onnx writes it owner-only
 
 

@@ -13,9 +13,7 @@ from care_retriever.errors import InputError
 
 
 def bench_command(
-    model: Annotated[
-        str | None, typer.Option(help="CARE model folder; DIR#query and DIR#document are added.")
-    ] = None,
+    model: Annotated[str | None, typer.Option(help="CARE model folder; DIR#query and DIR#document are added.")] = None,
     models: Annotated[
         list[str] | None,
         typer.Option(help="More models (sentence-transformers ids or folders, CARE folders)."),

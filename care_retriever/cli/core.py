@@ -138,8 +138,10 @@ def index(
     pq_m: Annotated[int, typer.Option(help="IVF-PQ bytes per vector; must divide the dimension.")] = 96,
     update: Annotated[
         bool,
-        typer.Option(help="Update an existing store: fail if STORE holds no index yet (a mistyped path). "
-                          "Unchanged documents are skipped with or without it."),
+        typer.Option(
+            help="Update an existing store: fail if STORE holds no index yet (a mistyped path). "
+            "Unchanged documents are skipped with or without it."
+        ),
     ] = False,
     prune: Annotated[bool, typer.Option(help="Also delete stored documents whose id is not in the corpus.")] = False,
     skip_invalid: Annotated[bool, typer.Option(help="Skip invalid rows instead of stopping at the first.")] = False,
@@ -158,8 +160,11 @@ def index(
         bool, typer.Option(help="Also write the BM25 side for --mode sparse|hybrid searches (docs/hybrid.md).")
     ] = True,
     sparse_only: Annotated[
-        bool, typer.Option(help="Add (or rebuild) the BM25 side of an existing store from its stored texts; "
-                                "no model, nothing re-encoded.")
+        bool,
+        typer.Option(
+            help="Add (or rebuild) the BM25 side of an existing store from its stored texts; "
+            "no model, nothing re-encoded."
+        ),
     ] = False,
 ) -> None:
     """Encode a corpus with the document tower and write it into a FAISS or Qdrant store.
@@ -174,11 +179,28 @@ def index(
     if model is None or corpus is None:
         raise InputError("index needs --model and --corpus (or --sparse-only to add the BM25 side of a store)")
     settings = IndexSettings(
-        model=model, corpus=corpus, store=store, collection=collection, batch_size=batch_size,
-        chunk_size=chunk_size, checkpoint_every=checkpoint_every, index_type=index_type, hnsw_m=hnsw_m,
-        ef_construction=ef_construction, ef_search=ef_search, nlist=nlist, nprobe=nprobe, pq_m=pq_m,
-        update=update, prune=prune, skip_invalid=skip_invalid, device=device, backend=backend,
-        timeout_minutes=timeout_minutes, progress=progress, sparse=sparse,
+        model=model,
+        corpus=corpus,
+        store=store,
+        collection=collection,
+        batch_size=batch_size,
+        chunk_size=chunk_size,
+        checkpoint_every=checkpoint_every,
+        index_type=index_type,
+        hnsw_m=hnsw_m,
+        ef_construction=ef_construction,
+        ef_search=ef_search,
+        nlist=nlist,
+        nprobe=nprobe,
+        pq_m=pq_m,
+        update=update,
+        prune=prune,
+        skip_invalid=skip_invalid,
+        device=device,
+        backend=backend,
+        timeout_minutes=timeout_minutes,
+        progress=progress,
+        sparse=sparse,
     )
     report = run_index(settings)
     if report is None:  # a worker rank: rank 0 reports
@@ -207,8 +229,13 @@ def _add_sparse_side(store: str, collection: str | None, progress: bool, json_ou
         target.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name)
         tokenized = target.enable_sparse(show_progress=progress)
         target.finalize()  # publishes both sides at once; a failure above leaves the published store as it was
-        report = {"store": target.describe(), "tokenized": tokenized, "count": target.count(),
-                  "seconds": round(time.perf_counter() - start, 3), "sparse": target.require_manifest().sparse}
+        report = {
+            "store": target.describe(),
+            "tokenized": tokenized,
+            "count": target.count(),
+            "seconds": round(time.perf_counter() - start, 3),
+            "sparse": target.require_manifest().sparse,
+        }
     finally:
         target.close()
     if json_out:
@@ -216,8 +243,10 @@ def _add_sparse_side(store: str, collection: str | None, progress: bool, json_ou
     elif tokenized:
         typer.echo(f"{report['store']}: BM25 side built over {tokenized} documents in {report['seconds']:.1f}s")
     else:
-        typer.echo(f"{report['store']}: BM25 side already present (tokenizer {manifest.sparse['tokenizer']['name']} "
-                   f"v{manifest.sparse['tokenizer']['version']}); nothing to do")
+        typer.echo(
+            f"{report['store']}: BM25 side already present (tokenizer {manifest.sparse['tokenizer']['name']} "
+            f"v{manifest.sparse['tokenizer']['version']}); nothing to do"
+        )
 
 
 def search(

@@ -83,9 +83,7 @@ def eval_command(
         typer.Option("--mteb-task", help="C-MTEB task via the mteb package (needs the hub)."),
     ] = None,
     instruction: Annotated[str | None, typer.Option(help="Override the per-task query instruction.")] = None,
-    json_out: Annotated[
-        bool, typer.Option("--json", help="One JSON object per (model, task) per line.")
-    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per (model, task) per line.")] = False,
     save_run: Annotated[
         Path | None,
         typer.Option(help="Write ranked lists (TREC run format); several runs get .MODEL.TASK names."),
@@ -128,8 +126,11 @@ def eval_command(
     from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_RRF_K, FusionConfig, check_mode
 
     modes = [check_mode(m) for m in (mode or ["dense"])]
-    fusion_config = FusionConfig(fusion, k=DEFAULT_RRF_K if rrf_k is None else rrf_k,
-                                 dense_weight=DEFAULT_DENSE_WEIGHT if dense_weight is None else dense_weight)
+    fusion_config = FusionConfig(
+        fusion,
+        k=DEFAULT_RRF_K if rrf_k is None else rrf_k,
+        dense_weight=DEFAULT_DENSE_WEIGHT if dense_weight is None else dense_weight,
+    )
     from care_retriever.evaluation.report import comparison_table, detail_table
     from care_retriever.evaluation.runner import Timer, evaluate
     from care_retriever.evaluation.tasks import load_task
@@ -197,21 +198,16 @@ def _emit(result, json_out: bool) -> None:
         typer.echo(f"{result.model} / {result.task}: skipped ({result.skipped})", err=True)
     else:
         typer.echo(
-            f"{result.model} / {result.task} ({result.type}): {result.main_score:.4f} "
-            f"in {result.seconds:.1f}s",
+            f"{result.model} / {result.task} ({result.type}): {result.main_score:.4f} in {result.seconds:.1f}s",
             err=True,
         )
 
 
 def convert_task(
-    fmt: Annotated[
-        str, typer.Argument(help="kuake-qtr | kuake-qqr | chip-sts | qa (question/answer JSONL).")
-    ],
+    fmt: Annotated[str, typer.Argument(help="kuake-qtr | kuake-qqr | chip-sts | qa (question/answer JSONL).")],
     src: Annotated[Path, typer.Argument(help="Raw file: a CBLUE JSON array or JSONL.")],
     out: Annotated[Path, typer.Argument(help="Task folder to write.")],
-    as_: Annotated[
-        str, typer.Option("--as", help="kuake-qtr only: retrieval (BEIR) or rerank rows.")
-    ] = "retrieval",
+    as_: Annotated[str, typer.Option("--as", help="kuake-qtr only: retrieval (BEIR) or rerank rows.")] = "retrieval",
     with_description: Annotated[
         bool, typer.Option(help="qa only: append the row's description to the question.")
     ] = False,

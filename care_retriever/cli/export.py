@@ -12,9 +12,7 @@ from care_retriever.errors import InputError
 def export(
     model: Annotated[str, typer.Option(help="CARE model folder (the export is written inside it).")],
     backend: Annotated[str, typer.Option(help="onnx")] = "onnx",
-    quantize: Annotated[
-        str, typer.Option(help="int8 (also writes the fp32 model) | none (fp32 only).")
-    ] = "int8",
+    quantize: Annotated[str, typer.Option(help="int8 (also writes the fp32 model) | none (fp32 only).")] = "int8",
 ) -> None:
     """Export the query tower for torch-free search (`search --backend onnx`)."""
     from care_retriever.backends.layout import EXPORT_BACKENDS, QUANTIZE

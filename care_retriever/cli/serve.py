@@ -51,9 +51,7 @@ def serve(
     model: Annotated[str, typer.Option(help="CARE model folder or hub id (only its query tower is loaded).")],
     store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333")],
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
-    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = (
-        DEFAULT_HOST
-    ),
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = (DEFAULT_HOST),
     port: Annotated[int, typer.Option(help="Port (0 = any free port; the bound address is printed).")] = 8000,
     max_top_k: Annotated[int, typer.Option(help="Largest top_k a request may ask for.")] = 100,
     max_queries: Annotated[int, typer.Option(help="Most queries in one request.")] = 32,
@@ -63,9 +61,7 @@ def serve(
     max_batch_size: Annotated[int, typer.Option(help="Most queries per forward pass (1 = no batching).")] = 32,
     max_wait_ms: Annotated[float, typer.Option(help="How long a batch waits for more queries (ms).")] = 5.0,
     max_queue: Annotated[int, typer.Option(help="Queries waiting for the tower before answering 503.")] = 256,
-    body_timeout: Annotated[float, typer.Option(help="Seconds a request body may take to arrive (else 408).")] = (
-        10.0
-    ),
+    body_timeout: Annotated[float, typer.Option(help="Seconds a request body may take to arrive (else 408).")] = (10.0),
     max_connections: Annotated[int, typer.Option(help="Open connections before answering 503.")] = 256,
     shutdown_timeout: Annotated[float, typer.Option(help="On SIGTERM, seconds to let requests in flight finish.")] = (
         30.0
@@ -81,10 +77,16 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve /search, /health and /metrics over HTTP with the query tower and a store."""
-    for name, value in (("--max-top-k", max_top_k), ("--max-queries", max_queries),
-                        ("--max-query-chars", max_query_chars), ("--max-body-bytes", max_body_bytes),
-                        ("--max-concurrency", max_concurrency), ("--max-connections", max_connections),
-                        ("--max-batch-size", max_batch_size), ("--max-queue", max_queue)):
+    for name, value in (
+        ("--max-top-k", max_top_k),
+        ("--max-queries", max_queries),
+        ("--max-query-chars", max_query_chars),
+        ("--max-body-bytes", max_body_bytes),
+        ("--max-concurrency", max_concurrency),
+        ("--max-connections", max_connections),
+        ("--max-batch-size", max_batch_size),
+        ("--max-queue", max_queue),
+    ):
         if value < 1:
             raise InputError(f"{name} must be >= 1, got {value}")
     for name, seconds in (("--max-wait-ms", max_wait_ms), ("--shutdown-timeout", shutdown_timeout)):
@@ -106,28 +108,49 @@ def serve(
 
     if resolve_backend(model, backend) == "torch":
         quiet_transformers()
-    retriever = CareRetriever.from_pretrained(model, store, collection=collection, device=device,
-                                              backend=backend, instruction=instruction)
-    limits = ServiceLimits(max_top_k=max_top_k, max_queries=max_queries, max_query_chars=max_query_chars,
-                           max_body_bytes=max_body_bytes, max_concurrency=max_concurrency,
-                           max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue,
-                           body_timeout_s=body_timeout)
+    retriever = CareRetriever.from_pretrained(
+        model, store, collection=collection, device=device, backend=backend, instruction=instruction
+    )
+    limits = ServiceLimits(
+        max_top_k=max_top_k,
+        max_queries=max_queries,
+        max_query_chars=max_query_chars,
+        max_body_bytes=max_body_bytes,
+        max_concurrency=max_concurrency,
+        max_batch_size=max_batch_size,
+        max_wait_ms=max_wait_ms,
+        max_queue=max_queue,
+        body_timeout_s=body_timeout,
+    )
     app = create_app(retriever, limits, model_name=model, api_token=api_token)
     sock = bind_socket(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     if not _is_loopback(host) and not api_token:
-        typer.secho(f"warning: binding to {host} without authentication: set ${token_env} or put the service "
-                    "behind a proxy that authenticates", err=True, fg="yellow")
+        typer.secho(
+            f"warning: binding to {host} without authentication: set ${token_env} or put the service "
+            "behind a proxy that authenticates",
+            err=True,
+            fg="yellow",
+        )
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     batching = f"batches of up to {max_batch_size}" if max_batch_size > 1 else "no batching"
-    typer.echo(f"care-retriever serve: listening on http://{shown}:{bound_port} "
-               f"({retriever.store.count()} documents, {retriever.store.describe()}; {batching}; "
-               f"auth {'on' if api_token else 'off'})", err=True)
+    typer.echo(
+        f"care-retriever serve: listening on http://{shown}:{bound_port} "
+        f"({retriever.store.count()} documents, {retriever.store.describe()}; {batching}; "
+        f"auth {'on' if api_token else 'off'})",
+        err=True,
+    )
     sys.stderr.flush()
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, server_header=False,
-                            limit_concurrency=max_connections, timeout_keep_alive=5,
-                            h11_max_incomplete_event_size=16 * 1024,
-                            timeout_graceful_shutdown=shutdown_timeout)
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        server_header=False,
+        limit_concurrency=max_connections,
+        timeout_keep_alive=5,
+        h11_max_incomplete_event_size=16 * 1024,
+        timeout_graceful_shutdown=shutdown_timeout,
+    )
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

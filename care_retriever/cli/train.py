@@ -55,9 +55,11 @@ def train(
 
     quiet_transformers()
     spec = load_recipe(recipe)
-    runs = [(spec, out)] if seeds is None else [
-        (spec.with_seed(spec.seed + k), out / f"seed-{spec.seed + k}") for k in range(seeds)
-    ]
+    runs = (
+        [(spec, out)]
+        if seeds is None
+        else [(spec.with_seed(spec.seed + k), out / f"seed-{spec.seed + k}") for k in range(seeds)]
+    )
     for seeded, folder in runs:
         if seeds is not None:
             typer.echo(f"seed {seeded.seed} -> {folder}")

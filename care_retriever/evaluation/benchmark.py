@@ -181,9 +181,7 @@ def bench_models(
         row = ModelBench((labels or {}).get(name, name), role, int(embedder.dim), q_params, d_params)
         for b in batches:
             row.query[f"batch_{b}"] = speed.query_encoding(embedder, queries, b).to_dict()
-            logger.info(
-                "bench %s: batch %d: %.1f queries/s", row.name, b, row.query[f"batch_{b}"]["per_second"]
-            )
+            logger.info("bench %s: batch %d: %.1f queries/s", row.name, b, row.query[f"batch_{b}"]["per_second"])
         doc_tower_key = f"{base}#document" if tower in ("", "document") else name
         if documents:
             if doc_tower_key not in indexing_cache:

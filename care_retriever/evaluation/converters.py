@@ -120,9 +120,7 @@ def _write_beir(
         raise InputError("no judgements to write (empty input?)")
     out.write_jsonl("corpus.jsonl", [{"_id": i, "title": "", "text": t} for i, t in corpus.items()])
     out.write_jsonl("queries.jsonl", [{"_id": i, "text": t} for i, t in queries.items()])
-    out.write_text(
-        "qrels/test.tsv", "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in qrels)
-    )
+    out.write_text("qrels/test.tsv", "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in qrels))
     out.write_text(TASK_META, json.dumps(meta, ensure_ascii=False, indent=2) + "\n")
 
 
@@ -165,9 +163,7 @@ def kuake_qtr(
                 row["positive" if label >= positive_min else "negative"].append(title_of[did])
             kept = [r for r in rows.values() if r["positive"] and r["negative"]]
             if not kept:
-                raise InputError(
-                    f"{src}: no query has both a positive (label >= {positive_min}) and a negative"
-                )
+                raise InputError(f"{src}: no query has both a positive (label >= {positive_min}) and a negative")
             target.write_jsonl("test.jsonl", kept)
             target.write_text(TASK_META, json.dumps({"name": name, "type": "rerank"}) + "\n")
     return Path(out)
@@ -203,9 +199,7 @@ def chip_sts(src: str | Path, out: str | Path, *, force: bool = False) -> Path:
     return sts_pairs(src, out, fields=("text1", "text2"), force=force)
 
 
-def qa_jsonl(
-    src: str | Path, out: str | Path, *, with_description: bool = False, force: bool = False
-) -> Path:
+def qa_jsonl(src: str | Path, out: str | Path, *, with_description: bool = False, force: bool = False) -> Path:
     """Question/answer rows -> retrieval folder: answers are documents, each question judged on its own."""
     doc_ids: dict[str, str] = {}
     query_ids: dict[str, str] = {}

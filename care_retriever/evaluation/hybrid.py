@@ -38,14 +38,24 @@ class HybridModel:
     def __getattr__(self, name: str) -> Any:  # embed_queries / embed_documents / dim for rerank and STS
         return getattr(self.dense, name)
 
-    def retrieve(self, corpus_texts: list[str], queries: list[str], *, instruction: str | None, top_k: int,
-                 doc_batch_size: int, query_batch_size: int, show_progress: bool,
-                 search: Any) -> tuple[np.ndarray, np.ndarray]:
+    def retrieve(
+        self,
+        corpus_texts: list[str],
+        queries: list[str],
+        *,
+        instruction: str | None,
+        top_k: int,
+        doc_batch_size: int,
+        query_batch_size: int,
+        show_progress: bool,
+        search: Any,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, indices)`` of the fused rankings (``-1`` pads rows shorter than ``top_k``)."""
         depth = max(self.fusion.candidates, top_k)
         docs = self.dense.embed_documents(corpus_texts, batch_size=doc_batch_size, show_progress=show_progress)
-        vectors = self.dense.embed_queries(queries, instruction=instruction, batch_size=query_batch_size,
-                                           show_progress=show_progress)
+        vectors = self.dense.embed_queries(
+            queries, instruction=instruction, batch_size=query_batch_size, show_progress=show_progress
+        )
         dense_scores, dense_idx = search(docs, vectors, depth)
         self.bm25.index(corpus_texts, show_progress=show_progress)
         sparse_idx, sparse_scores = self.bm25.search(queries, depth)

@@ -48,9 +48,7 @@ def cut_run(run: Run, k: int) -> dict[str, dict[str, float]]:
     return {qid: dict(trec_order(docs)[:k]) for qid, docs in run.items()}
 
 
-def _evaluate(
-    qrels: Qrels, run: Run, measures: set[str], relevance_level: int
-) -> dict[str, dict[str, float]]:
+def _evaluate(qrels: Qrels, run: Run, measures: set[str], relevance_level: int) -> dict[str, dict[str, float]]:
     evaluator = pytrec_eval.RelevanceEvaluator(
         {q: dict(d) for q, d in qrels.items()}, measures, relevance_level=relevance_level
     )

@@ -34,9 +34,7 @@ def comparison_table(results: Sequence[TaskResult], *, digits: int = 4) -> str:
                 scored.append(value)
         # An average over fewer tasks than the others would not compare; mark it.
         avg = sum(scored) / len(scored) if scored else None
-        cells.append(
-            _fmt(avg, digits) + ("" if len(scored) == len(tasks) else f" ({len(scored)}/{len(tasks)})")
-        )
+        cells.append(_fmt(avg, digits) + ("" if len(scored) == len(tasks) else f" ({len(scored)}/{len(tasks)})"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -46,9 +44,7 @@ def detail_table(results: Sequence[TaskResult], *, digits: int = 4) -> str:
     lines = ["| model | task | type | main | metrics | seconds | overhead |", "|---|---|---|---|---|---|---|"]
     for r in results:
         if r.skipped:
-            lines.append(
-                f"| {r.model} | {r.task} | {r.type} | n/a | skipped: {r.skipped} | {_fmt(r.seconds, 1)} | |"
-            )
+            lines.append(f"| {r.model} | {r.task} | {r.type} | n/a | skipped: {r.skipped} | {_fmt(r.seconds, 1)} | |")
             continue
         metrics = ", ".join(f"{k} {v:.{digits}f}" for k, v in r.metrics.items())
         overhead = r.timing.get("overhead_fraction")
@@ -157,9 +153,7 @@ def plot_accuracy_vs_qps(
                 linewidth=0.6,
                 zorder=3,
             )
-            sizes = (
-                f"\n(Q {_params(m.query_params)} / D {_params(m.document_params)})" if m.query_params else ""
-            )
+            sizes = f"\n(Q {_params(m.query_params)} / D {_params(m.document_params)})" if m.query_params else ""
             ax.annotate(
                 f"{m.name}{sizes}",
                 (m.qps_batch1, m.accuracy),

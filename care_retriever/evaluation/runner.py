@@ -153,9 +153,16 @@ def _retrieval_run(
     texts = [task.queries[q] for q in qids]
     if getattr(model, "kind", None) == "hybrid":  # dense + bm25, fused (care_retriever.evaluation.hybrid)
         with timer.phase("encode"):
-            sc, idx = model.retrieve(task.corpus_texts, texts, instruction=task.instruction, top_k=top_k,
-                                     doc_batch_size=doc_batch_size, query_batch_size=query_batch_size,
-                                     show_progress=show_progress, search=exact_search)
+            sc, idx = model.retrieve(
+                task.corpus_texts,
+                texts,
+                instruction=task.instruction,
+                top_k=top_k,
+                doc_batch_size=doc_batch_size,
+                query_batch_size=query_batch_size,
+                show_progress=show_progress,
+                search=exact_search,
+            )
     elif is_lexical(model):
         with timer.phase("encode"):
             model.index(task.corpus_texts, show_progress=show_progress)
@@ -163,9 +170,7 @@ def _retrieval_run(
             idx, sc = model.search(texts, top_k)
     else:
         with timer.phase("encode"):
-            docs = model.embed_documents(
-                task.corpus_texts, batch_size=doc_batch_size, show_progress=show_progress
-            )
+            docs = model.embed_documents(task.corpus_texts, batch_size=doc_batch_size, show_progress=show_progress)
             queries = model.embed_queries(
                 texts, instruction=task.instruction, batch_size=query_batch_size, show_progress=show_progress
             )

@@ -42,9 +42,7 @@ class Latency:
         return {**asdict(self), "per_second": round(self.per_second, 3)}
 
 
-def measure(
-    fn: Callable[[Sequence[Any]], Any], items: Sequence[Any], batch: int, *, warmup: int = 2
-) -> Latency:
+def measure(fn: Callable[[Sequence[Any]], Any], items: Sequence[Any], batch: int, *, warmup: int = 2) -> Latency:
     """Call ``fn`` on consecutive batches of ``items``; ``warmup`` batches first, untimed."""
     if not items:
         raise ValueError("nothing to measure")
@@ -68,9 +66,7 @@ def measure(
     )
 
 
-def query_encoding(
-    embedder: Any, queries: Sequence[str], batch: int, *, instruction: str | None = None
-) -> Latency:
+def query_encoding(embedder: Any, queries: Sequence[str], batch: int, *, instruction: str | None = None) -> Latency:
     """``embed_queries`` latency per call and queries per second at ``batch`` queries per call."""
     return measure(
         lambda b: embedder.embed_queries(list(b), instruction=instruction, batch_size=batch),
@@ -127,9 +123,7 @@ def near_queries(corpus: np.ndarray, count: int, *, seed: int = 0) -> np.ndarray
     return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
 
 
-def fill_store(
-    spec: str, vectors: np.ndarray, *, index: dict[str, Any] | None = None, chunk: int = 4096
-) -> Any:
+def fill_store(spec: str, vectors: np.ndarray, *, index: dict[str, Any] | None = None, chunk: int = 4096) -> Any:
     """A store at ``spec`` holding ``vectors`` as documents ``d0..dN`` (upserted directly: no encoding)."""
     from care_retriever.corpus import Document
     from care_retriever.stores import open_store
@@ -138,9 +132,7 @@ def fill_store(
     store.prepare(vectors.shape[1], "bench-random-vectors", "bench", index)
     for start in range(0, len(vectors), chunk):
         block = vectors[start : start + chunk]
-        store.upsert(
-            [Document(id=f"d{start + i}", text=f"doc {start + i}") for i in range(len(block))], block
-        )
+        store.upsert([Document(id=f"d{start + i}", text=f"doc {start + i}") for i in range(len(block))], block)
     store.finalize()
     return store
 

@@ -54,9 +54,7 @@ def resolve_suite(name: str, folder: Path) -> list[Path]:
         hit = next((by_norm[a] for a in aliases if a in by_norm), None)
         (found if hit else missing).append(hit or task)
     if not found:
-        raise InputError(
-            f"{folder}: none of the CMedTEB tasks found; expected subfolders named {list(CMEDTEB)}"
-        )
+        raise InputError(f"{folder}: none of the CMedTEB tasks found; expected subfolders named {list(CMEDTEB)}")
     if missing:
         logger.warning("CMedTEB suite in %s: missing %s; running the %d present", folder, missing, len(found))
     return found

@@ -118,12 +118,7 @@ def _str_field(row: dict[str, Any], key: str, path: Path, lineno: int, *, allow_
 
 def _id_field(row: dict[str, Any], path: Path, lineno: int) -> str:
     value = row.get("_id", row.get("id"))
-    if (
-        value is None
-        or isinstance(value, bool)
-        or not isinstance(value, (str, int))
-        or not str(value).strip()
-    ):
+    if value is None or isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
         raise InputError(f'{at(path, lineno)}: missing or invalid id ("_id" or "id")')
     return str(value)
 
@@ -151,9 +146,7 @@ def read_meta(folder: Path) -> TaskMeta:
     )
     if meta.type is not None and meta.type not in TASK_TYPES:
         raise InputError(f"{path}: unknown type {meta.type!r}; expected one of {list(TASK_TYPES)}")
-    if meta.relevance_level is not None and (
-        not isinstance(meta.relevance_level, int) or meta.relevance_level < 1
-    ):
+    if meta.relevance_level is not None and (not isinstance(meta.relevance_level, int) or meta.relevance_level < 1):
         raise InputError(f"{path}: relevance_level must be an integer >= 1")
     if meta.instruction is not None and not isinstance(meta.instruction, str):
         raise InputError(f"{path}: instruction must be a string")
@@ -276,9 +269,7 @@ def read_qrels(path: Path, query_ids: set[str], doc_ids: set[str]) -> dict[str, 
             if len(parts) == 4:  # TREC qrels: qid 0 docid score
                 parts = [parts[0], parts[2], parts[3]]
             if len(parts) != 3:
-                raise InputError(
-                    f"{at(path, lineno)}: expected 3 tab-separated fields (query-id, corpus-id, score)"
-                )
+                raise InputError(f"{at(path, lineno)}: expected 3 tab-separated fields (query-id, corpus-id, score)")
             qid, did, score = (p.strip() for p in parts)
             if lineno == 1 and not _is_int(score):
                 continue  # header
@@ -318,9 +309,7 @@ def load_rerank(path: Path, *, name: str, instruction: str = INSTRUCTIONS["reran
         positive = _str_list(row, "positive", path, lineno)
         negative = _str_list(row, "negative", path, lineno)
         if not positive:
-            raise InputError(
-                f'{at(path, lineno)}: no "positive" candidates (a rerank row needs at least one)'
-            )
+            raise InputError(f'{at(path, lineno)}: no "positive" candidates (a rerank row needs at least one)')
         rows.append(RerankRow(query, positive, negative))
     if not rows:
         raise InputError(f"{path}: empty query set (no rerank rows)")

@@ -16,8 +16,14 @@ from care_retriever.sparse.fusion import FusionConfig, fuse
 from care_retriever.stores.base import Filters, Hit
 
 
-def hybrid_search(store: Any, vectors: np.ndarray, queries: Sequence[str], top_k: int,
-                  filters: Filters | None = None, fusion: FusionConfig | None = None) -> list[list[Hit]]:
+def hybrid_search(
+    store: Any,
+    vectors: np.ndarray,
+    queries: Sequence[str],
+    top_k: int,
+    filters: Filters | None = None,
+    fusion: FusionConfig | None = None,
+) -> list[list[Hit]]:
     """Top-``k`` fused hits per query; a query with no indexed token (punctuation, stop words) gets its dense hits."""
     fusion = fusion or FusionConfig()
     server_side = getattr(store, "search_hybrid", None)
@@ -33,6 +39,10 @@ def hybrid_search(store: Any, vectors: np.ndarray, queries: Sequence[str], top_k
             continue
         by_id = {h.id: h for h in (*sparse_hits, *dense_hits)}
         fused = fuse([(h.id, h.score) for h in dense_hits], [(h.id, h.score) for h in sparse_hits], fusion)
-        out.append([Hit(id=d, score=s, text=by_id[d].text, title=by_id[d].title, metadata=by_id[d].metadata)
-                    for d, s in fused[:top_k]])
+        out.append(
+            [
+                Hit(id=d, score=s, text=by_id[d].text, title=by_id[d].title, metadata=by_id[d].metadata)
+                for d, s in fused[:top_k]
+            ]
+        )
     return out

@@ -82,12 +82,14 @@ class SqliteBM25:
     def remove(self, row_ids: Sequence[int]) -> None:
         """Forget rows (ids that were never indexed are ignored)."""
         for marks, chunk in in_chunks(list(row_ids)):
-            gone = self.db.execute(f"SELECT COUNT(*), COALESCE(SUM(length), 0) FROM sparse_lengths "
-                                   f"WHERE row_id IN ({marks})", chunk).fetchone()
+            gone = self.db.execute(
+                f"SELECT COUNT(*), COALESCE(SUM(length), 0) FROM sparse_lengths WHERE row_id IN ({marks})", chunk
+            ).fetchone()
             if not gone[0]:
                 continue
-            df = self.db.execute(f"SELECT token, COUNT(*) FROM sparse_postings WHERE row_id IN ({marks}) "
-                                 "GROUP BY token", chunk).fetchall()
+            df = self.db.execute(
+                f"SELECT token, COUNT(*) FROM sparse_postings WHERE row_id IN ({marks}) GROUP BY token", chunk
+            ).fetchall()
             self.db.executemany("UPDATE sparse_terms SET df = df - ? WHERE token = ?", [(n, t) for t, n in df])
             self.db.executemany("DELETE FROM sparse_terms WHERE token = ? AND df <= 0", [(t,) for t, _ in df])
             self.db.execute(f"DELETE FROM sparse_postings WHERE row_id IN ({marks})", chunk)
@@ -114,7 +116,8 @@ class SqliteBM25:
         idf = {t: weights[t] * math.log(1 + (n_docs - df + 0.5) / (df + 0.5)) for t, df in dfs.items()}
         rows = self.db.execute(
             f"SELECT p.token, p.row_id, p.tf, l.length FROM sparse_postings p JOIN sparse_lengths l USING (row_id) "
-            f"WHERE p.token IN ({','.join('?' * len(dfs))})", list(dfs),
+            f"WHERE p.token IN ({','.join('?' * len(dfs))})",
+            list(dfs),
         ).fetchall()
         if not rows:
             return {}

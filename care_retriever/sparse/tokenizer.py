@@ -26,8 +26,13 @@ from care_retriever.errors import StoreError
 
 NAME = "jieba-search"
 VERSION = 1
-OPTIONS: dict[str, Any] = {"mode": "search", "nfkc": True, "lowercase": True, "drop_punctuation": True,
-                           "stopwords": "zh-function-v1"}
+OPTIONS: dict[str, Any] = {
+    "mode": "search",
+    "nfkc": True,
+    "lowercase": True,
+    "drop_punctuation": True,
+    "stopwords": "zh-function-v1",
+}
 # Function words and particles: frequent in questions, never what a question is about.
 _STOPWORD_TEXT = (
     "的 了 吗 呢 吧 啊 呀 么 嘛 哦 是 在 和 与 及 或 就 都 也 还 又 有 没 没有 我 你 他 她 它 我们 你们 他们 这 那 "
@@ -80,5 +85,4 @@ def tokenize_one(text: str) -> list[str]:
 def tokenize(texts: Sequence[str], *, show_progress: bool = False, desc: str = "Tokenizing") -> list[list[str]]:
     """Normalised jieba search-mode tokens of each text (an empty text gives no tokens)."""
     jieba = _jieba()
-    return [normalise(jieba.lcut_for_search(t))
-            for t in tqdm(texts, desc=desc, unit="text", disable=not show_progress)]
+    return [normalise(jieba.lcut_for_search(t)) for t in tqdm(texts, desc=desc, unit="text", disable=not show_progress)]

@@ -135,8 +135,7 @@ def build_index(dim: int, options: dict[str, Any]) -> faiss.Index:
         if dim % pq_m:
             raise InputError(f"ivfpq: pq_m={pq_m} must divide the dimension {dim}")
         quantizer = faiss.IndexFlatIP(dim)
-        return faiss.IndexIVFPQ(quantizer, dim, int(options.get("nlist", 1024)), pq_m, bits,
-                                faiss.METRIC_INNER_PRODUCT)
+        return faiss.IndexIVFPQ(quantizer, dim, int(options.get("nlist", 1024)), pq_m, bits, faiss.METRIC_INNER_PRODUCT)
     else:
         raise InputError(f"Unknown FAISS index type {kind!r}. Available index types: {list(INDEX_TYPES)}")
     # IndexIDMap, not IndexIDMap2: reading an IDMap2 rebuilds its id -> position hash map (about a second
@@ -157,8 +156,9 @@ def index_ids(index: faiss.Index) -> np.ndarray:
         return faiss.vector_to_array(index.id_map)
     ivf = faiss.extract_index_ivf(index)
     lists = ivf.invlists
-    parts = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy() for i in range(ivf.nlist)
-             if lists.list_size(i)]
+    parts = [
+        faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy() for i in range(ivf.nlist) if lists.list_size(i)
+    ]
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
@@ -394,8 +394,13 @@ class FaissStore(VectorStore):
             if not meta:  # a format-1 store takes its first small write: it becomes format 2
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute(_META_SCHEMA)
-                self._set_meta(count=self._count, tombstones=self._tombstones, delta_bytes=0, fold_pending=0,
-                               index_bytes=(self.path / INDEX).stat().st_size)
+                self._set_meta(
+                    count=self._count,
+                    tombstones=self._tombstones,
+                    delta_bytes=0,
+                    fold_pending=0,
+                    index_bytes=(self.path / INDEX).stat().st_size,
+                )
                 self._db.commit()
             if self.manifest.checksums or self.manifest.sizes:
                 # Whole-file checksums stop describing the files once they change in place: drop them first,
@@ -442,9 +447,14 @@ class FaissStore(VectorStore):
             _fsync_file(self.staging / DOCSTORE)
             manifest = Manifest.from_dict(self.manifest.to_dict(), MANIFEST)
         else:
-            manifest = Manifest(backend="faiss", dim=dim, space_fingerprint=space_fingerprint,
-                                model_name=model_name, index=options,
-                                versions=default_versions(faiss=faiss.__version__))
+            manifest = Manifest(
+                backend="faiss",
+                dim=dim,
+                space_fingerprint=space_fingerprint,
+                model_name=model_name,
+                index=options,
+                versions=default_versions(faiss=faiss.__version__),
+            )
             faiss.write_index(build_index(dim, options), str(self.staging / INDEX))
             _fsync_file(self.staging / INDEX)
         manifest.checksums, manifest.sizes = {}, {}
@@ -546,7 +556,7 @@ class FaissStore(VectorStore):
             if isinstance(inner, faiss.IndexIVF) and not inner.is_trained:
                 # Trained once, on the first batch: make the first chunk large (>= 39 * nlist, and >= 256 * 39
                 # for PQ codebooks) for a good quantiser.
-                needed = max(inner.nlist, 2 ** inner.pq.nbits if isinstance(inner, faiss.IndexIVFPQ) else 0)
+                needed = max(inner.nlist, 2**inner.pq.nbits if isinstance(inner, faiss.IndexIVFPQ) else 0)
                 if len(vectors) < needed:
                     raise InputError(
                         f"{type(inner).__name__} with nlist={inner.nlist} needs at least {needed} vectors in the "
@@ -616,8 +626,13 @@ class FaissStore(VectorStore):
             self._count = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
             self._tombstones = int(self._index.ntotal - self._count)
             self._db.execute(_META_SCHEMA)
-            self._set_meta(count=self._count, tombstones=self._tombstones, delta_bytes=0, fold_pending=0,
-                           index_bytes=(self.staging / INDEX).stat().st_size)
+            self._set_meta(
+                count=self._count,
+                tombstones=self._tombstones,
+                delta_bytes=0,
+                fold_pending=0,
+                index_bytes=(self.staging / INDEX).stat().st_size,
+            )
             self._db.commit()
             self._staged_manifest.count = self._count
             self._staged_manifest.index["tombstones"] = self._tombstones
@@ -766,8 +781,15 @@ class FaissStore(VectorStore):
                 scores = SqliteBM25(db).scores(tokens, allowed)
             best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:top_k]
             docs = self._rows({r for r, _ in best})
-            results.append([Hit(id=docs[r].id, score=float(s), text=docs[r].text, title=docs[r].title,
-                                metadata=docs[r].metadata) for r, s in best if r in docs])
+            results.append(
+                [
+                    Hit(
+                        id=docs[r].id, score=float(s), text=docs[r].text, title=docs[r].title, metadata=docs[r].metadata
+                    )
+                    for r, s in best
+                    if r in docs
+                ]
+            )
         return results
 
     # ------------------------------------------------------------------ reading
@@ -812,8 +834,10 @@ class FaissStore(VectorStore):
                 wanted = np.asarray([rows.get(i, -1) for i in ids], dtype=np.int64)
                 where = np.clip(np.searchsorted(stored[self._id_order], wanted), 0, max(len(stored) - 1, 0))
                 positions = self._id_order[where] if len(stored) else where
-                return [None if i not in rows or stored[p] != r else inner.reconstruct(int(p))
-                        for i, r, p in zip(ids, wanted, positions, strict=True)]
+                return [
+                    None if i not in rows or stored[p] != r else inner.reconstruct(int(p))
+                    for i, r, p in zip(ids, wanted, positions, strict=True)
+                ]
             if not hasattr(index, "id_map"):  # IVF keeps ids itself; reconstructing by id needs its direct map
                 ivf = faiss.extract_index_ivf(index)
                 if ivf.direct_map.type == faiss.DirectMap.NoMap:
@@ -960,8 +984,10 @@ class FaissStore(VectorStore):
             if problems:
                 raise StoreError(f"{self.path / DOCSTORE}: corrupted docstore ({problems[0]})")
             if len(rows) != self._count:
-                raise StoreError(f"{self.path}: count mismatch: the store records {self._count} documents, "
-                                 f"the docstore has {len(rows)}")
+                raise StoreError(
+                    f"{self.path}: count mismatch: the store records {self._count} documents, "
+                    f"the docstore has {len(rows)}"
+                )
             for _rid, did, text, title, meta, digest in rows:
                 try:
                     doc = Document(id=did, text=text, title=title, metadata=json.loads(meta))
@@ -974,15 +1000,19 @@ class FaissStore(VectorStore):
             in_docstore = np.fromiter((r for r, *_ in rows), dtype=np.int64, count=len(rows))
             missing = np.setdiff1d(in_docstore, in_index)
             if len(missing) or len(in_index) != len(np.unique(in_index)):
-                raise StoreError(f"{self.path / INDEX}: {len(missing)} documents have no vector or vectors repeat "
-                                 "an id; the store is corrupted")
+                raise StoreError(
+                    f"{self.path / INDEX}: {len(missing)} documents have no vector or vectors repeat "
+                    "an id; the store is corrupted"
+                )
             if len(rows):
                 vectors = self.vectors([r[1] for r in rows])
                 norms = np.linalg.norm(np.stack(vectors), axis=1)
                 bad = ~(np.isclose(norms, 1.0, atol=1e-3) | (norms == 0.0))
                 if bad.any():
-                    raise StoreError(f"{self.path / INDEX}: {int(bad.sum())} vectors are not unit-norm (first: "
-                                     f"{rows[int(np.argmax(bad))][1]!r}); the file is corrupted")
+                    raise StoreError(
+                        f"{self.path / INDEX}: {int(bad.sum())} vectors are not unit-norm (first: "
+                        f"{rows[int(np.argmax(bad))][1]!r}); the file is corrupted"
+                    )
         return len(rows)
 
     def close(self) -> None:

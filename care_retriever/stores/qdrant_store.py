@@ -76,8 +76,16 @@ def _client(location: str, api_key: str | None = None):
         ) from None
 
 
-COLLECTION_OPTIONS = ("type", "m", "ef_construct", "on_disk", "on_disk_payload", "quantization", "shard_number",
-                      "replication_factor")
+COLLECTION_OPTIONS = (
+    "type",
+    "m",
+    "ef_construct",
+    "on_disk",
+    "on_disk_payload",
+    "quantization",
+    "shard_number",
+    "replication_factor",
+)
 
 
 def collection_options(dim: int, options: dict[str, Any]) -> dict[str, Any]:
@@ -99,13 +107,17 @@ def collection_options(dim: int, options: dict[str, Any]) -> dict[str, Any]:
         raise InputError(f"quantization must be 'int8' or absent, got {quantization!r}")
     hnsw = {k: int(options[k]) for k in ("m", "ef_construct") if k in options}
     kwargs: dict[str, Any] = {
-        "vectors_config": models.VectorParams(size=dim, distance=models.Distance.COSINE,
-                                              on_disk=options.get("on_disk"),
-                                              hnsw_config=models.HnswConfigDiff(**hnsw) if hnsw else None),
+        "vectors_config": models.VectorParams(
+            size=dim,
+            distance=models.Distance.COSINE,
+            on_disk=options.get("on_disk"),
+            hnsw_config=models.HnswConfigDiff(**hnsw) if hnsw else None,
+        ),
     }
     if quantization == "int8":
         kwargs["quantization_config"] = models.ScalarQuantization(
-            scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, always_ram=True))
+            scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, always_ram=True)
+        )
     for key in ("on_disk_payload", "shard_number", "replication_factor"):
         if options.get(key) is not None:
             kwargs[key] = options[key]
@@ -166,9 +178,14 @@ class QdrantStore(VectorStore):
         from care_retriever.sparse.qdrant_sparse import vectors_config
 
         kwargs["sparse_vectors_config"] = vectors_config()  # declared always: filled by enable_sparse()
-        manifest = Manifest(backend="qdrant", dim=dim, space_fingerprint=space_fingerprint, model_name=model_name,
-                            index=options,
-                            versions=default_versions(qdrant_client=getattr(qdrant_client, "__version__", "unknown")))
+        manifest = Manifest(
+            backend="qdrant",
+            dim=dim,
+            space_fingerprint=space_fingerprint,
+            model_name=model_name,
+            index=options,
+            versions=default_versions(qdrant_client=getattr(qdrant_client, "__version__", "unknown")),
+        )
         try:
             with self._lock:
                 self.client.create_collection(self.collection, metadata={MANIFEST_KEY: manifest.to_dict()}, **kwargs)
@@ -193,8 +210,12 @@ class QdrantStore(VectorStore):
         out: dict[str, str] = {}
         for start in range(0, len(ids), 256):
             with self._lock:
-                points = self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
-                                              with_payload=["doc_id", "content_hash"], with_vectors=False)
+                points = self.client.retrieve(
+                    self.collection,
+                    [point_id(i) for i in ids[start : start + 256]],
+                    with_payload=["doc_id", "content_hash"],
+                    with_vectors=False,
+                )
             out.update({p.payload["doc_id"]: p.payload["content_hash"] for p in points})
         return out
 
@@ -214,8 +235,13 @@ class QdrantStore(VectorStore):
             models.PointStruct(
                 id=point_id(d.id),
                 vector=v.tolist() if sparse is None else {"": v.tolist(), **sparse[i]},
-                payload={"doc_id": d.id, "text": d.text, "title": d.title, "metadata": d.metadata,
-                         "content_hash": d.content_hash()},
+                payload={
+                    "doc_id": d.id,
+                    "text": d.text,
+                    "title": d.title,
+                    "metadata": d.metadata,
+                    "content_hash": d.content_hash(),
+                },
             )
             for i, (d, v) in enumerate(zip(documents, vectors, strict=True))
         ]
@@ -257,8 +283,9 @@ class QdrantStore(VectorStore):
         offset = None
         while True:
             with self._lock:
-                points, offset = self.client.scroll(self.collection, limit=batch, offset=offset, with_payload=True,
-                                                    with_vectors=False)
+                points, offset = self.client.scroll(
+                    self.collection, limit=batch, offset=offset, with_payload=True, with_vectors=False
+                )
             for p in points:
                 yield self._document(p.payload)
             if offset is None:
@@ -271,15 +298,23 @@ class QdrantStore(VectorStore):
         found: dict[str, np.ndarray] = {}
         for start in range(0, len(ids), 256):
             with self._lock:
-                points = self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
-                                              with_payload=["doc_id"], with_vectors=True)
+                points = self.client.retrieve(
+                    self.collection,
+                    [point_id(i) for i in ids[start : start + 256]],
+                    with_payload=["doc_id"],
+                    with_vectors=True,
+                )
             found.update({p.payload["doc_id"]: dense_vector(p.vector) for p in points})
         return [found.get(i) for i in ids]
 
     @staticmethod
     def _document(payload: dict[str, Any]) -> Document:
-        return Document(id=payload["doc_id"], text=payload["text"], title=payload.get("title", ""),
-                        metadata=payload.get("metadata") or {})
+        return Document(
+            id=payload["doc_id"],
+            text=payload["text"],
+            title=payload.get("title", ""),
+            metadata=payload.get("metadata") or {},
+        )
 
     def _filter(self, filters: Filters | None):
         from qdrant_client import models
@@ -287,6 +322,7 @@ class QdrantStore(VectorStore):
         filters = validate_filters(filters)
         if not filters:
             return None
+
         def condition(key: str, value: Any) -> Any:
             if isinstance(value, float):  # Qdrant matches only str/int/bool exactly; a float is a point range
                 return models.FieldCondition(key=key, range=models.Range(gte=value, lte=value))
@@ -320,8 +356,13 @@ class QdrantStore(VectorStore):
             responses = self.client.query_batch_points(self.collection, requests)
         return [
             [
-                Hit(id=p.payload["doc_id"], score=float(p.score), text=p.payload["text"],
-                    title=p.payload.get("title", ""), metadata=p.payload.get("metadata") or {})
+                Hit(
+                    id=p.payload["doc_id"],
+                    score=float(p.score),
+                    text=p.payload["text"],
+                    title=p.payload.get("title", ""),
+                    metadata=p.payload.get("metadata") or {},
+                )
                 for p in response.points
             ]
             for response in responses
@@ -354,8 +395,10 @@ class QdrantStore(VectorStore):
         with self._lock:
             info = self.client.get_collection(self.collection)
         if VECTOR not in (info.config.params.sparse_vectors or {}):
-            raise StoreError(f"{self.describe()}: the collection was created without a '{VECTOR}' sparse vector "
-                             "(before care-retriever had hybrid search); index into a new collection")
+            raise StoreError(
+                f"{self.describe()}: the collection was created without a '{VECTOR}' sparse vector "
+                "(before care-retriever had hybrid search); index into a new collection"
+            )
         from qdrant_client import models
 
         entry = sparse_entry("qdrant-sparse", vector=VECTOR, avgdl=0.0)
@@ -363,16 +406,21 @@ class QdrantStore(VectorStore):
         with tqdm(total=self.count(), desc="Sparse index", unit="doc", disable=not show_progress) as bar:
             while True:
                 with self._lock:
-                    points, offset = self.client.scroll(self.collection, limit=512, offset=offset,
-                                                        with_payload=["text", "title"], with_vectors=False)
+                    points, offset = self.client.scroll(
+                        self.collection, limit=512, offset=offset, with_payload=["text", "title"], with_vectors=False
+                    )
                 if points:
-                    texts = [Document(id="", text=p.payload["text"], title=p.payload.get("title", "")).embedding_text()
-                             for p in points]
+                    texts = [
+                        Document(id="", text=p.payload["text"], title=p.payload.get("title", "")).embedding_text()
+                        for p in points
+                    ]
                     tokens = tokenize(texts)
                     if not entry["avgdl"]:
                         entry["avgdl"] = max(sum(map(len, tokens)) / len(tokens), 1.0)
-                    updates = [models.PointVectors(id=p.id, vector={VECTOR: document_vector(t, entry["avgdl"])})
-                               for p, t in zip(points, tokens, strict=True)]
+                    updates = [
+                        models.PointVectors(id=p.id, vector={VECTOR: document_vector(t, entry["avgdl"])})
+                        for p, t in zip(points, tokens, strict=True)
+                    ]
                     with self._lock:
                         self.client.update_vectors(self.collection, updates, wait=True)
                     done += len(points)
@@ -383,15 +431,30 @@ class QdrantStore(VectorStore):
         return done
 
     def _hits(self, points: Sequence[Any]) -> list[Hit]:
-        return [Hit(id=p.payload["doc_id"], score=float(p.score), text=p.payload["text"],
-                    title=p.payload.get("title", ""), metadata=p.payload.get("metadata") or {}) for p in points]
+        return [
+            Hit(
+                id=p.payload["doc_id"],
+                score=float(p.score),
+                text=p.payload["text"],
+                title=p.payload.get("title", ""),
+                metadata=p.payload.get("metadata") or {},
+            )
+            for p in points
+        ]
 
     def search_sparse(self, queries: Sequence[str], top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
         """BM25 top-``k`` for each query text, scored by Qdrant (IDF modifier)."""
         return self.search_hybrid(None, queries, top_k, filters, fusion=None)
 
-    def search_hybrid(self, vectors: np.ndarray | None, queries: Sequence[str], top_k: int,
-                      filters: Filters | None = None, *, fusion: Any = None) -> list[list[Hit]]:
+    def search_hybrid(
+        self,
+        vectors: np.ndarray | None,
+        queries: Sequence[str],
+        top_k: int,
+        filters: Filters | None = None,
+        *,
+        fusion: Any = None,
+    ) -> list[list[Hit]]:
         """Dense + BM25 prefetches fused server-side (``fusion.method`` rrf or dbsf) through the Query API.
 
         ``vectors`` None: BM25 only. A query with no indexed token gets its dense hits alone.
@@ -408,18 +471,29 @@ class QdrantStore(VectorStore):
         flt = self._filter(filters)
         requests = []
         for i, tokens in enumerate(tokenize(list(queries))):
-            sparse = models.Prefetch(query=query_vector(tokens), using=VECTOR, limit=fusion.candidates if fusion else
-                                     top_k, filter=flt) if tokens else None
+            sparse = (
+                models.Prefetch(
+                    query=query_vector(tokens), using=VECTOR, limit=fusion.candidates if fusion else top_k, filter=flt
+                )
+                if tokens
+                else None
+            )
             if vectors is None:
-                request = (models.QueryRequest(query=sparse.query, using=VECTOR, limit=top_k, filter=flt,
-                                               with_payload=True) if sparse else None)
+                request = (
+                    models.QueryRequest(query=sparse.query, using=VECTOR, limit=top_k, filter=flt, with_payload=True)
+                    if sparse
+                    else None
+                )
             elif sparse is None:
                 request = models.QueryRequest(query=vectors[i].tolist(), limit=top_k, filter=flt, with_payload=True)
             else:
                 dense = models.Prefetch(query=vectors[i].tolist(), limit=fusion.candidates, filter=flt)
                 # Qdrant's RRF gives rank r (from 1) 1 / (k + r - 1); ours (and ranx's) 1 / (k + r): pass k + 1.
-                query = (models.RrfQuery(rrf=models.Rrf(k=fusion.k + 1)) if fusion.method == "rrf"
-                         else models.FusionQuery(fusion=models.Fusion.DBSF))
+                query = (
+                    models.RrfQuery(rrf=models.Rrf(k=fusion.k + 1))
+                    if fusion.method == "rrf"
+                    else models.FusionQuery(fusion=models.Fusion.DBSF)
+                )
                 request = models.QueryRequest(prefetch=[dense, sparse], query=query, limit=top_k, with_payload=True)
             requests.append(request)
         live = [r for r in requests if r is not None]
@@ -433,8 +507,12 @@ class QdrantStore(VectorStore):
         found: dict[str, Document] = {}
         for start in range(0, len(ids), 256):
             with self._lock:
-                points = self.client.retrieve(self.collection, [point_id(i) for i in ids[start : start + 256]],
-                                              with_payload=True, with_vectors=False)
+                points = self.client.retrieve(
+                    self.collection,
+                    [point_id(i) for i in ids[start : start + 256]],
+                    with_payload=True,
+                    with_vectors=False,
+                )
             for p in points:
                 found[p.payload["doc_id"]] = self._document(p.payload)
         return [found.get(i) for i in ids]

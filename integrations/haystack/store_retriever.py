@@ -147,8 +147,11 @@ class CareStoreRetriever:
     def _fusion_config(self):
         from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_RRF_K, FusionConfig
 
-        return FusionConfig(self.fusion, k=DEFAULT_RRF_K if self.rrf_k is None else self.rrf_k,
-                            dense_weight=DEFAULT_DENSE_WEIGHT if self.dense_weight is None else self.dense_weight)
+        return FusionConfig(
+            self.fusion,
+            k=DEFAULT_RRF_K if self.rrf_k is None else self.rrf_k,
+            dense_weight=DEFAULT_DENSE_WEIGHT if self.dense_weight is None else self.dense_weight,
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CareStoreRetriever:
@@ -249,8 +252,9 @@ class CareStoreRetriever:
         docs = filtered_top_k(search, filters, top_k, store.count, _pre_filter(store.backend, filters))
         return {"documents": docs}
 
-    def _run_with_sparse(self, query_embedding: list[float] | None, query: str | None,
-                         filters: dict[str, Any] | None, top_k: int) -> list[Document]:
+    def _run_with_sparse(
+        self, query_embedding: list[float] | None, query: str | None, filters: dict[str, Any] | None, top_k: int
+    ) -> list[Document]:
         """``sparse`` / ``hybrid``: the core's BM25 or hybrid search (the CLI's code); metadata filters
         must translate to core filters here (no post-filtering of fused scores)."""
         from care_retriever.sparse import require_sparse
@@ -271,8 +275,15 @@ class CareStoreRetriever:
             dim = store.require_manifest().dim
             vector = normalize_rows(as_matrix([query_embedding], dim, "query_embedding"))
             hits = hybrid_search(store, vector, [query], top_k, core_filters, self._fusion)[0]
-        return [Document(id=h.id, content=h.text, meta=from_core_metadata(h.title, h.metadata, hidden=(NO_EMBEDDING,)),
-                         score=h.score) for h in hits]
+        return [
+            Document(
+                id=h.id,
+                content=h.text,
+                meta=from_core_metadata(h.title, h.metadata, hidden=(NO_EMBEDDING,)),
+                score=h.score,
+            )
+            for h in hits
+        ]
 
 
 @component
@@ -315,14 +326,23 @@ class CareStoreBM25Retriever:
             self._store = None
 
     @component.output_types(documents=list[Document])
-    def run(self, query: str, filters: dict[str, Any] | None = None, top_k: int | None = None
-            ) -> dict[str, list[Document]]:
+    def run(
+        self, query: str, filters: dict[str, Any] | None = None, top_k: int | None = None
+    ) -> dict[str, list[Document]]:
         """Documents ranked by BM25 score, best first (a query with no indexed token: none)."""
         validate_filters(filters)
         self.warm_up()
         assert self._store is not None
         core_filters = _core_filters_or_error(filters, "sparse")
         hits = self._store.search_sparse([query], self.top_k if top_k is None else top_k, core_filters)[0]
-        return {"documents": [Document(id=h.id, content=h.text, meta=from_core_metadata(h.title, h.metadata,
-                                                                                        hidden=(NO_EMBEDDING,)),
-                                       score=h.score) for h in hits]}
+        return {
+            "documents": [
+                Document(
+                    id=h.id,
+                    content=h.text,
+                    meta=from_core_metadata(h.title, h.metadata, hidden=(NO_EMBEDDING,)),
+                    score=h.score,
+                )
+                for h in hits
+            ]
+        }

@@ -28,8 +28,9 @@ class CareTextEmbedder:
         (``care-retriever export``) when it has one.
     """
 
-    def __init__(self, model: str, instruction: str | None = None, device: str | None = None,
-                 backend: str = "auto") -> None:
+    def __init__(
+        self, model: str, instruction: str | None = None, device: str | None = None, backend: str = "auto"
+    ) -> None:
         self.model = model
         self.instruction = instruction
         self.device = device
@@ -44,8 +45,9 @@ class CareTextEmbedder:
             self.embedder = load_query_embedder(self.model, self.backend, device=self.device)
 
     def to_dict(self) -> dict[str, Any]:
-        return default_to_dict(self, model=self.model, instruction=self.instruction, device=self.device,
-                               backend=self.backend)
+        return default_to_dict(
+            self, model=self.model, instruction=self.instruction, device=self.device, backend=self.backend
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CareTextEmbedder:

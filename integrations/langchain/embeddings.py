@@ -50,8 +50,7 @@ class CareEmbeddings(BaseModel, Embeddings):
     def from_embedder(cls, embedder: Any, model: str, **kwargs: Any) -> CareEmbeddings:
         """Wrap an already loaded :class:`AsymmetricEmbedder` (``model`` still names it, for serialisation)."""
         instance = cls(model=model, **kwargs)
-        instance._towers = TowerLoader(model, device=instance.device, embedder=embedder,
-                                       query_backend=instance.backend)
+        instance._towers = TowerLoader(model, device=instance.device, embedder=embedder, query_backend=instance.backend)
         return instance
 
     @property

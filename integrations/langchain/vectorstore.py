@@ -175,8 +175,16 @@ class CareVectorStore(VectorStore):
     ) -> list[Document]:
         return [doc for doc, _ in self.similarity_search_with_score(query, k, filter)]
 
-    def _fused_hits(self, query: str, k: int, filter: dict[str, Any] | None, mode: str, fusion: str = "rrf",
-                    rrf_k: int | None = None, dense_weight: float | None = None) -> list[Hit]:
+    def _fused_hits(
+        self,
+        query: str,
+        k: int,
+        filter: dict[str, Any] | None,
+        mode: str,
+        fusion: str = "rrf",
+        rrf_k: int | None = None,
+        dense_weight: float | None = None,
+    ) -> list[Hit]:
         from care_retriever.sparse import require_sparse
         from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_RRF_K, FusionConfig
         from care_retriever.sparse.hybrid import hybrid_search
@@ -186,23 +194,29 @@ class CareVectorStore(VectorStore):
         require_sparse(self.store)
         if mode == "sparse":
             return self.store.search_sparse([query], k, filter)[0]
-        config = FusionConfig(fusion, k=DEFAULT_RRF_K if rrf_k is None else rrf_k,
-                              dense_weight=DEFAULT_DENSE_WEIGHT if dense_weight is None else dense_weight)
+        config = FusionConfig(
+            fusion,
+            k=DEFAULT_RRF_K if rrf_k is None else rrf_k,
+            dense_weight=DEFAULT_DENSE_WEIGHT if dense_weight is None else dense_weight,
+        )
         manifest = self.store.require_manifest()
         vector = normalize_rows(as_matrix([self.embedding.embed_query(query)], manifest.dim, "query embedding"))
         return hybrid_search(self.store, vector, [query], k, filter, config)[0]
 
-    def hybrid_search_with_score(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
-                                 **kwargs: Any) -> list[tuple[Document, float]]:
+    def hybrid_search_with_score(
+        self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
         """Dense + BM25, fused (``fusion`` rrf | dbsf | wsum, ``rrf_k``, ``dense_weight``); scores are fused scores."""
         return [(self._to_document(h), h.score) for h in self._fused_hits(query, k, filter, "hybrid", **kwargs)]
 
-    def hybrid_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
-                      **kwargs: Any) -> list[Document]:
+    def hybrid_search(
+        self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Document]:
         return [doc for doc, _ in self.hybrid_search_with_score(query, k, filter, **kwargs)]
 
-    def sparse_search(self, query: str, k: int = 4, filter: dict[str, Any] | None = None,
-                      **kwargs: Any) -> list[Document]:
+    def sparse_search(
+        self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Document]:
         """BM25 alone over the store's sparse side (no embedding)."""
         return [self._to_document(h) for h in self._fused_hits(query, k, filter, "sparse")]
 
