@@ -399,8 +399,13 @@ class AsymmetricEmbedder:
             raise
         return target
 
+    @property
+    def loaded_towers(self) -> tuple[str, ...]:
+        """The towers in memory: ``("query",)`` in a search process (``load="query"``)."""
+        return tuple(s for s, m in (("query", self._query_model), ("document", self._document_model)) if m is not None)
+
     def __repr__(self) -> str:
-        loaded = [s for s, m in (("query", self._query_model), ("document", self._document_model)) if m]
+        loaded = list(self.loaded_towers)
         return (
             f"AsymmetricEmbedder(mode={self.mode}, dim={self.dim}, document_dim={self.document_dim}, loaded={loaded})"
         )

@@ -397,7 +397,7 @@ def create_app(
     async def health() -> dict[str, Any]:
         store = retriever.store
         count = await anyio.to_thread.run_sync(store.count, limiter=health_limiter)
-        towers = [t for t in ("query", "document") if getattr(retriever.embedder, f"_{t}_model", None) is not None]
+        towers = list(retriever.embedder.loaded_towers)
         return {
             "status": "ok",
             "store": store.describe(),

@@ -240,6 +240,10 @@ def test_eval_mode_hybrid_rows(tmp_path: Path, tiny_model_dir: Path, capsys: pyt
             "dense",
             "--mode",
             "hybrid",
+            "--fusion",
+            "rrf",
+            "--rrf-k",
+            "10",
             "--json",
             "--no-progress",
         ]

@@ -53,6 +53,7 @@ class OnnxQueryEmbedder:
     """Encode queries with an ONNX export of a CARE model's query tower (see ``care-retriever export``)."""
 
     backend = "onnx"
+    loaded_towers = ("query",)  # only ever the query tower (same attribute as AsymmetricEmbedder's)
 
     def __init__(
         self, config: CareConfig, route: QueryRoute, record: ExportRecord, onnx_file: str, threads: int | None = None

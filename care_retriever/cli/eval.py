@@ -13,6 +13,7 @@ import typer
 from typer.core import TyperCommand
 
 from care_retriever.errors import InputError
+from care_retriever.sparse.fusion import DEFAULT_FUSION
 
 # Options that take several values after one flag (``--task A B --models X Y``), as in the docs.
 GREEDY_OPTIONS = ("--task", "--models")
@@ -101,7 +102,7 @@ def eval_command(
         list[str] | None,
         typer.Option(help="dense | hybrid (the model fused with bm25) | sparse (bm25); repeat for several rows."),
     ] = None,
-    fusion: Annotated[str, typer.Option(help="Hybrid fusion: rrf | dbsf | wsum (docs/hybrid.md).")] = "rrf",
+    fusion: Annotated[str, typer.Option(help="Hybrid fusion: rrf | dbsf | wsum (docs/hybrid.md).")] = DEFAULT_FUSION,
     rrf_k: Annotated[int | None, typer.Option(help="RRF constant k (default: docs/hybrid.md's).")] = None,
     dense_weight: Annotated[float | None, typer.Option(help="wsum: the dense side's weight.")] = None,
 ) -> None:

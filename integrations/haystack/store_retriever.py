@@ -36,6 +36,7 @@ from care_retriever.integrations.common import (
 )
 from care_retriever.integrations.haystack.document_store import NO_EMBEDDING
 from care_retriever.integrations.haystack.filters import filtered_top_k, to_core_filters, validate_filters
+from care_retriever.sparse.fusion import DEFAULT_FUSION
 from care_retriever.stores import VectorStore, open_store, parse_store_spec
 from care_retriever.stores.qdrant_store import is_server
 
@@ -89,7 +90,7 @@ class CareStoreRetriever:
         filter_policy: str | FilterPolicy = FilterPolicy.REPLACE,
         api_key: Secret | None = Secret.from_env_var("QDRANT_API_KEY", strict=False),
         mode: str = "dense",
-        fusion: str = "rrf",
+        fusion: str = DEFAULT_FUSION,
         rrf_k: int | None = None,
         dense_weight: float | None = None,
     ) -> None:

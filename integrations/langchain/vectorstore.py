@@ -40,6 +40,7 @@ from care_retriever.integrations.common import (
     to_core_document,
 )
 from care_retriever.integrations.langchain.embeddings import CareEmbeddings
+from care_retriever.sparse.fusion import DEFAULT_FUSION
 from care_retriever.stores import VectorStore as CoreStore
 from care_retriever.stores import open_store
 from care_retriever.stores.base import Hit
@@ -181,7 +182,7 @@ class CareVectorStore(VectorStore):
         k: int,
         filter: dict[str, Any] | None,
         mode: str,
-        fusion: str = "rrf",
+        fusion: str = DEFAULT_FUSION,
         rrf_k: int | None = None,
         dense_weight: float | None = None,
     ) -> list[Hit]:
