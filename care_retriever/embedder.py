@@ -28,7 +28,7 @@ from care_retriever import __version__
 from care_retriever.encoding import check_texts, encode_texts, logger
 from care_retriever.errors import ModelError
 from care_retriever.fingerprint import space_fingerprint, weights_fingerprint
-from care_retriever.locations import local_model_dir
+from care_retriever.locations import local_model_dir, replace_folder
 from care_retriever.model_config import (  # re-exported: callers import these from here
     CONFIG_NAME,
     DEFAULT_INSTRUCTION,
@@ -386,14 +386,7 @@ class AsymmetricEmbedder:
         try:
             st.save(str(tmp))
             (tmp / CONFIG_NAME).write_text(self.config.to_json(), encoding="utf-8")
-            if target.exists():
-                old = target.with_name(f".{target.name}.old")
-                shutil.rmtree(old, ignore_errors=True)
-                target.rename(old)
-                tmp.rename(target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(target)
+            replace_folder(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

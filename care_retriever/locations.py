@@ -8,6 +8,7 @@ path fails at once, in one line, instead of as a confusing hub lookup (or a down
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 from care_retriever.errors import ModelError
@@ -38,3 +39,16 @@ def local_model_dir(name: str) -> Path | None:
     if not path.is_dir():
         raise ModelError(f"model folder not found: {name}")
     return path
+
+
+def replace_folder(staged: Path, target: Path) -> None:
+    """Put the finished folder ``staged`` where ``target`` is, replacing it; the old copy goes only once
+    the new one is in place, so a failure leaves one of the two complete."""
+    if target.exists():
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+        staged.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staged.rename(target)

@@ -28,6 +28,7 @@ from care_retriever.backends.layout import (
     query_route,
 )
 from care_retriever.errors import InputError, ModelError
+from care_retriever.locations import replace_folder
 
 logger = logging.getLogger("care_retriever")
 
@@ -96,14 +97,7 @@ def export_onnx(model: str | Path, quantize: tuple[str, ...] = ("none", "int8"))
         for name in record.files:
             _externalize_weights(tmp / name)
         (tmp / RECORD_NAME).write_text(record.to_json(), encoding="utf-8")
-        if target.exists():
-            old = target.with_name(".onnx.old")
-            shutil.rmtree(old, ignore_errors=True)
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
+        replace_folder(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -393,15 +393,7 @@ class FaissStore(VectorStore):
             assert self.manifest is not None and self._db is not None and self._index is not None
             if not meta:  # a format-1 store takes its first small write: it becomes format 2
                 self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute(_META_SCHEMA)
-                self._set_meta(
-                    count=self._count,
-                    tombstones=self._tombstones,
-                    delta_bytes=0,
-                    fold_pending=0,
-                    index_bytes=(self.path / INDEX).stat().st_size,
-                )
-                self._db.commit()
+                self._start_meta(self.path / INDEX)
             if self.manifest.checksums or self.manifest.sizes:
                 # Whole-file checksums stop describing the files once they change in place: drop them first,
                 # so that no crash leaves a manifest whose checksums look like corruption.
@@ -415,6 +407,19 @@ class FaissStore(VectorStore):
             self._delta = []
             self._in_place = True
             self._writing = True
+
+    def _start_meta(self, index_file: Path) -> None:
+        """The journal's bookkeeping for ``index_file`` with nothing in the delta yet (committed)."""
+        assert self._db is not None
+        self._db.execute(_META_SCHEMA)
+        self._set_meta(
+            count=self._count,
+            tombstones=self._tombstones,
+            delta_bytes=0,
+            fold_pending=0,
+            index_bytes=index_file.stat().st_size,
+        )
+        self._db.commit()
 
     def _set_meta(self, **values: int) -> None:
         assert self._db is not None
@@ -625,15 +630,7 @@ class FaissStore(VectorStore):
             os.replace(tmp, self.staging / INDEX)
             self._count = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
             self._tombstones = int(self._index.ntotal - self._count)
-            self._db.execute(_META_SCHEMA)
-            self._set_meta(
-                count=self._count,
-                tombstones=self._tombstones,
-                delta_bytes=0,
-                fold_pending=0,
-                index_bytes=(self.staging / INDEX).stat().st_size,
-            )
-            self._db.commit()
+            self._start_meta(self.staging / INDEX)
             self._staged_manifest.count = self._count
             self._staged_manifest.index["tombstones"] = self._tombstones
             self._write_manifest(self.staging, self._staged_manifest)
