@@ -2,6 +2,7 @@
 
     python benchmarks/make_results.py                          # BM25 on every task in ../shared/data/tasks
     python benchmarks/make_results.py --models OUT/model M2    # plus these models (CARE folders, ST models)
+    python benchmarks/make_results.py --models OUT/model --hybrid   # plus each model + BM25 (search --mode hybrid)
     python benchmarks/make_results.py --from-json a.jsonl      # reuse `care-retriever eval --json` output
     python benchmarks/make_results.py --from-miniature m.json  # reuse training_miniature_report.py --json scores
 
@@ -32,22 +33,35 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def run_evals(models: list[str], tasks_dir: Path) -> list[dict]:
+def run_evals(models: list[str], tasks_dir: Path, hybrid: bool = False) -> list[dict]:
+    """Every model on every dev task; with ``hybrid``, each dense model fused with BM25 (the default
+    fusion of ``care-retriever search --mode hybrid``) on the retrieval tasks too, as its own row."""
     from care_retriever.baselines import load_embedder
     from care_retriever.cli.eval import display_name
+    from care_retriever.evaluation.hybrid import HybridModel, mode_label
     from care_retriever.evaluation.runner import Timer, evaluate
     from care_retriever.evaluation.suites import resolve_suite
     from care_retriever.evaluation.tasks import load_task
+    from care_retriever.sparse.fusion import FusionConfig
 
     tasks = [load_task(p) for p in resolve_suite("all", tasks_dir)]
     rows = []
     for name in models:
         embedder = load_embedder(name)
-        for task in tasks:
-            print(f"evaluating {display_name(name)} on {task.name} ...", file=sys.stderr, flush=True)
-            result = evaluate(embedder, task, model_name=display_name(name), timer=Timer(), show_progress=True)
-            rows.append(result.to_dict())
-        del embedder
+        variants = [(display_name(name), embedder, tasks)]
+        if hybrid and name != "bm25":
+            # Rerank and STS score the dense tower alone (no BM25 side there): hybrid rows are retrieval only.
+            retrieval = [t for t in tasks if t.type == "retrieval"]
+            fusion = FusionConfig()
+            variants.append(
+                (mode_label(display_name(name), "hybrid", fusion), HybridModel(embedder, fusion), retrieval)
+            )
+        for label, model, its_tasks in variants:
+            for task in its_tasks:
+                print(f"evaluating {label} on {task.name} ...", file=sys.stderr, flush=True)
+                result = evaluate(model, task, model_name=label, timer=Timer(), show_progress=True)
+                rows.append(result.to_dict())
+        del embedder, variants
     return rows
 
 
@@ -239,6 +253,9 @@ def main() -> int:
         help="`benchmarks/training_miniature_report.py --json` output: its models' scores (same harness).",
     )
     parser.add_argument("--no-bm25", action="store_true", help="Skip BM25 (e.g. when it is in --from-json).")
+    parser.add_argument(
+        "--hybrid", action="store_true", help="Also each --models model fused with BM25 (retrieval tasks)."
+    )
     parser.add_argument("--speed-queries", type=int, default=64)
     parser.add_argument("--out", type=Path, default=DOCS / "results.md")
     args = parser.parse_args()
@@ -253,7 +270,7 @@ def main() -> int:
     if args.from_miniature:
         rows += miniature_rows(args.from_miniature, args.tasks_dir, skip={r["model"] for r in rows})
     to_run = ([] if args.no_bm25 else ["bm25"]) + args.models
-    rows += run_evals(to_run, args.tasks_dir)
+    rows += run_evals(to_run, args.tasks_dir, hybrid=args.hybrid)
     speeds = query_speed(args.models + args.time_models, args.tasks_dir / "kuake-qtr-retrieval", args.speed_queries)
     (args.out.with_suffix(".jsonl")).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     png = plot(rows, speeds, args.out.with_suffix(".png"))

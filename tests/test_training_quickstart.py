@@ -8,6 +8,7 @@ model and an index that ``care-retriever search`` reads.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -42,15 +43,28 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def test_quickstart_trains_indexes_searches_and_scores(tmp_path: Path, sample_corpus_path: Path, capsys) -> None:
+def test_quickstart_trains_indexes_searches_and_scores(tmp_path: Path, sample_corpus_path: Path, capfd, caplog) -> None:
     from care_retriever.training.quickstart import load_sample, split_queries
 
     recipe = tmp_path / "fast.yaml"
     recipe.write_text(FAST, encoding="utf-8")
     out = tmp_path / "qs"
-    code = main(["quickstart", "--out", str(out), "--recipe", str(recipe), "--no-progress"])
-    captured = capsys.readouterr()
+    caplog.set_level(logging.DEBUG)
+    code = main(["quickstart", "--out", str(out), "--recipe", str(recipe)])
+    captured = capfd.readouterr()  # file descriptors: the Rust tokenizer trainers write there, not to sys.stdout
     assert code == 0, captured.err
+    # Readable output: the five steps with no blank lines between them, one named bar per training
+    # stage, no per-weight loading bars, no INFO lines from the training code, no raw trainer dicts.
+    assert "\n\n" not in captured.out, captured.out
+    bars = captured.err.replace("\r", "\n")
+    for stage in ("stage0-query", "stage0-document", "stage1", "stage2"):
+        assert f"{stage}: 100%" in bars, stage
+    assert "Loading weights" not in bars and "{'loss'" not in captured.out + bars
+    assert "Sparse index" not in bars and "Indexing: 100%" in bars  # no empty BM25 bar before the documents
+    chatter = [
+        r.getMessage() for r in caplog.records if r.name.startswith("care_retriever") and r.levelno < logging.WARNING
+    ]
+    assert not chatter, chatter
     text = captured.out
     for step in ("[1/5]", "[2/5]", "[3/5]", "[4/5]", "[5/5]"):
         assert step in text
@@ -69,7 +83,7 @@ def test_quickstart_trains_indexes_searches_and_scores(tmp_path: Path, sample_co
     # CPU), BM25 0.615. The floor sits above every random ranking seen and well under the measured value.
     assert care > RANDOM_NDCG_MAX and 0.3 < bm25 <= 1.0, (care, bm25)
     hybrid = float(next(line for line in text.splitlines() if "hybrid: dense + BM25" in line).split()[-1])
-    assert 0.0 <= hybrid <= 1.0 and "{'loss'" not in text + captured.err  # three modes, no raw trainer dicts
+    assert 0.0 <= hybrid <= 1.0
     # the printed follow-up command works as printed
     command = next(line.strip() for line in text.splitlines() if line.strip().startswith("care-retriever search"))
     assert f"--model {out / 'model'}" in command and f"--store faiss:{out / 'index'}" in command
@@ -86,8 +100,8 @@ def test_quickstart_trains_indexes_searches_and_scores(tmp_path: Path, sample_co
             "血压高怎么办",
         ]
     )
-    hits = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["hits"]
+    hits = json.loads(capfd.readouterr().out.strip().splitlines()[-1])["hits"]
     assert code == 0 and len(hits) == 3 and all(h["id"].startswith("d") for h in hits)
     # a second run does not overwrite the folder without --force
     code = main(["quickstart", "--out", str(out), "--recipe", str(recipe), "--no-progress"])
-    assert code == 2 and "use --force" in capsys.readouterr().err
+    assert code == 2 and "use --force" in capfd.readouterr().err

@@ -112,7 +112,7 @@ def _pretrain(ctx: Any, stage: Any, transformer: Any, lm: Any, collator: Any):
     )
     from care_retriever.training.quiet import quiet_trainer
 
-    quiet_trainer(trainer)  # one bar per stage, no raw log dicts
+    quiet_trainer(trainer, stage.name)  # one bar per stage, no raw log dicts
     report = train_stage(ctx, stage, trainer, output_dir, examples=len(texts))
     side = "query" if stage.type == "mlm" else "document"
     epochs = float(trainer.state.epoch or 0.0)

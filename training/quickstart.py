@@ -126,6 +126,7 @@ def run_quickstart(
     from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.retriever import CareRetriever
     from care_retriever.stores import open_store
+    from care_retriever.training.quiet import quiet_logger
     from care_retriever.training.recipe import load_recipe
     from care_retriever.training.runner import run_recipe
     from care_retriever.training.scoring import bm25_run, dense_run, ndcg_at_10
@@ -148,7 +149,8 @@ def run_quickstart(
     write_training_data(sample, train_ids, data)
     spec = load_recipe(recipe)
     echo(f"[2/5] Training a '{spec.model.preset}' CARE model from scratch: " + ", ".join(s.name for s in spec.stages))
-    result = run_recipe(spec, out / "run", data, show_progress=show_progress)
+    with quiet_logger("care_retriever"):  # the stage table below says what the INFO lines would
+        result = run_recipe(spec, out / "run", data, show_progress=show_progress)
     for report in result.reports:
         echo(
             f"      {report['name']:>16}: {report['steps']:>4} steps {report['seconds']:6.1f}s  "
@@ -160,7 +162,7 @@ def run_quickstart(
     echo(f"[3/5] Indexing {len(sample.corpus)} passages into {store_spec}")
     embedder = AsymmetricEmbedder.from_pretrained(model_dir)
     writer = DocumentStoreWriter(embedder, store_spec, show_progress=show_progress, sparse=True)
-    writer.write(read_corpus(folder / "corpus.jsonl"))
+    writer.write(read_corpus(folder / "corpus.jsonl"), total=len(sample.corpus))
     writer.store.close()
 
     echo("[4/5] Hybrid (dense + BM25) top hits for held-out queries (* = judged relevant):")

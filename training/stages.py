@@ -236,8 +236,7 @@ def fit(
         prompts=prompts,
         max_steps=ctx.dry_run_steps,
     )
-    if not ctx.show_progress:
-        args.disable_tqdm = True
+    args.disable_tqdm = not ctx.show_progress
     trainer = CareTrainer(
         model=model,
         args=args,
@@ -246,7 +245,7 @@ def fit(
         callbacks=[JsonlLogCallback(ctx.out / "logs" / f"{stage.name}.jsonl", stage.name)],
         care_fingerprint=ctx.fingerprint,
     )
-    quiet_trainer(trainer)  # one bar per stage, no raw log dicts (training/quiet.py)
+    quiet_trainer(trainer, stage.name)  # one bar per stage, no raw log dicts (training/quiet.py)
     return train_stage(ctx, stage, trainer, output_dir, examples=examples)
 
 

@@ -747,7 +747,7 @@ class FaissStore(VectorStore):
             bm25.clear()  # a killed earlier build (or another tokenizer's) may have committed postings
             done, last = 0, -1
             total = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
-            with tqdm(total=total, desc="Sparse index", unit="doc", disable=not show_progress) as bar:
+            with tqdm(total=total, desc="Sparse index", unit="doc", disable=not show_progress or not total) as bar:
                 while rows := self._db.execute(
                     "SELECT row_id, text, title FROM documents WHERE row_id > ? ORDER BY row_id LIMIT 2000", (last,)
                 ).fetchall():

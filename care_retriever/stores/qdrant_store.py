@@ -403,7 +403,8 @@ class QdrantStore(VectorStore):
 
         entry = sparse_entry("qdrant-sparse", vector=VECTOR, avgdl=0.0)
         done, offset = 0, None
-        with tqdm(total=self.count(), desc="Sparse index", unit="doc", disable=not show_progress) as bar:
+        total = self.count()
+        with tqdm(total=total, desc="Sparse index", unit="doc", disable=not show_progress or not total) as bar:
             while True:
                 with self._lock:
                     points, offset = self.client.scroll(

@@ -29,7 +29,11 @@ def train_query_tokenizer(texts: Iterable[str], vocab_size: int = 8000) -> PreTr
     tokenizer.normalizer = _normalizer()
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIAL_TOKENS)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        special_tokens=BERT_SPECIAL_TOKENS,
+        show_progress=False,  # seconds long; off a terminal its Rust bars leave blank lines on stdout
+    )
     tokenizer.train_from_iterator(_nonempty(texts), trainer=trainer)
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -54,7 +58,9 @@ def train_document_tokenizer(texts: Iterable[str], vocab_size: int = 8000) -> Pr
     tokenizer.normalizer = _normalizer()
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.BPEDecoder()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[DECODER_PAD, DECODER_UNK, DECODER_EOS])
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[DECODER_PAD, DECODER_UNK, DECODER_EOS], show_progress=False
+    )
     tokenizer.train_from_iterator(_nonempty(texts), trainer=trainer)
     tokenizer.post_processor = append_eos_processor(DECODER_EOS, tokenizer.token_to_id(DECODER_EOS))
     return PreTrainedTokenizerFast(
