@@ -1,6 +1,6 @@
 """Hybrid vs dense-only on a FAISS store: query latency (batch 1) and index wall time, side by side.
 
-    python benchmarks/hybrid_speed.py --model MODEL [--data ../shared/data] [--queries 200]
+    python benchmarks/hybrid_speed.py --model MODEL [--data ../shared/data] [--queries 200] [--repeats 2]
 
 Corpus: kuake-qtr-retrieval's 32,176 page titles; queries: its dev queries. Indexes the corpus twice in
 one run (dense only, then dense + BM25 side) and times both; then times ``CareRetriever.search`` one
@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=2, help="Index builds per side (2: ABBA order).")
     parser.add_argument("--out", type=Path, default=Path("docs/hybrid_speed.json"))
     args = parser.parse_args()
     task = load_task(args.data / "tasks" / "kuake-qtr-retrieval")
@@ -51,14 +52,15 @@ def main() -> None:
     embedder = AsymmetricEmbedder.from_pretrained(args.model)
     root = Path(tempfile.mkdtemp(prefix="hybrid-speed-"))
     try:
-        # ABBA order (dense, hybrid, hybrid, dense): a drift in machine load over the run weighs on
-        # both sides equally; each side's figure is the mean of its two builds.
+        # --repeats 2 builds ABBA (dense, hybrid, hybrid, dense): a drift in machine load over the run
+        # weighs on both sides equally; each side's figure is the mean of its builds.
+        order = [(False, True) if r % 2 == 0 else (True, False) for r in range(args.repeats)]
         builds: dict[bool, list[float]] = {False: [], True: []}
-        for k, sparse in enumerate((False, True, True, False)):
+        for k, sparse in enumerate(s for pair in order for s in pair):
             name = f"{'hybrid' if sparse else 'dense'}-{k}"
             builds[sparse].append(index_seconds(embedder, docs, f"faiss:{root / name}", sparse=sparse))
         dense_s, hybrid_s = statistics.mean(builds[False]), statistics.mean(builds[True])
-        retriever = CareRetriever(f"faiss:{root / 'hybrid-1'}", embedder)
+        retriever = CareRetriever(f"faiss:{root / 'hybrid-1'}", embedder)  # the first hybrid build
         for q in queries[:10]:  # warm up both paths (SQLite pages, torch kernels)
             retriever.search(q, 10)
             retriever.search(q, 10, mode="hybrid")
@@ -81,7 +83,7 @@ def main() -> None:
         f"{med['hybrid']:.2f} | {latency_ratio:.2f}x | <= 1.3x | {'met' if latency_ratio <= 1.3 else 'missed'} |",
         f"| query latency, p95 ms | {p95['dense']:.2f} | {p95['hybrid']:.2f} | {p95['hybrid'] / p95['dense']:.2f}x | "
         "| |",
-        f"| index wall time, s ({len(docs)} documents, mean of 2 builds, ABBA) | {dense_s:.1f} | "
+        f"| index wall time, s ({len(docs)} documents, mean of {args.repeats} builds each) | {dense_s:.1f} | "
         f"{hybrid_s:.1f} | {index_ratio:.2f}x | "
         f"<= 1.1x | {'met' if index_ratio <= 1.1 else 'missed'} |",
         f"| BM25 only (`--mode sparse`), median ms | | {med['sparse']:.2f} | | | |",
@@ -89,7 +91,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     table = "\n".join(rows) + (
         f"\n\nModel `{args.model}`; {os.cpu_count()} CPUs, load average {load:.2f} at the end; "
-        f"`python benchmarks/hybrid_speed.py --model {args.model}`."
+        f"`python benchmarks/hybrid_speed.py --model {args.model} --repeats {args.repeats}`."
     )
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
