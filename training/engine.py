@@ -205,3 +205,22 @@ def last_checkpoint(output_dir: Path) -> str | None:
 
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun job, or the only process: the one that writes the run folder."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def process_state():
+    """accelerate's process state, as the trainer builds it (``cpu`` without CUDA): on CPU, a bare
+    ``PartialState()`` would not see torchrun's processes and its barriers would not wait."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def wait_for_everyone() -> None:
+    """A barrier across torchrun's processes (starting the process group if needed); no-op alone."""
+    if world_size() > 1:
+        process_state().wait_for_everyone()
