@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow
+
 CONDITIONS = ["高血压", "糖尿病", "感冒", "腹泻", "失眠", "发烧", "咳嗽", "胃痛", "头痛", "过敏", "贫血", "哮喘"]
 ASPECTS = [
     ("怎么办", "出现{c}时先休息观察，症状加重要及时去医院就诊。"),
