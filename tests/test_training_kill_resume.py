@@ -1,4 +1,5 @@
-"""``care-retriever train`` killed for real (SIGKILL) inside Stage 0 and inside Stage I, then re-run
+"""``care-retriever train`` killed for real (SIGKILL) inside Stage 0 (the document tower's LoRA stage)
+and inside Stage I, then re-run
 with the same command: it resumes, and ends with the model an uninterrupted run of the same seed ends
 with, step for step.
 
@@ -31,8 +32,8 @@ ASPECTS = [
     ("有哪些症状", "{c}常见的表现各不相同，可以对照说明自查。"),
     ("饮食注意什么", "{c}患者饮食宜清淡，少吃油腻辛辣的食物。"),
 ]
-# 48 pairs, batches of 8, 2 epochs: Stage 0 trains 12 steps, Stage I 24 (queries and documents),
-# a checkpoint every 2 steps.
+# 48 pairs, batches of 8, 2 epochs: each Stage 0 tower trains 12 steps, Stage I 24 (queries and
+# documents), a checkpoint every 2 steps.
 RECIPE = """
 name: kill-resume
 seed: 0
@@ -48,9 +49,10 @@ defaults:
   save_total_limit: 2
 stages:
   - {{name: stage0-query, type: stage0_query, datasets: [pairs]}}
+  - {{name: stage0-document, type: stage0_document, datasets: [pairs], lora: {{r: 4, alpha: 8}}}}
   - {{name: stage1, type: stage1_align, alignment: {{queries: [pairs], documents: [pairs]}}}}
 """
-STEPS = {"stage0-query": 12, "stage1": 24}
+STEPS = {"stage0-query": 12, "stage0-document": 12, "stage1": 24}
 TOLERANCE = 1e-6
 
 
@@ -140,17 +142,17 @@ def test_sigkill_in_stage0_and_stage1_then_resume_equals_an_uninterrupted_run(re
 
     killed = tmp_path / "killed"
     killed.mkdir()  # empty: also a fresh run under --resume
-    stage0_checkpoints = killed / "checkpoints" / "stage0-query"
+    stage0_checkpoints = killed / "checkpoints" / "stage0-document"
     kill_when(recipe_dir, killed, stage0_checkpoints / "checkpoint-4")
-    assert done_stages(killed) == ["init"]  # killed inside Stage 0
+    assert done_stages(killed) == ["init", "stage0-query"]  # killed inside Stage 0's LoRA stage
 
     stage1_checkpoints = killed / "checkpoints" / "stage1"
     kill_when(recipe_dir, killed, stage1_checkpoints / "checkpoint-6")
-    assert done_stages(killed) == ["init", "stage0-query"]  # killed inside Stage I
+    assert done_stages(killed) == ["init", "stage0-query", "stage0-document"]  # killed inside Stage I
     assert not (killed / "final").exists()
 
     finished = run_to_end(recipe_dir, killed)
-    assert done_stages(killed) == ["init", "stage0-query", "stage1"]
+    assert done_stages(killed) == ["init", "stage0-query", "stage0-document", "stage1"]
     # Stage I continued from a checkpoint, it did not start over
     assert f"stage stage1: resuming from {stage1_checkpoints / 'checkpoint-'}" in finished.stderr
 
@@ -165,7 +167,8 @@ def test_sigkill_in_stage0_and_stage1_then_resume_equals_an_uninterrupted_run(re
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=0, atol=TOLERANCE, err_msg=key)
     init = weights(killed / "stages" / "init")
-    assert any(not np.array_equal(init[key], want[key]) for key in want if key.startswith("query_"))
+    for tower in ("query_", "document_"):  # both towers trained: the comparison is not of untouched weights
+        assert any(not np.array_equal(init[key], want[key]) for key in want if key.startswith(tower)), tower
 
 
 def test_last_checkpoint_skips_a_half_written_one(tmp_path: Path) -> None:
