@@ -6,8 +6,9 @@ Two ranks of 8 rows see the global batch of 16 one process with batches of 16 se
 shard batch by batch; with 16 rows step 1 holds all of them). The logged loss is the mean over the
 ranks of each rank's loss, each rank's queries scored against all 16 candidates: the one-process loss
 of the batch, if and only if the candidates were gathered. The query tower's dropout is off (two
-processes cannot draw one process's dropout masks); what remains is float summation order, so the
-tolerance is 1e-5 relative (measured: 6e-8). A data set that does not split into full batches on
+processes cannot draw one process's dropout masks), and so is LoRA's; what remains is float
+summation order, so the tolerance is 1e-5 relative for losses (measured: 6e-8), 1e-4 for gradient
+norms. A data set that does not split into full batches on
 every rank (44 rows, 2 x 8 per step) trains: the last partial batch is dropped.
 """
 
@@ -54,7 +55,7 @@ stages:
     from: init
     datasets: [pairs]
     hard_negatives: {{num: 1, range_min: 0}}
-    lora: {{r: 4, alpha: 8}}
+    lora: {{r: 4, alpha: 8, dropout: 0.0}}
   - {{name: uneven, type: stage1_align, from: init, alignment: {{queries: [uneven]}}}}
 """
 RTOL = 1e-5
@@ -124,10 +125,11 @@ def test_two_processes_train_stage1_and_stage2_with_one_process_losses(folder: P
         two_rows, one_rows = logged(two, stage), logged(one.out, stage)
         assert [r["step"] for r in two_rows] == [r["step"] for r in one_rows] == [1], stage
         np.testing.assert_allclose(two_rows[0]["loss"], one_rows[0]["loss"], rtol=RTOL, err_msg=stage)
-    # Stage I: the teacher is frozen, so the averaged gradients are one process's too
-    np.testing.assert_allclose(
-        logged(two, "stage1")[0]["grad_norm"], logged(one.out, "stage1")[0]["grad_norm"], rtol=1e-4
-    )
+    # DDP averages the ranks' gradients: the gradient of the mean loss, one process's gradient
+    # (Stage II's gathered documents carry their gradient back to their rank)
+    for stage in ("stage1", "stage2"):
+        grad_norms = [logged(out, stage)[0]["grad_norm"] for out in (two, one.out)]
+        np.testing.assert_allclose(grad_norms[0], grad_norms[1], rtol=1e-4, err_msg=stage)
 
     # 44 rows: 5 full batches of 8; two ranks train 2 steps (the 5th batch is dropped), one process
     # trains 3 batches of 16, 16 and 12 over the same row order
