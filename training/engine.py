@@ -31,11 +31,26 @@ RUN_FILE = "care_run.json"
 
 
 class JsonlLogCallback(TrainerCallback):
-    """Append the trainer's log events (loss, lr, grad norm, epoch, step) to a JSONL file."""
+    """Append the trainer's log events (loss, lr, grad norm, epoch, step) to a JSONL file.
+
+    A run killed after its last checkpoint logged steps that the resumed run trains again: at the
+    start of training, rows past the step training starts from (the checkpoint's, 0 on a fresh
+    start) are dropped, so the file holds each step once.
+    """
 
     def __init__(self, path: Path, stage: str) -> None:
         self.path = path
         self.stage = stage
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or not self.path.is_file():
+            return
+        lines = self.path.read_text("utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= state.global_step]
+        if len(kept) != len(lines):
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, self.path)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -163,12 +178,49 @@ def build_arguments(
 
 
 def last_checkpoint(output_dir: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+    """The newest *complete* ``checkpoint-N`` folder, or None.
+
+    The trainer writes a checkpoint in place (model, optimizer, scheduler, RNG states, then
+    ``trainer_state.json`` last): a run killed while saving leaves a newer folder with only some
+    of those files. Resuming from it would fail or restore a mix; the previous checkpoint is used.
+    """
+    from transformers.trainer import TRAINER_STATE_NAME
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
     if not output_dir.is_dir():
         return None
-    return get_last_checkpoint(str(output_dir))
+    steps: list[tuple[int, Path]] = []
+    for folder in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        suffix = folder.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
+        if folder.is_dir() and suffix.isdigit():
+            steps.append((int(suffix), folder))
+    for _, folder in sorted(steps, reverse=True):
+        try:
+            json.loads((folder / TRAINER_STATE_NAME).read_text("utf-8"))
+        except (OSError, ValueError):
+            continue  # half-written: the kill came before (or while) its last file was written
+        return str(folder)
+    return None
 
 
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun job, or the only process: the one that writes the run folder."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def process_state():
+    """accelerate's process state, as the trainer builds it (``cpu`` without CUDA): on CPU, a bare
+    ``PartialState()`` would not see torchrun's processes and its barriers would not wait."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def wait_for_everyone() -> None:
+    """A barrier across torchrun's processes (starting the process group if needed); no-op alone."""
+    if world_size() > 1:
+        process_state().wait_for_everyone()

@@ -295,11 +295,20 @@ def preload_datasets(recipe: Recipe, data_dir: Path) -> Callable[[str], PairSet]
 
 
 def start_run(recipe: Recipe, out: Path, state: RunState, data_dir: Path, device: str | None):
-    """The starting model: built (and saved as ``stages/init``) on a new run, loaded on a resume."""
+    """The starting model: built (and saved as ``stages/init``) on a new run, loaded on a resume.
+
+    Under torchrun rank 0 builds and saves it; the other ranks wait for it and load the saved one
+    (a preset's tokenizers are trained, so each rank building its own could differ).
+    """
     from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.training.engine import is_main_process, wait_for_everyone
     from care_retriever.training.stages import matryoshka_dims
 
     if "init" in state.done:
+        return AsymmetricEmbedder.from_pretrained(out / "stages" / "init", device=device, dtype="fp32")
+    if not is_main_process():
+        wait_for_everyone()
+        state.done = ["init"]
         return AsymmetricEmbedder.from_pretrained(out / "stages" / "init", device=device, dtype="fp32")
     started = time.perf_counter()
     embedder = initial_model(recipe.model, recipe, data_dir, recipe.seed, device)
@@ -314,24 +323,31 @@ def start_run(recipe: Recipe, out: Path, state: RunState, data_dir: Path, device
         state.extra["foundation"] = str(foundation_dir(recipe.model.foundation))
     state.done = ["init"]
     state.save(out)
+    wait_for_everyone()
     return embedder
 
 
 def run_stage(ctx: Any, stage: StageSpec, embedder: Any, state: RunState) -> None:
     """Train one stage in place, save it and its exports, record its report."""
+    from care_retriever.training.engine import is_main_process, wait_for_everyone
     from care_retriever.training.stages import STAGES, seed_everything
 
     started = time.perf_counter()
     seed_everything(ctx.seed)
     report = STAGES[stage.type](ctx, stage, embedder)
-    embedder.save_pretrained(ctx.out / "stages" / stage.name)
+    writer = is_main_process()  # under torchrun rank 0 writes; the ranks hold the same model
+    if writer:
+        embedder.save_pretrained(ctx.out / "stages" / stage.name)
     for name, kind in stage.export.items():
-        state.exports[name] = str(export_model(embedder, kind, ctx.out / "models" / name))
+        target = ctx.out / "models" / name
+        state.exports[name] = str(export_model(embedder, kind, target) if writer else target)
     state.done.append(stage.name)
     # ``seconds`` is the training loop; the wall time adds data reading, teacher caching,
     # negative mining, loading and saving: what a user waits for.
     state.reports.append({**report.to_dict(), "wall_seconds": round(time.perf_counter() - started, 2)})
-    state.save(ctx.out)
+    if writer:
+        state.save(ctx.out)
+    wait_for_everyone()  # the next stage may load this one's saved model
     logger.info(
         "stage %s done: %d steps in %.1fs, loss %s -> %s",
         stage.name,
@@ -365,7 +381,11 @@ def run_stages(recipe: Recipe, ctx: Any, embedder: Any, state: RunState, device:
 
 def publish_final(recipe: Recipe, out: Path, state: RunState) -> Path:
     """Copy the final stage to ``out/final`` through a temporary folder (never half-written)."""
+    from care_retriever.training.engine import is_main_process
+
     final = out / "final"
+    if not is_main_process():
+        return final
     tmp = out / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(out / "stages" / recipe.final_stage, tmp)
@@ -393,6 +413,7 @@ def run_recipe(
     ``preset`` replaces the recipe's model by a from-scratch one of that preset (validating a
     paper-size recipe on CPU with the ``base`` preset); ``dry_run_steps`` trains N steps per stage.
     """
+    from care_retriever.training.engine import wait_for_everyone
     from care_retriever.training.stages import StageContext, seed_everything
 
     out = Path(out)
@@ -402,6 +423,7 @@ def run_recipe(
     recipe = effective_recipe(recipe, preset=preset, dry_run_steps=dry_run_steps)
     fingerprint = run_fingerprint(recipe, dry_run_steps=dry_run_steps, preset=preset)
     state = RunState.resumed(recipe, fingerprint, check_output(out, recipe, fingerprint, resume))
+    wait_for_everyone()  # under torchrun every rank checks --out before rank 0 writes to it
     load = preload_datasets(recipe, data_dir)
     seed_everything(recipe.seed)
     embedder = start_run(recipe, out, state, data_dir, device)

@@ -31,7 +31,14 @@ import numpy as np
 from datasets import Dataset, DatasetDict
 
 from care_retriever.errors import InputError
-from care_retriever.training.engine import CareTrainer, JsonlLogCallback, build_arguments, last_checkpoint, world_size
+from care_retriever.training.engine import (
+    CareTrainer,
+    JsonlLogCallback,
+    build_arguments,
+    last_checkpoint,
+    process_state,
+    world_size,
+)
 from care_retriever.training.lora import LoraSpec, add_lora, merge_lora
 from care_retriever.training.pairs import Example, PairSet, unique
 from care_retriever.training.quiet import quiet_trainer
@@ -228,9 +235,12 @@ def fit(
 ) -> StageReport:
     """Train ``model`` with the sentence-transformers trainer; resume from the stage's last checkpoint."""
     output_dir = ctx.out / "checkpoints" / stage.name
+    settings = trainer_settings(ctx, stage)
+    if world_size() > 1:
+        settings = distributed_settings(settings, model)
     args = build_arguments(
         output_dir,
-        trainer_settings(ctx, stage),
+        settings,
         seed=ctx.seed,
         router_mapping=router_mapping,
         prompts=prompts,
@@ -247,6 +257,26 @@ def fit(
     )
     quiet_trainer(trainer, stage.name)  # one bar per stage, no raw log dicts (training/quiet.py)
     return train_stage(ctx, stage, trainer, output_dir, examples=examples)
+
+
+def distributed_settings(settings: dict[str, Any], model) -> dict[str, Any]:
+    """Trainer settings for DDP (torchrun), and the one change to ``model`` they need.
+
+    A step calls the model once per column (anchor on one route, positive and negatives on the
+    other, or the query tower twice in Stage 0): with ``find_unused_parameters`` each call marks the
+    parameters it did not use as ready, and the next call's backward marks them again (a DDP error).
+    So unused-parameter detection is off, and the one parameter set no forward uses, the BERT
+    pooler (sentence-transformers pools token embeddings itself), is frozen: it never gets a
+    gradient, so freezing it changes no number. Every rank must hold a full batch of the same size
+    for the gathered in-batch negatives: the last partial batch is dropped.
+    """
+    from torch import nn
+
+    for module in model.modules():
+        pooler = getattr(module, "pooler", None)
+        if isinstance(pooler, nn.Module):
+            set_trainable([pooler], False)
+    return {"ddp_find_unused_parameters": False, **settings, "dataloader_drop_last": True}
 
 
 def train_stage(ctx: StageContext, stage: StageSpec, trainer, output_dir: Path, *, examples: int) -> StageReport:
@@ -443,9 +473,7 @@ def _main_process_first(fn: Callable[[], Any]) -> Any:
     """Under torchrun, rank 0 builds the teacher cache first; the other ranks then find it on disk."""
     if world_size() == 1:
         return fn()
-    from accelerate import PartialState
-
-    with PartialState().main_process_first():
+    with process_state().main_process_first():
         return fn()
 
 

@@ -11,6 +11,12 @@ Because E_D is frozen, ``E_D(y_i)`` is read from a memory-mapped cache computed 
 (:mod:`care_retriever.training.teacher_cache`); the batch's ``label`` column holds row indices into
 that cache. With ``cache=None`` the loss recomputes the teacher each step from a second input
 column routed to the document tower (kept for the benchmark that measures what the cache saves).
+
+With ``gather_across_devices`` (several processes, torchrun) every rank's teacher rows are
+negatives for every rank's queries: each rank computes the mean loss of its own queries against
+the whole global batch, so the mean over ranks (what DDP's averaged gradients optimise) is the
+one-process loss of the global batch when the ranks hold equally many rows. Ranks may hold
+different numbers of rows (a last partial batch): the gather exchanges the sizes first.
 """
 
 from __future__ import annotations
@@ -60,16 +66,7 @@ class QueryAlignmentLoss(nn.Module):
         features = list(sentence_features)
         student = self.model(features[0])["sentence_embedding"]
         teacher = self.teacher(features, labels, student.device)
-        all_teacher = teacher
-        if self.gather_across_devices:
-            from sentence_transformers.util import all_gather, get_rank
-
-            # Every rank's teacher rows become negatives (the teacher has no gradient to carry);
-            # the local rows go first so row i is still the positive of query i.
-            teacher_all = all_gather(teacher)
-            n, rank = teacher.shape[0], get_rank()
-            order = [teacher_all[rank * n : (rank + 1) * n], teacher_all[: rank * n], teacher_all[(rank + 1) * n :]]
-            all_teacher = torch.cat(order, dim=0)
+        all_teacher = gather_rows(teacher) if self.gather_across_devices else teacher
         contrastive = asym_infonce(student, all_teacher, self.temperature)
         mse = alignment_mse(student, teacher)
         self.last_components = {"asym_infonce": float(contrastive.detach()), "mse": float(mse.detach())}
@@ -82,3 +79,25 @@ class QueryAlignmentLoss(nn.Module):
             "temperature": self.temperature,
             "teacher": "cached" if self.cache is not None else "recompute",
         }
+
+
+def gather_rows(rows: Tensor) -> Tensor:
+    """Every rank's ``rows``, the local ones first (row i stays the positive of query i), then the
+    other ranks' in rank order. Ranks may hold different numbers of rows: sizes are gathered first,
+    each rank pads to the largest and the padding is cut off. No gradient crosses ranks (the teacher
+    has none). Without an initialised process group: ``rows`` itself."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return rows
+    world, rank = dist.get_world_size(), dist.get_rank()
+    size = torch.tensor([rows.shape[0]], dtype=torch.long, device=rows.device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    counts = [int(s.item()) for s in sizes]
+    padded = rows.new_zeros((max(counts), *rows.shape[1:]))
+    padded[: rows.shape[0]] = rows.detach()
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    parts = [rows] + [gathered[r][: counts[r]] for r in range(world) if r != rank]
+    return torch.cat(parts, dim=0)
