@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,6 +29,7 @@ pytest.importorskip("onnxruntime")
 from care_retriever.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
+BUILD_IGNORE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "runs")
 QUERIES = ["高血压患者平时饮食需要注意什么？", "宝宝发烧三十八度五，精神不好，要不要去医院"]
 
 
@@ -45,9 +47,13 @@ def _free_port() -> int:
 def slim_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv (no system site-packages) with the wheel and the slim list, nothing else."""
     root = tmp_path_factory.mktemp("slim")
+    # setuptools builds in the source's build/ folder: a copy keeps parallel builds (the wheel test
+    # under -n 2) and stale build/ contents out of this one
+    source = root / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*BUILD_IGNORE))
     dist = root / "dist"
     built = _run(
-        [sys.executable, "-m", "pip", "wheel", REPO, "--no-deps", "--no-build-isolation", "-q", "-w", dist], cwd=root
+        [sys.executable, "-m", "pip", "wheel", source, "--no-deps", "--no-build-isolation", "-q", "-w", dist], cwd=root
     )
     assert built.returncode == 0, built.stderr
     wheel = next(dist.glob("care_retriever-*.whl"))
@@ -71,9 +77,7 @@ def slim_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def onnx_model(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, small_corpus_path: Path) -> Path:
-    import shutil
-
+def onnx_model(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     model = tmp_path_factory.mktemp("slim-model") / "tiny"
     shutil.copytree(tiny_model_dir, model)
     assert main(["export", "--model", str(model), "--backend", "onnx", "--quantize", "none"]) == 0

@@ -31,6 +31,7 @@ FULL_ONLY = {  # import name -> distribution name
     "jieba": "jieba",  # the BM25 side: --mode sparse|hybrid
     "yaml": "pyyaml",
 }
+TORCH_STACK = frozenset({"torch", "transformers", "sentence_transformers", "safetensors", "peft"})
 _EXTRA_MARKER = re.compile(r"""^(?P<req>[^;]+?)\s*;\s*extra\s*==\s*["'](?P<extra>[^"']+)["']\s*$""")
 
 
@@ -56,9 +57,11 @@ def missing_full_dependency(exc: ModuleNotFoundError, argv: list[str]) -> str | 
     if root not in FULL_ONLY:
         return None
     command = next((a for a in argv if not a.startswith("-")), "this command")
+    needed = FULL_ONLY[root]
+    fix = f"pip install {DISTRIBUTION}" if root in TORCH_STACK else f"pip install {needed} (or the full {DISTRIBUTION})"
     return (
-        f"`care-retriever {command}` needs {FULL_ONLY[root]}, which this slim install leaves out (it searches and "
-        f"serves an exported model, --backend onnx); install the full package: pip install {DISTRIBUTION}"
+        f"`care-retriever {command}` needs {needed}, which this slim install leaves out (it searches and "
+        f"serves an exported model, --backend onnx); install it: {fix}"
     )
 
 
