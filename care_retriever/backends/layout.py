@@ -33,8 +33,11 @@ OPENVINO_INT8 = "openvino_model_qint8_quantized.xml"
 OPENVINO_FILES = {"none": OPENVINO_FP32, "int8": OPENVINO_INT8}
 BACKEND_FILES = {"onnx": ONNX_FILES, "openvino": OPENVINO_FILES}
 ROUTER_CONFIG = "router_config.json"
-# Backend folders inside a module folder: not part of the tower they were exported from.
+# Backend folders inside a module folder: not part of the tower they were exported from; nor are an
+# export's staging folder (``.onnx.<random>``) and the previous copy being replaced (``.onnx.old``),
+# which a killed export can leave behind.
 _BACKEND_DIRS = frozenset({"onnx", "openvino"})
+_BACKEND_STAGING = tuple(f".{name}." for name in sorted(_BACKEND_DIRS))
 RECORD_VERSION = 1
 
 
@@ -108,7 +111,7 @@ def _tower_files(route: QueryRoute) -> list[Path]:
         folder = route.model / module
         for path in sorted(folder.rglob("*")):
             rel = path.relative_to(folder)
-            if path.is_file() and rel.parts[0] not in _BACKEND_DIRS:
+            if path.is_file() and rel.parts[0] not in _BACKEND_DIRS and not rel.parts[0].startswith(_BACKEND_STAGING):
                 files.append(path)
     return files
 
