@@ -204,7 +204,7 @@ def process_rows(
     return rows, ratios
 
 
-def ndcg_rows(model: Path, n_queries: int | None, documents: str) -> tuple[list[list[str]], str]:
+def ndcg_rows(model: Path, n_queries: int | None, documents: str, export: bool) -> tuple[list[list[str]], str]:
     """nDCG@10 on kuake-qtr-retrieval: the torch query tower vs each export, same document vectors."""
     import numpy as np
 
@@ -214,7 +214,7 @@ def ndcg_rows(model: Path, n_queries: int | None, documents: str) -> tuple[list[
     from care_retriever.evaluation.tasks import load_task
 
     task = load_task(SHARED_TASKS / "kuake-qtr-retrieval")
-    for backend in ["onnx", *(["openvino"] if openvino_installed() else [])]:
+    for backend in ["onnx", *(["openvino"] if openvino_installed() else [])] if export else []:
         subprocess.run(
             [*CLI, "export", "--model", str(model), "--backend", backend, "--quantize", "int8"],
             check=True,
@@ -337,7 +337,7 @@ def main() -> int:
         *process_lines,
     ]
     if args.ndcg_model:
-        rows, what = ndcg_rows(args.ndcg_model, args.ndcg_queries, args.ndcg_documents)
+        rows, what = ndcg_rows(args.ndcg_model, args.ndcg_queries, args.ndcg_documents, not args.no_export)
         note = f" ({args.ndcg_model_note})" if args.ndcg_model_note else ""
         out += [
             "",
