@@ -34,7 +34,13 @@ BUILD_IGNORE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "
 QUERIES = ["高血压患者平时饮食需要注意什么？", "宝宝发烧三十八度五，精神不好，要不要去医院"]
 
 
+def _isolated_env() -> dict[str, str]:
+    # PYTHONPATH would put this checkout (and an egg-info in it) beside the slim venv's packages
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
 def _run(argv: list[object], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess[str]:
+    kwargs.setdefault("env", _isolated_env())
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
@@ -96,7 +102,7 @@ def slim_store(tmp_path_factory: pytest.TempPathFactory, onnx_model: Path, small
 
 
 def _slim_env_vars(env_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = _isolated_env()
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}"
     return env
 
