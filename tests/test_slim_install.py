@@ -23,9 +23,8 @@ import venv
 from importlib.metadata import version
 from pathlib import Path
 
+import onnxruntime  # noqa: F401  (the export needs it; no skip: see test_openvino_backend.py)
 import pytest
-
-pytest.importorskip("onnxruntime")
 
 from care_retriever.cli.main import main
 
