@@ -48,8 +48,8 @@ class CareRetriever:
     ) -> CareRetriever:
         """Load the query tower of ``model`` only, and open ``store``.
 
-        ``backend``: ``auto | torch | onnx``; ``auto`` takes the folder's ONNX export
-        (``care-retriever export``) when it has one. onnx never imports torch.
+        ``backend``: ``auto | torch | onnx | openvino``; ``auto`` takes the folder's export
+        (``care-retriever export``) when it has one. onnx and openvino never import torch.
         """
         from care_retriever.backends import load_query_embedder
 

@@ -76,7 +76,7 @@ class TowerLoader:
             raise ModelError("pass a CARE model folder (model=...) or a loaded AsymmetricEmbedder (embedder=...)")
         self.model = model
         self.device = device
-        # auto | torch | onnx (care_retriever.backends); the document tower always runs on torch
+        # auto | torch | onnx | openvino (care_retriever.backends); the document tower always runs on torch
         self.query_backend = query_backend
         self._sides: dict[str, Any] = {}
         for side in ("query", "document") if embedder is not None else ():

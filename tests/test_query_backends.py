@@ -132,7 +132,7 @@ def test_prompt_template_applies_on_both_paths(exported: Path, tmp_path: Path) -
 def test_auto_picks_the_export_and_torch_without_one(exported: Path, tiny_model_dir: Path) -> None:
     assert resolve_backend(exported, "auto") == "onnx"
     assert resolve_backend(tiny_model_dir, "auto") == "torch"
-    with pytest.raises(ModelError, match=r"Available backends: \['auto', 'torch', 'onnx'\]"):
+    with pytest.raises(ModelError, match=r"Available backends: \['auto', 'torch', 'onnx', 'openvino'\]"):
         resolve_backend(exported, "tensorrt")
 
 
@@ -214,9 +214,20 @@ def test_corrupted_onnx_file_is_named(exported: Path, tmp_path: Path, store: str
     assert str(bad) in err and len(err.strip().splitlines()) == 1
 
 
+def test_leftovers_of_a_killed_export_do_not_invalidate_the_export(exported: Path, tmp_path: Path, store: str) -> None:
+    # a SIGKILLed export leaves its staging folder (and replace_folder its .old copy) in the module folder
+    model = tmp_path / "leftovers"
+    shutil.copytree(exported, model)
+    module = model / query_route(model).transformer
+    for name in (".onnx.k1lled", ".onnx.old", ".openvino.x7"):
+        (module / name).mkdir()
+        (module / name / ONNX_FP32).write_bytes(b"half-written")
+    assert main(["search", "感冒", "--model", str(model), "--store", store, "--backend", "onnx", "--json"]) == 0
+
+
 def test_export_bad_options_are_one_line_errors(exported: Path, capsys) -> None:
     code, _, err = _cli(capsys, "export", "--model", exported, "--backend", "tensorrt")
-    assert code != 0 and "Available export backends: ['onnx']" in err
+    assert code != 0 and "Available export backends: ['onnx', 'openvino']" in err
     code, _, err = _cli(capsys, "export", "--model", exported, "--quantize", "int4")
     assert code != 0 and "Available: ['int8', 'none']" in err
 

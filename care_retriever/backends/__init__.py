@@ -1,7 +1,7 @@
-"""Query backends: the query tower on torch (default) or on an ONNX export in the model folder.
+"""Query backends: the query tower on torch (default) or on an ONNX / OpenVINO export in the model folder.
 
-This package imports neither torch nor transformers: with ``backend="onnx"`` a search process
-runs on tokenizers + onnxruntime + numpy only. ``load_query_embedder`` is the one place that picks
+This package imports neither torch nor transformers: with ``backend="onnx"`` (``"openvino"``) a search
+process runs on tokenizers + onnxruntime (openvino) + numpy only. ``load_query_embedder`` is the one place that picks
 a backend for the search path (CLI ``search``/``serve``, :class:`~care_retriever.retriever.CareRetriever`).
 """
 
@@ -14,16 +14,33 @@ from typing import Any
 from care_retriever.backends.layout import BACKENDS, EXPORT_BACKENDS, find_export, require_export
 from care_retriever.errors import ModelError
 
-__all__ = ["BACKENDS", "EXPORT_BACKENDS", "find_export", "load_query_embedder", "require_export", "resolve_backend"]
+__all__ = [
+    "AUTO_ORDER",
+    "BACKENDS",
+    "EXPORT_BACKENDS",
+    "find_export",
+    "load_query_embedder",
+    "require_export",
+    "resolve_backend",
+]
+
+
+# What ``auto`` takes when the folder has several exports: first in this order.
+AUTO_ORDER = ("onnx", "openvino")
 
 
 def resolve_backend(model: str | os.PathLike[str], backend: str) -> str:
-    """``auto`` -> ``onnx`` when the (local) model folder holds an ONNX export of its query tower, else ``torch``."""
+    """``auto`` -> the first export the (local) model folder holds (:data:`AUTO_ORDER`), else ``torch``."""
     if backend not in BACKENDS:
         raise ModelError(f"Unknown backend {backend!r}. Available backends: {list(BACKENDS)}")
     if backend != "auto":
         return backend
-    return "onnx" if Path(model).is_dir() and find_export(Path(model), "onnx") is not None else "torch"
+    folder = Path(model).expanduser()
+    if folder.is_dir():
+        for exported in AUTO_ORDER:
+            if find_export(folder, exported) is not None:
+                return exported
+    return "torch"
 
 
 def load_query_embedder(
@@ -31,12 +48,16 @@ def load_query_embedder(
 ) -> Any:
     """The query-side embedder of ``model`` on ``backend``; torch is imported only for the torch backend."""
     chosen = resolve_backend(model, backend)
+    if chosen != "torch" and device not in (None, "auto", "cpu"):
+        raise ModelError(f"backend {chosen!r} runs on the CPU; got --device {device!r} (use --backend torch)")
     if chosen == "onnx":
         from care_retriever.backends.onnx_embedder import OnnxQueryEmbedder
 
-        if device not in (None, "auto", "cpu"):
-            raise ModelError(f"backend 'onnx' runs on the CPU; got --device {device!r} (use --backend torch)")
         return OnnxQueryEmbedder.from_pretrained(model, **kwargs)
+    if chosen == "openvino":
+        from care_retriever.backends.openvino_embedder import OpenVinoQueryEmbedder
+
+        return OpenVinoQueryEmbedder.from_pretrained(model, **kwargs)
     from care_retriever.embedder import AsymmetricEmbedder
 
     return AsymmetricEmbedder.from_pretrained(model, load="query", device=device, backend="torch", **kwargs)

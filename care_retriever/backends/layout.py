@@ -1,9 +1,10 @@
 """Where an export lives in a CARE model folder, and how it is tied to the query tower it came from.
 
 sentence-transformers keeps backend files in a ``<backend>/`` folder beside the weights of a
-Transformer module (``onnx/model.onnx``, ``onnx/model_qint8_avx512_vnni.onnx``); in a CARE model the
+Transformer module (``onnx/model.onnx``, ``onnx/model_qint8_avx512_vnni.onnx``,
+``openvino/openvino_model.xml``, ``openvino/openvino_model_qint8_quantized.xml``); in a CARE model the
 query tower is the ``query`` route of the Router, so the export goes to
-``<model>/<query Transformer module>/onnx/``. ``care_export.json`` beside it records the query
+``<model>/<query Transformer module>/<backend>/``. ``care_export.json`` beside it records the query
 tower's fingerprint (a hash of its module files) and what the runtime needs to reproduce the torch
 preprocessing (max length, input names, padding token).
 """
@@ -18,21 +19,29 @@ from pathlib import Path
 from care_retriever.errors import ModelError
 from care_retriever.model_config import CONFIG_NAME, CareConfig
 
-BACKENDS = ("auto", "torch", "onnx")
-EXPORT_BACKENDS = ("onnx",)
+BACKENDS = ("auto", "torch", "onnx", "openvino")
+EXPORT_BACKENDS = ("onnx", "openvino")
 QUANTIZE = ("int8", "none")
 RECORD_NAME = "care_export.json"
 ONNX_FP32 = "model.onnx"
 # sentence-transformers' name for dynamic int8 (avx512_vnni config: u8 activations, s8 weights)
 ONNX_INT8 = "model_qint8_avx512_vnni.onnx"
 ONNX_FILES = {"none": ONNX_FP32, "int8": ONNX_INT8}
+# sentence-transformers' names for OpenVINO (``openvino_model_{file_suffix}.xml``, weights in a .bin beside it)
+OPENVINO_FP32 = "openvino_model.xml"
+OPENVINO_INT8 = "openvino_model_qint8_quantized.xml"
+OPENVINO_FILES = {"none": OPENVINO_FP32, "int8": OPENVINO_INT8}
+BACKEND_FILES = {"onnx": ONNX_FILES, "openvino": OPENVINO_FILES}
 ROUTER_CONFIG = "router_config.json"
-# Backend folders inside a module folder: not part of the tower they were exported from.
+# Backend folders inside a module folder: not part of the tower they were exported from; nor are an
+# export's staging folder (``.onnx.<random>``) and the previous copy being replaced (``.onnx.old``),
+# which a killed export can leave behind.
 _BACKEND_DIRS = frozenset({"onnx", "openvino"})
+_BACKEND_STAGING = tuple(f".{name}." for name in sorted(_BACKEND_DIRS))
 RECORD_VERSION = 1
 
 
-def export_command(model: str | Path, backend: str = "onnx") -> str:
+def export_command(model: str | Path, backend: str) -> str:
     return f"care-retriever export --model {model} --backend {backend}"
 
 
@@ -102,7 +111,7 @@ def _tower_files(route: QueryRoute) -> list[Path]:
         folder = route.model / module
         for path in sorted(folder.rglob("*")):
             rel = path.relative_to(folder)
-            if path.is_file() and rel.parts[0] not in _BACKEND_DIRS:
+            if path.is_file() and rel.parts[0] not in _BACKEND_DIRS and not rel.parts[0].startswith(_BACKEND_STAGING):
                 files.append(path)
     return files
 

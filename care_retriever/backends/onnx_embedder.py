@@ -1,169 +1,54 @@
-"""The query tower on ONNX Runtime: tokenizers + onnxruntime + numpy, no torch.
-
-Preprocessing and the steps after the transformer follow the torch path's definitions: the prompt
-from ``care_config.json`` (:meth:`CareConfig.query_prompt`), the pooling named there, truncation to
-the module's max length recorded at export, then L2 normalisation. Texts are sorted by length so
-each batch pads to similar lengths, as :func:`care_retriever.encoding.encode_texts` does.
-"""
+"""The query tower on ONNX Runtime: tokenizers + onnxruntime + numpy, no torch."""
 
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from care_retriever.backends.layout import (
-    ONNX_FILES,
-    ExportRecord,
-    QueryRoute,
-    export_command,
-    read_care_config,
-    require_export,
-)
-from care_retriever.encoding_checks import check_texts
-from care_retriever.errors import InputError, ModelError
+from care_retriever.backends.exported import ExportedQueryEmbedder, first_line, normalize, pool
+from care_retriever.backends.layout import ExportRecord, QueryRoute, export_command
+from care_retriever.errors import ModelError
 from care_retriever.model_config import CareConfig
 
-POOLINGS = ("cls", "mean", "last_token")
+__all__ = ["OnnxQueryEmbedder", "normalize", "pool"]
 
 
-def pool(hidden: np.ndarray, mask: np.ndarray, pooling: str) -> np.ndarray:
-    """``(batch, seq, dim)`` token states -> ``(batch, dim)``, as sentence-transformers' Pooling does."""
-    if pooling == "cls":
-        return hidden[:, 0]
-    if pooling == "mean":
-        weights = mask[..., None].astype(hidden.dtype)
-        return (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
-    if pooling == "last_token":
-        # right padding: the last real token sits at length - 1
-        last = mask.sum(axis=1).astype(np.int64) - 1
-        return hidden[np.arange(hidden.shape[0]), last]
-    raise ModelError(f"Unknown pooling {pooling!r}. Available poolings: {list(POOLINGS)}")
-
-
-def normalize(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.clip(norms, 1e-12, None)
-
-
-class OnnxQueryEmbedder:
+class OnnxQueryEmbedder(ExportedQueryEmbedder):
     """Encode queries with an ONNX export of a CARE model's query tower (see ``care-retriever export``)."""
 
     backend = "onnx"
-    loaded_towers = ("query",)  # only ever the query tower (same attribute as AsymmetricEmbedder's)
 
     def __init__(
         self, config: CareConfig, route: QueryRoute, record: ExportRecord, onnx_file: str, threads: int | None = None
     ) -> None:
         import onnxruntime as ort
-        from tokenizers import Tokenizer
 
-        self.config = config
-        self.route = route
-        self.record = record
-        self.onnx_path = route.backend_dir("onnx") / onnx_file
-        if config.query.pooling not in POOLINGS:
-            raise ModelError(f"Unknown pooling {config.query.pooling!r}. Available poolings: {list(POOLINGS)}")
+        super().__init__(config, route, record, onnx_file)
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
         try:
-            self._session = ort.InferenceSession(str(self.onnx_path), options, providers=["CPUExecutionProvider"])
+            self._session = ort.InferenceSession(str(self.model_path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types for bad protobufs
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelError(
-                f"{self.onnx_path}: not a loadable ONNX model ({first[:200]}); re-run `{export_command(route.model)}`"
+                f"{self.model_path}: not a loadable ONNX model ({first_line(exc)}); "
+                f"re-run `{export_command(route.model, 'onnx')}`"
             ) from None
-        self._inputs = [i.name for i in self._session.get_inputs()]
-        tokenizer_file = route.transformer_dir / "tokenizer.json"
-        try:
-            self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        except Exception as exc:
-            raise ModelError(f"{tokenizer_file}: cannot load the query tokenizer ({exc})") from None
-        self._tokenizer.enable_truncation(record.max_length)
-        self._tokenizer.no_padding()
-        # Tokenizer objects are not safe to share across threads mid-call; the session is.
-        self._lock = threading.Lock()
+
+    @property
+    def onnx_path(self) -> Path:  # the name the first version of this class had
+        return self.model_path
 
     @classmethod
     def from_pretrained(
         cls, model_name_or_path: str | os.PathLike[str], *, onnx_file: str | None = None, threads: int | None = None
     ) -> OnnxQueryEmbedder:
         """Load the ONNX query tower of a local CARE model folder (int8 when exported, else fp32)."""
-        model = Path(model_name_or_path).expanduser()
-        route, record = require_export(model, "onnx")
-        config = read_care_config(model)
-        if onnx_file is None:
-            onnx_file = next((ONNX_FILES[q] for q in ("int8", "none") if ONNX_FILES[q] in record.files), None)
-        if onnx_file is None or onnx_file not in record.files:
-            raise ModelError(
-                f"{route.backend_dir('onnx')}: no exported file {onnx_file!r}. Available: {sorted(record.files)}"
-            )
+        config, route, record, onnx_file = cls.locate(model_name_or_path, onnx_file)
         return cls(config, route, record, onnx_file, threads=threads)
 
-    # ------------------------------------------------------------------ what the search path reads
-    @property
-    def dim(self) -> int:
-        return self.config.dim
-
-    @property
-    def query_dim(self) -> int:
-        return self.config.dim
-
-    @property
-    def mode(self) -> str:
-        return self.config.mode
-
-    @property
-    def space_fingerprint(self) -> str:
-        if not self.config.space_fingerprint:
-            raise ModelError(f"{self.route.model}: care_config.json has no space_fingerprint; re-save the model")
-        return self.config.space_fingerprint
-
-    def query_prompt(self, instruction: str | None = None) -> str | None:
-        return self.config.query_prompt(instruction)
-
-    # ------------------------------------------------------------------ encoding
-    def _features(self, texts: list[str]) -> dict[str, np.ndarray]:
-        with self._lock:
-            encodings = self._tokenizer.encode_batch(texts)
-        width = max(len(e.ids) for e in encodings)
-        ids = np.full((len(texts), width), self.record.pad_token_id, dtype=np.int64)
-        mask = np.zeros((len(texts), width), dtype=np.int64)
-        types = np.zeros((len(texts), width), dtype=np.int64)
-        for row, enc in enumerate(encodings):
-            n = len(enc.ids)
-            ids[row, :n] = enc.ids
-            mask[row, :n] = 1
-            types[row, :n] = enc.type_ids
-        features = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        return {name: features[name] for name in self._inputs}
-
-    def embed_queries(
-        self, texts: Sequence[str], *, instruction: str | None = None, batch_size: int = 32, show_progress: bool = False
-    ) -> np.ndarray:
-        """Encode queries: ``(len(texts), dim)`` float32, unit norm (same contract as the torch embedder)."""
-        texts = check_texts(texts, "queries")
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        if not texts:
-            return out
-        if batch_size < 1:
-            raise InputError(f"batch_size must be >= 1, got {batch_size}")
-        prompt = self.query_prompt(instruction) or ""
-        order = np.argsort([-len(t) for t in texts], kind="stable")
-        for start in range(0, len(texts), batch_size):
-            idx = order[start : start + batch_size]
-            features = self._features([prompt + texts[i] for i in idx])
-            (hidden,) = self._session.run(["last_hidden_state"], features)
-            pooled = pool(hidden, features["attention_mask"], self.config.query.pooling)
-            vectors = normalize(pooled.astype(np.float32))
-            if not np.isfinite(vectors).all():
-                raise ModelError(f"{self.onnx_path}: the model produced non-finite embeddings")
-            out[idx] = vectors
-        return out
-
-    def __repr__(self) -> str:
-        return f"OnnxQueryEmbedder(file={self.onnx_path}, dim={self.dim}, pooling={self.config.query.pooling})"
+    def _hidden_states(self, features: dict[str, np.ndarray]) -> np.ndarray:
+        (hidden,) = self._session.run(["last_hidden_state"], features)
+        return hidden

@@ -13,6 +13,7 @@ import logging
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ from typing import Any
 import numpy as np
 
 from care_retriever.backends.layout import (
+    BACKEND_FILES,
     ONNX_FILES,
     QUANTIZE,
     RECORD_NAME,
     ExportRecord,
+    QueryRoute,
     query_fingerprint,
     query_route,
 )
@@ -49,10 +52,20 @@ class ExportReport:
     min_cosine: dict[str, float]
 
 
-def export_onnx(model: str | Path, quantize: tuple[str, ...] = ("none", "int8")) -> ExportReport:
-    """Write ``onnx/model.onnx`` (and the int8 file when asked) for the query tower of ``model``."""
-    import torch
+@dataclass
+class TowerToExport:
+    """The query tower of a local CARE model, loaded on torch, with the record its export will carry."""
 
+    folder: Path
+    route: QueryRoute
+    embedder: Any  # AsymmetricEmbedder holding the query tower
+    transformer: Any  # its sentence-transformers Transformer module
+    probe: Any  # tokenised CHECK_QUERIES[:2]: tracing example
+    record: ExportRecord
+
+
+def load_tower(model: str | Path, backend: str, quantize: tuple[str, ...]) -> TowerToExport:
+    """Check ``model`` can be exported to ``backend`` and load its query tower (fp32, CPU)."""
     from care_retriever.embedder import AsymmetricEmbedder, is_decoder
 
     unknown = [q for q in quantize if q not in QUANTIZE]
@@ -64,44 +77,68 @@ def export_onnx(model: str | Path, quantize: tuple[str, ...] = ("none", "int8"))
     route = query_route(folder)
     kinds = [route.types[m].rsplit(".", 1)[-1] for m in route.modules]
     if kinds != ["Transformer", "Pooling"]:
-        raise ModelError(f"{folder}: the query route is {kinds}; only Transformer -> Pooling towers export to ONNX")
+        raise ModelError(f"{folder}: the query route is {kinds}; only Transformer -> Pooling towers export")
     fingerprint, stats = query_fingerprint(route)
     embedder = AsymmetricEmbedder.from_pretrained(folder, load="query", device="cpu", dtype="fp32")
     transformer = embedder.query_modules[0]
     if is_decoder(transformer):
         raise ModelError(
             f"{folder}: the query tower is a decoder ({transformer.auto_model.config.model_type}); only BERT-family "
-            "query towers export to ONNX, so this model stays on --backend torch"
+            f"query towers export to {backend}, so this model stays on --backend torch"
         )
     tokenizer = transformer.tokenizer
     probe = tokenizer(list(CHECK_QUERIES[:2]), padding=True, return_tensors="pt")
-    input_names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in probe]
+    files = BACKEND_FILES[backend]
     record = ExportRecord(
-        backend="onnx",
+        backend=backend,
         query_fingerprint=fingerprint,
         max_length=int(transformer.max_seq_length or tokenizer.model_max_length),
-        input_names=input_names,
+        input_names=[n for n in ("input_ids", "attention_mask", "token_type_ids") if n in probe],
         pad_token_id=int(tokenizer.pad_token_id),
         pad_token=str(tokenizer.pad_token),
-        files={ONNX_FILES[q]: q for q in ("none", *[q for q in quantize if q != "none"])},
+        files={files[q]: q for q in ("none", *[q for q in quantize if q != "none"])},
         stats=stats,
     )
-    target = route.backend_dir("onnx")
-    tmp = Path(tempfile.mkdtemp(prefix=".onnx.", dir=route.transformer_dir))
+    return TowerToExport(folder, route, embedder, transformer, probe, record)
+
+
+def write_export(tower: TowerToExport, write: Callable[[Path], None]) -> Path:
+    """Run ``write(tmp)``, add the record and swap the folder into place; nothing half-written is left."""
+    backend = tower.record.backend
+    target = tower.route.backend_dir(backend)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{backend}.", dir=tower.route.transformer_dir))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it owner-only; the export is read by whoever serves the model
-        fp32 = tmp / ONNX_FILES["none"]
-        _torch_export(torch, transformer.auto_model, probe, input_names, fp32)
-        if "int8" in quantize:
-            _quantize_int8(fp32, tmp / ONNX_FILES["int8"])
-        for name in record.files:
-            _externalize_weights(tmp / name)
-        (tmp / RECORD_NAME).write_text(record.to_json(), encoding="utf-8")
+        write(tmp)
+        (tmp / RECORD_NAME).write_text(tower.record.to_json(), encoding="utf-8")
         replace_folder(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ExportReport(target, record.files, _check_parity(folder, embedder, record.files))
+    return target
+
+
+def export_onnx(model: str | Path, quantize: tuple[str, ...] = ("none", "int8")) -> ExportReport:
+    """Write ``onnx/model.onnx`` (and the int8 file when asked) for the query tower of ``model``."""
+    tower = load_tower(model, "onnx", quantize)
+
+    def write(tmp: Path) -> None:
+        fp32 = tmp / ONNX_FILES["none"]
+        torch_export(tower, fp32)
+        if "int8" in quantize:
+            _quantize_int8(fp32, tmp / ONNX_FILES["int8"])
+        for name in tower.record.files:
+            _externalize_weights(tmp / name)
+
+    target = write_export(tower, write)
+    return ExportReport(target, tower.record.files, check_parity(tower, "onnx"))
+
+
+def torch_export(tower: TowerToExport, path: Path) -> None:
+    """The transformer of the query tower as one ONNX graph: token inputs -> ``last_hidden_state``."""
+    import torch
+
+    _torch_export(torch, tower.transformer.auto_model, tower.probe, tower.record.input_names, path)
 
 
 def _torch_export(torch: Any, model: Any, probe: Any, input_names: list[str], path: Path) -> None:
@@ -166,12 +203,15 @@ def _externalize_weights(path: Path) -> None:
     data.chmod(0o644)  # onnx writes it owner-only
 
 
-def _check_parity(folder: Path, embedder: Any, files: dict[str, str]) -> dict[str, float]:
-    from care_retriever.backends.onnx_embedder import OnnxQueryEmbedder
+def check_parity(tower: TowerToExport, backend: str) -> dict[str, float]:
+    """Minimum cosine of each exported file's query vectors to the torch tower's, on CHECK_QUERIES."""
+    from care_retriever.backends import load_query_embedder
 
-    reference = embedder.embed_queries(list(CHECK_QUERIES))
+    reference = tower.embedder.embed_queries(list(CHECK_QUERIES))
+    file_option = {"onnx": "onnx_file", "openvino": "openvino_file"}[backend]
     out = {}
-    for name in files:
-        vectors = OnnxQueryEmbedder.from_pretrained(folder, onnx_file=name).embed_queries(list(CHECK_QUERIES))
+    for name in tower.record.files:
+        embedder = load_query_embedder(tower.folder, backend, **{file_option: name})
+        vectors = embedder.embed_queries(list(CHECK_QUERIES))
         out[name] = float(np.min(np.sum(vectors * reference, axis=1)))
     return out

@@ -270,7 +270,7 @@ def search(
         DEFAULT_DENSE_WEIGHT
     ),
     backend: Annotated[
-        str, typer.Option(help="auto | torch | onnx (auto: the model's ONNX export if it has one; see `export`).")
+        str, typer.Option(help="auto | torch | onnx | openvino (auto: the model's export if it has one; see `export`).")
     ] = "auto",
 ) -> None:
     """Search a store with the query tower, its BM25 side, or both (--mode hybrid)."""

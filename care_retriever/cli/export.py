@@ -1,4 +1,4 @@
-"""``export``: write the query tower to ONNX (fp32, optionally int8) inside the model folder."""
+"""``export``: write the query tower to ONNX or OpenVINO (fp32, optionally int8) inside the model folder."""
 
 from __future__ import annotations
 
@@ -11,22 +11,26 @@ from care_retriever.errors import InputError
 
 def export(
     model: Annotated[str, typer.Option(help="CARE model folder (the export is written inside it).")],
-    backend: Annotated[str, typer.Option(help="onnx")] = "onnx",
+    backend: Annotated[str, typer.Option(help="onnx | openvino")] = "onnx",
     quantize: Annotated[str, typer.Option(help="int8 (also writes the fp32 model) | none (fp32 only).")] = "int8",
 ) -> None:
-    """Export the query tower for torch-free search (`search --backend onnx`)."""
+    """Export the query tower for torch-free search (`search --backend onnx|openvino`)."""
     from care_retriever.backends.layout import EXPORT_BACKENDS, QUANTIZE
 
     if backend not in EXPORT_BACKENDS:
         raise InputError(f"Unknown --backend {backend!r}. Available export backends: {list(EXPORT_BACKENDS)}")
     if quantize not in QUANTIZE:
         raise InputError(f"Unknown --quantize {quantize!r}. Available: {list(QUANTIZE)}")
-    from care_retriever.backends.onnx_export import export_onnx
     from care_retriever.cli.core import quiet_transformers
 
     quiet_transformers()
-    typer.echo(f"Exporting the query tower of {model} to ONNX ...", err=True)
-    report = export_onnx(model, ("none", "int8") if quantize == "int8" else ("none",))
+    files = ("none", "int8") if quantize == "int8" else ("none",)
+    if backend == "openvino":
+        from care_retriever.backends.openvino_export import export_openvino as run_export
+    else:
+        from care_retriever.backends.onnx_export import export_onnx as run_export
+    typer.echo(f"Exporting the query tower of {model} to {backend} ...", err=True)
+    report = run_export(model, files)
     for name, kind in report.files.items():
         cosine = report.min_cosine[name]
         typer.echo(f"{report.folder / name}: {'int8' if kind == 'int8' else 'fp32'}, min cosine to torch {cosine:.5f}")

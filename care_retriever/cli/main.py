@@ -55,6 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except ModuleNotFoundError as exc:
+        # a torch-only command on the slim install (care_retriever.backends.slim): one line, no traceback
+        from care_retriever.backends.slim import missing_full_dependency
+
+        message = missing_full_dependency(exc, sys.argv[1:] if argv is None else argv)
+        if message is None or os.environ.get("CARE_DEBUG"):
+            raise
+        typer.secho(f"error: {message}", err=True, fg="red")
+        return 1
     return 0
 
 

@@ -72,7 +72,7 @@ def serve(
     instruction: Annotated[str | None, typer.Option(help="Override the query instruction.")] = None,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
     backend: Annotated[
-        str, typer.Option(help="auto | torch | onnx (auto: the model's export if it has one; see `export`).")
+        str, typer.Option(help="auto | torch | onnx | openvino (auto: the model's export if it has one; see `export`).")
     ] = "auto",
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:

@@ -24,7 +24,7 @@ class CareTextEmbedder:
     :param model: CARE model folder (or hub id) written by ``care-retriever init`` / training.
     :param instruction: override the model's default query instruction (instruction-tuned towers only).
     :param device: ``cpu``, ``cuda``, ``cuda:N``; default picks CUDA when available.
-    :param backend: ``auto`` | ``torch`` | ``onnx``; ``auto`` runs the model's ONNX export
+    :param backend: ``auto`` | ``torch`` | ``onnx`` | ``openvino``; ``auto`` runs the model's export
         (``care-retriever export``) when it has one.
     """
 

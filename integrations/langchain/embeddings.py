@@ -32,7 +32,7 @@ class CareEmbeddings(BaseModel, Embeddings):
     device: str | None = Field(default=None, description="cpu | cuda | cuda:N (default: CUDA when available).")
     backend: str = Field(
         default="auto",
-        description="Query tower backend for embed_query: auto | torch | onnx (auto: the model's ONNX export if any).",
+        description="Query tower backend for embed_query: auto | torch | onnx | openvino (auto: the export if any).",
     )
     query_batch_size: int = Field(default=32, ge=1)
     document_batch_size: int = Field(default=16, ge=1)
