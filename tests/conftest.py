@@ -165,6 +165,13 @@ def pytest_runtest_logreport(report) -> None:
         SKIPPED.append((report.nodeid, skip_reason(report)))
 
 
+def pytest_collectreport(report) -> None:
+    # A module-level skip (``pytest.importorskip`` at import time) skips the whole file at collection,
+    # where no test report is ever written: without this the guard would not see it.
+    if report.skipped:
+        SKIPPED.append((report.nodeid, skip_reason(report)))
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     """With CARE_SKIP_GUARD=1 (set by .ci/run), a skip for a reason not on ALLOWED_SKIPS fails the run."""
     if os.environ.get("CARE_SKIP_GUARD") != "1" or os.environ.get("PYTEST_XDIST_WORKER"):

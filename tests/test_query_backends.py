@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime  # noqa: F401
 import pytest
-
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnx")
 
 from care_retriever.backends import load_query_embedder, resolve_backend
 from care_retriever.backends.layout import (
@@ -83,7 +82,6 @@ def test_export_writes_the_sentence_transformers_layout(exported: Path) -> None:
     # weights beside each graph (memory-mapped at load), everything readable like the rest of the model
     expected = [ONNX_FP32, f"{ONNX_FP32}_data", ONNX_INT8, f"{ONNX_INT8}_data", RECORD_NAME]
     assert sorted(p.name for p in folder.iterdir()) == sorted(expected)
-    import onnx
 
     for name in (ONNX_FP32, ONNX_INT8):
         graph = onnx.load(str(folder / name), load_external_data=False).graph
