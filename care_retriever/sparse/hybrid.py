@@ -30,19 +30,21 @@ def hybrid_search(
     if server_side is not None and fusion.method in ("rrf", "dbsf"):
         return server_side(vectors, list(queries), top_k, filters, fusion=fusion)
     depth = max(fusion.candidates, top_k)
-    dense = store.search(vectors, depth, filters)
-    sparse = store.search_sparse(list(queries), depth, filters)
-    out = []
+    # Candidates are ids and scores only: the documents of the fused top-k are read once, at the end
+    # (reading 2 x 100 documents a query cost more than the BM25 scoring itself).
+    dense = store.search(vectors, depth, filters, payload=False)
+    sparse = store.search_sparse(list(queries), depth, filters, payload=False)
+    ranked: list[list[tuple[str, float]]] = []
     for dense_hits, sparse_hits in zip(dense, sparse, strict=True):
-        if not sparse_hits:
-            out.append(dense_hits[:top_k])
-            continue
-        by_id = {h.id: h for h in (*sparse_hits, *dense_hits)}
-        fused = fuse([(h.id, h.score) for h in dense_hits], [(h.id, h.score) for h in sparse_hits], fusion)
-        out.append(
-            [
-                Hit(id=d, score=s, text=by_id[d].text, title=by_id[d].title, metadata=by_id[d].metadata)
-                for d, s in fused[:top_k]
-            ]
-        )
-    return out
+        candidates = [(h.id, h.score) for h in dense_hits]
+        ranked.append(fuse(candidates, [(h.id, h.score) for h in sparse_hits], fusion) if sparse_hits else candidates)
+    wanted = list({d for row in ranked for d, _ in row[:top_k]})
+    docs = dict(zip(wanted, store.get(wanted), strict=True))
+    return [
+        [
+            Hit(id=d, score=s, text=doc.text, title=doc.title, metadata=doc.metadata)
+            for d, s in row[:top_k]
+            if (doc := docs[d]) is not None  # deleted between the two reads: left out, as a search would
+        ]
+        for row in ranked
+    ]

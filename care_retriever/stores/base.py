@@ -156,8 +156,14 @@ class VectorStore(ABC):
         """Publish the writes: after this, readers see the new store."""
 
     @abstractmethod
-    def search(self, vectors: np.ndarray, top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
-        """Top-``k`` hits for each query vector (rows of ``vectors``)."""
+    def search(
+        self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
+    ) -> list[list[Hit]]:
+        """Top-``k`` hits for each query vector (rows of ``vectors``).
+
+        ``payload=False`` returns ids and scores only (empty text): hybrid search fuses 100 candidates
+        a side and reads the documents of the final top-``k`` alone.
+        """
 
     @abstractmethod
     def get(self, ids: Sequence[str]) -> list[Document | None]:

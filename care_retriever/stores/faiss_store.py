@@ -759,7 +759,9 @@ class FaissStore(VectorStore):
             self._staged_manifest.sparse = sparse_entry("sqlite-bm25")
         return done
 
-    def search_sparse(self, queries: Sequence[str], top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
+    def search_sparse(
+        self, queries: Sequence[str], top_k: int, filters: Filters | None = None, *, payload: bool = True
+    ) -> list[list[Hit]]:
         """BM25 top-``k`` hits for each query text (an empty list for a query with no indexed token)."""
         from care_retriever.sparse import require_sparse
         from care_retriever.sparse.tokenizer import tokenize
@@ -777,7 +779,7 @@ class FaissStore(VectorStore):
                 allowed = {int(r) for r in self._filtered_row_ids(filters)} if filters else None
                 scores = SqliteBM25(db).scores(tokens, allowed)
             best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:top_k]
-            docs = self._rows({r for r, _ in best})
+            docs = self._rows({r for r, _ in best}, payload=payload)
             results.append(
                 [
                     Hit(
@@ -850,7 +852,9 @@ class FaissStore(VectorStore):
             self._search_index = index
         return self._search_index
 
-    def search(self, vectors: np.ndarray, top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
+    def search(
+        self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
+    ) -> list[list[Hit]]:
         if self._index is None:
             self.require_manifest()
         assert self._index is not None
@@ -870,7 +874,7 @@ class FaissStore(VectorStore):
         index = self._searchable() if params is None else self._index
         scores, ids = index.search(vectors, k, params=params) if params is not None else index.search(vectors, k)
         wanted = {int(i) for i in ids.ravel() if i >= 0}
-        docs = self._rows(wanted)
+        docs = self._rows(wanted, payload=payload)
         results: list[list[Hit]] = []
         for row_scores, row_ids in zip(scores, ids, strict=True):
             hits = []
@@ -918,18 +922,22 @@ class FaissStore(VectorStore):
             rows = db.execute(f"SELECT row_id FROM documents WHERE {' AND '.join(clauses)}", args).fetchall()
         return np.asarray([r for (r,) in rows], dtype=np.int64)
 
-    def _rows(self, row_ids: set[int]) -> dict[int, Document]:
+    def _rows(self, row_ids: set[int], payload: bool = True) -> dict[int, Document]:
+        """Stored documents by row id; without ``payload``, their ids alone (no text, no metadata parsing)."""
         db = self._require_db()
         out: dict[int, Document] = {}
         ids = list(row_ids)
+        columns = "row_id, id, text, title, metadata" if payload else "row_id, id"
         with self._lock:
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
-                for rid, did, text, title, meta in db.execute(
-                    f"SELECT row_id, id, text, title, metadata FROM documents WHERE row_id IN ({marks})", chunk
-                ):
-                    out[rid] = Document(id=did, text=text, title=title, metadata=json.loads(meta))
+                for rid, did, *rest in db.execute(f"SELECT {columns} FROM documents WHERE row_id IN ({marks})", chunk):
+                    if payload:
+                        text, title, meta = rest
+                        out[rid] = Document(id=did, text=text, title=title, metadata=json.loads(meta))
+                    else:
+                        out[rid] = Document(id=did, text="")
         return out
 
     def get(self, ids: Sequence[str]) -> list[Document | None]:

@@ -339,7 +339,9 @@ class QdrantStore(VectorStore):
                 must.append(models.Filter(should=[condition(key, v) for v in values]))
         return models.Filter(must=must)
 
-    def search(self, vectors: np.ndarray, top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
+    def search(
+        self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
+    ) -> list[list[Hit]]:
         from qdrant_client import models
 
         manifest = self.require_manifest()
@@ -349,24 +351,15 @@ class QdrantStore(VectorStore):
         if vectors.shape[1] != manifest.dim:
             raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
         flt = self._filter(filters)
-        requests = [models.QueryRequest(query=v.tolist(), limit=top_k, filter=flt, with_payload=True) for v in vectors]
+        fields = True if payload else ["doc_id"]
+        requests = [
+            models.QueryRequest(query=v.tolist(), limit=top_k, filter=flt, with_payload=fields) for v in vectors
+        ]
         if not requests:
             return []
         with self._lock:
             responses = self.client.query_batch_points(self.collection, requests)
-        return [
-            [
-                Hit(
-                    id=p.payload["doc_id"],
-                    score=float(p.score),
-                    text=p.payload["text"],
-                    title=p.payload.get("title", ""),
-                    metadata=p.payload.get("metadata") or {},
-                )
-                for p in response.points
-            ]
-            for response in responses
-        ]
+        return [self._hits(response.points) for response in responses]
 
     # ------------------------------------------------------------------ the sparse (BM25) side
     def _sparse_vectors(self, documents: Sequence[Document]) -> list[dict[str, Any]] | None:
@@ -432,20 +425,23 @@ class QdrantStore(VectorStore):
         return done
 
     def _hits(self, points: Sequence[Any]) -> list[Hit]:
+        """Points as hits; a point read with its ``doc_id`` alone gives an id-and-score hit."""
         return [
             Hit(
                 id=p.payload["doc_id"],
                 score=float(p.score),
-                text=p.payload["text"],
+                text=p.payload.get("text", ""),
                 title=p.payload.get("title", ""),
                 metadata=p.payload.get("metadata") or {},
             )
             for p in points
         ]
 
-    def search_sparse(self, queries: Sequence[str], top_k: int, filters: Filters | None = None) -> list[list[Hit]]:
+    def search_sparse(
+        self, queries: Sequence[str], top_k: int, filters: Filters | None = None, *, payload: bool = True
+    ) -> list[list[Hit]]:
         """BM25 top-``k`` for each query text, scored by Qdrant (IDF modifier)."""
-        return self.search_hybrid(None, queries, top_k, filters, fusion=None)
+        return self.search_hybrid(None, queries, top_k, filters, fusion=None, payload=payload)
 
     def search_hybrid(
         self,
@@ -455,6 +451,7 @@ class QdrantStore(VectorStore):
         filters: Filters | None = None,
         *,
         fusion: Any = None,
+        payload: bool = True,
     ) -> list[list[Hit]]:
         """Dense + BM25 prefetches fused server-side (``fusion.method`` rrf or dbsf) through the Query API.
 
@@ -470,6 +467,7 @@ class QdrantStore(VectorStore):
         if top_k < 1:
             raise InputError(f"top_k must be >= 1, got {top_k}")
         flt = self._filter(filters)
+        fields = True if payload else ["doc_id"]
         requests = []
         for i, tokens in enumerate(tokenize(list(queries))):
             sparse = (
@@ -481,12 +479,12 @@ class QdrantStore(VectorStore):
             )
             if vectors is None:
                 request = (
-                    models.QueryRequest(query=sparse.query, using=VECTOR, limit=top_k, filter=flt, with_payload=True)
+                    models.QueryRequest(query=sparse.query, using=VECTOR, limit=top_k, filter=flt, with_payload=fields)
                     if sparse
                     else None
                 )
             elif sparse is None:
-                request = models.QueryRequest(query=vectors[i].tolist(), limit=top_k, filter=flt, with_payload=True)
+                request = models.QueryRequest(query=vectors[i].tolist(), limit=top_k, filter=flt, with_payload=fields)
             else:
                 dense = models.Prefetch(query=vectors[i].tolist(), limit=fusion.candidates, filter=flt)
                 # Qdrant's RRF gives rank r (from 1) 1 / (k + r - 1); ours (and ranx's) 1 / (k + r): pass k + 1.
@@ -495,7 +493,7 @@ class QdrantStore(VectorStore):
                     if fusion.method == "rrf"
                     else models.FusionQuery(fusion=models.Fusion.DBSF)
                 )
-                request = models.QueryRequest(prefetch=[dense, sparse], query=query, limit=top_k, with_payload=True)
+                request = models.QueryRequest(prefetch=[dense, sparse], query=query, limit=top_k, with_payload=fields)
             requests.append(request)
         live = [r for r in requests if r is not None]
         with self._lock:
