@@ -14,6 +14,7 @@ token has no sparse side: hybrid search then returns the dense results.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import unicodedata
@@ -61,6 +62,7 @@ def check_spec(recorded: dict[str, Any] | None, where: str) -> None:
         )
 
 
+@functools.cache  # once per process: setLogLevel alone costs ~1 ms a call (logging clears its caches)
 def _jieba():
     import jieba
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import heapq
 import json
 import os
 import shutil
@@ -778,7 +779,7 @@ class FaissStore(VectorStore):
             with self._lock:
                 allowed = {int(r) for r in self._filtered_row_ids(filters)} if filters else None
                 scores = SqliteBM25(db).scores(tokens, allowed)
-            best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:top_k]
+            best = heapq.nsmallest(top_k, scores.items(), key=lambda item: (-item[1], item[0]))
             docs = self._rows({r for r, _ in best}, payload=payload)
             results.append(
                 [
