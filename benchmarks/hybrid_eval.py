@@ -70,11 +70,25 @@ def as_run(task, ranked: list[list[tuple[int, float]]]) -> dict[str, dict[str, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model", help="Dense model (not needed with --from-json).")
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
     parser.add_argument("--speed", type=Path, default=Path("docs/hybrid_speed.json"))
     parser.add_argument("--out", type=Path, default=Path("docs/hybrid.md"))
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="Re-render from a saved run (docs/hybrid.json) with the current speed table: no evaluation.",
+    )
     args = parser.parse_args()
+    speed = json.loads(args.speed.read_text()) if args.speed.is_file() else None
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text(encoding="utf-8"))
+        args.out.write_text(render(saved["model"], saved["ndcg@10"], saved["best"], speed), encoding="utf-8")
+        print(f"wrote {args.out} from {args.from_json}")
+        return
+    if not args.model:
+        parser.error("--model is required (or --from-json)")
     model = load_embedder(args.model)
     results: dict[str, dict[str, float]] = {}
     for name in TASKS:
@@ -88,7 +102,6 @@ def main() -> None:
         results[name] = row
         print(name, {k: round(v, 4) for k, v in row.items()}, f"{time.perf_counter() - t0:.0f}s", flush=True)
     best = max((label(c) for c in GRID), key=lambda key: np.mean([results[t][key] for t in TASKS]))
-    speed = json.loads(args.speed.read_text()) if args.speed.is_file() else None
     args.out.write_text(render(args.model, results, best, speed), encoding="utf-8")
     (args.out.with_suffix(".json")).write_text(
         json.dumps({"model": args.model, "ndcg@10": results, "best": best}, indent=2), encoding="utf-8"
@@ -136,7 +149,7 @@ def render(model: str, results: dict[str, dict[str, float]], best: str, speed: d
         ratio = speed["index_seconds"]["hybrid"] / speed["index_seconds"]["dense"]
         extra = speed["index_seconds"]["hybrid"] - speed["index_seconds"]["dense"]
         lines += [
-            f"`index` builds the BM25 side by default (`--no-sparse` to skip it): it added {extra:.1f} s "
+            f"`index` builds the BM25 side by default (`--no-sparse` to skip it): it adds {extra:.1f} s "
             f"({ratio:.2f}x) to indexing 32,176 short titles with this model, a cost that is fixed per token "
             "(jieba, SQLite) while the document tower's cost grows with its size: with an LLM document tower "
             "(hours on GPUs for a real corpus) it is noise, and without it `--mode hybrid` needs a second pass "
