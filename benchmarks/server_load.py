@@ -85,7 +85,9 @@ def build_store(model: Path, folder: Path) -> str:
 
 
 class Server:
-    def __init__(self, model: Path, store: str, options: list[str], env_extra: dict[str, str]) -> None:
+    def __init__(
+        self, model: Path, store: str, options: list[str], env_extra: dict[str, str], backend: str = "torch"
+    ) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **env_extra}
         env.pop("CARE_API_TOKEN", None)
         cmd = [
@@ -101,6 +103,8 @@ class Server:
             "1024",
             "--max-connections",
             "512",
+            "--backend",
+            backend,
             *options,
         ]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -214,15 +218,18 @@ def measure(server: Server, queries: list[str], clients: int, warmup: float, dur
     return stats
 
 
-def run(levels: list[int], warmup: float, duration: float) -> tuple[str, dict]:
+def run(levels: list[int], warmup: float, duration: float, backend: str = "torch") -> tuple[str, dict]:
     queries, source = load_queries()
     model = model_dir("base")
+    if backend != "torch" and not (model / "query_0_Transformer" / backend).is_dir():
+        print(f"exporting the query tower ({backend}, int8) ...", file=sys.stderr, flush=True)
+        subprocess.run([*CLI, "export", "--model", str(model), "--backend", backend, "--quantize", "int8"], check=True)
     results: dict[str, dict[int, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="care-server-load-") as tmp:
         store = build_store(model, Path(tmp))
         # All servers up at once, measured in turns at each level: load from other processes on a shared
         # machine then falls on every configuration alike, not on whichever ran during a busy minute.
-        servers = {label: Server(model, store, *config) for label, config in CONFIGS.items()}
+        servers = {label: Server(model, store, *config, backend=backend) for label, config in CONFIGS.items()}
         try:
             for server in servers.values():
                 asyncio.run(drive(server.url, queries, 4, 0, 3))  # page the weights in, warm the allocator
@@ -240,10 +247,12 @@ def run(levels: list[int], warmup: float, duration: float) -> tuple[str, dict]:
         finally:
             for server in servers.values():
                 server.stop()
-    return report(results, levels, source, len(queries), warmup, duration), results
+    return report(results, levels, source, len(queries), warmup, duration, backend), results
 
 
-def report(results: dict, levels: list[int], source: str, n_queries: int, warmup: float, duration: float) -> str:
+def report(
+    results: dict, levels: list[int], source: str, n_queries: int, warmup: float, duration: float, backend: str
+) -> str:
     rows = []
     for label, by_level in results.items():
         for clients in levels:
@@ -266,7 +275,7 @@ def report(results: dict, levels: list[int], source: str, n_queries: int, warmup
     on, off = results[ON], results[OFF]
     base_p50 = on[1]["p50"]
     lines = [
-        "### (i) Server under load (`benchmarks/server_load.py`, base preset query tower)",
+        f"### (i) Server under load (`benchmarks/server_load.py --backend {backend}`, base preset query tower)",
         "",
         f"`care-retriever serve` in a subprocess on loopback, FAISS flat store of 300 documents, top_k 10, "
         f"{n_queries} queries from `{source}` (one per request), closed-loop clients in one asyncio+httpx "
@@ -335,8 +344,11 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     parser.add_argument("--json", type=Path, help="also write the raw numbers here")
+    parser.add_argument(
+        "--backend", default="torch", help="torch | onnx | openvino: the query tower's runtime (`serve --backend`)"
+    )
     args = parser.parse_args()
-    text, results = run(sorted(set(args.clients) | {1}), args.warmup, args.duration)
+    text, results = run(sorted(set(args.clients) | {1}), args.warmup, args.duration, args.backend)
     print(text)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
