@@ -275,7 +275,8 @@ def report(
     on, off = results[ON], results[OFF]
     base_p50 = on[1]["p50"]
     lines = [
-        f"### (i) Server under load (`benchmarks/server_load.py --backend {backend}`, base preset query tower)",
+        f"### (i{'' if backend == 'torch' else ', ' + backend}) Server under load "
+        f"(`benchmarks/server_load.py --backend {backend}`, base preset query tower)",
         "",
         f"`care-retriever serve` in a subprocess on loopback, FAISS flat store of 300 documents, top_k 10, "
         f"{n_queries} queries from `{source}` (one per request), closed-loop clients in one asyncio+httpx "
@@ -327,11 +328,20 @@ def report(
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str) -> None:
+def write_section(text: str, backend: str = "torch") -> None:
+    """One section per query backend (torch keeps the original markers), replaced in place on a re-run."""
+    begin, end = (
+        (BEGIN, END)
+        if backend == "torch"
+        else (f"<!-- server_load:{backend}:begin -->", f"<!-- server_load:{backend}:end -->")
+    )
     body = DOC.read_text(encoding="utf-8") if DOC.is_file() else "# Benchmarks\n"
-    section = f"{BEGIN}\n{text.rstrip()}\n{END}"
-    if BEGIN in body and END in body:
-        body = body[: body.index(BEGIN)] + section + body[body.index(END) + len(END) :]
+    section = f"{begin}\n{text.rstrip()}\n{end}"
+    if begin in body and end in body:
+        body = body[: body.index(begin)] + section + body[body.index(end) + len(end) :]
+    elif END in body:  # right after the torch section
+        cut = body.index(END) + len(END)
+        body = body[:cut] + "\n\n" + section + body[cut:]
     else:
         body = body.rstrip() + "\n\n" + section + "\n"
     DOC.write_text(body, encoding="utf-8")
@@ -353,7 +363,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     if not args.no_write:
-        write_section(text)
+        write_section(text, args.backend)
     return 0
 
 
