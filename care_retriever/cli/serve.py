@@ -36,7 +36,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     if not 0 <= port <= 65535:
         raise InputError(f"--port must be in 0..65535, got {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say they are
+    # TCP; without it every keep-alive request after the first waited ~40 ms (Nagle x delayed ACK).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
