@@ -55,7 +55,8 @@ def test_faiss_sparse_scores_equal_the_bm25_baseline(embedder, tmp_path: Path) -
     store = write(embedder, f"faiss:{tmp_path / 's'}")
     baseline = BM25Model()
     baseline.index([d.embedding_text() for d in DOCS])
-    for query in QUERIES:
+    # Twice: a store's first query is scored in SQL, the later ones on its postings held in memory.
+    for query in QUERIES * 2:
         idx, scores = baseline.search([query], len(DOCS))
         expected = {DOCS[i].id: float(s) for i, s in zip(idx[0], scores[0], strict=True) if s > 0}
         got = {h.id: h.score for h in store.search_sparse([query], len(DOCS))[0]}
@@ -63,28 +64,28 @@ def test_faiss_sparse_scores_equal_the_bm25_baseline(embedder, tmp_path: Path) -
         assert expected
 
 
-def test_faiss_incremental_writes_equal_a_rebuild(embedder, tmp_path: Path) -> None:
-    """Upsert (changed text), delete and prune keep the BM25 side equal to one built from the final corpus."""
-    path = tmp_path / "inc"
-    write(embedder, f"faiss:{path}")
-    changed = Document(id="a", title="头痛", text="偏头痛发作时可以在安静黑暗的房间休息。", metadata={})
-    store = write(embedder, f"faiss:{path}", [changed, *DOCS[1:]])
-    assert not [h for h in store.search_sparse(["高血压"], 10)[0] if h.id == "a"]  # the old text's tokens are gone
-    assert [h.id for h in store.search_sparse(["偏头痛"], 10)[0]] == ["a"]
-    store.close()
-    final = [changed, *DOCS[1:4]]
-    store = write(embedder, f"faiss:{path}", final, prune=True)  # prunes e, f
-    fresh = write(embedder, f"faiss:{tmp_path / 'fresh'}", final)
-    for query in [*QUERIES, "偏头痛 休息"]:
-        assert ranking(store.search_sparse([query], 10)[0]) == ranking(fresh.search_sparse([query], 10)[0]), query
-    assert {h.id for q in QUERIES for h in store.search_sparse([q], 10)[0]} <= {"a", "b", "c", "d"}
-    assert main(["delete", "b", "--store", f"faiss:{path}"]) == 0
-    fresh_b = write(embedder, f"faiss:{tmp_path / 'fresh-b'}", [changed, *DOCS[2:4]])
+def test_sparse_scores_in_memory_equal_sql_and_follow_other_writers(embedder, tmp_path: Path, monkeypatch) -> None:
+    """The in-memory postings give SQL's ranking (ties, top-k cut, filters) and see commits of another writer."""
+    from care_retriever.sparse import sqlite_bm25
     from care_retriever.stores import open_store
 
-    reopened = open_store(f"faiss:{path}")
-    for query in QUERIES:
-        assert ranking(reopened.search_sparse([query], 10)[0]) == ranking(fresh_b.search_sparse([query], 10)[0])
+    spec = f"faiss:{tmp_path / 'mem'}"
+    write(embedder, spec)
+    queries = [*QUERIES, "高血压 高血压 头痛", "的", "患者饮食", "及时就医 避免", "规律 避免 患者 就医 饮食 多"]
+    cases = [(k, filters) for k in (1, 2, 10) for filters in (None, {"group": "odd"})]
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite_bm25, "MEMORY_POSTINGS", 0)  # this reader scores every query in SQL
+        in_sql = open_store(spec)
+        expected = [[ranking(in_sql.search_sparse([q], k, f)[0]) for q in queries] for k, f in cases]
+    reader = open_store(spec)
+    for _ in range(2):
+        assert [[ranking(reader.search_sparse([q], k, f)[0]) for q in queries] for k, f in cases] == expected
+    assert "a" not in {h.id for h in reader.search_sparse(["偏头痛"], 10)[0]}
+    changed = Document(id="a", title="头痛", text="偏头痛发作时可以在安静黑暗的房间休息。")
+    other = open_store(spec)
+    with other.transaction():  # in place (the adapters' write path), from another connection
+        other.upsert([changed], embedder.embed_documents([changed.embedding_text()]))
+    assert [h.id for h in reader.search_sparse(["偏头痛"], 10)[0]] == ["a"]
 
 
 def test_hybrid_modes_and_filters_faiss(embedder, tmp_path: Path) -> None:

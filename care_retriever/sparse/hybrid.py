@@ -1,8 +1,9 @@
 """Hybrid search over a store: its dense and BM25 rankings for the same query, fused.
 
 One definition, used by ``CareRetriever.search(mode="hybrid")`` and the Haystack and LangChain
-adapters, so they return the same hits. A store with server-side fusion (Qdrant's Query API:
-``search_hybrid``) fuses RRF and DBSF there; ``wsum`` (and every FAISS store) fuses here.
+adapters, so they return the same hits. A store that fuses itself declares the fusions it runs in
+``hybrid_fusions`` and gets the query through its ``search_hybrid``: Qdrant fuses RRF and DBSF on the
+server (Query API), the FAISS store fuses every method on row ids; anything else fuses here.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ def hybrid_search(
 ) -> list[list[Hit]]:
     """Top-``k`` fused hits per query; a query with no indexed token (punctuation, stop words) gets its dense hits."""
     fusion = fusion or FusionConfig()
-    server_side = getattr(store, "search_hybrid", None)
-    if server_side is not None and fusion.method in ("rrf", "dbsf"):
-        return server_side(vectors, list(queries), top_k, filters, fusion=fusion)
+    if fusion.method in getattr(store, "hybrid_fusions", ()):
+        return store.search_hybrid(vectors, list(queries), top_k, filters, fusion=fusion)
     depth = max(fusion.candidates, top_k)
     # Candidates are ids and scores only: the documents of the fused top-k are read once, at the end
     # (reading 2 x 100 documents a query cost more than the BM25 scoring itself).

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import heapq
 import json
 import os
 import shutil
@@ -49,6 +48,7 @@ from tqdm.auto import tqdm
 
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
+from care_retriever.sparse.fusion import FUSIONS, FusionConfig, fuse
 from care_retriever.sparse.sqlite_bm25 import SqliteBM25
 from care_retriever.stores.base import (
     FAISS_INDEX_TYPES,
@@ -87,6 +87,25 @@ ADD, REMOVE = ord("A"), ord("D")
 def delta_dtype(dim: int) -> np.dtype:
     """One delta record: op byte, row id, vector (a removal carries a zero vector: fixed-size records)."""
     return np.dtype([("op", "u1"), ("row", "<i8"), ("vec", "<f4", (dim,))])
+
+
+def _hits(ranked: Sequence[tuple[int, float]], docs: dict[int, Document], limit: int) -> list[Hit]:
+    """Hits for ranked (row id, score) pairs, at most ``limit``; rows gone from the docstore are left out."""
+    hits = []
+    for row_id, score in ranked:
+        if (doc := docs.get(row_id)) is not None:
+            hits.append(Hit(id=doc.id, score=score, text=doc.text, title=doc.title, metadata=doc.metadata))
+            if len(hits) == limit:
+                break
+    return hits
+
+
+def _with_ties(ranked: list[tuple[int, float]], k: int) -> list[tuple[int, float]]:
+    """The first ``k`` of a ranking and every later entry tied with the ``k``-th."""
+    end = min(k, len(ranked))
+    while 0 < end < len(ranked) and ranked[end][1] == ranked[k - 1][1]:
+        end += 1
+    return ranked[:end]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -187,6 +206,7 @@ class FaissStore(VectorStore):
         self._opened_as: tuple[int, int] = (0, 0)  # (inode of index.faiss, committed delta bytes) at open
         self._mapped = False  # index vectors memory-mapped from index.faiss (read-only)
         self._id_order: np.ndarray | None = None  # argsort of the IndexIDMap's ids, for vectors()
+        self._bm25: SqliteBM25 | None = None  # the query side of the BM25 index, kept across searches
         old = self._old_path()
         if (self.path / MANIFEST).exists():
             self._open(self.path)
@@ -765,32 +785,66 @@ class FaissStore(VectorStore):
     ) -> list[list[Hit]]:
         """BM25 top-``k`` hits for each query text (an empty list for a query with no indexed token)."""
         from care_retriever.sparse import require_sparse
-        from care_retriever.sparse.tokenizer import tokenize
 
+        self._check_sparse_search(top_k)
+        require_sparse(self)
+        filters = validate_filters(filters)
+        ranked = self._sparse_ranked(queries, top_k, self._filtered_row_ids(filters) if filters else None)
+        docs = self._rows({r for row in ranked for r, _ in row}, payload=payload)
+        return [_hits(row, docs, top_k) for row in ranked]
+
+    hybrid_fusions = FUSIONS  # every fusion runs in this process, on row ids
+
+    def search_hybrid(
+        self,
+        vectors: np.ndarray,
+        queries: Sequence[str],
+        top_k: int,
+        filters: Filters | None = None,
+        *,
+        fusion: FusionConfig | None = None,
+        payload: bool = True,
+    ) -> list[list[Hit]]:
+        """Dense and BM25 rankings fused on row ids (care_retriever.sparse.fusion): only the fused top-``k``
+        documents are read from the docstore, not each side's candidates (which cost as much as the BM25
+        scoring). A query with no indexed token gets its dense hits."""
+        from care_retriever.sparse import require_sparse
+
+        self._check_sparse_search(top_k)
+        require_sparse(self)
+        fusion = fusion or FusionConfig()
+        filters = validate_filters(filters)
+        allowed = self._filtered_row_ids(filters) if filters else None  # one filter query for both sides
+        depth = max(fusion.candidates, top_k)
+        dense = self._dense_ranked(vectors, depth, filters, allowed)
+        if self._tombstones:  # removed rows still in the index (HNSW): dropped before they take part in fusion
+            live = self._rows({r for row in dense for r, _ in row}, payload=False)
+            dense = [[(r, s) for r, s in row if r in live][:depth] for row in dense]
+        sparse = self._sparse_ranked(queries, depth, allowed)
+        fused = [fuse(d, s, fusion) if s else d for d, s in zip(dense, sparse, strict=True)]
+        # Ties at the cut are kept and broken by document id, as fuse() breaks them on ids for other stores.
+        cuts = [_with_ties(row, top_k) for row in fused]
+        docs = self._rows({r for row in cuts for r, _ in row}, payload=payload)
+        return [sorted(_hits(row, docs, len(row)), key=lambda h: (-h.score, h.id))[:top_k] for row in cuts]
+
+    def _check_sparse_search(self, top_k: int) -> None:
         if self._writing:
             raise StoreError(f"{self.describe()}: sparse search on a store being written; finalize() first")
-        require_sparse(self)
         if top_k < 1:
             raise InputError(f"top_k must be >= 1, got {top_k}")
-        filters = validate_filters(filters)
+
+    def _sparse_ranked(
+        self, queries: Sequence[str], top_k: int, allowed: np.ndarray | None
+    ) -> list[list[tuple[int, float]]]:
+        """Each query's BM25 top-``k`` (row id, score), best first, ties by row id."""
+        from care_retriever.sparse.tokenizer import tokenize
+
         db = self._require_db()
-        results: list[list[Hit]] = []
-        for tokens in tokenize(list(queries)):
-            with self._lock:
-                allowed = {int(r) for r in self._filtered_row_ids(filters)} if filters else None
-                scores = SqliteBM25(db).scores(tokens, allowed)
-            best = heapq.nsmallest(top_k, scores.items(), key=lambda item: (-item[1], item[0]))
-            docs = self._rows({r for r, _ in best}, payload=payload)
-            results.append(
-                [
-                    Hit(
-                        id=docs[r].id, score=float(s), text=docs[r].text, title=docs[r].title, metadata=docs[r].metadata
-                    )
-                    for r, s in best
-                    if r in docs
-                ]
-            )
-        return results
+        tokens = tokenize(list(queries))
+        with self._lock:
+            if self._bm25 is None or self._bm25.db is not db:  # one per connection: it keeps the postings in memory
+                self._bm25 = SqliteBM25(db)
+            return [self._bm25.top(toks, top_k, allowed) for toks in tokens]
 
     # ------------------------------------------------------------------ reading
     def _require_db(self) -> sqlite3.Connection:
@@ -856,12 +910,21 @@ class FaissStore(VectorStore):
     def search(
         self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
     ) -> list[list[Hit]]:
+        filters = validate_filters(filters)
+        ranked = self._dense_ranked(vectors, top_k, filters, self._filtered_row_ids(filters) if filters else None)
+        docs = self._rows({r for row in ranked for r, _ in row}, payload=payload)
+        return [_hits(row, docs, top_k) for row in ranked]
+
+    def _dense_ranked(
+        self, vectors: np.ndarray, top_k: int, filters: Filters | None, allowed: np.ndarray | None
+    ) -> list[list[tuple[int, float]]]:
+        """Each vector's nearest (row id, score), best first: ``top_k`` plus as many as the index holds
+        tombstones (removed rows an HNSW index still returns; the caller drops them)."""
         if self._index is None:
             self.require_manifest()
         assert self._index is not None
         if top_k < 1:
             raise InputError(f"top_k must be >= 1, got {top_k}")
-        filters = validate_filters(filters)
         vectors = np.ascontiguousarray(np.atleast_2d(vectors), dtype=np.float32)
         manifest = self._staged_manifest if self._writing else self.require_manifest()
         if vectors.shape[1] != manifest.dim:
@@ -869,31 +932,21 @@ class FaissStore(VectorStore):
         if len(vectors) == 0 or self._index.ntotal == 0:
             return [[] for _ in range(len(vectors))]
         k = min(top_k + self._tombstones, self._index.ntotal)
-        params = self._search_params(manifest, filters)
+        params = self._search_params(manifest, filters, allowed)
         if params is False:
             return [[] for _ in range(len(vectors))]
         index = self._searchable() if params is None else self._index
         scores, ids = index.search(vectors, k, params=params) if params is not None else index.search(vectors, k)
-        wanted = {int(i) for i in ids.ravel() if i >= 0}
-        docs = self._rows(wanted, payload=payload)
-        results: list[list[Hit]] = []
-        for row_scores, row_ids in zip(scores, ids, strict=True):
-            hits = []
-            for score, rid in zip(row_scores, row_ids, strict=True):
-                doc = docs.get(int(rid))
-                if rid < 0 or doc is None:
-                    continue
-                hits.append(Hit(id=doc.id, score=float(score), text=doc.text, title=doc.title, metadata=doc.metadata))
-                if len(hits) == top_k:
-                    break
-            results.append(hits)
-        return results
+        return [
+            [(int(r), float(s)) for r, s in zip(row_ids, row_scores, strict=True) if r >= 0]
+            for row_scores, row_ids in zip(scores, ids, strict=True)
+        ]
 
-    def _search_params(self, manifest: Manifest, filters: Filters | None) -> Any:
+    def _search_params(self, manifest: Manifest, filters: Filters | None, row_ids: np.ndarray | None) -> Any:
         inner = inner_index(self._index)
         selector = None
         if filters:
-            row_ids = self._filtered_row_ids(filters)
+            assert row_ids is not None
             if len(row_ids) == 0:
                 return False
             selector = faiss.IDSelectorBatch(row_ids)

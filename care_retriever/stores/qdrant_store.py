@@ -443,6 +443,8 @@ class QdrantStore(VectorStore):
         """BM25 top-``k`` for each query text, scored by Qdrant (IDF modifier)."""
         return self.search_hybrid(None, queries, top_k, filters, fusion=None, payload=payload)
 
+    hybrid_fusions = ("rrf", "dbsf")  # fused server-side by the Query API; wsum fuses in care_retriever.sparse.hybrid
+
     def search_hybrid(
         self,
         vectors: np.ndarray | None,
