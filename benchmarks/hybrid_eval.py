@@ -121,7 +121,9 @@ def render(model: str, results: dict[str, dict[str, float]], best: str, speed: d
         "`care-retriever search --mode hybrid` fuses the query tower's top-100 and the store's BM25 top-100 "
         "(tokens: jieba search mode, NFKC, lower case, punctuation and function words dropped; "
         "`care_retriever/sparse/tokenizer.py`, the same as `eval --model bm25`). FAISS stores keep BM25 as an "
-        "inverted index in their SQLite docstore (same transaction as the documents); Qdrant stores as a "
+        "inverted index in their SQLite docstore (same transaction as the documents), scored in SQL on a "
+        "process's first query and from its postings held in memory after that (until the next commit), and "
+        "fuse the two rankings on row ids, reading only the fused top-k documents; Qdrant stores as a "
         "`bm25` sparse named vector with `Modifier.IDF`, fused server-side (RRF, DBSF).",
         "",
         "## nDCG@10 on the dev tasks, every fusion in the grid",

@@ -20,7 +20,7 @@ hour; every problem is reported before the first step as ``file:line: what is wr
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +224,44 @@ def load_pairset(spec: Any, data_dir: Path) -> PairSet:
     if spec.max_rows:
         examples = examples[: spec.max_rows]
     return PairSet(spec.name, examples, symmetric=symmetric)
+
+
+# Where each evaluation task format keeps its query-side texts (BEIR/MTEB-style folders, as
+# care_retriever.evaluation.tasks reads them): retrieval queries, rerank queries, both STS sentences.
+_TASK_QUERY_FIELDS = {"queries.jsonl": ("text",), "test.jsonl": ("query", "sentence1", "sentence2")}
+
+
+def squash(text: str) -> str:
+    """A text with every whitespace removed: how training and evaluation texts are compared."""
+    return "".join(text.split())
+
+
+def task_queries(tasks: Path) -> set[str]:
+    """The query-side texts (squashed) of every evaluation task folder under ``tasks``."""
+    if not tasks.is_dir():
+        raise InputError(f"exclude_task_queries: no folder of evaluation tasks at {tasks}")
+    found: set[str] = set()
+    for task in sorted(p for p in tasks.iterdir() if p.is_dir()):
+        for name, fields in _TASK_QUERY_FIELDS.items():
+            if (task / name).is_file():
+                found.update(squash(row[f]) for _, row in iter_jsonl(task / name) for f in fields if row.get(f))
+    return found
+
+
+def without_queries(pairs: PairSet, excluded: set[str]) -> tuple[PairSet, int]:
+    """``pairs`` less the examples whose query (or, for a symmetric set, either side) is in ``excluded``
+    (squashed texts); the count dropped. Documents stay: a retrieval corpus holds its training documents too
+    (every KUAKE-QTR training title is in the task's corpus), as in BEIR and MS MARCO."""
+
+    def excluded_text(text: str) -> bool:
+        return squash(text) in excluded
+
+    kept = [
+        e for e in pairs.examples if not excluded_text(e.query) and not (pairs.symmetric and excluded_text(e.positive))
+    ]
+    extra = [q for q in pairs.extra_queries if not excluded_text(q)]
+    dropped = len(pairs.examples) - len(kept) + len(pairs.extra_queries) - len(extra)
+    return replace(pairs, examples=kept, extra_queries=extra), dropped
 
 
 def resolve_data_path(path: str, data_dir: Path) -> Path:

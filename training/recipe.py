@@ -186,6 +186,9 @@ class Recipe:
     defaults: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     final: str | None = None
+    # A folder of evaluation tasks (relative to --data-dir): training examples whose query is one of
+    # their queries are dropped before anything trains (see training.pairs.task_queries).
+    exclude_task_queries: str | None = None
     source_path: str = "<recipe>"
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -245,7 +248,11 @@ def resolve_recipe_path(path: str | Path) -> Path:
 def parse_recipe(raw: Any, source: str = "<recipe>") -> Recipe:
     if not isinstance(raw, dict):
         raise InputError(f"{source}: a recipe is a YAML mapping, got {type(raw).__name__}")
-    _known(raw, {"name", "seed", "model", "datasets", "defaults", "stages", "final", "description"}, source)
+    _known(
+        raw,
+        {"name", "seed", "model", "datasets", "defaults", "stages", "final", "description", "exclude_task_queries"},
+        source,
+    )
     model = _model(raw.get("model"), source)
     datasets = {name: _dataset(name, spec, source) for name, spec in _mapping(raw, "datasets", source).items()}
     defaults = _mapping(raw, "defaults", source)
@@ -262,6 +269,9 @@ def parse_recipe(raw: Any, source: str = "<recipe>") -> Recipe:
     seed = raw.get("seed", 0)
     if not isinstance(seed, int):
         raise InputError(f"{source}: seed must be an integer")
+    exclude = raw.get("exclude_task_queries")
+    if exclude is not None and (not isinstance(exclude, str) or not exclude.strip()):
+        raise InputError(f"{source}: exclude_task_queries must be a folder of evaluation tasks (e.g. 'tasks')")
     return Recipe(
         name=str(raw.get("name") or Path(source).stem),
         model=model,
@@ -270,6 +280,7 @@ def parse_recipe(raw: Any, source: str = "<recipe>") -> Recipe:
         defaults=defaults,
         seed=seed,
         final=final,
+        exclude_task_queries=exclude,
         source_path=source,
         raw=raw,
     )

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.training.pairs import PairSet, load_pairset, resolve_data_path
+from care_retriever.training.pairs import PairSet, load_pairset, resolve_data_path, task_queries, without_queries
 from care_retriever.training.recipe import ModelSpec, Recipe, StageSpec
 
 logger = logging.getLogger("care_retriever")
@@ -278,10 +278,17 @@ def used_datasets(recipe: Recipe) -> set[str]:
 def preload_datasets(recipe: Recipe, data_dir: Path) -> Callable[[str], PairSet]:
     """Read and validate every data set before anything is written; returns the cached loader."""
     cache: dict[str, PairSet] = {}
+    tasks = recipe.exclude_task_queries
+    excluded = task_queries(resolve_data_path(tasks, data_dir)) if tasks else None
 
     def load(name: str) -> PairSet:
         if name not in cache:
-            cache[name] = load_pairset(recipe.datasets[name], data_dir)
+            pairs = load_pairset(recipe.datasets[name], data_dir)
+            if excluded is not None:
+                pairs, dropped = without_queries(pairs, excluded)
+                if dropped:
+                    logger.info("data set %s: %d examples dropped (their query is an evaluation query)", name, dropped)
+            cache[name] = pairs
         return cache[name]
 
     for name in sorted(used_datasets(recipe)):
