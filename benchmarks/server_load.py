@@ -11,8 +11,8 @@ last one is answered), all in one asyncio process (httpx), whose CPU share is re
 machine the load generator competes with the server for the same cores.
 
 Configurations (see ``CONFIGS``): batching on (``--max-batch-size 32``) and off (``--max-batch-size 1``),
-both two forwards at once with one torch thread each, and the server as it was before batching (4
-forwards at once, 2 torch threads each). Targets: at 32
+both two forwards at once with one thread each (``--threads 1``, for every backend), and the server as it
+was before batching (4 forwards at once, 2 threads each). Targets: at 32
 clients, throughput batching on >= 2.5x off; p99 <= 3x the single-client p50. The table goes into
 ``docs/benchmarks.md`` (its own section) unless ``--no-write``.
 """
@@ -39,14 +39,15 @@ SHARED = Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data"
 KUAKE_QUERIES = SHARED / "tasks" / "kuake-qtr-retrieval" / "queries.jsonl"
 DOC = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- server_load:begin -->", "<!-- server_load:end -->"
-# (options, environment): one intra-op torch thread per forward and two forwards at once use both cores
-# without OpenMP threads spinning against each other (on a shared, loaded machine two threads per
-# forward made one query ~10x slower here); the last row is the server as it was before batching.
+# (options, environment): one thread per forward (`serve --threads`: torch, ONNX Runtime or OpenVINO) and
+# two forwards at once use both cores without pool threads spinning against each other (on a shared,
+# loaded machine two threads per forward made one query ~10x slower here); the last row is the server
+# as it was before batching.
 ON, OFF, OLD = "batching on (batch <= 32)", "batching off", "before batching (4 at once, 2 threads each)"
 CONFIGS: dict[str, tuple[list[str], dict[str, str]]] = {
-    ON: (["--max-batch-size", "32", "--max-wait-ms", "5", "--max-concurrency", "2"], {"OMP_NUM_THREADS": "1"}),
-    OFF: (["--max-batch-size", "1", "--max-concurrency", "2"], {"OMP_NUM_THREADS": "1"}),
-    OLD: (["--max-batch-size", "1", "--max-concurrency", "4"], {"OMP_NUM_THREADS": "2"}),
+    ON: (["--max-batch-size", "32", "--max-wait-ms", "5", "--max-concurrency", "2", "--threads", "1"], {}),
+    OFF: (["--max-batch-size", "1", "--max-concurrency", "2", "--threads", "1"], {}),
+    OLD: (["--max-batch-size", "1", "--max-concurrency", "4", "--threads", "2"], {}),
 }
 
 

@@ -44,18 +44,20 @@ class CareRetriever:
         collection: str | None = None,
         device: str | None = None,
         backend: str = "auto",
+        threads: int | None = None,
         **kwargs: Any,
     ) -> CareRetriever:
         """Load the query tower of ``model`` only, and open ``store``.
 
         ``backend``: ``auto | torch | onnx | openvino``; ``auto`` takes the folder's export
         (``care-retriever export``) when it has one. onnx and openvino never import torch.
+        ``threads``: CPU threads of one forward pass (None: the runtime's default).
         """
         from care_retriever.backends import load_query_embedder
 
         store_obj = open_store(store, collection=collection)
         store_obj.require_manifest()
-        embedder = load_query_embedder(model, backend, device=device)
+        embedder = load_query_embedder(model, backend, device=device, threads=threads)
         return cls(store_obj, embedder, **kwargs)
 
     @overload

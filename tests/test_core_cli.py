@@ -138,6 +138,7 @@ def test_search_filters(capsys, cli_model: Path, small_corpus_path: Path, tmp_pa
             "must be >= 1",
         ),
         (["search", "--model", "{model}", "--store", "faiss:{tmp}/none", "q"], "does not exist"),
+        (["serve", "--model", "{model}", "--store", "faiss:{tmp}/none", "--threads", "0"], "--threads must be >= 1"),
         (["init", "{tmp}/m2", "--preset", "huge", "--vocab-from", "{corpus}"], "Unknown preset 'huge'"),
         (["init", "{tmp}/m3", "--preset", "tiny"], "--vocab-from"),
     ],

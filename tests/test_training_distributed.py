@@ -119,6 +119,7 @@ def test_two_processes_train_stage1_and_stage2_with_one_process_losses(folder: P
     ]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("final model:") == 1, done.stdout  # rank 0 reports, once
     one = run_recipe(load_recipe(str(folder / "recipe-16.yaml")), tmp_path / "one", folder, show_progress=False)
 
     for stage in ("stage1", "stage2"):

@@ -44,20 +44,33 @@ def resolve_backend(model: str | os.PathLike[str], backend: str) -> str:
 
 
 def load_query_embedder(
-    model: str | os.PathLike[str], backend: str = "auto", *, device: str | None = None, **kwargs: Any
+    model: str | os.PathLike[str],
+    backend: str = "auto",
+    *,
+    device: str | None = None,
+    threads: int | None = None,
+    **kwargs: Any,
 ) -> Any:
-    """The query-side embedder of ``model`` on ``backend``; torch is imported only for the torch backend."""
+    """The query-side embedder of ``model`` on ``backend``; torch is imported only for the torch backend.
+
+    ``threads``: CPU threads of one forward pass (ONNX Runtime's / OpenVINO's intra-op threads; for torch,
+    ``torch.set_num_threads``, which is process-wide). None leaves each runtime's default.
+    """
     chosen = resolve_backend(model, backend)
     if chosen != "torch" and device not in (None, "auto", "cpu"):
         raise ModelError(f"backend {chosen!r} runs on the CPU; got --device {device!r} (use --backend torch)")
     if chosen == "onnx":
         from care_retriever.backends.onnx_embedder import OnnxQueryEmbedder
 
-        return OnnxQueryEmbedder.from_pretrained(model, **kwargs)
+        return OnnxQueryEmbedder.from_pretrained(model, threads=threads, **kwargs)
     if chosen == "openvino":
         from care_retriever.backends.openvino_embedder import OpenVinoQueryEmbedder
 
-        return OpenVinoQueryEmbedder.from_pretrained(model, **kwargs)
+        return OpenVinoQueryEmbedder.from_pretrained(model, threads=threads, **kwargs)
     from care_retriever.embedder import AsymmetricEmbedder
 
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     return AsymmetricEmbedder.from_pretrained(model, load="query", device=device, backend="torch", **kwargs)

@@ -29,6 +29,8 @@ class OnnxQueryEmbedder(ExportedQueryEmbedder):
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
+            # Idle pool threads spin by default, taking the cores from forward passes running beside them.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self._session = ort.InferenceSession(str(self.model_path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types for bad protobufs

@@ -76,9 +76,14 @@ def serve(
     backend: Annotated[
         str, typer.Option(help="auto | torch | onnx | openvino (auto: the model's export if it has one; see `export`).")
     ] = "auto",
+    threads: Annotated[
+        int | None, typer.Option(help="CPU threads per forward pass (default: the cores / --max-concurrency).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve /search, /health and /metrics over HTTP with the query tower and a store."""
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads must be >= 1, got {threads}")
     for name, value in (
         ("--max-top-k", max_top_k),
         ("--max-queries", max_queries),
@@ -110,8 +115,12 @@ def serve(
 
     if resolve_backend(model, backend) == "torch":
         quiet_transformers()
+    # Forward passes run --max-concurrency at a time: more threads than cores between them only
+    # makes them take turns (ONNX Runtime's spinning pool threads were measured to slow batches down).
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = threads or max(1, cores // max_concurrency)
     retriever = CareRetriever.from_pretrained(
-        model, store, collection=collection, device=device, backend=backend, instruction=instruction
+        model, store, collection=collection, device=device, backend=backend, instruction=instruction, threads=threads
     )
     limits = ServiceLimits(
         max_top_k=max_top_k,

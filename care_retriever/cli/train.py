@@ -50,6 +50,7 @@ def train(
     from care_retriever.training import require
 
     require("datasets", "accelerate", "peft", extra="train")
+    from care_retriever.training.engine import is_main_process
     from care_retriever.training.recipe import load_recipe
     from care_retriever.training.runner import run_recipe
 
@@ -60,8 +61,9 @@ def train(
         if seeds is None
         else [(spec.with_seed(spec.seed + k), out / f"seed-{spec.seed + k}") for k in range(seeds)]
     )
+    speaks = is_main_process()  # under torchrun every rank runs this; rank 0 reports (it wrote the run)
     for seeded, folder in runs:
-        if seeds is not None:
+        if seeds is not None and speaks:
             typer.echo(f"seed {seeded.seed} -> {folder}")
         result = run_recipe(
             seeded,
@@ -73,7 +75,8 @@ def train(
             device=device,
             show_progress=progress,
         )
-        print_reports(result)
+        if speaks:
+            print_reports(result)
 
 
 def print_reports(result) -> None:
