@@ -46,6 +46,30 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
 
 
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+# The training tests' pairs: query "<condition><question>", positive "<condition>：<answer>", in
+# condition-major order (the first n rows are the same whatever the number of conditions taken).
+CONDITIONS = ["高血压", "糖尿病", "感冒", "腹泻", "失眠", "发烧", "咳嗽", "胃痛", "头痛", "过敏", "贫血", "哮喘"]
+ASPECTS = [
+    ("怎么办", "出现{c}时先休息观察，症状加重要及时去医院就诊。"),
+    ("吃什么药", "{c}的用药要听医生的，不要自己随便买药吃。"),
+    ("有哪些症状", "{c}常见的表现各不相同，可以对照说明自查。"),
+    ("饮食注意什么", "{c}患者饮食宜清淡，少吃油腻辛辣的食物。"),
+]
+
+
+def condition_pairs(conditions: int = len(CONDITIONS), aspects: int = len(ASPECTS)) -> list[dict[str, str]]:
+    return [
+        {"query": f"{c}{question}", "text": f"{c}：" + answer.format(c=c)}
+        for c in CONDITIONS[:conditions]
+        for question, answer in ASPECTS[:aspects]
+    ]
+
+
 def sample_queries() -> list[str]:
     return [row["text"] for row in read_jsonl(SAMPLE_DIR / "queries.jsonl")]
 

@@ -11,12 +11,7 @@ from pathlib import Path
 import pytest
 
 from care_retriever.errors import InputError
-
-CONDITIONS = ["高血压", "糖尿病", "感冒", "腹泻", "失眠", "发烧", "咳嗽", "胃痛"]
-ASPECTS = [
-    ("怎么办", "出现{c}时先休息观察，症状加重要及时去医院就诊。"),
-    ("吃什么药", "{c}的用药要听医生的，不要自己随便买药吃。"),
-]
+from tests.conftest import condition_pairs, write_jsonl
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -32,11 +27,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("config-data")
-    with (folder / "pairs.jsonl").open("w", encoding="utf-8") as fh:
-        for c in CONDITIONS:
-            for suffix, answer in ASPECTS:
-                row = {"query": f"{c}{suffix}", "text": f"{c}：" + answer.format(c=c)}
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    write_jsonl(folder / "pairs.jsonl", condition_pairs(conditions=8, aspects=2))
     return folder
 
 

@@ -24,15 +24,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import condition_pairs, write_jsonl
+
 pytestmark = pytest.mark.slow
 
-CONDITIONS = ["高血压", "糖尿病", "感冒", "腹泻", "失眠", "发烧", "咳嗽", "胃痛", "头痛", "过敏", "贫血"]
-ASPECTS = [
-    ("怎么办", "出现{c}时先休息观察，症状加重要及时去医院就诊。"),
-    ("吃什么药", "{c}的用药要听医生的，不要自己随便买药吃。"),
-    ("有哪些症状", "{c}常见的表现各不相同，可以对照说明自查。"),
-    ("饮食注意什么", "{c}患者饮食宜清淡，少吃油腻辛辣的食物。"),
-]
 RECIPE = """
 name: two-processes
 seed: 0
@@ -72,14 +67,8 @@ def torchrun() -> list[str]:
 def folder(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     """Data (16 and 44 pairs), the tiny model without dropout, a recipe per batch size."""
     folder = tmp_path_factory.mktemp("two-processes")
-    rows = [
-        {"query": f"{c}{suffix}", "text": f"{c}：" + answer.format(c=c)}
-        for c in CONDITIONS
-        for suffix, answer in ASPECTS
-    ]
     for name, count in (("pairs16.jsonl", 16), ("pairs44.jsonl", 44)):
-        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows[:count])
-        (folder / name).write_text(text, encoding="utf-8")
+        write_jsonl(folder / name, condition_pairs()[:count])
     model = folder / "model"
     shutil.copytree(tiny_model_dir, model)
     config_path = model / "query_0_Transformer" / "config.json"

@@ -23,15 +23,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import condition_pairs, write_jsonl
+
 pytestmark = pytest.mark.slow
 
-CONDITIONS = ["高血压", "糖尿病", "感冒", "腹泻", "失眠", "发烧", "咳嗽", "胃痛", "头痛", "过敏", "贫血", "哮喘"]
-ASPECTS = [
-    ("怎么办", "出现{c}时先休息观察，症状加重要及时去医院就诊。"),
-    ("吃什么药", "{c}的用药要听医生的，不要自己随便买药吃。"),
-    ("有哪些症状", "{c}常见的表现各不相同，可以对照说明自查。"),
-    ("饮食注意什么", "{c}患者饮食宜清淡，少吃油腻辛辣的食物。"),
-]
 # 48 pairs, batches of 8, 2 epochs: each Stage 0 tower trains 12 steps, Stage I 24 (queries and
 # documents), a checkpoint every 2 steps.
 RECIPE = """
@@ -59,11 +54,7 @@ TOLERANCE = 1e-6
 @pytest.fixture(scope="module")
 def recipe_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     folder = tmp_path_factory.mktemp("kill-data")
-    with (folder / "pairs.jsonl").open("w", encoding="utf-8") as fh:
-        for c in CONDITIONS:
-            for suffix, answer in ASPECTS:
-                row = {"query": f"{c}{suffix}", "text": f"{c}：" + answer.format(c=c)}
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    write_jsonl(folder / "pairs.jsonl", condition_pairs())
     (folder / "recipe.yaml").write_text(RECIPE.format(model=tiny_model_dir), encoding="utf-8")
     return folder
 

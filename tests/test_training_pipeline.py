@@ -15,13 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-CONDITIONS = ["高血压", "糖尿病", "感冒", "腹泻", "失眠", "发烧", "咳嗽", "胃痛", "头痛", "过敏", "贫血", "哮喘"]
-ASPECTS = [
-    ("怎么办", "出现{c}时先休息观察，症状加重要及时去医院就诊。"),
-    ("吃什么药", "{c}的用药要听医生的，不要自己随便买药吃。"),
-    ("有哪些症状", "{c}常见的表现各不相同，可以对照说明自查。"),
-    ("饮食注意什么", "{c}患者饮食宜清淡，少吃油腻辛辣的食物。"),
-]
+from tests.conftest import condition_pairs, write_jsonl
 
 RECIPE = """
 name: tiny-two-stage
@@ -49,11 +43,7 @@ stages:
 
 
 def write_pairs(path: Path) -> None:
-    with path.open("w", encoding="utf-8") as fh:
-        for c in CONDITIONS:
-            for suffix, answer in ASPECTS:
-                row = {"query": f"{c}{suffix}", "text": f"{c}：" + answer.format(c=c)}
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    write_jsonl(path, condition_pairs())
 
 
 @pytest.fixture(autouse=True, scope="module")
