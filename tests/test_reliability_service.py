@@ -3,14 +3,8 @@ concurrent clients get what the in-process retriever gives, and the server keeps
 
 from __future__ import annotations
 
-import os
-import queue
-import re
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,15 +14,10 @@ import httpx
 import pytest
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
+from tests.serve_process import ServeProcess, start_serve
 
 QUERIES = ["血压高怎么办", "拉肚子脱水", "宝宝发烧", "失眠", "糖尿病饮食", "感冒"]
 LIMITS = ["--max-top-k", "5", "--max-queries", "4", "--max-query-chars", "200", "--max-body-bytes", "4096"]
-
-
-class Server:
-    def __init__(self, proc: subprocess.Popen, host: str, port: int, log: list[str]) -> None:
-        self.proc, self.host, self.port, self.log = proc, host, port, log
-        self.url = f"http://{host}:{port}"
 
 
 @pytest.fixture(scope="module")
@@ -40,57 +29,11 @@ def store(tiny_model_dir: Path, small_corpus_path: Path, tmp_path_factory: pytes
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path, store: str) -> Iterator[Server]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "care_retriever.cli.main",
-        "serve",
-        "--model",
-        str(tiny_model_dir),
-        "--store",
-        store,
-        "--port",
-        "0",
-        *LIMITS,
-    ]  # no --host: the default must be loopback
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-    log: list[str] = []
-
-    def drain() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            log.append(line)
-            lines.put(line)
-
-    threading.Thread(target=drain, daemon=True).start()
-    deadline = time.monotonic() + 90
-    address = None
-    while address is None and time.monotonic() < deadline and proc.poll() is None:
-        try:
-            address = re.search(r"listening on http://([\d.]+):(\d+)", lines.get(timeout=1))
-        except queue.Empty:
-            continue
-    if address is None:
-        proc.kill()
-        pytest.fail(f"server did not start: {''.join(log)[-2000:]}")
-    srv = Server(proc, address.group(1), int(address.group(2)), log)
-    for _ in range(100):  # the socket is bound before uvicorn starts accepting
-        try:
-            httpx.get(f"{srv.url}/health", timeout=2)
-            break
-        except httpx.TransportError:
-            time.sleep(0.1)
+def server(tiny_model_dir: Path, store: str) -> Iterator[ServeProcess]:
+    srv = start_serve(tiny_model_dir, store, *LIMITS)
     yield srv
-    proc.send_signal(signal.SIGTERM)
-    try:  # uvicorn shuts down gracefully, then re-raises the signal it caught
-        assert proc.wait(timeout=20) in (0, -signal.SIGTERM)
-        assert "Traceback" not in "".join(log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    assert srv.stop(timeout=20) in (0, -signal.SIGTERM)
+    assert "Traceback" not in srv.text()
 
 
 @pytest.fixture(scope="module")
@@ -101,14 +44,14 @@ def expected(tiny_model_dir: Path, store: str) -> dict[str, list[tuple[str, floa
     return out
 
 
-def test_binds_loopback_by_default_and_loads_only_the_query_tower(server: Server) -> None:
+def test_binds_loopback_by_default_and_loads_only_the_query_tower(server: ServeProcess) -> None:
     assert server.host == "127.0.0.1"
     health = httpx.get(f"{server.url}/health", timeout=10).json()
     assert health["status"] == "ok" and health["documents"] == 6 and health["towers"] == ["query"]
     assert health["limits"]["max_top_k"] == 5
 
 
-def test_search_matches_the_in_process_retriever(server: Server, expected) -> None:
+def test_search_matches_the_in_process_retriever(server: ServeProcess, expected) -> None:
     body = httpx.post(f"{server.url}/search", json={"query": QUERIES[:4], "top_k": 5}, timeout=10).json()
     for result in body["results"]:
         got = [(h["id"], h["score"]) for h in result["hits"]]
@@ -147,7 +90,7 @@ MALFORMED: list[tuple[str, bytes | str, dict[str, str], int]] = [
 
 @pytest.mark.parametrize(("name", "body", "headers", "status"), MALFORMED, ids=[m[0] for m in MALFORMED])
 def test_malformed_requests_get_4xx_with_a_message(
-    server: Server, name: str, body: bytes, headers: dict, status: int
+    server: ServeProcess, name: str, body: bytes, headers: dict, status: int
 ) -> None:
     response = httpx.post(
         f"{server.url}/search", content=body, headers={"content-type": "application/json", **headers}, timeout=10
@@ -157,13 +100,13 @@ def test_malformed_requests_get_4xx_with_a_message(
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
 
 
-def _raw(server: Server, request: bytes) -> bytes:
+def _raw(server: ServeProcess, request: bytes) -> bytes:
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
         sock.sendall(request)
         return sock.recv(4096)
 
 
-def test_broken_http_gets_400(server: Server) -> None:
+def test_broken_http_gets_400(server: ServeProcess) -> None:
     """What no well-behaved client sends: a non-numeric Content-Length, a garbage request line."""
     reply = _raw(server, b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}")
     assert reply.startswith(b"HTTP/1.1 400")
@@ -171,7 +114,7 @@ def test_broken_http_gets_400(server: Server) -> None:
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
 
 
-def test_streamed_body_over_the_limit_is_cut_off(server: Server) -> None:
+def test_streamed_body_over_the_limit_is_cut_off(server: ServeProcess) -> None:
     def chunks() -> Iterator[bytes]:  # chunked transfer: no Content-Length to check up front
         yield b'{"query": "'
         for _ in range(100):
@@ -182,12 +125,12 @@ def test_streamed_body_over_the_limit_is_cut_off(server: Server) -> None:
     assert response.status_code == 413 and "limit" in response.json()["error"]
 
 
-def test_wrong_method_and_path(server: Server) -> None:
+def test_wrong_method_and_path(server: ServeProcess) -> None:
     assert httpx.get(f"{server.url}/search", timeout=10).status_code == 405
     assert httpx.get(f"{server.url}/nope", timeout=10).status_code == 404
 
 
-def test_concurrent_clients_get_serial_results(server: Server, expected) -> None:
+def test_concurrent_clients_get_serial_results(server: ServeProcess, expected) -> None:
     """8 clients x 12 requests, mixed with bad ones; bounded in time."""
 
     def client(worker: int) -> list[str]:
@@ -215,4 +158,4 @@ def test_concurrent_clients_get_serial_results(server: Server, expected) -> None
         problems = [p for found in pool.map(client, range(8), timeout=120) for p in found]
     assert problems == []
     assert time.monotonic() - start < 120
-    assert server.proc.poll() is None and "Traceback" not in "".join(server.log)
+    assert server.proc.poll() is None and "Traceback" not in server.text()

@@ -8,14 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import queue
 import random
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
+from tests.serve_process import start_serve
 
 SAMPLE = Path(__file__).resolve().parents[1] / "care_retriever" / "data" / "sample"
 TOKEN = "care-load-token-93be2f17a4"
@@ -47,74 +43,6 @@ LIMITS = [
     "--body-timeout",
     str(BODY_TIMEOUT),
 ]
-
-
-class Server:
-    def __init__(self, proc: subprocess.Popen, port: int, log: list[str]) -> None:
-        self.proc, self.port, self.log = proc, port, log
-        self.url = f"http://127.0.0.1:{port}"
-
-    def text(self) -> str:
-        return "".join(self.log)
-
-    def stop(self, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-
-
-def start_server(model: Path, store: str, *options: str, token: str | None = None) -> Server:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("CARE_API_TOKEN", None)
-    if token is not None:
-        env["CARE_API_TOKEN"] = token
-    cmd = [
-        sys.executable,
-        "-m",
-        "care_retriever.cli.main",
-        "serve",
-        "--model",
-        str(model),
-        "--store",
-        store,
-        "--port",
-        "0",
-        *options,
-    ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-    log: list[str] = []
-
-    def drain() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.append(line)
-            lines.put(line)
-
-    threading.Thread(target=drain, daemon=True).start()
-    deadline = time.monotonic() + 90
-    address = None
-    while address is None and time.monotonic() < deadline and proc.poll() is None:
-        try:
-            address = re.search(r"listening on http://127\.0\.0\.1:(\d+)", lines.get(timeout=1))
-        except queue.Empty:
-            continue
-    if address is None:
-        proc.kill()
-        pytest.fail(f"server did not start: {''.join(log)[-2000:]}")
-    server = Server(proc, int(address.group(1)), log)
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    for _ in range(100):  # the socket is bound before uvicorn starts accepting
-        try:
-            httpx.get(f"{server.url}/health", headers=headers, timeout=2)
-            break
-        except httpx.TransportError:
-            time.sleep(0.1)
-    return server
 
 
 def _queries() -> list[str]:
@@ -325,7 +253,7 @@ def test_load_with_hostile_clients_gets_no_5xx_and_no_mixed_up_answers(
                 _matches([{"id": i, "score": s} for i, s in x], y) for x, y in zip(wants[a], wants[b], strict=True)
             )
 
-    server = start_server(tiny_model_dir, store, *LIMITS, "--log-level", "debug", token=TOKEN)
+    server = start_serve(tiny_model_dir, store, *LIMITS, "--log-level", "debug", token=TOKEN)
     try:
 
         async def run() -> list[str]:
@@ -359,7 +287,7 @@ def test_load_with_hostile_clients_gets_no_5xx_and_no_mixed_up_answers(
 
 def test_sigterm_lets_requests_in_flight_finish(tiny_model_dir: Path, store: str, direct: CareRetriever) -> None:
     """Requests waiting in a batch when SIGTERM arrives are answered in full; new connections are refused."""
-    server = start_server(
+    server = start_serve(
         tiny_model_dir, store, "--max-batch-size", "64", "--max-wait-ms", "1500", "--shutdown-timeout", "20"
     )
     bodies = [{"query": q, "top_k": 4} for q in _queries()[:4]]
