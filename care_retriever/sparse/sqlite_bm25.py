@@ -23,7 +23,6 @@ version. An index of more than ``MEMORY_POSTINGS`` postings stays in SQL.
 from __future__ import annotations
 
 import heapq
-import math
 import sqlite3
 from collections import Counter
 from collections.abc import Sequence
@@ -44,6 +43,23 @@ CREATE TABLE IF NOT EXISTS sparse_lengths (row_id INTEGER PRIMARY KEY, length IN
 CREATE TABLE IF NOT EXISTS sparse_terms (token TEXT PRIMARY KEY, df INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sparse_stats (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
+
+
+def corpus_stats(db: sqlite3.Connection) -> tuple[int, float]:
+    """(number of documents, average document length in tokens) of the index."""
+    stats = dict(db.execute("SELECT name, value FROM sparse_stats").fetchall())
+    n_docs, n_tokens = stats.get("docs", 0), stats.get("tokens", 0)
+    return n_docs, (n_tokens / n_docs if n_tokens else 1.0)
+
+
+def idf(n_docs: int, df):
+    """``ln(1 + (N - df + 0.5) / (df + 0.5))`` (a number or an array of document frequencies)."""
+    return np.log(1 + (n_docs - df + 0.5) / (df + 0.5))
+
+
+def term_weight(tf, length, avgdl: float, k1: float, b: float):
+    """``tf / (tf + k1 * (1 - b + b * |d| / avgdl))``: a posting's share of its token's idf."""
+    return tf / (tf + k1 * (1 - b + b * length / avgdl))
 
 
 class SqliteBM25:
@@ -122,27 +138,28 @@ class SqliteBM25:
         if self._snapshot is None or self._snapshot.version != version:
             self._snapshot = None
             repeat, self._seen = self._seen == version, version
-            stats = dict(self.db.execute("SELECT name, value FROM sparse_stats").fetchall())
-            if not repeat or stats.get("tokens", 0) > MEMORY_POSTINGS:  # tokens bound the postings from above
-                scores = self.scores(tokens, None if allowed is None else {int(r) for r in allowed})
+            n_docs, avgdl = corpus_stats(self.db)
+            if not repeat or n_docs * avgdl > MEMORY_POSTINGS:  # the token count bounds the postings from above
+                allowed_set = None if allowed is None else {int(r) for r in allowed}
+                scores = self._scores(tokens, allowed_set, n_docs, avgdl)
                 return heapq.nsmallest(k, scores.items(), key=lambda item: (-item[1], item[0]))
             self._snapshot = PostingsSnapshot(self.db, self.k1, self.b, version)
         return self._snapshot.top(tokens, k, allowed)
 
     def scores(self, tokens: Sequence[str], allowed: set[int] | None = None) -> dict[int, float]:
         """BM25 score of every row that holds one of ``tokens`` (and is in ``allowed``, when given)."""
-        stats = dict(self.db.execute("SELECT name, value FROM sparse_stats").fetchall())
-        n_docs, n_tokens = stats.get("docs", 0), stats.get("tokens", 0)
+        return self._scores(tokens, allowed, *corpus_stats(self.db))
+
+    def _scores(self, tokens: Sequence[str], allowed: set[int] | None, n_docs: int, avgdl: float) -> dict[int, float]:
         if not tokens or not n_docs:
             return {}
-        avgdl = n_tokens / n_docs if n_tokens else 1.0
         weights = Counter(tokens)
         dfs: dict[str, int] = {}
         for marks, chunk in in_chunks(list(weights)):
             dfs.update(self.db.execute(f"SELECT token, df FROM sparse_terms WHERE token IN ({marks})", chunk))
         if not dfs:
             return {}
-        idf = {t: weights[t] * math.log(1 + (n_docs - df + 0.5) / (df + 0.5)) for t, df in dfs.items()}
+        token_weight = {t: weights[t] * float(idf(n_docs, df)) for t, df in dfs.items()}
         rows = self.db.execute(
             f"SELECT p.token, p.row_id, p.tf, l.length FROM sparse_postings p JOIN sparse_lengths l USING (row_id) "
             f"WHERE p.token IN ({','.join('?' * len(dfs))})",
@@ -150,11 +167,11 @@ class SqliteBM25:
         ).fetchall()
         if not rows:
             return {}
-        token_idf = np.fromiter((idf[r[0]] for r in rows), dtype=np.float64, count=len(rows))
+        token_idf = np.fromiter((token_weight[r[0]] for r in rows), dtype=np.float64, count=len(rows))
         row_ids = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
         tf = np.fromiter((r[2] for r in rows), dtype=np.float64, count=len(rows))
         length = np.fromiter((r[3] for r in rows), dtype=np.float64, count=len(rows))
-        partial = token_idf * tf / (tf + self.k1 * (1 - self.b + self.b * length / avgdl))
+        partial = token_idf * term_weight(tf, length, avgdl, self.k1, self.b)
         unique, inverse = np.unique(row_ids, return_inverse=True)
         totals = np.bincount(inverse, weights=partial)
         out = dict(zip(unique.tolist(), totals.tolist(), strict=True))
@@ -164,20 +181,18 @@ class SqliteBM25:
 
 
 class PostingsSnapshot:
-    """One version of the inverted index in memory: per token a slice of row ids and of precomputed term
-    weights ``tf / (tf + k1 * (1 - b + b * |d| / avgdl))``, and the token's idf."""
+    """One version of the inverted index in memory: per token a slice of row ids and of precomputed
+    :func:`term_weight`, and the token's :func:`idf`."""
 
     def __init__(self, db: sqlite3.Connection, k1: float, b: float, version: tuple[int, int]) -> None:
         self.version = version
-        stats = dict(db.execute("SELECT name, value FROM sparse_stats").fetchall())
-        n_docs, n_tokens = stats.get("docs", 0), stats.get("tokens", 0)
-        avgdl = n_tokens / n_docs if n_tokens else 1.0
+        n_docs, avgdl = corpus_stats(db)
         # Both reads follow the postings' primary key (token, row_id): one token's postings are contiguous.
         counts = db.execute("SELECT token, COUNT(*) FROM sparse_postings GROUP BY token ORDER BY token").fetchall()
         self.slot = {token: i for i, (token, _) in enumerate(counts)}
         df = np.fromiter((n for _, n in counts), dtype=np.int64, count=len(counts))
         self.offsets = np.concatenate([[0], np.cumsum(df)])
-        self.idf = np.log(1 + (n_docs - df + 0.5) / (df + 0.5))
+        self.idf = idf(n_docs, df)
         rows = db.execute(
             "SELECT p.row_id, p.tf, l.length FROM sparse_postings p JOIN sparse_lengths l USING (row_id) "
             "ORDER BY p.token, p.row_id"
@@ -185,7 +200,7 @@ class PostingsSnapshot:
         table = np.array(rows, dtype=np.float64).reshape(-1, 3)
         self.rows = table[:, 0].astype(np.int64)
         tf, length = table[:, 1], table[:, 2]
-        self.weights = tf / (tf + k1 * (1 - b + b * length / avgdl))
+        self.weights = term_weight(tf, length, avgdl, k1, b)
 
     def top(self, tokens: Sequence[str], k: int, allowed: np.ndarray | None) -> list[tuple[int, float]]:
         rows, weights = [], []
