@@ -128,7 +128,8 @@ def render(rows: list[dict]) -> str:
     for tower in TOWERS:
         pair = {r["start"]: r for r in rows if r["tower"] == tower}
         if {"random", "foundation"} <= set(pair):
-            gains[tower] = [pair["foundation"]["scores"][t] - pair["random"]["scores"][t] for t in (*TASKS, "avg")]
+            ret, rer = (pair["foundation"]["scores"][t] - pair["random"]["scores"][t] for t in TASKS)
+            gains[tower] = [ret, rer, (ret + rer) / 2]
     if gains:
         lines += ["", "Gain of the pretraining (foundation - random):", ""]
         for tower, (ret, rer, both) in gains.items():
