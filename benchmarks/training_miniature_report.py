@@ -312,9 +312,9 @@ def table(seeds: list[dict], info: dict, models: tuple[str, ...], *, bm25: bool 
     return lines
 
 
-def render(seeds: list[dict], info: dict, runs: list[dict], machine: dict | None) -> str:
+def render(seeds: list[dict], info: dict, runs: list[dict], machine: dict | None, notes: list[str] = ()) -> str:
     n = len(seeds)
-    labels = [e.get("label") for e in seeds if e.get("label")]
+    labels = [e.get("label") for e in seeds if e.get("label")] + list(notes)
     lines = [
         "# Miniature reproduction",
         "",
@@ -417,6 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--from-json", type=Path, default=None, help="Re-render from a miniature.json.")
     parser.add_argument("--convert-legacy", type=Path, default=None, help="Single-seed JSON to keep as seed 0.")
     parser.add_argument("--rescore", action="store_true", help="Score the runs again (ignore their cached scores).")
+    parser.add_argument("--note", action="append", default=[], help="A line for the top of the document.")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[1]
     seeds: list[dict] = []
@@ -442,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
         "load_after": round(os.getloadavg()[1], 2),
     }
     args.doc.parent.mkdir(parents=True, exist_ok=True)
-    args.doc.write_text(render(seeds, info, runs, machine if args.run else None), encoding="utf-8")
+    args.doc.write_text(render(seeds, info, runs, machine if args.run else None, args.note), encoding="utf-8")
     kept = {"seeds": [{k: e[k] for k in ("seed", "label", "models", "info") if k in e} for e in seeds]}
     args.json.write_text(json.dumps(kept, indent=2, ensure_ascii=False), encoding="utf-8")
     if args.plot:
