@@ -8,8 +8,8 @@ seed; the stage is read from the recipe, not copied) from two starts: random wei
 the tokenizer trained on the foundation's ``vocab_from``) and the foundation's language-model-pretrained
 weights. Each model, used on both sides, is scored by the evaluation harness on the kuake-qtr dev halves
 (retrieval nDCG@10, rerank MAP@10). ``--trained RUN`` reuses an ablation run's ``small-symmetric`` and
-``large-symmetric`` exports for the foundation rows (the same stage and seed), so only the random-weight
-rows are trained here. The pretraining figures (parameters, tokens, compute) are the foundation run's own
+``large-symmetric`` exports for the foundation rows (the same stage and seed; their scores too, when
+`training_miniature_report.py` has scored that run), so only the random-weight rows are trained here. The pretraining figures (parameters, tokens, compute) are the foundation run's own
 (``run.json``). A row's scores are kept in its run folder, so a re-render costs seconds.
 """
 
@@ -96,6 +96,18 @@ def score(model_dir: Path, data_dir: Path, cache: Path) -> dict[str, float]:
     return scores
 
 
+def reuse_report_scores(run: Path, model: str, cache: Path) -> None:
+    """Seed ``cache`` with the scores `training_miniature_report.py` already computed for ``model`` of ``run``
+    (the same harness on the same tasks), so the model is not scored twice."""
+    report = run / "miniature_scores.json"
+    if cache.is_file() or not report.is_file():
+        return
+    found = json.loads(report.read_text("utf-8"))["models"].get(model, {})
+    if all(task in found for task in TASKS):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({task: found[task]["main_score"] for task in TASKS}, indent=2), "utf-8")
+
+
 def pretraining(foundation: Path) -> dict[str, dict]:
     """tower -> the foundation run's report of the stage that pretrained it (parameters, tokens, compute)."""
     reports = json.loads((foundation / "run.json").read_text("utf-8")).get("reports", [])
@@ -156,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             reused = args.trained / "models" / export if args.trained and start == "foundation" else None
             if reused is not None and reused.is_dir():
                 model, cache = reused, args.out / f"{tower}-foundation-reused.{SCORES_FILE}"
+                reuse_report_scores(args.trained, export, cache)
             else:
                 folder = args.out / f"{tower}-{start}"
                 model = train(tower, args.foundation if start == "foundation" else None, folder)
