@@ -9,8 +9,9 @@ the tokenizer trained on the foundation's ``vocab_from``) and the foundation's l
 weights. Each model, used on both sides, is scored by the evaluation harness on the kuake-qtr dev halves
 (retrieval nDCG@10, rerank MAP@10). ``--trained RUN`` reuses an ablation run's ``small-symmetric`` and
 ``large-symmetric`` exports for the foundation rows (the same stage and seed; their scores too, when
-`training_miniature_report.py` has scored that run), so only the random-weight rows are trained here. The pretraining figures (parameters, tokens, compute) are the foundation run's own
-(``run.json``). A row's scores are kept in its run folder, so a re-render costs seconds.
+`training_miniature_report.py` has scored that run), so only the random-weight rows are trained here.
+The pretraining figures (parameters, tokens, compute) are the foundation run's own (``run.json``). A row's
+scores are kept in its run folder, so a re-render costs seconds.
 """
 
 from __future__ import annotations
