@@ -174,17 +174,17 @@ def write_doc(rows: list[dict], speeds: dict[str, dict], png: Path | None, out: 
         "Main scores: nDCG@10 (retrieval), MAP@10 as MTEB defines it (rerank), Pearson of cosine (STS); "
         "all from pytrec_eval / scipy. Query instructions: the paper's Table 8.",
         "",
-        "BM25 is bm25s (Lucene variant, k1 1.5, b 0.75) over `jieba.lcut_for_search` tokens, every token "
-        "kept: the variant that reproduces the data README's reference figures (plain `jieba.lcut` gives "
-        "nDCG@10 0.542 / 0.163, dropping punctuation tokens 0.546 / 0.204). BM25 has no sentence embedding, "
-        "so no STS score.",
+        "BM25 is bm25s (Lucene variant, k1 1.5, b 0.75) over the sparse side's tokens "
+        "(`care_retriever/sparse/tokenizer.py`: jieba search mode, NFKC, lower case, punctuation and function "
+        "words dropped), the tokens `search --mode sparse|hybrid` uses, so it scores above the data README's "
+        "plain-jieba reference figures (table below). BM25 has no sentence embedding, so no STS score.",
         "",
         "## BM25 against the data README's reference",
         "",
         reference_check(rows),
         "",
-        "The README's Recall@100 for kuake-qtr (0.937) counts grade >= 1 as relevant (this harness gives "
-        "0.9365 that way); the harness follows the README's stated rule, grade >= 2, hence 0.939.",
+        "The README's Recall@100 for kuake-qtr counts grade >= 1 as relevant; the harness follows the "
+        "README's stated rule, grade >= 2.",
         "",
         "## Main scores",
         "",
@@ -207,25 +207,25 @@ def write_doc(rows: list[dict], speeds: dict[str, dict], png: Path | None, out: 
 
 
 def miniature_rows(path: Path, tasks_dir: Path, skip: set[str]) -> list[dict]:
-    """Rows in `care-retriever eval --json` form from the miniature report's saved scores.
+    """Rows in `care-retriever eval --json` form from the miniature report's saved scores (its first seed).
 
-    The report scored every model with the same harness (``evaluation.runner.evaluate``) and kept
-    each task's main score and metrics; models already among the rows (e.g. BM25) are skipped.
+    The report scored every model with the same harness (``evaluation.runner.evaluate``) and keeps each
+    seed as ``{"seeds": [{"seed": s, "models": {model: {task: {"main_score", "metrics"}}}}]}``; this table
+    shows one run, the first seed's. Models already among the rows (e.g. BM25) are skipped.
     """
     from care_retriever.evaluation.tasks import detect_type
 
-    saved = json.loads(path.read_text(encoding="utf-8"))["results"]
+    seeds = json.loads(path.read_text(encoding="utf-8")).get("seeds") or []
+    if not seeds:
+        raise SystemExit(f"{path}: no seeds (expected the output of benchmarks/training_miniature_report.py --json)")
     rows = []
-    for model, scores in saved.items():
+    for model, scores in seeds[0]["models"].items():
         if model in skip:
             continue
-        for key, metrics in scores.items():
-            if not key.endswith("_metrics"):
-                continue
-            task = key[: -len("_metrics")]
+        for task, score in scores.items():
             kind, _ = detect_type(tasks_dir / task)
-            row = {"task": task, "type": kind, "main_score": scores[task], "metrics": metrics, "model": model}
-            rows.append({**row, "seconds": scores.get(f"{task}_seconds")})
+            row = {"task": task, "type": kind, "main_score": score["main_score"], "model": model}
+            rows.append({**row, "metrics": score.get("metrics", {}), "seconds": None})
     return rows
 
 

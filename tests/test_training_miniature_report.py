@@ -146,3 +146,25 @@ def test_legacy_single_seed_file_is_kept_as_a_labelled_seed_zero(report, tmp_pat
     assert seed["models"]["asymmetric-two-stage"]["kuake-qtr-rerank"]["main_score"] == 0.85
     assert "chip-sts" not in seed["models"]["bm25"]
     assert "> Seed 0 is the single-seed run" in (tmp_path / "m.md").read_text()
+
+
+def test_results_table_reads_the_reports_seeds(report, tmp_path: Path) -> None:
+    """benchmarks/make_results.py --from-miniature reads the file this report writes (its first seed)."""
+    runs = [str(synthetic_run(tmp_path / f"seed-{s}", s)) for s in range(2)]
+    kept = tmp_path / "m.json"
+    report.main(["--run", *runs, "--doc", str(tmp_path / "m.md"), "--json", str(kept)])
+    tasks = tmp_path / "tasks"
+    for name in ("kuake-qtr-retrieval", "im-qa-retrieval"):
+        (tasks / name).mkdir(parents=True)
+        (tasks / name / "corpus.jsonl").write_text('{"_id": "d", "text": "t"}\n')
+    (tasks / "kuake-qtr-rerank").mkdir()
+    (tasks / "kuake-qtr-rerank" / "test.jsonl").write_text('{"query": "q", "positive": ["a"], "negative": ["b"]}\n')
+    spec = importlib.util.spec_from_file_location("make_results", REPORT.with_name("make_results.py"))
+    make_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_results)
+
+    rows = make_results.miniature_rows(kept, tasks, skip={"bm25"})
+    found = {(r["model"], r["task"]): (r["type"], r["main_score"]) for r in rows}
+    assert found[("small-symmetric", "kuake-qtr-retrieval")] == ("retrieval", 0.50)  # seed 0, not seed 1's 0.52
+    assert found[("small-symmetric", "kuake-qtr-rerank")] == ("rerank", 0.70)
+    assert not any(model == "bm25" for model, _ in found)
