@@ -133,25 +133,29 @@ class SharedDocumentEmbeddings:
 
 
 def score_run(run: Path, data_dir: Path, rescore: bool = False) -> dict:
-    """A run's seed entry (scores of BM25 and every model), computed once and kept in the run folder."""
+    """A run's seed entry (scores of BM25 and every model), kept in the run folder: a later call scores only
+    the models the run has gained since (a resumed run's new exports); ``rescore`` scores them all again."""
     cached = run / SCORES_FILE
+    state = json.loads((run / "run.json").read_text("utf-8"))
+    entry: dict = {"seed": seed_of(state), "models": {}, "info": {}}
     if cached.is_file() and not rescore:
-        return json.loads(cached.read_text("utf-8"))
+        entry = json.loads(cached.read_text("utf-8"))
+    models = models_of(run)
+    if not models and not entry["models"]:
+        raise SystemExit(f"{run}: no final model and no exports")
+    missing = [name for name in ("bm25", *models) if name not in entry["models"]]
+    if not missing:
+        return entry
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from care_retriever.baselines import load_embedder
     from care_retriever.evaluation.hybrid import HybridModel
     from care_retriever.evaluation.runner import evaluate
     from care_retriever.evaluation.tasks import load_task
 
-    state = json.loads((run / "run.json").read_text("utf-8"))
-    models = models_of(run)
-    if not models:
-        raise SystemExit(f"{run}: no final model and no exports")
     tasks = {name: load_task(data_dir / "tasks" / name) for name in TASKS}
     speed_queries = [tasks[KUAKE_RETRIEVAL].queries[q] for q in tasks[KUAKE_RETRIEVAL].query_ids][:200]
-    entry: dict = {"seed": seed_of(state), "models": {}, "info": {}}
     shared: dict = {}
-    for name in ("bm25", *models):
+    for name in missing:
         embedder = load_embedder("bm25" if name == "bm25" else str(models[name]))
         if name != "bm25":
             embedder = SharedDocumentEmbeddings(embedder, shared)
@@ -173,7 +177,9 @@ def score_run(run: Path, data_dir: Path, rescore: bool = False) -> dict:
                 "document_params": parameters(embedder.document_modules),
                 "queries_per_s": query_speed(embedder, speed_queries),
             }
-    cached.write_text(json.dumps(entry, indent=2), encoding="utf-8")
+        tmp = cached.with_name(f".{cached.name}.tmp")  # after each model: an interrupted scoring keeps its work
+        tmp.write_text(json.dumps(entry, indent=2), encoding="utf-8")
+        tmp.replace(cached)
     return entry
 
 
