@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,15 @@ MEDICAL_TEXTS = [
 # the weight matrices does, at no cost: attention then depends on the tokens.
 MAX_MEAN_QUERY_COSINE = 0.9
 DISCRIMINATIVE_INIT_STD = 0.3
+
+
+def load_script(path: Path, name: str | None = None):
+    """A script that is not a package module (benchmarks/, examples/) imported from its file."""
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
+    spec.loader.exec_module(module)
+    return module
 
 
 def read_jsonl(path: Path) -> list[dict]:

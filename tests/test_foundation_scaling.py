@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from care_retriever.training.recipe import load_recipe, parse_recipe
+from tests.conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "foundation_scaling.py"
 
 
 @pytest.fixture(scope="module")
 def scaling():
-    spec = importlib.util.spec_from_file_location("foundation_scaling", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.mark.parametrize("tower", ["query", "document"])

@@ -6,7 +6,6 @@ import importlib
 import importlib.util
 import json
 import os
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -15,17 +14,15 @@ from typing import ClassVar
 
 import pytest
 
+from tests.conftest import load_script
+
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # offline: no usage pings
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 QUESTION = "血压高怎么办"
 
 
 def load_example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXAMPLES / f"{name}.py", f"example_{name}")
 
 
 @pytest.fixture(scope="module")

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_script
 
 REPORT = Path(__file__).resolve().parents[1] / "benchmarks" / "training_miniature_report.py"
 
 
 @pytest.fixture(scope="module")
 def report():
-    spec = importlib.util.spec_from_file_location("training_miniature_report", REPORT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPORT)
 
 
 # (kuake-qtr-retrieval, kuake-qtr-rerank) per seed; Avg is their mean
@@ -159,9 +157,7 @@ def test_results_table_reads_the_reports_seeds(report, tmp_path: Path) -> None:
         (tasks / name / "corpus.jsonl").write_text('{"_id": "d", "text": "t"}\n')
     (tasks / "kuake-qtr-rerank").mkdir()
     (tasks / "kuake-qtr-rerank" / "test.jsonl").write_text('{"query": "q", "positive": ["a"], "negative": ["b"]}\n')
-    spec = importlib.util.spec_from_file_location("make_results", REPORT.with_name("make_results.py"))
-    make_results = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_results)
+    make_results = load_script(REPORT.with_name("make_results.py"))
 
     rows = make_results.miniature_rows(kept, tasks, skip={"bm25"})
     found = {(r["model"], r["task"]): (r["type"], r["main_score"]) for r in rows}
