@@ -292,3 +292,42 @@ def test_clm_refuses_an_encoder_document_tower(trained, data_dir: Path, tmp_path
     }
     with pytest.raises(InputError, match="causal-LM pretraining needs a decoder document tower, got BertModel"):
         run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False)
+
+
+def test_stage1_aligns_unlabelled_texts_on_the_side_it_lists_them_with_a_cap_per_side(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """A ``text`` set (the pretraining corpus) is alignment data: listed under ``queries`` its texts are
+    query-side texts only; ``max_query_texts`` / ``max_document_texts`` cap each side on its own."""
+    from care_retriever.training.recipe import parse_recipe
+    from care_retriever.training.runner import preload_datasets
+    from care_retriever.training.stages import StageContext, alignment_texts
+
+    unlabelled = [f"第{i}篇医学文本：患者出现症状{i}，建议就医。" for i in range(40)]
+    (tmp_path / "corpus.txt").write_text("\n".join(unlabelled) + "\n", encoding="utf-8")
+    shutil.copy(data_dir / "pairs.jsonl", tmp_path / "pairs.jsonl")
+
+    def sides(**caps: int) -> tuple[list[str], list[str]]:
+        stage = {"name": "stage1", "type": "stage1_align", "alignment": {"queries": ["pairs", "corpus"]}}
+        stage["alignment"]["documents"] = ["pairs"]
+        raw = {
+            "name": "align-unlabelled",
+            "model": {"preset": "tiny"},
+            "datasets": {"pairs": {"path": "pairs.jsonl"}, "corpus": {"path": "corpus.txt", "format": "text"}},
+            "stages": [{**stage, **caps}],
+        }
+        recipe = parse_recipe(raw)
+        ctx = StageContext(tmp_path, tmp_path, 0, "x", {}, preload_datasets(recipe, tmp_path))
+        return alignment_texts(ctx, recipe.stages[0])
+
+    rows = [json.loads(line) for line in (data_dir / "pairs.jsonl").read_text("utf-8").splitlines()]
+    labelled_queries = {r["query"] for r in rows}
+    answers = {r["text"] for r in rows}
+    queries, documents = sides()
+    assert set(queries) == labelled_queries | set(unlabelled)
+    assert set(documents) == answers  # not listed under documents: no unlabelled text there
+    queries, documents = sides(max_query_texts=10)
+    assert len(queries) == 10 and set(queries) <= labelled_queries | set(unlabelled)
+    assert set(documents) == answers
+    queries, documents = sides(max_document_texts=5, max_examples=1000)
+    assert len(documents) == 5 and set(queries) == labelled_queries | set(unlabelled)

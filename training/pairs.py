@@ -11,7 +11,8 @@ Formats (``format:`` of a recipe data set):
 - ``qa``: ``{query, description?, text}``: the patient's question (optionally with its description)
   and the doctor's answer (IM-QA).
 - ``alignment``: ``{text, side: query|document}`` (``care-retriever data alignment`` writes it).
-- ``text``: plain text (one per line) or JSONL with text fields, for MLM pretraining.
+- ``text``: plain text (one per line) or JSONL with text fields: language-model pretraining, and
+  Stage I alignment texts on the side (``queries`` or ``documents``) the stage lists the set under.
 
 Why validate here: a training run that dies after an hour because of one empty text wastes the
 hour; every problem is reported before the first step as ``file:line: what is wrong``.
@@ -219,6 +220,11 @@ def load_pairset(spec: Any, data_dir: Path) -> PairSet:
         if spec.max_rows:
             queries, documents = queries[: spec.max_rows], documents[: spec.max_rows]
         return PairSet(spec.name, [], extra_queries=queries, extra_documents=documents)
+    elif spec.format == "text":
+        # Unlabelled texts align on either side: the stage's alignment lists say which.
+        texts = read_texts(path)
+        texts = texts[: spec.max_rows] if spec.max_rows else texts
+        return PairSet(spec.name, [], extra_queries=texts, extra_documents=texts)
     else:
         raise InputError(f"data set {spec.name!r}: format {spec.format!r} has no (query, positive) pairs")
     if spec.max_rows:

@@ -146,6 +146,10 @@ class Stage1AlignStage(StageSpec):
     temperature: float | None = None
     gather_across_devices: bool | str | None = None
     teacher: str = "cached"  # "cached": the document tower runs once per text; "recompute": every step
+    # Caps of one side's alignment texts (a seeded sample), instead of max_examples: short query-side
+    # texts are cheap steps, long document-side texts dear ones.
+    max_query_texts: int | None = None
+    max_document_texts: int | None = None
 
 
 @dataclass

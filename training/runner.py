@@ -266,13 +266,15 @@ def run_fingerprint(recipe: Recipe, *, dry_run_steps: int | None, preset: str | 
 
 
 def used_datasets(recipe: Recipe) -> set[str]:
-    """Data sets the stages read as pairs (raw ``text`` files are read by the pretraining stages)."""
+    """Data sets the stages read through ``load_pairset``: every alignment set (a ``text`` set's texts are
+    paired with themselves), and the pair files of ``datasets`` (the pretraining stages read ``text``
+    files raw)."""
     used: set[str] = set()
     for stage in recipe.stages:
-        used |= set(stage.datasets)
+        used |= {name for name in stage.datasets if recipe.datasets[name].format != "text"}
         alignment = getattr(stage, "alignment", None) or {}
         used |= {n for key in ("queries", "documents") for n in alignment.get(key, [])}
-    return {name for name in used if recipe.datasets[name].format != "text"}
+    return used
 
 
 def preload_datasets(recipe: Recipe, data_dir: Path) -> Callable[[str], PairSet]:

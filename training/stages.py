@@ -146,9 +146,10 @@ def batch_rows(ctx: StageContext, stage: StageSpec) -> int:
     )
 
 
-def limit_for_dry_run(ctx: StageContext, stage: StageSpec, items: list[Any]) -> list[Any]:
-    """A dry run trains ``N`` steps: keep (a seeded sample of) the rows those steps need."""
-    cap = stage.max_examples
+def limit_for_dry_run(ctx: StageContext, stage: StageSpec, items: list[Any], cap: int | None = None) -> list[Any]:
+    """A seeded sample of at most ``cap`` rows (default: the stage's ``max_examples``); a dry run trains
+    ``N`` steps and keeps the rows those steps need."""
+    cap = stage.max_examples if cap is None else cap
     if ctx.dry_run_steps is not None:
         # 4x the rows the steps need: the no-duplicates batch sampler skips rows whose texts repeat
         dry = 4 * ctx.dry_run_steps * batch_rows(ctx, stage)
@@ -386,7 +387,10 @@ def alignment_texts(ctx: StageContext, stage: Stage1AlignStage) -> tuple[list[st
     documents = unique([t for name in spec.get("documents", []) for t in ctx.load_pairset(name).documents()])
     if not queries and not documents:
         raise InputError(f"stage {stage.name!r}: the alignment data is empty")
-    return limit_for_dry_run(ctx, stage, queries), limit_for_dry_run(ctx, stage, documents)
+    return (
+        limit_for_dry_run(ctx, stage, queries, stage.max_query_texts),
+        limit_for_dry_run(ctx, stage, documents, stage.max_document_texts),
+    )
 
 
 def stage1_rows(ctx: StageContext, stage: Stage1AlignStage) -> dict[str, list[tuple[str, str]]]:
