@@ -72,7 +72,7 @@ def wall_seconds(run: Path, run_state: dict) -> dict[str, float]:
     """Wall time per stage: the run's own ``wall_seconds``, else (runs from before it was kept) the
     time between consecutive stage folders being saved, which also counts the earlier stage's exports."""
     reports = run_state.get("reports", [])
-    if reports and all("wall_seconds" in r for r in reports):
+    if all("wall_seconds" in r for r in reports):  # (none yet: no stage times)
         return {r["name"]: float(r["wall_seconds"]) for r in reports}
     order = ["init", *run_state.get("done", [])[1:]]
     saved = {name: (run / "stages" / name / "care_config.json").stat().st_mtime for name in order}
@@ -132,9 +132,10 @@ class SharedDocumentEmbeddings:
         return self.store[key]
 
 
-def score_run(run: Path, data_dir: Path, rescore: bool = False) -> dict:
-    """A run's seed entry (scores of BM25 and every model), kept in the run folder: a later call scores only
-    the models the run has gained since (a resumed run's new exports); ``rescore`` scores them all again."""
+def score_run(run: Path, data_dir: Path, rescore: bool = False) -> tuple[dict, bool]:
+    """A run's seed entry (scores of BM25 and every model), kept in the run folder, and whether this call
+    scored anything: a later call scores only the rows the run has gained since (a resumed run's new
+    exports); ``rescore`` scores them all again."""
     cached = run / SCORES_FILE
     state = json.loads((run / "run.json").read_text("utf-8"))
     entry: dict = {"seed": seed_of(state), "models": {}, "info": {}}
@@ -143,9 +144,14 @@ def score_run(run: Path, data_dir: Path, rescore: bool = False) -> dict:
     models = models_of(run)
     if not models and not entry["models"]:
         raise SystemExit(f"{run}: no final model and no exports")
-    missing = [name for name in ("bm25", *models) if name not in entry["models"]]
+
+    def rows_of(name: str) -> list[str]:
+        return [name, hybrid_name(name)] if name in HYBRID else [name]
+
+    # a model scored before hybrid rows existed still gains them: missing rows, not missing models
+    missing = [name for name in ("bm25", *models) if any(r not in entry["models"] for r in rows_of(name))]
     if not missing:
-        return entry
+        return entry, False
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from care_retriever.baselines import load_embedder
     from care_retriever.evaluation.hybrid import HybridModel
@@ -163,6 +169,8 @@ def score_run(run: Path, data_dir: Path, rescore: bool = False) -> dict:
         if name in HYBRID:
             rows[hybrid_name(name)] = HybridModel(embedder)
         for row, model in rows.items():
+            if row in entry["models"]:
+                continue
             scores = {}
             for task_name, task in tasks.items():
                 if task_name == STS and (model is not embedder or name == "bm25"):
@@ -171,7 +179,7 @@ def score_run(run: Path, data_dir: Path, rescore: bool = False) -> dict:
                 scores[task_name] = {"main_score": result.main_score, "metrics": result.metrics}
                 print(f"{run.name} {row} {task_name}: {result.main_score}", flush=True)
             entry["models"][row] = scores
-        if name != "bm25":
+        if name != "bm25" and name not in entry["info"]:
             entry["info"][name] = {
                 "query_params": parameters(embedder.query_modules),
                 "document_params": parameters(embedder.document_modules),
@@ -180,7 +188,7 @@ def score_run(run: Path, data_dir: Path, rescore: bool = False) -> dict:
         tmp = cached.with_name(f".{cached.name}.tmp")  # after each model: an interrupted scoring keeps its work
         tmp.write_text(json.dumps(entry, indent=2), encoding="utf-8")
         tmp.replace(cached)
-    return entry
+    return entry, True
 
 
 def seed_of(state: dict) -> int:
@@ -432,9 +440,12 @@ def main(argv: list[str] | None = None) -> None:
         seeds = json.loads(args.from_json.read_text("utf-8"))["seeds"]
     if args.convert_legacy:
         seeds.append(convert_legacy(args.convert_legacy))
+    scored = False
     for folder in args.run:
         state = json.loads((folder / "run.json").read_text("utf-8"))
-        seeds.append(score_run(folder, args.data_dir, args.rescore))
+        entry, fresh = score_run(folder, args.data_dir, args.rescore)
+        seeds.append(entry)
+        scored |= fresh
         runs.append({"path": folder, "state": state})
     if not seeds:
         raise SystemExit("nothing to report: give --run folders, --from-json or --convert-legacy")
@@ -449,7 +460,8 @@ def main(argv: list[str] | None = None) -> None:
         "load_after": round(os.getloadavg()[1], 2),
     }
     args.doc.parent.mkdir(parents=True, exist_ok=True)
-    args.doc.write_text(render(seeds, info, runs, machine if args.run else None, args.note), encoding="utf-8")
+    # the load average describes this call's scoring: none when every score came from the runs' caches
+    args.doc.write_text(render(seeds, info, runs, machine if scored else None, args.note), encoding="utf-8")
     kept = {"seeds": [{k: e[k] for k in ("seed", "label", "models", "info") if k in e} for e in seeds]}
     args.json.write_text(json.dumps(kept, indent=2, ensure_ascii=False), encoding="utf-8")
     if args.plot:

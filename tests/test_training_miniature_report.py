@@ -164,3 +164,38 @@ def test_results_table_reads_the_reports_seeds(report, tmp_path: Path) -> None:
     assert found[("small-symmetric", "kuake-qtr-retrieval")] == ("retrieval", 0.50)  # seed 0, not seed 1's 0.52
     assert found[("small-symmetric", "kuake-qtr-rerank")] == ("rerank", 0.70)
     assert not any(model == "bm25" for model, _ in found)
+
+
+def test_a_run_scored_before_its_hybrid_row_gains_it_and_keeps_its_dense_scores(
+    report, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Only missing rows are scored: a cached dense row stays as it was (a sentinel value here), its
+    missing hybrid row is scored, and the document's load-average line appears only when something was."""
+    import shutil
+
+    from tests.test_eval_runner import write_tasks
+
+    toy = write_tasks(tmp_path / "toy")
+    data = tmp_path / "data"
+    for name, kind in zip(report.TASKS, ("retrieval", "retrieval", "rerank", "sts"), strict=True):
+        shutil.copytree(toy[kind], data / "tasks" / name)
+    run = tmp_path / "seed-0"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"recipe": "x", "seed": 0, "done": [], "reports": []}))
+    shutil.copytree(tiny_model_dir, run / "models" / "asymmetric-two-stage")
+    sentinel = {task: {"main_score": 0.123} for task in report.TASKS}
+    cached = {"seed": 0, "models": {"bm25": sentinel, "asymmetric-two-stage": sentinel}, "info": {}}
+    (run / report.SCORES_FILE).write_text(json.dumps(cached))
+    doc, kept = tmp_path / "m.md", tmp_path / "m.json"
+
+    report.main(["--run", str(run), "--data-dir", str(data), "--doc", str(doc), "--json", str(kept)])
+    models = json.loads(kept.read_text())["seeds"][0]["models"]
+    assert models["asymmetric-two-stage"] == sentinel and models["bm25"] == sentinel
+    hybrid = models[hybrid_row()]
+    assert set(hybrid) == {report.KUAKE_RETRIEVAL, report.IMQA, report.RERANK}  # a hybrid has no STS row
+    assert 0.0 < hybrid[report.KUAKE_RETRIEVAL]["main_score"] <= 1.0
+    assert "load average" in doc.read_text()
+
+    report.main(["--run", str(run), "--data-dir", str(data), "--doc", str(doc), "--json", str(kept)])
+    assert json.loads(kept.read_text())["seeds"][0]["models"] == models
+    assert "load average" not in doc.read_text()  # nothing scored: no load figures to claim
