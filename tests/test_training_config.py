@@ -65,7 +65,7 @@ def run(raw: dict, out: Path, data_dir: Path, **kwargs):
         (
             {"name": "s0", "type": "stage0_query", "datasets": ["pairs"], "lora": False},
             "stage 's0': a stage0_query stage does not take 'lora'; valid keys: args, datasets, export, from, "
-            "gather_across_devices, max_examples, mini_batch_size, name, temperature, type",
+            "gather_across_devices, length_buckets, max_examples, mini_batch_size, name, temperature, type",
         ),
         (
             {"name": "m", "type": "mlm", "datasets": ["pairs"], "mlm_probabilty": 0.3},
@@ -239,3 +239,43 @@ def test_seeds_train_one_run_per_seed(data_dir: Path, tmp_path: Path, capsys) ->
     states = [json.loads((out / f"seed-{s}" / "run.json").read_text()) for s in (3, 4)]
     assert states[0]["fingerprint"] != states[1]["fingerprint"]
     assert "pretraining compute, document / query tower:" in printed
+
+
+@pytest.mark.parametrize("value", [[64, 32], [0], [], "64", [64, 64], [True]])
+def test_length_buckets_must_be_increasing_positive_integers(value) -> None:
+    from care_retriever.training.recipe import parse_recipe
+
+    stage = {"name": "s0", "type": "stage0_query", "datasets": ["pairs"], "length_buckets": value}
+    for raw in (
+        {"name": "r", "model": {"preset": "tiny"}, "datasets": {"pairs": "pairs.jsonl"}, "stages": [stage]},
+        {
+            "name": "r",
+            "model": {"preset": "tiny"},
+            "datasets": {"pairs": "pairs.jsonl"},
+            "defaults": {"length_buckets": value},
+            "stages": [{k: v for k, v in stage.items() if k != "length_buckets"}],
+        },
+    ):
+        with pytest.raises(InputError, match="length_buckets must be increasing positive integers"):
+            parse_recipe(raw)
+
+
+def test_length_buckets_split_each_data_set_by_its_rows_longest_text() -> None:
+    """Every row lands in exactly one bucket, chosen by its longest text; per-data-set prompts follow the
+    buckets of their data set; the non-text label column does not count."""
+    from datasets import Dataset, DatasetDict
+
+    from care_retriever.training.engine import bucket_by_length
+
+    queries = Dataset.from_dict({"text": ["短", "a" * 10, "b" * 70], "label": [0, 1, 2]})
+    documents = Dataset.from_dict({"anchor": ["q1", "q2", "q3"], "positive": ["x" * 5, "y" * 64, "z" * 63]})
+    data, prompts, sizes = bucket_by_length(
+        DatasetDict({"queries": queries, "documents": documents}), {"queries": {"text": "查询："}}, [8, 64]
+    )
+    assert sizes == {"queries@0-7": 1, "queries@8-63": 1, "queries@64+": 1, "documents@0-7": 1,
+                     "documents@8-63": 1, "documents@64+": 1}  # fmt: skip
+    assert data["queries@64+"]["label"] == [2] and data["documents@8-63"]["positive"] == ["z" * 63]
+    assert prompts == {name: {"text": "查询："} for name in ("queries@0-7", "queries@8-63", "queries@64+")}
+    # one data set, a prompt for every data set: the prompts stay as they are; empty buckets are left out
+    single, same, sizes = bucket_by_length(documents, {"anchor": "查询："}, [1000])
+    assert list(single) == ["train@0-999"] and same == {"anchor": "查询："} and sizes == {"train@0-999": 3}

@@ -331,3 +331,30 @@ def test_stage1_aligns_unlabelled_texts_on_the_side_it_lists_them_with_a_cap_per
     assert set(documents) == answers
     queries, documents = sides(max_document_texts=5, max_examples=1000)
     assert len(documents) == 5 and set(queries) == labelled_queries | set(unlabelled)
+
+
+def test_length_buckets_train_each_batch_from_one_bucket(data_dir: Path, tmp_path: Path) -> None:
+    """``length_buckets`` (recipe defaults) reach Stage 0 and Stage I: the run reports its buckets (the
+    condition answers are longer than 20 characters, the questions shorter) and every stage trains."""
+    from care_retriever.training.recipe import parse_recipe
+    from care_retriever.training.runner import run_recipe
+
+    raw = {
+        "name": "buckets",
+        "model": {"preset": "tiny", "vocab_from": ["pairs.jsonl"], "max_length": 32, "query_pooling": "mean"},
+        "datasets": {"pairs": {"path": "pairs.jsonl"}},
+        "defaults": {"per_device_train_batch_size": 8, "learning_rate": 2e-3, "length_buckets": [20]},
+        "stages": [
+            {"name": "stage0-query", "type": "stage0_query", "datasets": ["pairs"]},
+            {"name": "stage1", "type": "stage1_align", "alignment": {"queries": ["pairs"], "documents": ["pairs"]}},
+        ],
+    }
+    result = run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False)
+    reports = {r["name"]: r for r in result.reports}
+    rows = [json.loads(line) for line in (data_dir / "pairs.jsonl").read_text("utf-8").splitlines()]
+    short_queries = len({r["query"] for r in rows if len(r["query"]) < 20})
+    long_answers = len({r["text"] for r in rows if len(r["text"]) >= 20})
+    assert reports["stage1"]["length_buckets"]["queries@0-19"] == short_queries
+    assert reports["stage1"]["length_buckets"]["documents@20+"] == long_answers
+    assert sum(reports["stage0-query"]["length_buckets"].values()) == reports["stage0-query"]["examples"]
+    assert all(reports[name]["steps"] > 0 for name in ("stage0-query", "stage1"))

@@ -14,6 +14,7 @@ checkpointing, seeds, progress bars, DDP/DeepSpeed through accelerate/torchrun) 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -175,6 +176,35 @@ def build_arguments(
         )
     except (ValueError, TypeError) as exc:
         raise InputError(f"training arguments: {str(exc).splitlines()[0]}") from None
+
+
+def bucket_by_length(dataset: Any, prompts: Any, bounds: list[int]) -> tuple[Any, Any, dict[str, int]]:
+    """Split each data set into buckets by the character length of its rows' longest text.
+
+    The trainer draws every batch from one data set (a ``DatasetDict``), so a bucket's batches pad to
+    lengths like their own: a batch of 20-character titles no longer pays for one 200-character answer
+    (at max_length 256 most batches of the mixed miniature data held one). Per-data-set prompts follow
+    their data set's buckets. Returns the data sets, the prompts and the rows per bucket.
+    """
+    from datasets import DatasetDict
+
+    sets = dict(dataset) if isinstance(dataset, DatasetDict) else {"train": dataset}
+    keyed = isinstance(prompts, dict) and any(name in prompts for name in sets)
+    edges = [0, *bounds, None]
+    buckets: dict[str, Any] = {}
+    bucket_prompts: dict[str, Any] = {}
+    for name, data in sets.items():
+        columns = [c for c in data.column_names if getattr(data.features[c], "dtype", None) == "string"]
+        lengths = [max(map(len, texts)) for texts in zip(*(data[c] for c in columns), strict=True)]
+        for lo, hi in itertools.pairwise(edges):
+            rows = [i for i, n in enumerate(lengths) if n >= lo and (hi is None or n < hi)]
+            if rows:
+                label = f"{name}@{lo}+" if hi is None else f"{name}@{lo}-{hi - 1}"
+                buckets[label] = data.select(rows)
+                if keyed and name in prompts:
+                    bucket_prompts[label] = prompts[name]
+    sizes = {label: len(data) for label, data in buckets.items()}
+    return DatasetDict(buckets), (bucket_prompts or None) if keyed else prompts, sizes
 
 
 def last_checkpoint(output_dir: Path) -> str | None:

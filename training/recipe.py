@@ -33,7 +33,7 @@ from care_retriever.errors import InputError
 DATA_FORMATS = ("pairs", "qtr", "sts", "qa", "alignment", "text")
 EXPORT_KINDS = ("asymmetric", "query-symmetric", "document-symmetric")
 # Keys of ``defaults`` that are ours; everything else is a training argument.
-OWN_DEFAULT_KEYS = {"temperature", "gather_across_devices"}
+OWN_DEFAULT_KEYS = {"temperature", "gather_across_devices", "length_buckets"}
 HARD_NEGATIVE_KEYS = {"num", "mine", "range_min", "range_max", "duplicate_threshold", "miner"}
 ALIGNMENT_KEYS = {"queries", "documents"}
 
@@ -115,7 +115,17 @@ class ClmStage(StageSpec):
 
 
 @dataclass
-class ContrastiveStage(StageSpec):
+class EmbeddingStage(StageSpec):
+    """Keys of the stages the sentence-transformers trainer runs (the LM stages use transformers' own)."""
+
+    # Character-length bounds, e.g. [64]: each data set is split into buckets by its rows' longest text, so a
+    # batch of short titles is not padded to the length of one long answer (each batch comes from one
+    # bucket). Also a recipe ``defaults`` key.
+    length_buckets: list[int] | None = None
+
+
+@dataclass
+class ContrastiveStage(EmbeddingStage):
     """Keys of the InfoNCE stages; ``None`` falls back to the recipe's ``defaults``."""
 
     temperature: float | None = None
@@ -137,7 +147,7 @@ class Stage0DocumentStage(ContrastiveStage):
 
 
 @dataclass
-class Stage1AlignStage(StageSpec):
+class Stage1AlignStage(EmbeddingStage):
     """Query alignment against the frozen document tower."""
 
     alignment: dict[str, list[str]] = field(default_factory=dict)  # queries/documents data set names
@@ -161,7 +171,7 @@ class Stage2JointStage(ContrastiveStage):
 
 
 @dataclass
-class DistillStage(StageSpec):
+class DistillStage(EmbeddingStage):
     """Baseline (Table 7): score distillation (KL + InfoNCE) from the document tower into the query tower."""
 
     hard_negatives: dict[str, Any] = field(default_factory=dict)
@@ -216,6 +226,18 @@ class Recipe:
         raise InputError(f"{self.source_path}: no stage named {name!r}")
 
 
+def check_length_buckets(value: Any, where: str) -> None:
+    if value is None:
+        return
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+        or value != sorted(set(value))
+    ):
+        raise InputError(f"{where}: length_buckets must be increasing positive integers (characters), got {value!r}")
+
+
 def training_argument_names() -> set[str]:
     from sentence_transformers import SentenceTransformerTrainingArguments
 
@@ -261,6 +283,7 @@ def parse_recipe(raw: Any, source: str = "<recipe>") -> Recipe:
     datasets = {name: _dataset(name, spec, source) for name, spec in _mapping(raw, "datasets", source).items()}
     defaults = _mapping(raw, "defaults", source)
     _check_args(defaults, f"{source}: defaults", allow=OWN_DEFAULT_KEYS)
+    check_length_buckets(defaults.get("length_buckets"), f"{source}: defaults")
     stages_raw = raw.get("stages")
     if not isinstance(stages_raw, list) or not stages_raw:
         raise InputError(f"{source}: 'stages' must be a non-empty list")
@@ -424,7 +447,8 @@ def build_stage(
             raise InputError(f"{where}: {key} must be a non-negative number")
     if values.get("temperature") == 0:
         raise InputError(f"{where}: temperature must be > 0")
-    for key in ("max_examples", "mini_batch_size"):
+    check_length_buckets(values.get("length_buckets"), where)
+    for key in ("max_examples", "mini_batch_size", "max_query_texts", "max_document_texts"):
         if values.get(key) is not None and (not isinstance(values[key], int) or values[key] < 1):
             raise InputError(f"{where}: {key} must be a positive integer")
     negatives = values.get("hard_negatives")

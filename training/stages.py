@@ -34,6 +34,7 @@ from care_retriever.errors import InputError
 from care_retriever.training.engine import (
     CareTrainer,
     JsonlLogCallback,
+    bucket_by_length,
     build_arguments,
     last_checkpoint,
     process_state,
@@ -236,6 +237,10 @@ def fit(
 ) -> StageReport:
     """Train ``model`` with the sentence-transformers trainer; resume from the stage's last checkpoint."""
     output_dir = ctx.out / "checkpoints" / stage.name
+    bounds = option(ctx, stage, "length_buckets", None)
+    buckets: dict[str, int] = {}
+    if bounds:
+        dataset, prompts, buckets = bucket_by_length(dataset, prompts, list(bounds))
     settings = trainer_settings(ctx, stage)
     if world_size() > 1:
         settings = distributed_settings(settings, model)
@@ -257,7 +262,10 @@ def fit(
         care_fingerprint=ctx.fingerprint,
     )
     quiet_trainer(trainer, stage.name)  # one bar per stage, no raw log dicts (training/quiet.py)
-    return train_stage(ctx, stage, trainer, output_dir, examples=examples)
+    report = train_stage(ctx, stage, trainer, output_dir, examples=examples)
+    if buckets:
+        report.extra["length_buckets"] = buckets
+    return report
 
 
 def distributed_settings(settings: dict[str, Any], model) -> dict[str, Any]:
