@@ -95,7 +95,8 @@ def test_each_stage_type_gets_its_typed_class() -> None:
     for stage in recipe.stages:
         assert type(stage) is STAGE_CLASSES[stage.type]
     stage1 = recipe.stage("stage1")
-    assert stage1.alignment == {"queries": ["qtr", "qqr", "sts", "imqa"], "documents": ["qtr", "imqa"]}
+    assert stage1.alignment == {"queries": ["qtr", "qqr", "sts", "imqa", "pretrain"], "documents": ["qtr", "imqa"]}
+    assert stage1.max_document_texts == 8000 and stage1.max_query_texts is None
     assert stage1.lambda1 == 1.0 and stage1.teacher == "cached"
     assert recipe.stage("stage2").hard_negatives["range_min"] == 5
 
