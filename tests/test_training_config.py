@@ -242,6 +242,38 @@ def test_seeds_train_one_run_per_seed(data_dir: Path, tmp_path: Path, capsys) ->
     assert "pretraining compute, document / query tower:" in printed
 
 
+def test_selected_stages_train_first_and_a_resume_trains_the_rest(data_dir: Path, tmp_path: Path, capsys) -> None:
+    """``--stage X`` trains X and the stages it starts from, nothing else, and publishes no final model
+    until the final stage is trained; a later ``--resume`` without a selection trains only the rest."""
+    import yaml
+
+    from care_retriever.cli.main import main
+
+    raw = pretraining_recipe()
+    raw["stages"].append({"name": "mlm-again", "from": "mlm", "type": "mlm", "datasets": ["pairs"]})
+    raw["final"] = "clm"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+    out = tmp_path / "run"
+    args = ["train", "--recipe", str(recipe), "--out", str(out), "--data-dir", str(data_dir), "--dry-run-steps", "1"]
+
+    assert main([*args, "--stage", "nope", "--no-progress"]) != 0
+    assert "No stage 'nope' in recipe 'lm'. Available stages: ['mlm', 'clm', 'mlm-again']" in capsys.readouterr().err
+    assert not out.exists()
+
+    assert main([*args, "--stage", "mlm-again", "--no-progress"]) == 0
+    assert "final model: not yet" in capsys.readouterr().out
+    state = json.loads((out / "run.json").read_text())
+    assert state["done"] == ["init", "mlm", "mlm-again"] and not (out / "final").exists()
+    mlm_log = (out / "logs" / "mlm.jsonl").read_text()
+
+    assert main([*args, "--resume", "--no-progress"]) == 0
+    state = json.loads((out / "run.json").read_text())
+    assert state["done"] == ["init", "mlm", "mlm-again", "clm"]
+    assert (out / "logs" / "mlm.jsonl").read_text() == mlm_log  # trained once
+    assert (out / "final" / "care_config.json").is_file()
+
+
 @pytest.mark.parametrize("value", [[64, 32], [0], [], "64", [64, 64], [True]])
 def test_length_buckets_must_be_increasing_positive_integers(value) -> None:
     from care_retriever.training.recipe import parse_recipe

@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ DRY_RUN_MAX_LENGTH = 64  # a dry run checks the wiring, not the capacity: short 
 @dataclass
 class RunResult:
     out: Path
-    final: Path
+    final: Path | None  # None while the final stage is not trained (a run of selected ``stages``)
     reports: list[dict[str, Any]] = field(default_factory=list)
     exports: dict[str, str] = field(default_factory=dict)
 
@@ -367,16 +367,49 @@ def run_stage(ctx: Any, stage: StageSpec, embedder: Any, state: RunState) -> Non
     )
 
 
-def run_stages(recipe: Recipe, ctx: Any, embedder: Any, state: RunState, device: str | None) -> None:
-    """Each unfinished stage in order, from its ``from`` stage (default: the previous one)."""
+def stage_sources(recipe: Recipe) -> dict[str, str]:
+    """Each stage's starting point: its ``from`` stage, else the previous stage (``init`` for the first)."""
+    sources: dict[str, str] = {}
+    previous = "init"
+    for stage in recipe.stages:
+        sources[stage.name] = stage.source or previous
+        previous = stage.name
+    return sources
+
+
+def selected_stages(recipe: Recipe, names: Sequence[str] | None) -> set[str]:
+    """The stages a run trains: every stage, or the named ones and each stage they start from.
+
+    A later ``--resume`` without a selection trains the rest (the recipe, hence the fingerprint, is the
+    same): the three seeds' Table 4 models can be trained before any seed's Table 5 variants.
+    """
+    sources = stage_sources(recipe)
+    if not names:
+        return set(sources)
+    unknown = [name for name in names if name not in sources]
+    if unknown:
+        raise InputError(f"No stage {unknown[0]!r} in recipe {recipe.name!r}. Available stages: {list(sources)}")
+    needed: set[str] = set()
+    pending = list(names)
+    while pending:
+        name = pending.pop()
+        if name != "init" and name not in needed:
+            needed.add(name)
+            pending.append(sources[name])
+    return needed
+
+
+def run_stages(
+    recipe: Recipe, ctx: Any, embedder: Any, state: RunState, device: str | None, selected: set[str]
+) -> None:
+    """Each selected unfinished stage in order, from its ``from`` stage (default: the previous one)."""
     from care_retriever.embedder import AsymmetricEmbedder
 
     in_memory: str | None = "init"  # the stage whose output the in-memory embedder is
-    previous = "init"
+    sources = stage_sources(recipe)
     for stage in recipe.stages:
-        source = stage.source or previous
-        previous = stage.name
-        if stage.name in state.done:
+        source = sources[stage.name]
+        if stage.name in state.done or stage.name not in selected:
             in_memory = None
             continue
         if in_memory != source:
@@ -388,10 +421,13 @@ def run_stages(recipe: Recipe, ctx: Any, embedder: Any, state: RunState, device:
         in_memory = stage.name
 
 
-def publish_final(recipe: Recipe, out: Path, state: RunState) -> Path:
-    """Copy the final stage to ``out/final`` through a temporary folder (never half-written)."""
+def publish_final(recipe: Recipe, out: Path, state: RunState) -> Path | None:
+    """Copy the final stage to ``out/final`` through a temporary folder (never half-written); None
+    while the final stage is not trained."""
     from care_retriever.training.engine import is_main_process
 
+    if recipe.final_stage not in state.done:
+        return None
     final = out / "final"
     if not is_main_process():
         return final
@@ -416,11 +452,13 @@ def run_recipe(
     preset: str | None = None,
     device: str | None = None,
     show_progress: bool = True,
+    stages: Sequence[str] | None = None,
 ) -> RunResult:
     """Train ``recipe`` into ``out``; the final model lands in ``out/final``.
 
     ``preset`` replaces the recipe's model by a from-scratch one of that preset (validating a
-    paper-size recipe on CPU with the ``base`` preset); ``dry_run_steps`` trains N steps per stage.
+    paper-size recipe on CPU with the ``base`` preset); ``dry_run_steps`` trains N steps per stage;
+    ``stages`` trains only those stages and the ones they start from (the rest on a later resume).
     """
     from care_retriever.training.engine import wait_for_everyone
     from care_retriever.training.stages import StageContext, seed_everything
@@ -430,6 +468,7 @@ def run_recipe(
     if dry_run_steps is not None and dry_run_steps < 1:
         raise InputError(f"--dry-run-steps must be >= 1, got {dry_run_steps}")
     recipe = effective_recipe(recipe, preset=preset, dry_run_steps=dry_run_steps)
+    selected = selected_stages(recipe, stages)
     fingerprint = run_fingerprint(recipe, dry_run_steps=dry_run_steps, preset=preset)
     state = RunState.resumed(recipe, fingerprint, check_output(out, recipe, fingerprint, resume))
     wait_for_everyone()  # under torchrun every rank checks --out before rank 0 writes to it
@@ -448,7 +487,7 @@ def run_recipe(
         resume=resume,
         show_progress=show_progress,
     )
-    run_stages(recipe, ctx, embedder, state, device)
+    run_stages(recipe, ctx, embedder, state, device, selected)
     final = publish_final(recipe, out, state)
     return RunResult(out=out, final=final, reports=state.reports, exports=state.exports)
 

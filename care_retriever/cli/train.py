@@ -44,6 +44,12 @@ def train(
             help="Train N runs with seeds S..S+N-1 (S: the recipe's seed) into OUT/seed-<k> (for mean +- sd).",
         ),
     ] = None,
+    stage: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Train only this stage and the stages it starts from (repeatable); --resume trains the rest later.",
+        ),
+    ] = None,
 ) -> None:
     """Train a CARE model from a recipe; the final model is left in OUT/final."""
     from care_retriever.cli.core import quiet_transformers
@@ -74,6 +80,7 @@ def train(
             preset=preset,
             device=device,
             show_progress=progress,
+            stages=stage,
         )
         if speaks:
             print_reports(result)
@@ -96,7 +103,10 @@ def print_reports(result) -> None:
         typer.echo(f"pretraining compute, document / query tower: {ratio:.1f}x")
     for name, path in result.exports.items():
         typer.echo(f"exported {name}: {path}")
-    typer.echo(f"final model: {result.final}")
+    if result.final is None:
+        typer.echo("final model: not yet (its stage was not selected; train it with --resume)")
+    else:
+        typer.echo(f"final model: {result.final}")
 
 
 def register(app: typer.Typer) -> None:
