@@ -165,12 +165,10 @@ def score_run(run: Path, data_dir: Path, rescore: bool = False) -> tuple[dict, b
         embedder = load_embedder("bm25" if name == "bm25" else str(models[name]))
         if name != "bm25":
             embedder = SharedDocumentEmbeddings(embedder, shared)
-        rows = {name: embedder}
-        if name in HYBRID:
-            rows[hybrid_name(name)] = HybridModel(embedder)
-        for row, model in rows.items():
+        for row in rows_of(name):
             if row in entry["models"]:
                 continue
+            model = embedder if row == name else HybridModel(embedder)
             scores = {}
             for task_name, task in tasks.items():
                 if task_name == STS and (model is not embedder or name == "bm25"):
@@ -225,9 +223,12 @@ def mean_sd(data: list[float]) -> tuple[float, float] | None:
     return statistics.fmean(data), (statistics.stdev(data) if len(data) > 1 else 0.0)
 
 
-def cell(data: list[float]) -> str:
+def cell(data: list[float], seeds: int) -> str:
+    """mean ± sd; a model some seeds lack (not trained yet) says over how many seeds it is."""
     stats = mean_sd(data)
-    return "" if stats is None else f"{stats[0]:.4f} ± {stats[1]:.4f}"
+    if stats is None:
+        return ""
+    return f"{stats[0]:.4f} ± {stats[1]:.4f}" + (f" ({len(data)} of {seeds} seeds)" if len(data) < seeds else "")
 
 
 def gap_closure(seeds: list[dict]) -> float | None:
@@ -320,7 +321,7 @@ def table(seeds: list[dict], info: dict, models: tuple[str, ...], *, bm25: bool 
         lines.append(
             f"| {'BM25' if name == 'bm25' else name} | {'' if q is None else f'{q / 1e6:.1f}M'} | "
             f"{'' if d is None else f'{d / 1e6:.1f}M'} | "
-            + " | ".join(cell(values(seeds, name, m)) for m in (KUAKE_RETRIEVAL, RERANK, "avg", IMQA, STS))
+            + " | ".join(cell(values(seeds, name, m), len(seeds)) for m in (KUAKE_RETRIEVAL, RERANK, "avg", IMQA, STS))
             + f" | {'' if qps is None else f'{qps:.0f}'} |"
         )
     return lines

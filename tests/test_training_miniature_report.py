@@ -103,6 +103,20 @@ def test_report_of_three_seeds(report, tmp_path: Path) -> None:
     assert f"| {hybrid_row()} |" in text
 
 
+def test_a_model_some_seeds_lack_says_over_how_many_seeds_its_mean_is(report, tmp_path: Path) -> None:
+    """Table 5's variants trained in seed 0 only (``train --stage``): their row is not passed off as a
+    3-seed mean, while the rows every seed has stay plain."""
+    runs = [synthetic_run(tmp_path / f"seed-{s}", s) for s in range(3)]
+    scores = json.loads((runs[0] / "miniature_scores.json").read_text())
+    scores["models"]["stage1-without-mse"] = {"kuake-qtr-retrieval": {"main_score": 0.5}}
+    (runs[0] / "miniature_scores.json").write_text(json.dumps(scores))
+    doc = tmp_path / "m.md"
+    report.main(["--run", *map(str, runs), "--doc", str(doc), "--json", str(tmp_path / "m.json")])
+    text = doc.read_text()
+    assert "| stage1-without-mse |  |  | 0.5000 ± 0.0000 (1 of 3 seeds) |" in text
+    assert "| small-symmetric |  |  | 0.5200 ± 0.0200 | 0.7200 ± 0.0200 |" in text
+
+
 class CountingEmbedder:
     """Stands in for a loaded model (the thing under test is the sharing, not the encoding)."""
 
