@@ -312,3 +312,23 @@ def test_length_buckets_split_each_data_set_by_its_rows_longest_text() -> None:
     # one data set, a prompt for every data set: the prompts stay as they are; empty buckets are left out
     single, same, sizes = bucket_by_length(documents, {"anchor": "查询："}, [1000])
     assert list(single) == ["train@0-999"] and same == {"anchor": "查询："} and sizes == {"train@0-999": 3}
+
+
+@pytest.mark.parametrize("fmt", ["pairs", "text", "alignment"])
+def test_max_rows_caps_every_data_set_format(fmt: str, tmp_path: Path) -> None:
+    """``max_rows`` keeps a data set's first N rows whatever its format (pairs, unlabelled texts, and
+    each side of an alignment file)."""
+    from care_retriever.training.pairs import load_pairset
+    from care_retriever.training.recipe import DatasetSpec
+
+    rows = [{"query": f"问题{i}", "text": f"回答{i}", "side": "query" if i % 2 else "document"} for i in range(10)]
+    write_jsonl(tmp_path / "rows.jsonl", rows)
+    spec = DatasetSpec(name="rows", path="rows.jsonl", format=fmt, max_rows=3)
+    pairs = load_pairset(spec, tmp_path)
+    if fmt == "pairs":
+        assert [e.query for e in pairs.examples] == ["问题0", "问题1", "问题2"]
+    elif fmt == "text":
+        assert len(pairs.extra_queries) == 3 and pairs.extra_queries == pairs.extra_documents
+    else:
+        assert pairs.extra_queries == ["回答1", "回答3", "回答5"]
+        assert pairs.extra_documents == ["回答0", "回答2", "回答4"]

@@ -217,19 +217,21 @@ def load_pairset(spec: Any, data_dir: Path) -> PairSet:
         symmetric = False
     elif spec.format == "alignment":
         queries, documents = read_alignment(path)
-        if spec.max_rows:
-            queries, documents = queries[: spec.max_rows], documents[: spec.max_rows]
-        return PairSet(spec.name, [], extra_queries=queries, extra_documents=documents)
+        return PairSet(
+            spec.name, [], extra_queries=head(queries, spec.max_rows), extra_documents=head(documents, spec.max_rows)
+        )
     elif spec.format == "text":
         # Unlabelled texts align on either side: the stage's alignment lists say which.
-        texts = read_texts(path)
-        texts = texts[: spec.max_rows] if spec.max_rows else texts
+        texts = head(read_texts(path), spec.max_rows)
         return PairSet(spec.name, [], extra_queries=texts, extra_documents=texts)
     else:
         raise InputError(f"data set {spec.name!r}: format {spec.format!r} has no (query, positive) pairs")
-    if spec.max_rows:
-        examples = examples[: spec.max_rows]
-    return PairSet(spec.name, examples, symmetric=symmetric)
+    return PairSet(spec.name, head(examples, spec.max_rows), symmetric=symmetric)
+
+
+def head(rows: list, max_rows: int | None) -> list:
+    """A data set's ``max_rows`` cap: its first rows, all of them without a cap."""
+    return rows[:max_rows] if max_rows else rows
 
 
 # Where each evaluation task format keeps its query-side texts (BEIR/MTEB-style folders, as
