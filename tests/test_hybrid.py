@@ -88,6 +88,42 @@ def test_sparse_scores_in_memory_equal_sql_and_follow_other_writers(embedder, tm
     assert [h.id for h in reader.search_sparse(["偏头痛"], 10)[0]] == ["a"]
 
 
+def test_a_long_lived_reader_answers_as_a_fresh_open_after_other_writers_commit(embedder, tmp_path: Path) -> None:
+    """A reader opened before another process writes (``serve`` while an adapter adds documents) sees each
+    committed write on both sides at once: its dense, sparse and hybrid answers and its count equal a store
+    opened afterwards, after an in-place upsert, an in-place delete, and a re-index that swaps the folder."""
+    from care_retriever.stores import open_store
+
+    spec = f"faiss:{tmp_path / 'live'}"
+    write(embedder, spec)
+    reader = open_store(spec)
+    migraine = Document(id="new", title="偏头痛", text="偏头痛发作时可以在安静黑暗的房间休息，必要时服用止痛药。")
+    query = "偏头痛 止痛药"
+    vector = embedder.embed_documents([migraine.embedding_text()])  # the new document's own vector: its top hit
+
+    def answers(store) -> tuple:
+        return (
+            ranking(store.search(vector, 5)[0]),
+            ranking(store.search_sparse([query], 5)[0]),
+            ranking(store.search_hybrid(vector, [query], 5)[0]),
+            store.count(),
+        )
+
+    answers(reader)  # everything loaded (the BM25 postings are held in memory from the second query on)
+    answers(reader)
+    other = open_store(spec)
+    with other.transaction():
+        other.upsert([migraine], embedder.embed_documents([migraine.embedding_text()]))
+    now = answers(reader)
+    assert now == answers(open_store(spec)) and now[3] == len(DOCS) + 1
+    assert now[0][0][0] == now[1][0][0] == now[2][0][0] == "new"
+    with other.transaction():
+        other.delete(["new", "a"])
+    assert answers(reader) == answers(open_store(spec))
+    write(embedder, spec, docs=DOCS[:3], prune=True)
+    assert answers(reader) == answers(open_store(spec)) and reader.count() == 3
+
+
 def test_hybrid_modes_and_filters_faiss(embedder, tmp_path: Path) -> None:
     store = write(embedder, f"faiss:{tmp_path / 'm'}")
     retriever = CareRetriever(store, embedder)

@@ -346,6 +346,30 @@ class FaissStore(VectorStore):
                 f"tombstones, the index has {self._index.ntotal} vectors; the store is corrupted"
             )
 
+    def _published_version(self) -> tuple[int, int, dict[str, int]]:
+        """(inode of index.faiss, committed delta bytes, the journal's meta) as the last commit left them."""
+        meta = self._read_meta(self.path)
+        return (self.path / INDEX).stat().st_ino, int(meta.get("delta_bytes", 0)), meta
+
+    def _follow_writes(self) -> None:
+        """A reader catches up with what other processes committed since it opened: the in-memory FAISS index
+        would otherwise miss rows the docstore and the BM25 side already hold (hybrid mixing two versions).
+
+        Checked before each read (one stat, one SQLite read); a change observed is a reopen, not an in-place
+        replay, so that no search ever runs on an index being added to. A fold in progress changes no row:
+        the reader keeps its version until the fold is done; so does it while a re-index swaps the folder.
+        """
+        if self._writing or self._db is None or self._opened_as == (0, 0):
+            return
+        with self._lock:
+            try:
+                inode, committed, meta = self._published_version()
+            except (FileNotFoundError, StoreError):
+                return  # mid-swap: the next read sees the new version
+            if meta.get("fold_pending") or (inode, committed) == self._opened_as:
+                return
+            self._open(self.path)
+
     # ------------------------------------------------------------------ writing
     def prepare(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
         options = self._checked_options(index)
@@ -401,9 +425,7 @@ class FaissStore(VectorStore):
         with self._lock:
             assert self._db is not None
             self._db.commit()
-            meta = self._read_meta(self.path)
-            committed = int(meta.get("delta_bytes", 0))
-            inode = (self.path / INDEX).stat().st_ino
+            inode, committed, meta = self._published_version()
             stale = inode != self._opened_as[0] or committed < self._opened_as[1] or meta.get("fold_pending")
             if stale or self._mapped:
                 self._open(self.path, writable=True)  # republished or folded meanwhile, or mapped: read it whole
@@ -787,6 +809,7 @@ class FaissStore(VectorStore):
         from care_retriever.sparse import require_sparse
 
         self._check_sparse_search(top_k)
+        self._follow_writes()
         require_sparse(self)
         filters = validate_filters(filters)
         ranked = self._sparse_ranked(queries, top_k, self._filtered_row_ids(filters) if filters else None)
@@ -811,6 +834,7 @@ class FaissStore(VectorStore):
         from care_retriever.sparse import require_sparse
 
         self._check_sparse_search(top_k)
+        self._follow_writes()
         require_sparse(self)
         fusion = fusion or FusionConfig()
         filters = validate_filters(filters)
@@ -860,6 +884,7 @@ class FaissStore(VectorStore):
     def count(self, filters: Filters | None = None) -> int:
         if self._db is None:
             return 0
+        self._follow_writes()
         filters = validate_filters(filters)
         if filters:
             return len(self._filtered_row_ids(filters))
@@ -872,6 +897,7 @@ class FaissStore(VectorStore):
         """Stored vector of each id (None where the id is missing)."""
         if self._db is None or self._index is None:
             return [None] * len(ids)
+        self._follow_writes()
         ids = list(ids)
         rows: dict[str, int] = {}
         with self._lock:
@@ -910,6 +936,7 @@ class FaissStore(VectorStore):
     def search(
         self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
     ) -> list[list[Hit]]:
+        self._follow_writes()
         filters = validate_filters(filters)
         ranked = self._dense_ranked(vectors, top_k, filters, self._filtered_row_ids(filters) if filters else None)
         docs = self._rows({r for row in ranked for r, _ in row}, payload=payload)
