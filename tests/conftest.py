@@ -97,6 +97,51 @@ def discriminative_init(embedder, std: float = DISCRIMINATIVE_INIT_STD, seed: in
                     param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
+# The query backends' tests (ONNX, OpenVINO): queries of every shape, one of them past the max length.
+BACKEND_QUERIES = [
+    "高血压患者平时饮食需要注意什么？",
+    "感冒",
+    "宝宝发烧三十八度五，精神不好，要不要去医院",
+    "失眠怎么办" * 150,  # 750 characters: truncated to the tower's max length on both paths
+    "糖尿病人能吃水果吗 diabetes fruit",
+]
+# Weights drawn wider than a trained model's (so that queries get clearly different vectors) but not
+# as wide as the shared fixture's 0.3, whose activations are far outside what int8 dynamic quantisation
+# is made for (measured: int8 cosine 0.94 at 0.3, 0.9996 at 0.2; query pairs at most 0.96 alike at 0.2).
+EXPORT_INIT_STD = 0.2
+
+
+def exported_tiny_model(folder: Path, corpus: Path, backend: str) -> Path:
+    """A tiny model saved in ``folder/tiny`` with an fp32 + int8 ``backend`` export of its query tower."""
+    from care_retriever.cli.main import main
+    from care_retriever.towers.scratch import init_from_scratch
+
+    model = folder / "tiny"
+    embedder = init_from_scratch("tiny", [corpus, SAMPLE_DIR / "corpus.jsonl"], seed=0)
+    discriminative_init(embedder, std=EXPORT_INIT_STD)
+    embedder.save_pretrained(model)
+    assert main(["export", "--model", str(model), "--backend", backend, "--quantize", "int8"]) == 0
+    return model
+
+
+def indexed_store(folder: Path, model: Path, corpus: Path) -> str:
+    """``care-retriever index`` of ``corpus`` with ``model`` into a FAISS store in ``folder``; its spec."""
+    from care_retriever.cli.main import main
+
+    spec = f"faiss:{folder / 'store'}"
+    assert main(["index", "--model", str(model), "--corpus", str(corpus), "--store", spec, "--no-progress"]) == 0
+    return spec
+
+
+def run_cli(capsys, *args: object) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of one ``care-retriever`` call."""
+    from care_retriever.cli.main import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def discrimination(embedder) -> tuple[float, int]:
     """(mean pairwise cosine of the sample queries, number of distinct nearest sample passages)."""
     import numpy as np

@@ -26,45 +26,19 @@ from care_retriever.backends.layout import (
     query_route,
 )
 from care_retriever.cli.main import main
-
-QUERIES = [
-    "高血压患者平时饮食需要注意什么？",
-    "感冒",
-    "宝宝发烧三十八度五，精神不好，要不要去医院",
-    "失眠怎么办" * 150,  # 750 characters: truncated to the tower's max length on both paths
-    "糖尿病人能吃水果吗 diabetes fruit",
-]
-# See test_query_backends.EXPORT_INIT_STD: wide enough that queries get clearly different vectors.
-EXPORT_INIT_STD = 0.2
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.conftest import BACKEND_QUERIES as QUERIES
+from tests.conftest import exported_tiny_model, indexed_store, run_cli
 
 
 @pytest.fixture(scope="module")
 def ov_model(tmp_path_factory: pytest.TempPathFactory, small_corpus_path: Path) -> Path:
     """A tiny model with an fp32 + int8 OpenVINO export of its query tower (and no ONNX export)."""
-    from conftest import SAMPLE_DIR, discriminative_init
-
-    from care_retriever.towers.scratch import init_from_scratch
-
-    model = tmp_path_factory.mktemp("openvino") / "tiny"
-    embedder = init_from_scratch("tiny", [small_corpus_path, SAMPLE_DIR / "corpus.jsonl"], seed=0)
-    discriminative_init(embedder, std=EXPORT_INIT_STD)
-    embedder.save_pretrained(model)
-    assert main(["export", "--model", str(model), "--backend", "openvino", "--quantize", "int8"]) == 0
-    return model
+    return exported_tiny_model(tmp_path_factory.mktemp("openvino"), small_corpus_path, "openvino")
 
 
 @pytest.fixture(scope="module")
 def ov_store(tmp_path_factory: pytest.TempPathFactory, ov_model: Path, small_corpus_path: Path) -> str:
-    spec = f"faiss:{tmp_path_factory.mktemp('openvino-store') / 'store'}"
-    argv = ["index", "--model", str(ov_model), "--corpus", str(small_corpus_path), "--store", spec, "--no-progress"]
-    assert main(argv) == 0
-    return spec
+    return indexed_store(tmp_path_factory.mktemp("openvino-store"), ov_model, small_corpus_path)
 
 
 def _torch_vectors(model: Path, queries: list[str]) -> np.ndarray:
@@ -137,7 +111,7 @@ def test_cli_search_on_openvino_never_imports_torch(ov_model: Path, ov_store: st
     lines = done.stdout.strip().splitlines()
     hits = json.loads(lines[0])["hits"]
     assert json.loads(lines[-1]) == {"torch": False, "transformers": False}
-    code, out, _ = _cli(
+    code, out, _ = run_cli(
         capsys, "search", QUERIES[0], "--model", ov_model, "--store", ov_store, "--json", "--backend", "torch"
     )
     assert code == 0
@@ -156,7 +130,7 @@ def test_retriever_from_pretrained_takes_openvino(ov_model: Path, ov_store: str)
 
 
 def test_openvino_without_export_names_the_export_command(tiny_model_dir: Path, ov_store: str, capsys) -> None:
-    code, out, err = _cli(
+    code, out, err = run_cli(
         capsys, "search", "感冒", "--model", tiny_model_dir, "--store", ov_store, "--backend", "openvino"
     )
     assert code != 0 and out == ""
@@ -175,7 +149,7 @@ def test_openvino_export_of_another_query_tower_is_refused(
     other.save_pretrained(tmp_path / "other")
     route = query_route(ov_model)
     shutil.copytree(ov_model / route.transformer / "openvino", tmp_path / "other" / route.transformer / "openvino")
-    code, out, err = _cli(
+    code, out, err = run_cli(
         capsys, "search", "感冒", "--model", tmp_path / "other", "--store", ov_store, "--backend", "openvino"
     )
     assert code != 0 and out == ""
@@ -189,7 +163,7 @@ def test_corrupted_openvino_file_is_named(ov_model: Path, tmp_path: Path, ov_sto
     shutil.copytree(ov_model, model)
     bad = (model / query_route(model).transformer / "openvino" / OPENVINO_INT8).with_suffix(suffix)
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 3])
-    code, out, err = _cli(capsys, "search", "感冒", "--model", model, "--store", ov_store, "--backend", "openvino")
+    code, out, err = run_cli(capsys, "search", "感冒", "--model", model, "--store", ov_store, "--backend", "openvino")
     assert code != 0 and out == ""
     assert str(bad) in err and len(err.strip().splitlines()) == 1
     assert "--backend openvino" in err

@@ -24,51 +24,19 @@ from care_retriever.backends.layout import (
 )
 from care_retriever.cli.main import main
 from care_retriever.errors import ModelError
-
-QUERIES = [
-    "高血压患者平时饮食需要注意什么？",
-    "感冒",
-    "宝宝发烧三十八度五，精神不好，要不要去医院",
-    "失眠怎么办" * 150,  # 750 characters: truncated to the tower's max length on both paths
-    "糖尿病人能吃水果吗 diabetes fruit",
-]
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-# Weights drawn wider than a trained model's (so that queries get clearly different vectors) but not
-# as wide as the shared fixture's 0.3, whose activations are far outside what int8 dynamic quantisation
-# is made for (measured: int8 cosine 0.94 at 0.3, 0.9996 at 0.2; query pairs at most 0.96 alike at 0.2).
-EXPORT_INIT_STD = 0.2
+from tests.conftest import BACKEND_QUERIES as QUERIES
+from tests.conftest import exported_tiny_model, indexed_store, run_cli
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, small_corpus_path: Path) -> Path:
     """A tiny model with an fp32 + int8 ONNX export of its query tower."""
-    from conftest import SAMPLE_DIR, discriminative_init
-
-    from care_retriever.towers.scratch import init_from_scratch
-
-    model = tmp_path_factory.mktemp("onnx") / "tiny"
-    embedder = init_from_scratch("tiny", [small_corpus_path, SAMPLE_DIR / "corpus.jsonl"], seed=0)
-    discriminative_init(embedder, std=EXPORT_INIT_STD)
-    embedder.save_pretrained(model)
-    assert main(["export", "--model", str(model), "--backend", "onnx", "--quantize", "int8"]) == 0
-    return model
+    return exported_tiny_model(tmp_path_factory.mktemp("onnx"), small_corpus_path, "onnx")
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, exported: Path, small_corpus_path: Path) -> str:
-    spec = f"faiss:{tmp_path_factory.mktemp('onnx-store') / 'store'}"
-    assert (
-        main(["index", "--model", str(exported), "--corpus", str(small_corpus_path), "--store", spec, "--no-progress"])
-        == 0
-    )
-    return spec
+    return indexed_store(tmp_path_factory.mktemp("onnx-store"), exported, small_corpus_path)
 
 
 def _torch_vectors(model: Path, queries: list[str], instruction: str | None = None) -> np.ndarray:
@@ -148,7 +116,7 @@ def test_cli_search_on_onnx_never_imports_torch(exported: Path, store: str, caps
     hits = json.loads(lines[0])["hits"]
     assert json.loads(lines[-1]) == {"torch": False, "transformers": False}
     # the same ranking as the torch search path
-    code, out, _ = _cli(
+    code, out, _ = run_cli(
         capsys,
         "search",
         QUERIES[0],
@@ -179,7 +147,7 @@ def test_retriever_from_pretrained_takes_backend(exported: Path, store: str) -> 
 
 
 def test_onnx_without_export_names_the_export_command(tiny_model_dir: Path, store: str, capsys) -> None:
-    code, out, err = _cli(capsys, "search", "感冒", "--model", tiny_model_dir, "--store", store, "--backend", "onnx")
+    code, out, err = run_cli(capsys, "search", "感冒", "--model", tiny_model_dir, "--store", store, "--backend", "onnx")
     assert code != 0 and out == ""
     assert len(err.strip().splitlines()) == 1
     assert f"care-retriever export --model {tiny_model_dir} --backend onnx" in err
@@ -194,7 +162,7 @@ def test_export_of_another_query_tower_is_refused(exported: Path, tmp_path: Path
     other.save_pretrained(tmp_path / "other")
     route = query_route(exported)
     shutil.copytree(exported / route.transformer / "onnx", tmp_path / "other" / route.transformer / "onnx")
-    code, out, err = _cli(
+    code, out, err = run_cli(
         capsys, "search", "感冒", "--model", tmp_path / "other", "--store", store, "--backend", "onnx"
     )
     assert code != 0 and out == ""
@@ -207,7 +175,7 @@ def test_corrupted_onnx_file_is_named(exported: Path, tmp_path: Path, store: str
     shutil.copytree(exported, model)
     bad = model / query_route(model).transformer / "onnx" / ONNX_INT8
     bad.write_bytes(bad.read_bytes()[:2000])
-    code, out, err = _cli(capsys, "search", "感冒", "--model", model, "--store", store, "--backend", "onnx")
+    code, out, err = run_cli(capsys, "search", "感冒", "--model", model, "--store", store, "--backend", "onnx")
     assert code != 0 and out == ""
     assert str(bad) in err and len(err.strip().splitlines()) == 1
 
@@ -224,9 +192,9 @@ def test_leftovers_of_a_killed_export_do_not_invalidate_the_export(exported: Pat
 
 
 def test_export_bad_options_are_one_line_errors(exported: Path, capsys) -> None:
-    code, _, err = _cli(capsys, "export", "--model", exported, "--backend", "tensorrt")
+    code, _, err = run_cli(capsys, "export", "--model", exported, "--backend", "tensorrt")
     assert code != 0 and "Available export backends: ['onnx', 'openvino']" in err
-    code, _, err = _cli(capsys, "export", "--model", exported, "--quantize", "int4")
+    code, _, err = run_cli(capsys, "export", "--model", exported, "--quantize", "int4")
     assert code != 0 and "Available: ['int8', 'none']" in err
 
 
@@ -237,7 +205,7 @@ def test_decoder_query_tower_stays_on_torch(tiny_model_dir: Path, tmp_path: Path
     pair.document_modules[0].save(str(tmp_path / "decoder"))
     symmetric = tmp_path / "symmetric"
     AsymmetricEmbedder.from_towers(str(tmp_path / "decoder"), None, device="cpu").save_pretrained(symmetric)
-    code, out, err = _cli(capsys, "export", "--model", symmetric, "--backend", "onnx")
+    code, out, err = run_cli(capsys, "export", "--model", symmetric, "--backend", "onnx")
     assert code != 0 and out == ""
     error = err.strip().splitlines()[-1]  # after the "Exporting ..." progress line
     assert error.startswith("error:") and "the query tower is a decoder" in error and "--backend torch" in error
