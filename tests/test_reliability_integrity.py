@@ -163,7 +163,10 @@ def test_readers_see_the_published_store_while_a_writer_works(embedder, docs, fa
     assert reader.search("高血压", top_k=10) == before and open_store(f"faiss:{faiss_dir}").count() == len(docs)
     writer.store.finalize()
     assert open_store(f"faiss:{faiss_dir}").count() == len(docs) + 1
-    assert reader.search("高血压", top_k=10) == before  # an open reader keeps its snapshot
+    # published: an open reader moves to the new version (no search mixes the two), as a fresh open answers
+    after = reader.search("高血压", top_k=10)
+    assert after == CareRetriever(f"faiss:{faiss_dir}", embedder).search("高血压", top_k=10)
+    assert "z" in {hit.id for hit in after}
 
 
 # ---------------------------------------------------------------- Qdrant local
