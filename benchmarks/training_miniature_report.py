@@ -197,7 +197,7 @@ def score_run(run: Path, data_dir: Path, rescore: bool = False) -> tuple[dict, b
             for task_name, task in tasks.items():
                 if task_name == STS and (model is not embedder or name == "bm25"):
                     continue  # BM25 gives no sentence embedding; a hybrid's STS is its dense model's
-                if row == short_name(name) and task_name != IMQA:
+                if name in SHORT_DOCUMENTS and row == short_name(name) and task_name != IMQA:
                     continue
                 result = evaluate(model, task, model_name=row, show_progress=True)
                 scores[task_name] = {"main_score": result.main_score, "metrics": result.metrics}

@@ -191,7 +191,8 @@ def test_a_run_scored_before_its_hybrid_row_gains_it_and_keeps_its_dense_scores(
     report, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Only missing rows are scored: a cached dense row stays as it was (a sentinel value here), its
-    missing hybrid row is scored, and the document's load-average line appears only when something was."""
+    missing hybrid and short-document rows and BM25 are scored, and the document's load-average line
+    appears only when something was."""
     import shutil
 
     from tests.test_eval_runner import write_tasks
@@ -205,15 +206,17 @@ def test_a_run_scored_before_its_hybrid_row_gains_it_and_keeps_its_dense_scores(
     (run / "run.json").write_text(json.dumps({"recipe": "x", "seed": 0, "done": [], "reports": []}))
     shutil.copytree(tiny_model_dir, run / "models" / "asymmetric-two-stage")
     sentinel = {task: {"main_score": 0.123} for task in report.TASKS}
-    cached = {"seed": 0, "models": {"bm25": sentinel, "asymmetric-two-stage": sentinel}, "info": {}}
+    cached = {"seed": 0, "models": {"asymmetric-two-stage": sentinel}, "info": {}}
     (run / report.SCORES_FILE).write_text(json.dumps(cached))
     doc, kept = tmp_path / "m.md", tmp_path / "m.json"
 
     report.main(["--run", str(run), "--data-dir", str(data), "--doc", str(doc), "--json", str(kept)])
     models = json.loads(kept.read_text())["seeds"][0]["models"]
-    assert models["asymmetric-two-stage"] == sentinel and models["bm25"] == sentinel
+    assert models["asymmetric-two-stage"] == sentinel
+    assert set(models["bm25"]) == {report.KUAKE_RETRIEVAL, report.IMQA, report.RERANK}  # no sentence embedding
     hybrid = models[hybrid_row()]
     assert set(hybrid) == {report.KUAKE_RETRIEVAL, report.IMQA, report.RERANK}  # a hybrid has no STS row
+    assert set(models[report.short_name("asymmetric-two-stage")]) == {report.IMQA}  # documents cut: im-qa only
     assert 0.0 < hybrid[report.KUAKE_RETRIEVAL]["main_score"] <= 1.0
     assert "load average" in doc.read_text()
 
