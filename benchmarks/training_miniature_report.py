@@ -159,7 +159,7 @@ def score_run(run: Path, data_dir: Path, rescore: bool = False) -> tuple[dict, b
     exports); ``rescore`` scores them all again."""
     cached = run / SCORES_FILE
     state = json.loads((run / "run.json").read_text("utf-8"))
-    entry: dict = {"seed": seed_of(state), "models": {}, "info": {}}
+    entry: dict = {"seed": seed_of(state, run), "models": {}, "info": {}}
     if cached.is_file() and not rescore:
         entry = json.loads(cached.read_text("utf-8"))
     models = models_of(run)
@@ -215,10 +215,13 @@ def score_run(run: Path, data_dir: Path, rescore: bool = False) -> tuple[dict, b
     return entry, True
 
 
-def seed_of(state: dict) -> int:
-    """The seed a run trained with (``--seeds`` runs live in ``seed-<k>`` folders; run.json keeps the recipe)."""
-    source = state.get("source")
+def seed_of(state: dict, run: Path) -> int:
+    """The seed a run trained with: its ``run.json``'s, else its ``seed-<k>`` folder's (``--seeds`` runs
+    before run.json kept the seed), else its recipe file's."""
     seed = state.get("seed")
+    if seed is None and run.name.startswith("seed-") and run.name[5:].isdigit():
+        seed = int(run.name[5:])
+    source = state.get("source")
     if seed is None and source and Path(source).is_file():
         import yaml
 

@@ -239,6 +239,7 @@ def test_seeds_train_one_run_per_seed(data_dir: Path, tmp_path: Path, capsys) ->
     assert code == 0
     states = [json.loads((out / f"seed-{s}" / "run.json").read_text()) for s in (3, 4)]
     assert states[0]["fingerprint"] != states[1]["fingerprint"]
+    assert [state["seed"] for state in states] == [3, 4]  # the report reads each run's own seed
     assert "pretraining compute, document / query tower:" in printed
 
 

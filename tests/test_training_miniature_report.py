@@ -124,6 +124,15 @@ def test_a_model_some_seeds_lack_says_over_how_many_seeds_its_mean_is(report, tm
     assert "| small-symmetric |  |  | 0.5200 ± 0.0200 | 0.7200 ± 0.0200 |" in text
 
 
+def test_a_runs_seed_is_its_own_not_its_recipe_files(report, tmp_path: Path) -> None:
+    """``--seeds`` runs share one recipe file (seed 0): run.json's seed, else the seed-<k> folder's."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("seed: 0\n")
+    assert report.seed_of({"source": str(recipe)}, tmp_path / "seed-2") == 2
+    assert report.seed_of({"source": str(recipe), "seed": 5}, tmp_path / "seed-2") == 5
+    assert report.seed_of({"source": str(recipe)}, tmp_path / "run") == 0
+
+
 class CountingEmbedder:
     """Stands in for a loaded model (the thing under test is the sharing, not the encoding)."""
 

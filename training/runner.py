@@ -330,6 +330,7 @@ def start_run(recipe: Recipe, out: Path, state: RunState, data_dir: Path, device
     state.extra["init_seconds"] = round(time.perf_counter() - started, 2)
     if recipe.model.foundation:
         state.extra["foundation"] = str(foundation_dir(recipe.model.foundation))
+    state.extra["seed"] = recipe.seed  # one of --seeds: the recipe file keeps the first seed only
     state.done = ["init"]
     state.save(out)
     wait_for_everyone()
