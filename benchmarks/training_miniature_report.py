@@ -159,9 +159,12 @@ def score_run(run: Path, data_dir: Path, rescore: bool = False) -> tuple[dict, b
     exports); ``rescore`` scores them all again."""
     cached = run / SCORES_FILE
     state = json.loads((run / "run.json").read_text("utf-8"))
-    entry: dict = {"seed": seed_of(state, run), "models": {}, "info": {}}
+    entry: dict = {"models": {}, "info": {}}
     if cached.is_file() and not rescore:
         entry = json.loads(cached.read_text("utf-8"))
+    # The seed is the run's, never the cache's: scores cached before run.json kept the seed carry the
+    # recipe file's (0 for every --seeds run), which labelled seed-1's scores as a second seed 0.
+    entry["seed"] = seed_of(state, run)
     models = models_of(run)
     if not models and not entry["models"]:
         raise SystemExit(f"{run}: no final model and no exports")
@@ -490,6 +493,9 @@ def main(argv: list[str] | None = None) -> None:
         runs.append({"path": folder, "state": state})
     if not seeds:
         raise SystemExit("nothing to report: give --run folders, --from-json or --convert-legacy")
+    repeated = sorted({e["seed"] for e in seeds if [x["seed"] for x in seeds].count(e["seed"]) > 1})
+    if repeated:
+        raise SystemExit(f"error: seed(s) {repeated} given more than once: a mean over seeds must count each seed once")
     info: dict = {}
     for entry in seeds:  # the first seed that measured a model gives its sizes and speed
         for name, meta in entry.get("info", {}).items():

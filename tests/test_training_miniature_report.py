@@ -133,6 +133,25 @@ def test_a_runs_seed_is_its_own_not_its_recipe_files(report, tmp_path: Path) -> 
     assert report.seed_of({"source": str(recipe)}, tmp_path / "run") == 0
 
 
+def test_a_runs_cached_scores_take_the_runs_seed(report, tmp_path: Path) -> None:
+    """Scores cached before run.json kept the seed say the recipe file's seed (0 for every --seeds run):
+    the report labels them with the run's seed, not the cache's (docs/miniature.json once said 0, 0, 2)."""
+    runs = [synthetic_run(tmp_path / f"seed-{s}", s) for s in range(3)]
+    cached = runs[1] / "miniature_scores.json"
+    cached.write_text(json.dumps({**json.loads(cached.read_text()), "seed": 0}))
+    doc, kept = tmp_path / "m.md", tmp_path / "m.json"
+    report.main(["--run", *map(str, runs), "--doc", str(doc), "--json", str(kept)])
+    assert [e["seed"] for e in json.loads(kept.read_text())["seeds"]] == [0, 1, 2]
+
+
+def test_a_seed_given_twice_is_an_error_not_a_mean(report, tmp_path: Path) -> None:
+    run = synthetic_run(tmp_path / "seed-0", 0)
+    doc, kept = tmp_path / "m.md", tmp_path / "m.json"
+    with pytest.raises(SystemExit, match=r"seed\(s\) \[0\] given more than once"):
+        report.main(["--run", str(run), str(run), "--doc", str(doc), "--json", str(kept)])
+    assert not doc.exists() and not kept.exists()
+
+
 class CountingEmbedder:
     """Stands in for a loaded model (the thing under test is the sharing, not the encoding)."""
 
