@@ -3,6 +3,7 @@
     care-retriever train --recipe miniature-ablations --out runs/ablations --seeds 3
     nice -n 10 python benchmarks/training_miniature_report.py --run runs/ablations/seed-*
     python benchmarks/training_miniature_report.py --from-json docs/miniature.json   # re-render only
+    python benchmarks/training_miniature_report.py --from-json docs/miniature.json --seed-labels 0 1 2
 
 Every model of a run (``final`` and each export under ``models/``) and BM25 go through the
 product's own evaluation harness (``care_retriever.evaluation``, the code behind
@@ -370,7 +371,7 @@ def table(seeds: list[dict], info: dict, models: tuple[str, ...], *, bm25: bool 
     return lines
 
 
-def render(seeds: list[dict], info: dict, runs: list[dict], machine: dict | None, notes: list[str] = ()) -> str:
+def render(seeds: list[dict], info: dict, machine: dict | None, notes: list[str] = ()) -> str:
     n = len(seeds)
     labels = [e.get("label") for e in seeds if e.get("label")] + list(notes)
     lines = [
@@ -408,23 +409,43 @@ def render(seeds: list[dict], info: dict, runs: list[dict], machine: dict | None
     lines += ["", "## Table 5: ablations", "", *table(seeds, info, TABLE5), ""]
     lines += ["## Table 7: score distillation", "", *table(seeds, info, TABLE7), ""]
     lines += ["## Targets (issues 14 and 13, dev halves)", "", *targets(seeds), *hybrid_targets(seeds), ""]
-    for run in runs:
-        lines += stage_times(run)
+    for entry in seeds:
+        if "stage_times" in entry:
+            lines += stage_times(entry["stage_times"])
     return "\n".join(lines)
 
 
-def stage_times(run: dict) -> list[str]:
-    state, folder = run["state"], run["path"]
-    reports = state.get("reports", [])
+def stage_record(folder: Path, state: dict) -> dict:
+    """A run's stage times as the JSON keeps them (so a ``--from-json`` re-render still shows them)."""
     walls = wall_seconds(folder, state)
+    return {
+        "run": str(folder),
+        "init_seconds": float(state.get("init_seconds", 0.0)),
+        "stages": [
+            {
+                "name": report["name"],
+                "steps": report["steps"],
+                "seconds": report["seconds"],
+                "wall_seconds": walls.get(report["name"]),
+                "first_loss": report.get("first_loss"),
+                "last_loss": report.get("last_loss"),
+            }
+            for report in state.get("reports", [])
+        ],
+    }
+
+
+def stage_times(record: dict) -> list[str]:
     lines = [
-        f"Time per stage, `{folder}` (from its `run.json`; training = the optimisation loop, wall = the whole stage):",
+        f"Time per stage, `{record['run']}` (from its `run.json`; training = the optimisation loop, wall = the "
+        "whole stage):",
         "",
         "| stage | steps | training s | wall s | loss first -> last |",
         "|---|---|---|---|---|",
     ]
-    for report in reports:
-        first, last = report.get("first_loss"), report.get("last_loss")
+    walls = {r["name"]: r["wall_seconds"] for r in record["stages"] if r["wall_seconds"] is not None}
+    for report in record["stages"]:
+        first, last = report["first_loss"], report["last_loss"]
         loss = f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else ""
         wall = walls.get(report["name"])
         lines.append(
@@ -432,8 +453,8 @@ def stage_times(run: dict) -> list[str]:
             f"{'' if wall is None else f'{wall:.0f}'} | {loss} |"
         )
     stages = [name for name in miniature_stages() if name in walls]
-    miniature = sum(walls.get(name, 0.0) for name in stages) + float(state.get("init_seconds", 0.0))
-    total = sum(walls.values()) + float(state.get("init_seconds", 0.0))
+    miniature = sum(walls[name] for name in stages) + record["init_seconds"]
+    total = sum(walls.values()) + record["init_seconds"]
     lines += [
         "",
         f"Wall time, all stages: {total / 60:.1f} min; the stages `miniature.yaml` runs: {miniature / 60:.1f} min "
@@ -473,24 +494,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=REPO / "docs" / "miniature.json")
     parser.add_argument("--plot", type=Path, default=None, help="Also draw accuracy vs query speed here.")
     parser.add_argument("--from-json", type=Path, default=None, help="Re-render from a miniature.json.")
+    parser.add_argument(
+        "--seed-labels",
+        type=int,
+        nargs="+",
+        default=None,
+        help="With --from-json: the seed of each of its entries, in order (a file written before the report took "
+        "a run's seed from its run.json labelled seed-1 as a second 0).",
+    )
     parser.add_argument("--convert-legacy", type=Path, default=None, help="Single-seed JSON to keep as seed 0.")
     parser.add_argument("--rescore", action="store_true", help="Score the runs again (ignore their cached scores).")
     parser.add_argument("--note", action="append", default=[], help="A line for the top of the document.")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[1]
     seeds: list[dict] = []
-    runs: list[dict] = []
+    if args.seed_labels is not None and not args.from_json:
+        parser.error("--seed-labels relabels the entries of --from-json: give --from-json")
     if args.from_json:
         seeds = json.loads(args.from_json.read_text("utf-8"))["seeds"]
+        if args.seed_labels is not None:
+            if len(args.seed_labels) != len(seeds):
+                raise SystemExit(
+                    f"error: --seed-labels gives {len(args.seed_labels)} seed(s); {args.from_json} holds {len(seeds)}"
+                )
+            seeds = [{**entry, "seed": seed} for entry, seed in zip(seeds, args.seed_labels, strict=True)]
     if args.convert_legacy:
         seeds.append(convert_legacy(args.convert_legacy))
     scored = False
     for folder in args.run:
         state = json.loads((folder / "run.json").read_text("utf-8"))
         entry, fresh = score_run(folder, args.data_dir, args.rescore)
+        entry["stage_times"] = stage_record(folder, state)
         seeds.append(entry)
         scored |= fresh
-        runs.append({"path": folder, "state": state})
     if not seeds:
         raise SystemExit("nothing to report: give --run folders, --from-json or --convert-legacy")
     repeated = sorted({e["seed"] for e in seeds if [x["seed"] for x in seeds].count(e["seed"]) > 1})
@@ -508,8 +544,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     args.doc.parent.mkdir(parents=True, exist_ok=True)
     # the load average describes this call's scoring: none when every score came from the runs' caches
-    args.doc.write_text(render(seeds, info, runs, machine if scored else None, args.note), encoding="utf-8")
-    kept = {"seeds": [{k: e[k] for k in ("seed", "label", "models", "info") if k in e} for e in seeds]}
+    args.doc.write_text(render(seeds, info, machine if scored else None, args.note), encoding="utf-8")
+    kept = {"seeds": [{k: e[k] for k in ("seed", "label", "models", "info", "stage_times") if k in e} for e in seeds]}
     args.json.write_text(json.dumps(kept, indent=2, ensure_ascii=False), encoding="utf-8")
     if args.plot:
         write_plot(args.plot, seeds[0], info)

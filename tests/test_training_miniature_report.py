@@ -152,6 +152,34 @@ def test_a_seed_given_twice_is_an_error_not_a_mean(report, tmp_path: Path) -> No
     assert not doc.exists() and not kept.exists()
 
 
+def test_seed_labels_correct_a_saved_file_that_named_one_seed_twice(report, tmp_path: Path) -> None:
+    runs = [str(synthetic_run(tmp_path / f"seed-{s}", s)) for s in range(3)]
+    saved, doc, kept = tmp_path / "saved.json", tmp_path / "m.md", tmp_path / "m.json"
+    report.main(["--run", *runs, "--doc", str(doc), "--json", str(saved)])
+    broken = json.loads(saved.read_text())
+    broken["seeds"][1]["seed"] = 0  # what the report wrote before a run's seed came from its run.json
+    saved.write_text(json.dumps(broken))
+    with pytest.raises(SystemExit, match=r"seed\(s\) \[0\] given more than once"):
+        report.main(["--from-json", str(saved), "--doc", str(doc), "--json", str(kept)])
+    with pytest.raises(SystemExit, match="--seed-labels gives 2 seed"):
+        report.main(["--from-json", str(saved), "--seed-labels", "0", "1", "--doc", str(doc), "--json", str(kept)])
+    report.main(["--from-json", str(saved), "--seed-labels", "0", "1", "2", "--doc", str(doc), "--json", str(kept)])
+    seeds = json.loads(kept.read_text())["seeds"]
+    assert [e["seed"] for e in seeds] == [0, 1, 2]
+    assert seeds[1]["models"] == broken["seeds"][1]["models"]  # relabelled, scores untouched
+    assert "from 3 seed(s) (0, 1, 2)" in doc.read_text()
+
+
+def test_a_re_render_from_the_json_keeps_each_runs_stage_times(report, tmp_path: Path) -> None:
+    runs = [str(synthetic_run(tmp_path / f"seed-{s}", s)) for s in range(3)]
+    doc, kept, again = tmp_path / "m.md", tmp_path / "m.json", tmp_path / "again.md"
+    report.main(["--run", *runs, "--doc", str(doc), "--json", str(kept)])
+    report.main(["--from-json", str(kept), "--doc", str(again), "--json", str(tmp_path / "again.json")])
+    text = again.read_text()
+    assert text.count("| stage0-query | 10 | 60 | 61 | 2.000 -> 1.000 |") == 3
+    assert f"Time per stage, `{runs[1]}`" in text
+
+
 class CountingEmbedder:
     """Stands in for a loaded model (the thing under test is the sharing, not the encoding)."""
 
