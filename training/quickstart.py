@@ -157,6 +157,7 @@ def run_quickstart(
             f"loss {report['first_loss']:.3f} -> {report['last_loss']:.3f}"
         )
     model_dir = out / "model"
+    assert result.final is not None, "the quickstart trains every stage of its recipe, so the final one too"
     shutil.copytree(result.final, model_dir)
     store_spec = f"faiss:{out / 'index'}"
     echo(f"[3/5] Indexing {len(sample.corpus)} passages into {store_spec}")
