@@ -17,7 +17,8 @@ MAP@10. The gap-closure ratio is (asymmetric - small) / (large - small) on the s
 defined only when the large symmetric model is the better one. The asymmetric model is also scored on
 im-qa with its documents cut to 64 tokens (the old recipes' max_length): issue 14's "its im-qa score
 rises with the longer documents", measured on the same model. ``docs/miniature.json`` keeps every
-seed as ``{"seeds": [{"seed": 0, "models": {name: {task: {"main_score": x}}}}]}``.
+seed as ``{"seeds": [{"seed": 0, "models": {name: {task: {"main_score": x}}}}]}`` (plus each run's
+``stage_times``, so ``--from-json`` re-renders the stage tables too).
 """
 
 from __future__ import annotations
@@ -447,7 +448,7 @@ def stage_times(record: dict) -> list[str]:
     for report in record["stages"]:
         first, last = report["first_loss"], report["last_loss"]
         loss = f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else ""
-        wall = walls.get(report["name"])
+        wall = report["wall_seconds"]
         lines.append(
             f"| {report['name']} | {report['steps']} | {report['seconds']:.0f} | "
             f"{'' if wall is None else f'{wall:.0f}'} | {loss} |"
