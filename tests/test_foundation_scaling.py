@@ -46,3 +46,48 @@ def test_table_states_the_pretraining_gain(scaling) -> None:
     text = scaling.render(rows)
     assert "| document | foundation | 10.00M | 2.00M | 2.00e+13 | 0.5000 | 0.8400 | 0.6700 |" in text
     assert "- document tower: retrieval +0.1000, rerank +0.0400, Avg +0.0700" in text
+
+
+@pytest.fixture(scope="module")
+def curve():
+    return load_script(SCRIPT.with_name("document_scaling.py"))
+
+
+def test_a_curve_point_is_the_foundations_causal_lm_stage_at_its_depth_and_epochs(curve) -> None:
+    foundation = load_recipe("miniature-foundation")
+    (expected,) = [s for s in foundation.stages if s.name == curve.CLM_STAGE]
+    point = parse_recipe(curve.pretraining_recipe(2, 0.5))
+    (stage,) = point.stages
+    assert stage.args == {**expected.args, "num_train_epochs": 0.5}
+    assert (stage.name, stage.type, stage.datasets) == (expected.name, expected.type, expected.datasets)
+    assert point.model.document_config == {"num_hidden_layers": 2}
+    assert point.model.query_config is None
+    assert (point.model.preset, point.model.vocab_from) == (foundation.model.preset, foundation.model.vocab_from)
+    assert point.datasets == foundation.datasets and point.seed == foundation.seed
+
+
+def test_the_curve_fits_avg_on_log_compute_and_extrapolates_the_target(curve) -> None:
+    def row(layers: int, tokens: float, avg: float, seconds: float | None = None) -> dict:
+        scores = {"kuake-qtr-retrieval": avg, "kuake-qtr-rerank": avg}
+        return {"layers": layers, "epochs": 1.0, "parameters": 1e6, "tokens": tokens, "pretraining_seconds": seconds,
+                "model": "m", "source": "s", "scores": scores}  # fmt: skip
+
+    # Avg = 0.1 + 0.05 log10(compute) exactly: compute 1e12 -> 0.70, 1e13 -> 0.75, 1e14 -> 0.80
+    rows = [row(1, 0, 0.6), row(1, 1e6, 0.70, 100.0), row(2, 1e7, 0.75, 1000.0), row(2, 1e8, 0.80)]
+    a, b = curve.log_fit(rows)
+    assert a == pytest.approx(0.1) and b == pytest.approx(0.05)
+    small = {"tower": "query", "start": "random", "scores": {"kuake-qtr-retrieval": 0.82, "kuake-qtr-rerank": 0.82}}
+    text = curve.render(rows, small, "curve.png")
+    assert "Avg = 0.1000 + 0.0500 x log10(compute), i.e. +0.0500 Avg per 10x compute" in text
+    # target 0.85 -> compute 10^15, 10x the largest point; 1e-10 s per unit of compute -> ~28 hours
+    assert "the target needs ~1.0e+15 compute, 10x the largest point, ~28 hours" in text
+    assert "| 2 | 1.00M | 1 | 100.00M | 1.00e+14 |  | 0.8000 | 0.8000 | 0.8000 | s |" in text
+    assert curve.log_fit(rows[:3]) is None  # two pretrained points: no fit
+
+
+@pytest.mark.parametrize("bad", ["2", "x:1", "0:1", "2:0"])
+def test_a_bad_curve_point_is_a_one_line_error(curve, bad: str) -> None:
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="point"):
+        curve.parse_point(bad)

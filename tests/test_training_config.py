@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -333,3 +334,37 @@ def test_max_rows_caps_every_data_set_format(fmt: str, tmp_path: Path) -> None:
     else:
         assert pairs.extra_queries == ["回答1", "回答3", "回答5"]
         assert pairs.extra_documents == ["回答0", "回答2", "回答4"]
+
+
+def test_a_presets_architecture_is_overridden_per_tower(data_dir: Path) -> None:
+    from care_retriever.training.lora import transformer_of
+    from care_retriever.training.recipe import parse_recipe
+    from care_retriever.training.runner import initial_model
+
+    raw = pretraining_recipe()
+    raw["model"] = {**raw["model"], "document_config": {"num_hidden_layers": 1}, "query_config": {"hidden_size": 16}}
+    recipe = parse_recipe(raw)
+    embedder = initial_model(recipe.model, recipe, data_dir, seed=0, device="cpu")
+    document = transformer_of(embedder.document_modules).auto_model.config
+    query = transformer_of(embedder.query_modules).auto_model.config
+    # tiny: a 2-layer decoder, a 32-wide BERT; the keys not overridden keep the preset's values
+    assert (document.num_hidden_layers, document.hidden_size) == (1, 48)
+    assert (query.hidden_size, query.num_hidden_layers) == (16, 2)
+    assert embedder.config.document.base_model == 'random:tiny{"num_hidden_layers": 1}'
+    assert embedder.config.query.base_model == 'random:tiny{"hidden_size": 16}'
+
+
+@pytest.mark.parametrize(
+    ("model", "needle"),
+    [
+        ({"preset": "tiny", "document_config": {"num_layers": 1}}, "Qwen3Config has no key(s) ['num_layers']"),
+        ({"preset": "tiny", "query_config": {"layers": 1}}, "BertConfig has no key(s) ['layers']"),
+        ({"path": "models/x", "document_config": {"num_hidden_layers": 1}}, "give model.preset"),
+    ],
+)
+def test_an_architecture_override_that_would_be_ignored_is_an_error(model: dict, needle: str) -> None:
+    from care_retriever.training.recipe import parse_recipe
+
+    raw = {"name": "r", "model": model, "datasets": {"pairs": "pairs.jsonl"}, "stages": [{"name": "c", "type": "clm"}]}
+    with pytest.raises(InputError, match=re.escape(needle)):
+        parse_recipe(raw)

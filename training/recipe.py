@@ -61,6 +61,10 @@ class ModelSpec:
 
     preset: str | None = None
     vocab_from: list[str] = field(default_factory=list)
+    # Keys of the preset's architecture replaced (with ``preset`` only), e.g. a scaling curve's decoder
+    # depth: ``document_config: {num_hidden_layers: 2}``.
+    query_config: dict[str, Any] | None = None
+    document_config: dict[str, Any] | None = None
     path: str | None = None
     # A finished ``miniature-foundation`` run folder (or its ``final``): language-model-pretrained towers.
     foundation: str | None = None
@@ -354,6 +358,16 @@ def _model(raw: Any, source: str) -> ModelSpec:
             raise InputError(f"{source}: model.preset {spec.preset!r} unknown; available: {sorted(PRESETS)}")
         if isinstance(spec.vocab_from, str):
             spec.vocab_from = [spec.vocab_from]
+        from transformers import BertConfig, Qwen3Config
+
+        from care_retriever.towers.scratch import check_architecture
+
+        check_architecture(BertConfig, spec.query_config, f"{source}: model.query_config")
+        check_architecture(Qwen3Config, spec.document_config, f"{source}: model.document_config")
+    elif spec.query_config or spec.document_config:
+        raise InputError(
+            f"{source}: model.query_config / model.document_config change a preset's towers; give model.preset"
+        )
     if spec.dim is not None and (not isinstance(spec.dim, int) or spec.dim < 1):
         raise InputError(f"{source}: model.dim must be a positive integer")
     from care_retriever.towers.modules import POOLING_MODES

@@ -103,7 +103,14 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
         from care_retriever.towers.scratch import init_from_scratch
 
         logger.info("Training tokenizers and building a random %r model ...", spec.preset)
-        embedder = init_from_scratch(spec.preset, vocab_files(recipe, data_dir), seed=seed, device=device)
+        embedder = init_from_scratch(
+            spec.preset,
+            vocab_files(recipe, data_dir),
+            seed=seed,
+            device=device,
+            query_config=spec.query_config,
+            document_config=spec.document_config,
+        )
     elif spec.path or spec.foundation:
         folder = spec.path or foundation_dir(spec.foundation)
         embedder = AsymmetricEmbedder.from_pretrained(folder, load="both", device=device, dtype="fp32")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import BertConfig, BertModel, Qwen3Config, Qwen3Model
@@ -44,9 +45,24 @@ def iter_vocab_texts(files: Sequence[str | Path]) -> Iterator[str]:
                     yield line
 
 
-def build_random_towers(preset: str, texts: Iterable[str], out_dir: str | Path, seed: int = 0) -> tuple[Path, Path]:
-    """Write a random BERT query tower and a random Qwen3-style decoder tower as HF folders."""
+def build_random_towers(
+    preset: str,
+    texts: Iterable[str],
+    out_dir: str | Path,
+    seed: int = 0,
+    *,
+    query_config: Mapping[str, Any] | None = None,
+    document_config: Mapping[str, Any] | None = None,
+) -> tuple[Path, Path]:
+    """Write a random BERT query tower and a random Qwen3-style decoder tower as HF folders.
+
+    ``query_config`` / ``document_config`` replace keys of the preset's architecture (a scaling curve's
+    deeper or shallower decoder, say); a key the model's configuration does not have is an error, since
+    ``transformers`` configurations would keep an unknown key silently and build the preset's shape.
+    """
     spec = get_preset(preset)
+    query_shape = {**spec.query, **check_architecture(BertConfig, query_config, "query_config")}
+    document_shape = {**spec.document, **check_architecture(Qwen3Config, document_config, "document_config")}
     texts = list(texts)
     if not texts:
         raise InputError("--vocab-from: no text found to train the tokenizers on")
@@ -58,7 +74,7 @@ def build_random_towers(preset: str, texts: Iterable[str], out_dir: str | Path, 
         vocab_size=max(spec.query_vocab_size or 0, len(q_tok)),
         max_position_embeddings=512,
         pad_token_id=q_tok.pad_token_id,
-        **spec.query,
+        **query_shape,
     )
     d_cfg = Qwen3Config(
         vocab_size=max(spec.document_vocab_size or 0, len(d_tok)),
@@ -67,7 +83,7 @@ def build_random_towers(preset: str, texts: Iterable[str], out_dir: str | Path, 
         eos_token_id=d_tok.eos_token_id,
         bos_token_id=None,
         tie_word_embeddings=True,
-        **spec.document,
+        **document_shape,
     )
     q_dir, d_dir = out / "query", out / "document"
     BertModel(q_cfg).save_pretrained(q_dir)
@@ -77,14 +93,47 @@ def build_random_towers(preset: str, texts: Iterable[str], out_dir: str | Path, 
     return q_dir, d_dir
 
 
-def init_from_scratch(preset: str, vocab_files: Sequence[str | Path], seed: int = 0, device: str | None = None):
-    """An ``AsymmetricEmbedder`` of the given preset with random weights."""
+def check_architecture(config_class: type, overrides: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """``overrides`` as a dict, each key checked to be an attribute of ``config_class``."""
+    if not overrides:
+        return {}
+    if not isinstance(overrides, Mapping):
+        raise InputError(f"{where}: expected a mapping of {config_class.__name__} keys")
+    defaults = config_class()
+    unknown = sorted(key for key in overrides if not hasattr(defaults, key))
+    if unknown:
+        raise InputError(f"{where}: {config_class.__name__} has no key(s) {unknown}")
+    return dict(overrides)
+
+
+def init_from_scratch(
+    preset: str,
+    vocab_files: Sequence[str | Path],
+    seed: int = 0,
+    device: str | None = None,
+    *,
+    query_config: Mapping[str, Any] | None = None,
+    document_config: Mapping[str, Any] | None = None,
+):
+    """An ``AsymmetricEmbedder`` of the given preset (with its architecture overrides) and random weights."""
     from care_retriever.embedder import AsymmetricEmbedder
 
     with tempfile.TemporaryDirectory(prefix="care-init-") as tmp:
-        q_dir, d_dir = build_random_towers(preset, iter_vocab_texts(vocab_files), tmp, seed=seed)
+        q_dir, d_dir = build_random_towers(
+            preset,
+            iter_vocab_texts(vocab_files),
+            tmp,
+            seed=seed,
+            query_config=query_config,
+            document_config=document_config,
+        )
         embedder = AsymmetricEmbedder.from_towers(str(q_dir), str(d_dir), device=device, preset=preset)
         # Weights are in memory now; base_model paths pointed at the temp dir.
-        embedder.config.query.base_model = f"random:{preset}"
-        embedder.config.document.base_model = f"random:{preset}"
+        embedder.config.query.base_model = random_model_name(preset, query_config)
+        embedder.config.document.base_model = random_model_name(preset, document_config)
     return embedder
+
+
+def random_model_name(preset: str, overrides: Mapping[str, Any] | None) -> str:
+    """What a saved model says its random tower was: ``random:mini``, or ``random:mini{"num_hidden_layers": 2}``."""
+    return f"random:{preset}" + (json.dumps(dict(overrides), sort_keys=True) if overrides else "")
