@@ -7,14 +7,16 @@ document tower with the miniature foundation's causal-LM stage (``miniature-foun
 ``clm-document``: its data, tokenizer, batch, learning rate and seed; the stage is read from the recipe,
 not copied) at that depth (the ``mini`` decoder's width, vocabulary and tied embedding table, fewer
 layers) for that many epochs, then gives it ``miniature-ablations.yaml``'s Stage 0 and scores it on both
-sides, exactly as the document rows of ``foundation_scaling.py`` (whose functions this reuses). Those
-rows (random weights; the foundation itself, 6 layers x 2.5 epochs) are read from
-``docs/foundation_scaling.json`` as anchors, so a curve costs only its new points.
+sides, exactly as the document rows of ``foundation_scaling.py`` (whose functions this reuses). The curve
+also trains both towers from random weights through the same Stage 0 (zero tokens; the small tower as a
+reference line) and takes the miniature foundation itself (6 layers, 2.5 epochs: 87 minutes) from the
+published files instead of pretraining it again: its figures from ``docs/foundation_scaling.json``, its
+scores from seed 0's ``large-symmetric`` in ``docs/miniature.json`` (the same tower through today's Stage 0).
 
-The measure is issue 14's: Avg = mean of kuake-qtr retrieval nDCG@10 and rerank MAP@10. The target line
-is the random-weight small (query) tower's Avg from the same file + 0.03. A log-linear fit of Avg on
-compute (parameters x tokens) over the pretrained points says how far that target is, in compute and in
-hours of this machine at the points' own measured speed: an extrapolation, stated as one.
+The measure is issue 14's: Avg = mean of kuake-qtr retrieval nDCG@10 and rerank MAP@10; the target is
+seed 0's small-symmetric + 0.03. A log-linear fit of Avg on compute (parameters x tokens) over the
+pretrained points says how far that target is, in compute and in hours of this machine at the points'
+own measured speed: an extrapolation, stated as one.
 
 Every point is its own resumable run under ``--out`` (an interrupted curve continues where it stopped) and
 its scores are kept there, so a re-render costs seconds.
@@ -38,8 +40,12 @@ import foundation_scaling as fs  # the sibling script: one definition of Stage 0
 
 REPO = Path(__file__).resolve().parents[1]
 CLM_STAGE = "clm-document"
-ANCHORS = REPO / "docs" / "foundation_scaling.json"
+FOUNDATION_JSON = REPO / "docs" / "foundation_scaling.json"
+MINIATURE_JSON = REPO / "docs" / "miniature.json"
+SMALL_SYMMETRIC = "small-symmetric: the foundation's query tower"
 TARGET_MARGIN = 0.03  # issue 14: large-symmetric >= small-symmetric + 0.03 on Avg
+# The `mini` decoder's depth, width and feed-forward size on a BERT (6 heads of 64, like the decoder's queries).
+LARGE_BERT = {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 6, "intermediate_size": 1024}
 DEFAULT_POINTS = ("6:0.25", "2:0.25", "1:0.25", "6:0.75", "2:1.0")
 
 
@@ -110,27 +116,66 @@ def measure_point(layers: int, epochs: float, out: Path, data_dir: Path) -> dict
     }
 
 
-def anchor_rows(path: Path) -> tuple[list[dict], dict | None]:
-    """The document rows of docs/foundation_scaling.json as curve points, and its random query-tower row."""
-    if not path.is_file():
-        return [], None
-    rows = json.loads(path.read_text("utf-8"))["rows"]
-    document = [
-        {
-            "layers": 6,
-            "epochs": None,
-            "parameters": row["parameters"],
-            "tokens": row.get("tokens", 0),
-            "pretraining_seconds": None,
-            "model": row["model"],
-            "scores": row["scores"],
-            "source": f"{path.name} ({'random weights' if row['start'] == 'random' else 'the miniature foundation'})",
-        }
-        for row in rows
-        if row["tower"] == "document"
-    ]
-    small = next((r for r in rows if r["tower"] == "query" and r["start"] == "random"), None)
-    return document, small
+def foundation_point(scaling_json: Path, miniature_json: Path) -> dict | None:
+    """The miniature foundation's decoder (6 layers, the recipe's epochs) as a curve point.
+
+    Its pretraining figures are the foundation run's own (``foundation_scaling.json``); its scores are seed 0's
+    ``large-symmetric`` in ``miniature.json``: the same tower through the current Stage 0 (the scores in
+    ``foundation_scaling.json`` predate the Stage 0 length buckets, so they are not used next to these points).
+    """
+    if not (scaling_json.is_file() and miniature_json.is_file()):
+        return None
+    pretrained = next(
+        r for r in json.loads(scaling_json.read_text("utf-8"))["rows"] if r["tower"] == "document" and r["tokens"]
+    )
+    scores = seed0_scores(miniature_json, "large-symmetric")
+    recipe = yaml.safe_load((fs.RECIPES / "miniature-foundation.yaml").read_text("utf-8"))
+    (stage,) = [s for s in recipe["stages"] if s["name"] == CLM_STAGE]
+    return {
+        "layers": 6,
+        "epochs": stage["args"]["num_train_epochs"],
+        "parameters": pretrained["parameters"],
+        "tokens": pretrained["tokens"],
+        "pretraining_seconds": None,
+        "model": "runs/ablations-v3/seed-0/models/large-symmetric",
+        "scores": scores,
+        "source": "the miniature foundation (miniature.json, seed 0, large-symmetric)",
+    }
+
+
+def seed0_scores(miniature_json: Path, model: str) -> dict[str, float]:
+    seeds = json.loads(miniature_json.read_text("utf-8"))["seeds"]
+    found = next(s for s in seeds if s["seed"] == 0)["models"][model]
+    return {task: found[task]["main_score"] for task in fs.TASKS}
+
+
+def random_row(
+    tower: str, out: Path, data_dir: Path, render_only: bool, architecture: dict | None = None, name: str = ""
+) -> dict | None:
+    """A tower from random weights through the same Stage 0 (the curve's zero-token point, and references)."""
+    folder = out / f"{tower}-random{name}"
+    if render_only and not (folder / fs.SCORES_FILE).is_file():
+        return None
+    model = fs.train(tower, None, folder, architecture)
+    return {
+        "layers": 6 if tower == "document" else None,
+        "epochs": 0,
+        "parameters": tower_parameters(model),
+        "tokens": 0,
+        "pretraining_seconds": None,
+        "model": str(model),
+        "scores": fs.score(model, data_dir, folder / fs.SCORES_FILE),
+        "source": "random weights (this script)",
+    }
+
+
+def tower_parameters(model_dir: Path) -> int:
+    """Parameters of a symmetric export's tower (its query route: the same tower as its document route)."""
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.training.lora import transformer_of
+
+    embedder = AsymmetricEmbedder.from_pretrained(str(model_dir), load="query")
+    return sum(p.numel() for p in transformer_of(embedder.query_modules).auto_model.parameters())
 
 
 def avg(row: dict) -> float:
@@ -162,7 +207,9 @@ def seconds_per_compute(rows: list[dict]) -> float | None:
     return rates[len(rates) // 2] if rates else None
 
 
-def render(rows: list[dict], small: dict | None, plot: str | None) -> str:
+def render(rows: list[dict], references: dict[str, dict], plot: str | None) -> str:
+    """The curve's table, its references and what the fit says. ``references``: label -> a row with scores;
+    ``SMALL_SYMMETRIC`` among them sets the target."""
     rows = sorted(rows, key=lambda r: (compute(r), r["layers"]))
     lines = [
         "# The document tower against its pretraining tokens and size",
@@ -171,10 +218,11 @@ def render(rows: list[dict], small: dict | None, plot: str | None) -> str:
         "does not beat small-symmetric). Each point pretrains the miniature's decoder document tower with the "
         "foundation's causal-LM stage (`miniature-foundation.yaml`, `clm-document`: same data, tokenizer, batch, "
         "learning rate, seed) at the given depth (the `mini` decoder's 384 width and 8k-token tied embeddings, "
-        "fewer layers) and epochs (one epoch = one pass over the 83,788 pretraining and the training texts), then "
-        "trains it with `miniature-ablations.yaml`'s Stage 0 and scores it on both sides on the kuake-qtr dev halves "
-        "(Avg = mean of retrieval nDCG@10 and rerank MAP@10, issue 14's measure). One seed (0) a point: Stage 0's "
-        "seed-to-seed spread of this tower's Avg is ~0.007 (docs/miniature.md, large-symmetric).",
+        "fewer layers) and epochs (one epoch = one pass over the 83,788 pretraining texts and the training texts, "
+        "about 3.0M tokens), then trains it with `miniature-ablations.yaml`'s Stage 0 and scores it on both sides "
+        "on the kuake-qtr dev halves (Avg = mean of retrieval nDCG@10 and rerank MAP@10, issue 14's measure). "
+        "One seed (0) a point: the seed-to-seed spread of this tower's Avg is ~0.007 (docs/miniature.md, "
+        "large-symmetric). Pretraining minutes: wall time on this machine's 2 cores, nice 10.",
         "",
         "| layers | parameters | epochs | pretraining tokens | compute | pretraining min | kuake-qtr-retrieval "
         "| kuake-qtr-rerank | Avg | source |",
@@ -182,20 +230,30 @@ def render(rows: list[dict], small: dict | None, plot: str | None) -> str:
     ]
     for row in rows:
         minutes = row.get("pretraining_seconds")
-        epochs = "" if row["epochs"] is None else f"{row['epochs']:g}"
         lines.append(
-            f"| {row['layers']} | {row['parameters'] / 1e6:.2f}M | {epochs} | {row['tokens'] / 1e6:.2f}M | "
+            f"| {row['layers']} | {row['parameters'] / 1e6:.2f}M | {row['epochs']:g} | {row['tokens'] / 1e6:.2f}M | "
             f"{compute(row):.2e} | {'' if not minutes else f'{minutes / 60:.1f}'} | "
             f"{row['scores'][fs.TASKS[0]]:.4f} | {row['scores'][fs.TASKS[1]]:.4f} | {avg(row):.4f} | {row['source']} |"
         )
+    if references:
+        lines += [
+            "",
+            "| reference (seed 0, same Stage 0) | kuake-qtr-retrieval | kuake-qtr-rerank | Avg |",
+            "|---|---|---|---|",
+        ]
+        for label, ref in references.items():
+            lines.append(
+                f"| {label} | {ref['scores'][fs.TASKS[0]]:.4f} | {ref['scores'][fs.TASKS[1]]:.4f} | {avg(ref):.4f} |"
+            )
     if plot:
         lines += ["", f"![Avg against pretraining compute]({plot})"]
     lines += ["", "## What the curve says", ""]
-    if small is not None:
+    small = references.get(SMALL_SYMMETRIC)
+    if small is not None and rows:
         target = avg(small) + TARGET_MARGIN
         lines.append(
-            f"- Target (issue 14): the document tower's Avg >= the random-weight small tower's {avg(small):.4f} "
-            f"+ {TARGET_MARGIN} = {target:.4f} (`foundation_scaling.json`, same Stage 0, seed 0)."
+            f"- Target (issue 14): the document tower's Avg >= small-symmetric's {avg(small):.4f} + {TARGET_MARGIN} "
+            f"= {target:.4f}."
         )
         best = max(rows, key=avg)
         lines.append(
@@ -217,7 +275,7 @@ def render(rows: list[dict], small: dict | None, plot: str | None) -> str:
                 largest = max(compute(r) for r in rows)
                 lines.append(
                     f"- Extrapolated (not measured): the target needs ~{needed:.1e} compute, {needed / largest:,.0f}x "
-                    f"the largest point{hours} (measured speed of the timed points), against the foundation "
+                    f"the largest point{hours} (median measured speed of the timed points), against the foundation "
                     "recipe's budget of 3 hours."
                 )
             else:
@@ -225,28 +283,31 @@ def render(rows: list[dict], small: dict | None, plot: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw(rows: list[dict], small: dict | None, path: Path) -> None:
+def draw(rows: list[dict], references: dict[str, dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for layers in sorted({r["layers"] for r in rows}):
         own = sorted((r for r in rows if r["layers"] == layers and r["tokens"] > 0), key=compute)
         if own:
-            ax.plot([compute(r) for r in own], [avg(r) for r in own], "o-", label=f"{layers} layers, pretrained")
+            ax.plot([compute(r) for r in own], [avg(r) for r in own], "o-", label=f"decoder, {layers} layers")
     for row in rows:
         if row["tokens"] == 0:
-            ax.axhline(avg(row), color="grey", linestyle=":", label="6 layers, random weights")
-    if small is not None:
-        ax.axhline(avg(small), color="tab:green", linestyle="--", label="small tower, random weights")
-        ax.axhline(avg(small) + TARGET_MARGIN, color="tab:red", linestyle="--", label="target: small + 0.03")
+            ax.axhline(avg(row), color="grey", linestyle=":", label=f"decoder, {row['layers']} layers, no pretraining")
+    styles = iter([("tab:green", "--"), ("tab:olive", "-.")])
+    for label, ref in references.items():
+        color, style = next(styles, ("tab:gray", "--"))
+        ax.axhline(avg(ref), color=color, linestyle=style, label=label)
+    if SMALL_SYMMETRIC in references:
+        ax.axhline(avg(references[SMALL_SYMMETRIC]) + TARGET_MARGIN, color="tab:red", linestyle="--", label="target")
     ax.set_xscale("log")
     ax.set_xlabel("pretraining compute (parameters x tokens)")
     ax.set_ylabel("Avg (kuake-qtr nDCG@10, MAP@10)")
     ax.set_title("Document tower after Stage 0, by pretraining compute")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -259,25 +320,46 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--data-dir", type=Path, default=Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data"))
     )
-    parser.add_argument("--anchors", type=Path, default=ANCHORS)
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "document_scaling.md")
     parser.add_argument(
         "--render-only", action="store_true", help="Render the points already measured under --out; train nothing."
     )
     args = parser.parse_args(argv)
-    anchors, small = anchor_rows(args.anchors)
-    rows = list(anchors)
+    references: dict[str, dict] = {}
+    rows: list[dict] = []
+    if MINIATURE_JSON.is_file():
+        references[SMALL_SYMMETRIC] = {"scores": seed0_scores(MINIATURE_JSON, "small-symmetric")}
+    foundation = foundation_point(FOUNDATION_JSON, MINIATURE_JSON)
+    if foundation is not None:
+        rows.append(foundation)
+
+    def write() -> None:
+        # After every point: an interrupted curve still leaves its measured points in docs/.
+        plot = args.doc.with_suffix(".png")
+        draw(rows, references, plot)
+        args.doc.write_text(render(rows, references, plot.name), "utf-8")
+        args.doc.with_suffix(".json").write_text(
+            json.dumps({"rows": rows, "references": references}, indent=2), "utf-8"
+        )
+        print(f"wrote {args.doc}", flush=True)
+
+    for tower in ("query", "document"):
+        row = random_row(tower, args.out, args.data_dir, args.render_only)
+        if row is not None and tower == "document":
+            rows.append(row)
+        elif row is not None:
+            references["small tower (BERT), random weights"] = row
+    # Is it the decoder, or size? A BERT query tower with the decoder's depth and width, from random weights.
+    wide = random_row("query", args.out, args.data_dir, args.render_only, LARGE_BERT, name="-large-bert")
+    if wide is not None:
+        references[f"BERT at the decoder's size ({wide['parameters'] / 1e6:.1f}M), random weights"] = wide
     for layers, epochs in args.points:
         scores = args.out / point_name(layers, epochs) / "stage0" / fs.SCORES_FILE
         if args.render_only and not scores.is_file():
             continue
         rows.append(measure_point(layers, epochs, args.out, args.data_dir))
-        # Written after every point: an interrupted curve still leaves its measured points in docs/.
-        plot = args.doc.with_suffix(".png")
-        draw(rows, small, plot)
-        args.doc.write_text(render(rows, small, plot.name), "utf-8")
-        args.doc.with_suffix(".json").write_text(json.dumps({"rows": rows}, indent=2), "utf-8")
-        print(f"wrote {args.doc}", flush=True)
+        write()
+    write()
 
 
 if __name__ == "__main__":

@@ -37,8 +37,10 @@ TOWERS = {
 SCORES_FILE = "scaling_scores.json"
 
 
-def one_stage_recipe(tower: str, foundation: Path | None) -> dict:
-    """miniature-ablations.yaml cut to one tower's Stage 0, from the foundation or (None) random weights."""
+def one_stage_recipe(tower: str, foundation: Path | None, architecture: dict | None = None) -> dict:
+    """miniature-ablations.yaml cut to one tower's Stage 0, from the foundation or (None) random weights;
+    ``architecture`` replaces keys of the random tower's preset shape (``model.query_config`` /
+    ``document_config``)."""
     recipe = yaml.safe_load((RECIPES / "miniature-ablations.yaml").read_text("utf-8"))
     stage_name = TOWERS[tower][0]
     recipe["stages"] = [s for s in recipe["stages"] if s["name"] == stage_name]
@@ -49,20 +51,24 @@ def one_stage_recipe(tower: str, foundation: Path | None) -> dict:
     if foundation is None:
         vocab = yaml.safe_load((RECIPES / "miniature-foundation.yaml").read_text("utf-8"))["model"]["vocab_from"]
         model.update(preset="mini", vocab_from=vocab)
+        if architecture:
+            model[f"{tower}_config"] = dict(architecture)
     else:
         model["foundation"] = str(foundation.resolve())
     recipe["model"] = model
     return recipe
 
 
-def train(tower: str, foundation: Path | None, out: Path) -> Path:
+def train(tower: str, foundation: Path | None, out: Path, architecture: dict | None = None) -> Path:
     """Train the row's model (resumed if interrupted); returns its symmetric export."""
     export = out / "models" / TOWERS[tower][1]
     if export.is_dir():
         return export
     out.mkdir(parents=True, exist_ok=True)
     recipe_file = out.with_name(out.name + ".yaml")
-    recipe_file.write_text(yaml.safe_dump(one_stage_recipe(tower, foundation), allow_unicode=True), "utf-8")
+    recipe_file.write_text(
+        yaml.safe_dump(one_stage_recipe(tower, foundation, architecture), allow_unicode=True), "utf-8"
+    )
     command = [
         sys.executable,
         "-m",

@@ -76,8 +76,9 @@ def test_the_curve_fits_avg_on_log_compute_and_extrapolates_the_target(curve) ->
     rows = [row(1, 0, 0.6), row(1, 1e6, 0.70, 100.0), row(2, 1e7, 0.75, 1000.0), row(2, 1e8, 0.80)]
     a, b = curve.log_fit(rows)
     assert a == pytest.approx(0.1) and b == pytest.approx(0.05)
-    small = {"tower": "query", "start": "random", "scores": {"kuake-qtr-retrieval": 0.82, "kuake-qtr-rerank": 0.82}}
-    text = curve.render(rows, small, "curve.png")
+    small = {"scores": {"kuake-qtr-retrieval": 0.82, "kuake-qtr-rerank": 0.82}}
+    text = curve.render(rows, {curve.SMALL_SYMMETRIC: small}, "curve.png")
+    assert "= 0.8500." in text  # the target: small-symmetric + 0.03
     assert "Avg = 0.1000 + 0.0500 x log10(compute), i.e. +0.0500 Avg per 10x compute" in text
     # target 0.85 -> compute 10^15, 10x the largest point; 1e-10 s per unit of compute -> ~28 hours
     assert "the target needs ~1.0e+15 compute, 10x the largest point, ~28 hours" in text
@@ -91,3 +92,17 @@ def test_a_bad_curve_point_is_a_one_line_error(curve, bad: str) -> None:
 
     with pytest.raises(argparse.ArgumentTypeError, match="point"):
         curve.parse_point(bad)
+
+
+def test_the_curves_foundation_point_is_seed_0s_large_symmetric_with_the_foundations_figures(curve) -> None:
+    point = curve.foundation_point(curve.FOUNDATION_JSON, curve.MINIATURE_JSON)
+    assert point is not None, "docs/foundation_scaling.json and docs/miniature.json are published files"
+    assert point["scores"] == curve.seed0_scores(curve.MINIATURE_JSON, "large-symmetric")
+    assert (point["layers"], point["epochs"]) == (6, 2.5)
+    assert point["tokens"] > 0 and point["parameters"] > 10e6
+
+
+def test_a_random_towers_shape_reaches_its_stage0_recipe(scaling) -> None:
+    recipe = parse_recipe(scaling.one_stage_recipe("query", None, {"num_hidden_layers": 6}))
+    assert recipe.model.query_config == {"num_hidden_layers": 6} and recipe.model.document_config is None
+    assert parse_recipe(scaling.one_stage_recipe("query", None)).model.query_config is None
