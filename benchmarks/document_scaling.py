@@ -169,6 +169,31 @@ def random_row(
     }
 
 
+def stage0_data_rows(
+    out: Path, data_dir: Path, examples: int, point: tuple[int, float], baselines: dict[str, dict], render_only: bool
+) -> list[dict]:
+    """The small random BERT and one pretrained decoder through Stage 0 on ``examples`` examples instead of the
+    recipe's: does the larger tower gain more from more fine-tuning data? ``baselines``: label -> the same
+    tower's row at the recipe's size."""
+    layers, epochs = point
+    towers = {
+        "small tower (BERT), random weights": ("query", None, out / f"query-random-examples{examples}"),
+        f"decoder, {layers} layers, {epochs:g} epochs": (
+            "document",
+            out / point_name(layers, epochs) / "pretraining",
+            out / point_name(layers, epochs) / f"stage0-examples{examples}",
+        ),
+    }
+    rows = []
+    for label, (tower, foundation, folder) in towers.items():
+        if label not in baselines or (render_only and not (folder / fs.SCORES_FILE).is_file()):
+            continue
+        model = fs.train(tower, foundation, folder, max_examples=examples)
+        scores = fs.score(model, data_dir, folder / fs.SCORES_FILE)
+        rows.append({"label": label, "examples": examples, "scores": scores, "baseline": baselines[label]["scores"]})
+    return rows
+
+
 def tower_parameters(model_dir: Path) -> int:
     """Parameters of a symmetric export's tower (its query route: the same tower as its document route)."""
     from care_retriever.embedder import AsymmetricEmbedder
@@ -207,7 +232,7 @@ def seconds_per_compute(rows: list[dict]) -> float | None:
     return rates[len(rates) // 2] if rates else None
 
 
-def render(rows: list[dict], references: dict[str, dict], plot: str | None) -> str:
+def render(rows: list[dict], references: dict[str, dict], plot: str | None, data_rows: list[dict] | None = None) -> str:
     """The curve's table, its references and what the fit says. ``references``: label -> a row with scores;
     ``SMALL_SYMMETRIC`` among them sets the target."""
     rows = sorted(rows, key=lambda r: (compute(r), r["layers"]))
@@ -247,6 +272,25 @@ def render(rows: list[dict], references: dict[str, dict], plot: str | None) -> s
             )
     if plot:
         lines += ["", f"![Avg against pretraining compute]({plot})"]
+    if data_rows:
+        default = yaml.safe_load((fs.RECIPES / "miniature-ablations.yaml").read_text("utf-8"))
+        (stage0,) = [s for s in default["stages"] if s["name"] == fs.TOWERS["document"][0]]
+        lines += [
+            "",
+            f"Stage 0 data: the same towers through Stage 0 on more examples than the recipe's "
+            f"{stage0['max_examples']:,} (same data sets, a larger seeded sample; the stage's other settings "
+            "unchanged).",
+            "",
+            "| tower | Stage 0 examples | kuake-qtr-retrieval | kuake-qtr-rerank | Avg | Avg at the recipe's size "
+            "| gain |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in data_rows:
+            base = (row["baseline"][fs.TASKS[0]] + row["baseline"][fs.TASKS[1]]) / 2
+            lines.append(
+                f"| {row['label']} | {row['examples']:,} | {row['scores'][fs.TASKS[0]]:.4f} | "
+                f"{row['scores'][fs.TASKS[1]]:.4f} | {avg(row):.4f} | {base:.4f} | {avg(row) - base:+.4f} |"
+            )
     lines += ["", "## What the curve says", ""]
     small = references.get(SMALL_SYMMETRIC)
     if small is not None and rows:
@@ -324,8 +368,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--render-only", action="store_true", help="Render the points already measured under --out; train nothing."
     )
+    parser.add_argument(
+        "--stage0-examples",
+        type=int,
+        default=None,
+        help="Also train the small random BERT and the --stage0-point decoder through Stage 0 on this many examples.",
+    )
+    parser.add_argument("--stage0-point", type=parse_point, default=parse_point("6:0.75"))
     args = parser.parse_args(argv)
     references: dict[str, dict] = {}
+    data_rows: list[dict] = []
     rows: list[dict] = []
     if MINIATURE_JSON.is_file():
         references[SMALL_SYMMETRIC] = {"scores": seed0_scores(MINIATURE_JSON, "small-symmetric")}
@@ -337,10 +389,9 @@ def main(argv: list[str] | None = None) -> None:
         # After every point: an interrupted curve still leaves its measured points in docs/.
         plot = args.doc.with_suffix(".png")
         draw(rows, references, plot)
-        args.doc.write_text(render(rows, references, plot.name), "utf-8")
-        args.doc.with_suffix(".json").write_text(
-            json.dumps({"rows": rows, "references": references}, indent=2), "utf-8"
-        )
+        args.doc.write_text(render(rows, references, plot.name, data_rows), "utf-8")
+        saved = {"rows": rows, "references": references, "stage0_data": data_rows}
+        args.doc.with_suffix(".json").write_text(json.dumps(saved, indent=2), "utf-8")
         print(f"wrote {args.doc}", flush=True)
 
     for tower in ("query", "document"):
@@ -359,6 +410,22 @@ def main(argv: list[str] | None = None) -> None:
             continue
         rows.append(measure_point(layers, epochs, args.out, args.data_dir))
         write()
+    if args.stage0_examples:
+        layers, epochs = args.stage0_point
+        baselines = {"small tower (BERT), random weights": references.get("small tower (BERT), random weights")}
+        baselines.update(
+            {
+                f"decoder, {r['layers']} layers, {r['epochs']:g} epochs": r
+                for r in rows
+                if (r["layers"], r["epochs"]) == (layers, epochs)
+            }
+        )
+        baselines = {label: row for label, row in baselines.items() if row is not None}
+        data_rows.extend(
+            stage0_data_rows(
+                args.out, args.data_dir, args.stage0_examples, args.stage0_point, baselines, args.render_only
+            )
+        )
     write()
 
 

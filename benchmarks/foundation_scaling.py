@@ -37,13 +37,17 @@ TOWERS = {
 SCORES_FILE = "scaling_scores.json"
 
 
-def one_stage_recipe(tower: str, foundation: Path | None, architecture: dict | None = None) -> dict:
+def one_stage_recipe(
+    tower: str, foundation: Path | None, architecture: dict | None = None, *, max_examples: int | None = None
+) -> dict:
     """miniature-ablations.yaml cut to one tower's Stage 0, from the foundation or (None) random weights;
     ``architecture`` replaces keys of the random tower's preset shape (``model.query_config`` /
-    ``document_config``)."""
+    ``document_config``), ``max_examples`` the stage's sample size."""
     recipe = yaml.safe_load((RECIPES / "miniature-ablations.yaml").read_text("utf-8"))
     stage_name = TOWERS[tower][0]
     recipe["stages"] = [s for s in recipe["stages"] if s["name"] == stage_name]
+    if max_examples is not None:
+        recipe["stages"][0]["max_examples"] = max_examples
     recipe["final"] = stage_name
     recipe["name"] = f"foundation-scaling-{tower}"
     model = dict(recipe["model"])
@@ -59,7 +63,9 @@ def one_stage_recipe(tower: str, foundation: Path | None, architecture: dict | N
     return recipe
 
 
-def train(tower: str, foundation: Path | None, out: Path, architecture: dict | None = None) -> Path:
+def train(
+    tower: str, foundation: Path | None, out: Path, architecture: dict | None = None, *, max_examples: int | None = None
+) -> Path:
     """Train the row's model (resumed if interrupted); returns its symmetric export."""
     export = out / "models" / TOWERS[tower][1]
     if export.is_dir():
@@ -67,7 +73,10 @@ def train(tower: str, foundation: Path | None, out: Path, architecture: dict | N
     out.mkdir(parents=True, exist_ok=True)
     recipe_file = out.with_name(out.name + ".yaml")
     recipe_file.write_text(
-        yaml.safe_dump(one_stage_recipe(tower, foundation, architecture), allow_unicode=True), "utf-8"
+        yaml.safe_dump(
+            one_stage_recipe(tower, foundation, architecture, max_examples=max_examples), allow_unicode=True
+        ),
+        "utf-8",
     )
     command = [
         sys.executable,

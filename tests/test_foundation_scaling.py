@@ -106,3 +106,14 @@ def test_a_random_towers_shape_reaches_its_stage0_recipe(scaling) -> None:
     recipe = parse_recipe(scaling.one_stage_recipe("query", None, {"num_hidden_layers": 6}))
     assert recipe.model.query_config == {"num_hidden_layers": 6} and recipe.model.document_config is None
     assert parse_recipe(scaling.one_stage_recipe("query", None)).model.query_config is None
+
+
+def test_the_stage0_data_table_states_each_towers_gain_over_the_recipes_size(curve) -> None:
+    def scores(value: float) -> dict:
+        return {"kuake-qtr-retrieval": value, "kuake-qtr-rerank": value}
+
+    data_rows = [{"label": "decoder, 6 layers, 0.75 epochs", "examples": 18000, "scores": scores(0.72),
+                  "baseline": scores(0.70)}]  # fmt: skip
+    text = curve.render([], {}, None, data_rows)
+    assert "more examples than the recipe's 6,000" in text
+    assert "| decoder, 6 layers, 0.75 epochs | 18,000 | 0.7200 | 0.7200 | 0.7200 | 0.7000 | +0.0200 |" in text
