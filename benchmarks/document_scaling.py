@@ -43,6 +43,8 @@ CLM_STAGE = "clm-document"
 FOUNDATION_JSON = REPO / "docs" / "foundation_scaling.json"
 MINIATURE_JSON = REPO / "docs" / "miniature.json"
 SMALL_SYMMETRIC = "small-symmetric: the foundation's query tower"
+SMALL_BERT = "small tower (BERT), random weights"
+LARGE_BERT_LABEL = "BERT at the decoder's size"
 TARGET_MARGIN = 0.03  # issue 14: large-symmetric >= small-symmetric + 0.03 on Avg
 # The `mini` decoder's depth, width and feed-forward size on a BERT (6 heads of 64, like the decoder's queries).
 LARGE_BERT = {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 6, "intermediate_size": 1024}
@@ -177,7 +179,7 @@ def stage0_data_rows(
     tower's row at the recipe's size."""
     layers, epochs = point
     towers = {
-        "small tower (BERT), random weights": ("query", None, out / f"query-random-examples{examples}"),
+        SMALL_BERT: ("query", None, out / f"query-random-examples{examples}"),
         f"decoder, {layers} layers, {epochs:g} epochs": (
             "document",
             out / point_name(layers, epochs) / "pretraining",
@@ -304,6 +306,7 @@ def render(rows: list[dict], references: dict[str, dict], plot: str | None, data
             f"- Best point: {best['layers']} layers, {best['tokens'] / 1e6:.2f}M tokens, Avg {avg(best):.4f} "
             f"({avg(best) - target:+.4f} from the target)."
         )
+        lines += size_statements(rows, references)
         fit = log_fit(rows)
         if fit is not None:
             a, b = fit
@@ -327,6 +330,25 @@ def render(rows: list[dict], references: dict[str, dict], plot: str | None, data
     return "\n".join(lines) + "\n"
 
 
+def size_statements(rows: list[dict], references: dict[str, dict]) -> list[str]:
+    """What the random-weight rows say about size and architecture, where they were measured."""
+    small = references.get(SMALL_BERT)
+    large = next((ref for label, ref in references.items() if label.startswith(LARGE_BERT_LABEL)), None)
+    decoder = next((r for r in rows if r["tokens"] == 0), None)
+    lines = []
+    if small is not None and large is not None:
+        lines.append(
+            f"- Size alone, no pretraining: a BERT at the decoder's size scores {avg(large):.4f} against the small "
+            f"BERT's {avg(small):.4f} ({avg(large) - avg(small):+.4f}) after the same Stage 0."
+        )
+    if large is not None and decoder is not None:
+        lines.append(
+            f"- Decoder against BERT at the same size, no pretraining: {avg(decoder):.4f} against {avg(large):.4f} "
+            f"({avg(decoder) - avg(large):+.4f}): the causal decoder's handicap that its pretraining must first repay."
+        )
+    return lines
+
+
 def draw(rows: list[dict], references: dict[str, dict], path: Path) -> None:
     import matplotlib
 
@@ -338,6 +360,13 @@ def draw(rows: list[dict], references: dict[str, dict], path: Path) -> None:
         own = sorted((r for r in rows if r["layers"] == layers and r["tokens"] > 0), key=compute)
         if own:
             ax.plot([compute(r) for r in own], [avg(r) for r in own], "o-", label=f"decoder, {layers} layers")
+    fit = log_fit(rows)
+    if fit is not None:
+        low = min(compute(r) for r in rows if r["tokens"] > 0)
+        high = 100 * max(compute(r) for r in rows)
+        xs = [low * (high / low) ** (i / 20) for i in range(21)]
+        ax.plot(xs, [fit[0] + fit[1] * math.log10(x) for x in xs], color="black", linewidth=0.8, linestyle=(0, (1, 3)),
+                label="log-linear fit (extrapolated past the points)")  # fmt: skip
     for row in rows:
         if row["tokens"] == 0:
             ax.axhline(avg(row), color="grey", linestyle=":", label=f"decoder, {row['layers']} layers, no pretraining")
@@ -399,11 +428,11 @@ def main(argv: list[str] | None = None) -> None:
         if row is not None and tower == "document":
             rows.append(row)
         elif row is not None:
-            references["small tower (BERT), random weights"] = row
+            references[SMALL_BERT] = row
     # Is it the decoder, or size? A BERT query tower with the decoder's depth and width, from random weights.
     wide = random_row("query", args.out, args.data_dir, args.render_only, LARGE_BERT, name="-large-bert")
     if wide is not None:
-        references[f"BERT at the decoder's size ({wide['parameters'] / 1e6:.1f}M), random weights"] = wide
+        references[f"{LARGE_BERT_LABEL} ({wide['parameters'] / 1e6:.1f}M), random weights"] = wide
     for layers, epochs in args.points:
         scores = args.out / point_name(layers, epochs) / "stage0" / fs.SCORES_FILE
         if args.render_only and not scores.is_file():
@@ -412,7 +441,7 @@ def main(argv: list[str] | None = None) -> None:
         write()
     if args.stage0_examples:
         layers, epochs = args.stage0_point
-        baselines = {"small tower (BERT), random weights": references.get("small tower (BERT), random weights")}
+        baselines = {SMALL_BERT: references.get(SMALL_BERT)}
         baselines.update(
             {
                 f"decoder, {r['layers']} layers, {r['epochs']:g} epochs": r
