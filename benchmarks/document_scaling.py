@@ -93,12 +93,12 @@ def pretrain(layers: int, epochs: float, out: Path) -> Path:
     return out
 
 
-def stage_seconds(run: Path, stage: str) -> float | None:
-    """Wall seconds of one stage of a finished run (its ``run.json``)."""
+def stage_report(run: Path, stage: str) -> dict:
+    """One stage's report in a finished run's ``run.json`` (examples, steps, seconds, ...)."""
     for report in json.loads((run / "run.json").read_text("utf-8")).get("reports", []):
         if report.get("name") == stage:
-            return report.get("seconds")
-    return None
+            return report
+    return {}
 
 
 def measure_point(layers: int, epochs: float, out: Path, data_dir: Path) -> dict:
@@ -111,7 +111,7 @@ def measure_point(layers: int, epochs: float, out: Path, data_dir: Path) -> dict
         "epochs": epochs,
         "parameters": report["tower_parameters"],
         "tokens": report["tokens"],
-        "pretraining_seconds": stage_seconds(foundation, CLM_STAGE),
+        "pretraining_seconds": stage_report(foundation, CLM_STAGE).get("seconds"),
         "model": str(model),
         "scores": fs.score(model, data_dir, folder / "stage0" / fs.SCORES_FILE),
         "source": "this curve",
@@ -192,7 +192,8 @@ def stage0_data_rows(
             continue
         model = fs.train(tower, foundation, folder, max_examples=examples)
         scores = fs.score(model, data_dir, folder / fs.SCORES_FILE)
-        rows.append({"label": label, "examples": examples, "scores": scores, "baseline": baselines[label]["scores"]})
+        trained = stage_report(folder, fs.TOWERS[tower][0]).get("examples", examples)  # all there are, if fewer
+        rows.append({"label": label, "examples": trained, "scores": scores, "baseline": baselines[label]["scores"]})
     return rows
 
 
