@@ -117,3 +117,15 @@ def test_the_stage0_data_table_states_each_towers_gain_over_the_recipes_size(cur
     text = curve.render([], {}, None, data_rows)
     assert "more examples than the recipe's 6,000" in text
     assert "| decoder, 6 layers, 0.75 epochs | 18,000 | 0.7200 | 0.7200 | 0.7200 | 0.7000 | +0.0200 |" in text
+
+
+def test_a_flat_curve_says_compute_does_not_measurably_raise_avg(curve) -> None:
+    def row(tokens: float, avg: float) -> dict:
+        scores = {"kuake-qtr-retrieval": avg, "kuake-qtr-rerank": avg}
+        return {"layers": 6, "epochs": 1.0, "parameters": 1e6, "tokens": tokens, "pretraining_seconds": 10.0,
+                "model": "m", "source": "s", "scores": scores}  # fmt: skip
+
+    rows = [row(1e6, 0.700), row(1e7, 0.702), row(1e8, 0.704)]  # +0.002 per 10x
+    text = curve.render(rows, {curve.SMALL_SYMMETRIC: {"scores": rows[0]["scores"]}}, None)
+    assert "The slope (+0.0020 per 10x compute) is below the seed-to-seed spread" in text
+    assert "the target needs ~1.0e+27 compute, 1.0e+13x the largest point" in text
