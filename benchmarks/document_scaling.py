@@ -324,8 +324,8 @@ def render(rows: list[dict], references: dict[str, dict], plot: str | None, data
                 largest = max(compute(r) for r in rows)
                 lines.append(
                     f"- Extrapolated (not measured): the target needs ~{needed:.1e} compute, "
-                    f"{readable(needed / largest)}x the largest point{hours} (median measured speed of the timed points), against the foundation "
-                    "recipe's budget of 3 hours."
+                    f"{readable(needed / largest)}x the largest point{hours} (median measured speed of the timed "
+                    "points), against the foundation recipe's budget of 3 hours."
                 )
             if b < SEED_SPREAD:
                 lines.append(
