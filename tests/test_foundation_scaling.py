@@ -129,3 +129,15 @@ def test_a_flat_curve_says_compute_does_not_measurably_raise_avg(curve) -> None:
     text = curve.render(rows, {curve.SMALL_SYMMETRIC: {"scores": rows[0]["scores"]}}, None)
     assert "The slope (+0.0020 per 10x compute) is below the seed-to-seed spread" in text
     assert "the target needs ~1.0e+27 compute, 1.0e+13x the largest point" in text
+
+
+def test_the_random_weight_rows_are_read_as_size_and_architecture_statements(curve) -> None:
+    def scored(avg: float, **row) -> dict:
+        return {**row, "scores": {"kuake-qtr-retrieval": avg, "kuake-qtr-rerank": avg}}
+
+    references = {curve.SMALL_BERT: scored(0.73), f"{curve.LARGE_BERT_LABEL} (11.7M), random weights": scored(0.71)}
+    rows = [scored(0.66, tokens=0), scored(0.70, tokens=1e6)]
+    lines = curve.size_statements(rows, references)
+    assert lines[0].startswith("- Size alone, no pretraining: a BERT at the decoder's size scores 0.7100 against")
+    assert "0.7300 (-0.0200)" in lines[0]
+    assert "Decoder against BERT at the same size, no pretraining: 0.6600 against 0.7100 (-0.0500)" in lines[1]
