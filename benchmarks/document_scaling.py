@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 from datetime import date
 from pathlib import Path
@@ -67,10 +66,16 @@ def point_name(layers: int, epochs: float) -> str:
     return f"layers{layers}-epochs{epochs:g}"
 
 
-def pretraining_recipe(layers: int, epochs: float) -> dict:
-    """miniature-foundation.yaml cut to its causal-LM stage, with ``layers`` decoder layers and ``epochs`` epochs."""
+def foundation_recipe() -> tuple[dict, dict]:
+    """miniature-foundation.yaml as data, and its causal-LM stage (an item of the recipe's ``stages``)."""
     recipe = yaml.safe_load((fs.RECIPES / "miniature-foundation.yaml").read_text("utf-8"))
     (stage,) = [s for s in recipe["stages"] if s["name"] == CLM_STAGE]
+    return recipe, stage
+
+
+def pretraining_recipe(layers: int, epochs: float) -> dict:
+    """miniature-foundation.yaml cut to its causal-LM stage, with ``layers`` decoder layers and ``epochs`` epochs."""
+    recipe, stage = foundation_recipe()
     stage["args"] = {**stage.get("args", {}), "num_train_epochs": epochs}
     recipe["stages"] = [stage]
     recipe["final"] = CLM_STAGE
@@ -81,16 +86,8 @@ def pretraining_recipe(layers: int, epochs: float) -> dict:
 
 def pretrain(layers: int, epochs: float, out: Path) -> Path:
     """The point's pretrained towers (a finished run folder, resumed if interrupted)."""
-    if (out / "final").is_dir():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    recipe_file = out.with_name(out.name + ".yaml")
-    recipe_file.write_text(yaml.safe_dump(pretraining_recipe(layers, epochs), allow_unicode=True), "utf-8")
-    command = [sys.executable, "-m", "care_retriever.cli.main", "train", "--recipe", str(recipe_file)]
-    command += ["--out", str(out)]
-    if (out / "run.json").is_file():
-        command.append("--resume")
-    subprocess.run(command, check=True)
+    if not (out / "final").is_dir():
+        fs.run_recipe(pretraining_recipe(layers, epochs), out)
     return out
 
 
@@ -112,7 +109,7 @@ def measure_point(layers: int, epochs: float, out: Path, data_dir: Path) -> dict
         "epochs": epochs,
         "parameters": report["tower_parameters"],
         "tokens": report["tokens"],
-        "pretraining_seconds": stage_report(foundation, CLM_STAGE).get("seconds"),
+        "pretraining_seconds": report.get("seconds"),
         "model": str(model),
         "scores": fs.score(model, data_dir, folder / "stage0" / fs.SCORES_FILE),
         "source": "this curve",
@@ -132,8 +129,7 @@ def foundation_point(scaling_json: Path, miniature_json: Path) -> dict | None:
         r for r in json.loads(scaling_json.read_text("utf-8"))["rows"] if r["tower"] == "document" and r["tokens"]
     )
     scores = seed0_scores(miniature_json, "large-symmetric")
-    recipe = yaml.safe_load((fs.RECIPES / "miniature-foundation.yaml").read_text("utf-8"))
-    (stage,) = [s for s in recipe["stages"] if s["name"] == CLM_STAGE]
+    _, stage = foundation_recipe()
     return {
         "layers": 6,
         "epochs": stage["args"]["num_train_epochs"],
@@ -173,28 +169,35 @@ def random_row(
 
 
 def stage0_data_rows(
-    out: Path, data_dir: Path, examples: int, point: tuple[int, float], baselines: dict[str, dict], render_only: bool
+    out: Path,
+    data_dir: Path,
+    examples: int,
+    point: tuple[int, float],
+    small: dict | None,
+    decoder: dict | None,
+    render_only: bool,
 ) -> list[dict]:
-    """The small random BERT and one pretrained decoder through Stage 0 on ``examples`` examples instead of the
-    recipe's: does the larger tower gain more from more fine-tuning data? ``baselines``: label -> the same
-    tower's row at the recipe's size."""
+    """The small random BERT and the ``point`` decoder through Stage 0 on ``examples`` examples instead of the
+    recipe's: does the larger tower gain more from more fine-tuning data? ``small`` / ``decoder``: the same
+    towers' rows at the recipe's size (a tower without one is skipped)."""
     layers, epochs = point
     towers = {
-        SMALL_BERT: ("query", None, out / f"query-random-examples{examples}"),
+        SMALL_BERT: (small, "query", None, out / f"query-random-examples{examples}"),
         f"decoder, {layers} layers, {epochs:g} epochs": (
+            decoder,
             "document",
             out / point_name(layers, epochs) / "pretraining",
             out / point_name(layers, epochs) / f"stage0-examples{examples}",
         ),
     }
     rows = []
-    for label, (tower, foundation, folder) in towers.items():
-        if label not in baselines or (render_only and not (folder / fs.SCORES_FILE).is_file()):
+    for label, (baseline, tower, foundation, folder) in towers.items():
+        if baseline is None or (render_only and not (folder / fs.SCORES_FILE).is_file()):
             continue
         model = fs.train(tower, foundation, folder, max_examples=examples)
         scores = fs.score(model, data_dir, folder / fs.SCORES_FILE)
         trained = stage_report(folder, fs.TOWERS[tower][0]).get("examples", examples)  # all there are, if fewer
-        rows.append({"label": label, "examples": trained, "scores": scores, "baseline": baselines[label]["scores"]})
+        rows.append({"label": label, "examples": trained, "scores": scores, "baseline": baseline["scores"]})
     return rows
 
 
@@ -450,19 +453,11 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(measure_point(layers, epochs, args.out, args.data_dir))
         write()
     if args.stage0_examples:
-        layers, epochs = args.stage0_point
-        baselines = {SMALL_BERT: references.get(SMALL_BERT)}
-        baselines.update(
-            {
-                f"decoder, {r['layers']} layers, {r['epochs']:g} epochs": r
-                for r in rows
-                if (r["layers"], r["epochs"]) == (layers, epochs)
-            }
-        )
-        baselines = {label: row for label, row in baselines.items() if row is not None}
+        decoder = next((r for r in rows if (r["layers"], r["epochs"]) == args.stage0_point), None)
+        small = references.get(SMALL_BERT)
         data_rows.extend(
             stage0_data_rows(
-                args.out, args.data_dir, args.stage0_examples, args.stage0_point, baselines, args.render_only
+                args.out, args.data_dir, args.stage0_examples, args.stage0_point, small, decoder, args.render_only
             )
         )
     write()

@@ -70,14 +70,16 @@ def train(
     export = out / "models" / TOWERS[tower][1]
     if export.is_dir():
         return export
+    run_recipe(one_stage_recipe(tower, foundation, architecture, max_examples=max_examples), out)
+    return export
+
+
+def run_recipe(recipe: dict, out: Path) -> None:
+    """``care-retriever train`` on ``recipe`` (written beside ``out`` as OUT.yaml) into ``out``, resuming an
+    interrupted run."""
     out.mkdir(parents=True, exist_ok=True)
     recipe_file = out.with_name(out.name + ".yaml")
-    recipe_file.write_text(
-        yaml.safe_dump(
-            one_stage_recipe(tower, foundation, architecture, max_examples=max_examples), allow_unicode=True
-        ),
-        "utf-8",
-    )
+    recipe_file.write_text(yaml.safe_dump(recipe, allow_unicode=True), "utf-8")
     command = [
         sys.executable,
         "-m",
@@ -91,7 +93,6 @@ def train(
     if (out / "run.json").is_file():
         command.append("--resume")
     subprocess.run(command, check=True)
-    return export
 
 
 def score(model_dir: Path, data_dir: Path, cache: Path) -> dict[str, float]:
