@@ -20,6 +20,9 @@ from care_retriever.errors import InputError, StoreError
 # 2: the FAISS store may hold an append-only vector delta (written by small in-place writes). Format 1
 # stores (no delta) are read as they are.
 STORE_FORMAT_VERSION = 2
+# 3: a FAISS store with compressed codes and a rescoring vector file (index option "quantize"); only such
+# stores are written as 3, so that an older reader refuses them instead of searching the codes alone.
+READABLE_FORMAT_VERSION = 3
 FAISS_INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq")  # the FAISS store's index kinds (docs/scale.md)
 Filters = dict[str, Any]
 _FILTER_KEY = re.compile(r"^[\w.\-]+$")
@@ -64,10 +67,10 @@ class Manifest:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str) -> Manifest:
         version = data.get("format_version", 1)
-        if not isinstance(version, int) or version > STORE_FORMAT_VERSION:
+        if not isinstance(version, int) or version > READABLE_FORMAT_VERSION:
             raise StoreError(
                 f"{source}: store format_version {version} is newer than this care-retriever reads "
-                f"({STORE_FORMAT_VERSION}); upgrade care-retriever"
+                f"({READABLE_FORMAT_VERSION}); upgrade care-retriever"
             )
         known = set(cls.__dataclass_fields__)
         try:

@@ -9,6 +9,10 @@ Layout (also read by the Haystack and LangChain adapters)::
 
     DIR/vectors.delta      (format 2) vectors written in place since the last fold: fixed-size records
                            (op: 'A' add / 'D' delete, row id, vector), replayed on open
+    DIR/vectors.f32        (format 3, index option ``quantize`` other than none) the full-precision vectors,
+                           float32 at offset row id x 4 x dim, memory-mapped: index.faiss then holds compressed
+                           codes (sq8, sign bits or PQ) and every search rescores its oversampled candidates
+                           with exact inner products read from this file
     docstore care_meta     (format 2) count, tombstones, committed delta length, index.faiss size
 
 Vectors are unit-norm, so inner product is cosine. Two write paths share one writer lock:
@@ -33,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import sqlite3
@@ -69,6 +74,13 @@ NEXT_INDEX = "index.faiss.next"  # a fold's new index, renamed over INDEX once t
 FOLD_MIN_BYTES = 4 << 20  # a delta smaller than this is never folded (replaying it costs little)
 FOLD_RATIO = 0.5  # fold once the delta outgrows this fraction of index.faiss: amortised O(1) per written byte
 INDEX_TYPES = FAISS_INDEX_TYPES
+VECTORS = "vectors.f32"  # quantized stores: full-precision vectors by row id, the rescoring source
+QUANTIZE = ("none", "sq8", "binary", "pq")
+# Candidates taken from the codes per result wanted, by quantization (measured: docs/scale.md); a store's
+# own value is kept in its manifest (index option "oversample") and FaissStore(oversample=...) overrides it.
+DEFAULT_OVERSAMPLE = {"sq8": 4.0, "binary": 10.0, "pq": 10.0}
+QUANTIZED_FORMAT_VERSION = 3
+MIN_SQ_TRAIN = 256  # scalar codes take each dimension's range from the first batch: not from a handful of rows
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -138,7 +150,38 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def quantization(options: dict[str, Any]) -> str:
+    """The store's code kind: "none" (the index holds the vectors) or sq8 / binary / pq (codes + vectors.f32)."""
+    return str(options.get("quantize", "none"))
+
+
+def _codes_index(dim: int, options: dict[str, Any]) -> faiss.Index:
+    """The compressed index of a quantized store (rescored from vectors.f32 at search time)."""
+    quantize, kind = quantization(options), options.get("type", "flat")
+    sq8, m = faiss.ScalarQuantizer.QT_8bit, int(options.get("m", 32))
+    pq_m, bits = int(options.get("pq_m", 96)), int(options.get("pq_bits", 8))
+    if quantize == "pq" and dim % pq_m:
+        raise InputError(f"quantize=pq: pq_m={pq_m} must divide the dimension {dim}")
+    ip = faiss.METRIC_INNER_PRODUCT
+    if quantize == "binary":  # sign bits, Hamming distance: IndexLSH without rotation or thresholds
+        return faiss.IndexIDMap(faiss.IndexLSH(dim, dim, False, False))
+    if kind == "ivf":
+        nlist = int(options.get("nlist", 1024))
+        if quantize == "sq8":
+            return faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist, sq8, ip)
+        return faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, nlist, pq_m, bits, ip)
+    if kind == "hnsw":
+        inner = faiss.IndexHNSWSQ(dim, sq8, m, ip) if quantize == "sq8" else faiss.IndexHNSWPQ(dim, pq_m, m, bits, ip)
+        inner.hnsw.efConstruction = int(options.get("ef_construction", 200))
+        return faiss.IndexIDMap(inner)
+    return faiss.IndexIDMap(
+        faiss.IndexScalarQuantizer(dim, sq8, ip) if quantize == "sq8" else faiss.IndexPQ(dim, pq_m, bits, ip)
+    )
+
+
 def build_index(dim: int, options: dict[str, Any]) -> faiss.Index:
+    if quantization(options) != "none":
+        return _codes_index(dim, options)
     kind = options.get("type", "flat")
     if kind == "flat":
         inner = faiss.IndexFlatIP(dim)
@@ -161,6 +204,11 @@ def build_index(dim: int, options: dict[str, Any]) -> faiss.Index:
     # IndexIDMap, not IndexIDMap2: reading an IDMap2 rebuilds its id -> position hash map (about a second
     # per million vectors); stores of format 1 hold IDMap2 and are read as they are.
     return faiss.IndexIDMap(inner)
+
+
+def _takes_search_params(inner: faiss.Index) -> bool:
+    """Whether a search can pass this index an id selector (IndexLSH and IndexPQ refuse search parameters)."""
+    return not isinstance(inner, (faiss.IndexLSH, faiss.IndexPQ))
 
 
 def inner_index(index: faiss.Index) -> faiss.Index:
@@ -187,10 +235,16 @@ class FaissStore(VectorStore):
 
     backend = "faiss"
 
-    def __init__(self, path: str | Path, *, use_gpu: bool | None = None) -> None:
+    def __init__(self, path: str | Path, *, use_gpu: bool | None = None, oversample: float | None = None) -> None:
         self.path = Path(path)
         self.staging = self.path.with_name(f".{self.path.name}.staging")
         self.use_gpu = use_gpu
+        # Quantized stores: candidates taken from the codes per result wanted; None: the manifest's value.
+        self.oversample = oversample
+        self._vec_fd: int | None = None  # vectors.f32 of the folder being written (quantized stores)
+        self._vecs: np.ndarray | None = None  # vectors.f32 memory-mapped read-only, rows = row ids
+        self._vecs_folder: Path | None = None
+        self._read_folder = self.path  # the published folder opened (the previous version's, mid-swap)
         self.manifest: Manifest | None = None
         self._index: faiss.Index | None = None
         self._search_index: faiss.Index | None = None
@@ -294,8 +348,47 @@ class FaissStore(VectorStore):
             self._count = self.manifest.count
             self._tombstones = int(self.manifest.index.get("tombstones", 0))
         self._check_counts(folder)
+        self._vecs, self._read_folder = None, folder
+        if quantization(self.manifest.index) != "none":
+            self._check_vectors_file(folder, index_ids(self._index))
         self._opened_as = ((folder / INDEX).stat().st_ino, int(meta.get("delta_bytes", 0)))
         self._search_index = None
+
+    def _check_vectors_file(self, folder: Path, rows: np.ndarray) -> None:
+        """A quantized store's rescoring vectors must exist and hold every row (never codes-only scores)."""
+        assert self.manifest is not None
+        path = folder / VECTORS
+        if not path.is_file():
+            raise StoreError(
+                f"{path}: missing; this store keeps compressed codes ({quantization(self.manifest.index)}) and "
+                "rescores every search from these full-precision vectors: restore the file or re-index"
+            )
+        size, row_bytes = path.stat().st_size, 4 * self.manifest.dim
+        need = (int(rows.max()) + 1) * row_bytes if len(rows) else 0
+        recorded = self.manifest.sizes.get(VECTORS)
+        if size < need or (recorded is not None and size != recorded):
+            raise StoreError(
+                f"{path}: truncated ({size} bytes; the store's rows need {max(need, recorded or 0)}); "
+                "restore the file or re-index"
+            )
+
+    def _full_vectors(self, rows: np.ndarray) -> np.ndarray:
+        """Full-precision vectors of ``rows`` (row ids), read from the memory-mapped vectors.f32."""
+        folder = self.staging if self._writing and not self._in_place else self._read_folder
+        dim = (self._staged_manifest if self._writing else self.require_manifest()).dim
+        top = int(rows.max()) if len(rows) else -1
+        if self._vecs is None or self._vecs_folder != folder or top >= len(self._vecs):
+            # (Re)mapped when rows were written past the mapped length (writes extend the file).
+            count = (folder / VECTORS).stat().st_size // (4 * dim)
+            self._vecs = (
+                np.memmap(folder / VECTORS, dtype=np.float32, mode="r", shape=(count, dim))
+                if count
+                else np.zeros((0, dim), dtype=np.float32)
+            )
+            self._vecs_folder = folder
+            if top >= count:
+                raise StoreError(f"{folder / VECTORS}: row {top} is past the end of the file; the file is truncated")
+        return np.asarray(self._vecs[rows])
 
     def _read_meta(self, folder: Path) -> dict[str, int]:
         assert self._db is not None
@@ -375,6 +468,7 @@ class FaissStore(VectorStore):
         options = self._checked_options(index)
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
+            self._check_same_quantization(index)
         self._acquire_writer_lock()
         try:
             if (self.staging / MANIFEST).exists():
@@ -393,7 +487,36 @@ class FaissStore(VectorStore):
             raise InputError(
                 f"Unknown FAISS index type {options['type']!r}. Available index types: {list(INDEX_TYPES)}"
             )
+        quantize = options.get("quantize")
+        if quantize is not None and quantize not in QUANTIZE:
+            raise InputError(f"Unknown FAISS quantize {quantize!r}. Available: {list(QUANTIZE)}")
+        oversample = options.get("oversample")
+        if oversample is not None and (
+            isinstance(oversample, bool) or not isinstance(oversample, (int, float)) or not oversample >= 1
+        ):
+            raise InputError(f"oversample must be a number >= 1, got {oversample!r}")
+        if quantize in (None, "none"):  # today's store (no key, no vector file, format 2), or keep the store's
+            options.pop("quantize", None)
+            if quantize == "none" or oversample is None:
+                options.pop("oversample", None)
+            return options
+        if options["type"] == "ivfpq":
+            raise InputError("index type ivfpq already stores PQ codes; use --index-type ivf --quantize pq to rescore")
+        if quantize == "binary" and options["type"] != "flat":
+            raise InputError(f"quantize=binary works with index type flat only, not {options['type']!r}")
+        options["oversample"] = float(DEFAULT_OVERSAMPLE[quantize] if oversample is None else oversample)
         return options
+
+    def _check_same_quantization(self, index: dict[str, Any] | None) -> None:
+        """A store's quantization is fixed at creation: its codes were trained and written for it."""
+        assert self.manifest is not None
+        have = quantization(self.manifest.index)
+        want = (index or {}).get("quantize")
+        if want is not None and want != have:
+            raise InputError(
+                f"{self.describe()} is built with quantize={have}; the quantization of an existing store "
+                f"cannot change: index into a new store with quantize={want}"
+            )
 
     @property
     def pending_write(self) -> bool:
@@ -405,6 +528,7 @@ class FaissStore(VectorStore):
         self._checked_options(index)
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
+            self._check_same_quantization(index)
         self._acquire_writer_lock()  # fails fast while another writer is running
         try:
             if self.pending_write:
@@ -441,7 +565,7 @@ class FaissStore(VectorStore):
                 # Whole-file checksums stop describing the files once they change in place: drop them first,
                 # so that no crash leaves a manifest whose checksums look like corruption.
                 self.manifest.checksums, self.manifest.sizes = {}, {}
-                self.manifest.format_version = STORE_FORMAT_VERSION
+                self.manifest.format_version = max(self.manifest.format_version, STORE_FORMAT_VERSION)
                 self._write_manifest(self.path, self.manifest)
             ids = index_ids(self._index)
             row = self._db.execute("SELECT MAX(row_id) FROM documents").fetchone()[0]
@@ -450,6 +574,18 @@ class FaissStore(VectorStore):
             self._delta = []
             self._in_place = True
             self._writing = True
+            self._open_vector_writer(self.path)
+
+    def _open_vector_writer(self, folder: Path) -> None:
+        """Quantized stores: open ``folder``'s vectors.f32 for writing rows at their offsets."""
+        self._close_vector_writer()
+        if quantization(self._staged_manifest.index) != "none":
+            self._vec_fd = os.open(folder / VECTORS, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def _close_vector_writer(self) -> None:
+        if self._vec_fd is not None:
+            os.close(self._vec_fd)
+            self._vec_fd = None
 
     def _start_meta(self, index_file: Path) -> None:
         """The journal's bookkeeping for ``index_file`` with nothing in the delta yet (committed)."""
@@ -484,6 +620,9 @@ class FaissStore(VectorStore):
             else:
                 shutil.copy2(source / INDEX, self.staging / INDEX)
             _fsync_file(self.staging / INDEX)
+            if (source / VECTORS).exists():
+                shutil.copy2(source / VECTORS, self.staging / VECTORS)
+                _fsync_file(self.staging / VECTORS)
             if self._db is not None:  # the backup API copies committed WAL pages too
                 target = sqlite3.connect(str(self.staging / DOCSTORE))
                 try:
@@ -494,6 +633,8 @@ class FaissStore(VectorStore):
                 shutil.copy2(source / DOCSTORE, self.staging / DOCSTORE)
             _fsync_file(self.staging / DOCSTORE)
             manifest = Manifest.from_dict(self.manifest.to_dict(), MANIFEST)
+            if "oversample" in options and quantization(manifest.index) != "none":  # search-time: may change
+                manifest.index["oversample"] = options["oversample"]
         else:
             manifest = Manifest(
                 backend="faiss",
@@ -505,6 +646,10 @@ class FaissStore(VectorStore):
             )
             faiss.write_index(build_index(dim, options), str(self.staging / INDEX))
             _fsync_file(self.staging / INDEX)
+            if quantization(options) != "none":
+                manifest.format_version = QUANTIZED_FORMAT_VERSION
+                (self.staging / VECTORS).touch()
+                _fsync_file(self.staging / VECTORS)
         manifest.checksums, manifest.sizes = {}, {}
         # The staging manifest marks a complete starting point: a run killed before it exists starts over.
         _write_atomic(self.staging / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
@@ -560,6 +705,7 @@ class FaissStore(VectorStore):
         top_index = int(ids.max()) if len(ids) else -1
         self._next_row_id = max(row if row is not None else -1, top_index) + 1
         self._search_index = None
+        self._open_vector_writer(self.staging)
 
     def _supports_remove(self) -> bool:
         return self._staged_manifest.index.get("type", "flat") != "hnsw"
@@ -601,16 +747,21 @@ class FaissStore(VectorStore):
             if self._staged_manifest.sparse:  # the BM25 side, in the same SQLite transaction
                 SqliteBM25(self._db).add(row_ids.tolist(), [d.embedding_text() for d in documents])
             inner = inner_index(self._index)
-            if isinstance(inner, faiss.IndexIVF) and not inner.is_trained:
+            if not inner.is_trained:
                 # Trained once, on the first batch: make the first chunk large (>= 39 * nlist, and >= 256 * 39
-                # for PQ codebooks) for a good quantiser.
-                needed = max(inner.nlist, 2**inner.pq.nbits if isinstance(inner, faiss.IndexIVFPQ) else 0)
+                # for PQ codebooks) for a good quantiser; scalar codes take their value ranges from it.
+                pq = getattr(inner, "pq", None)
+                nlist = inner.nlist if isinstance(inner, faiss.IndexIVF) else 0
+                needed = max(nlist, 2**pq.nbits if pq is not None else 0, MIN_SQ_TRAIN if nlist == 0 else 0)
                 if len(vectors) < needed:
+                    what = f" with nlist={nlist}" if nlist else ""
                     raise InputError(
-                        f"{type(inner).__name__} with nlist={inner.nlist} needs at least {needed} vectors in the "
-                        "first batch to train; lower --nlist or raise the chunk size"
+                        f"{type(inner).__name__}{what} needs at least {needed} vectors in the first batch to train; "
+                        f"{'lower --nlist or ' if nlist else ''}raise the chunk size"
                     )
                 inner.train(vectors)
+            if self._vec_fd is not None:  # full-precision rows at their offsets, made durable by commit()
+                os.pwrite(self._vec_fd, vectors.tobytes(), int(row_ids[0]) * 4 * vectors.shape[1])
             self._index.add_with_ids(vectors, row_ids)
             self._id_order = None
             self._record(ADD, row_ids, vectors)
@@ -665,6 +816,8 @@ class FaissStore(VectorStore):
             return
         assert self._index is not None and self._db is not None
         with self._lock:
+            if self._vec_fd is not None:  # every row the docstore commits has its vector on disk
+                os.fsync(self._vec_fd)
             self._db.commit()
             tmp = self.staging / (INDEX + ".tmp")
             faiss.write_index(self._index, str(tmp))
@@ -683,6 +836,8 @@ class FaissStore(VectorStore):
         assert self._db is not None and self.manifest is not None
         with self._lock:
             committed = self._opened_as[1]
+            if self._vec_fd is not None:  # the rows' full vectors are durable before the commit point
+                os.fsync(self._vec_fd)
             if self._delta:
                 data = np.concatenate(self._delta).tobytes()
                 created = not (self.path / DELTA).exists()
@@ -724,10 +879,12 @@ class FaissStore(VectorStore):
     def finalize(self) -> None:
         """Publish: swap the staging folder into place (bulk), or commit the in-place transaction."""
         self.commit()
+        self._close_vector_writer()
         if self._in_place:
             with self._lock:
                 self._in_place = False
                 self._writing = False
+                self._vecs = None  # remapped on the next search: the file may have grown
                 self._release_writer_lock()
             return
         assert self._db is not None
@@ -735,9 +892,10 @@ class FaissStore(VectorStore):
             manifest = self._staged_manifest
             self._db.close()  # the last connection's close folds any WAL into the file: hash the final bytes
             self._db = None
-            manifest.checksums = {name: _sha256(self.staging / name) for name in (INDEX, DOCSTORE)}
+            names = (INDEX, DOCSTORE, VECTORS) if (self.staging / VECTORS).exists() else (INDEX, DOCSTORE)
+            manifest.checksums = {name: _sha256(self.staging / name) for name in names}
             manifest.updated_at = time.time()
-            manifest.sizes = {name: (self.staging / name).stat().st_size for name in (INDEX, DOCSTORE)}
+            manifest.sizes = {name: (self.staging / name).stat().st_size for name in names}
             self._write_manifest(self.staging, manifest)
             old = self._old_path()
             shutil.rmtree(old, ignore_errors=True)
@@ -753,6 +911,7 @@ class FaissStore(VectorStore):
     def abort(self) -> None:
         """Drop the writes since begin()/prepare() and release the writer lock; the published store is reopened."""
         with self._lock:
+            self._close_vector_writer()
             if self._db is not None:
                 self._db.rollback()
                 self._db.close()
@@ -906,6 +1065,11 @@ class FaissStore(VectorStore):
                 marks = ",".join("?" * len(chunk))
                 rows.update(self._db.execute(f"SELECT id, row_id FROM documents WHERE id IN ({marks})", chunk))
             index = self._index
+            manifest = self._staged_manifest if self._writing else self.require_manifest()
+            if quantization(manifest.index) != "none":  # the exact vectors, not decoded codes
+                found = np.asarray([rows[i] for i in ids if i in rows], dtype=np.int64)
+                full = iter(self._full_vectors(found))
+                return [next(full).copy() if i in rows else None for i in ids]
             if isinstance(index, faiss.IndexIDMap):  # no id -> position map: find positions in the sorted ids
                 stored = faiss.vector_to_array(index.id_map)
                 if self._id_order is None:
@@ -958,6 +1122,8 @@ class FaissStore(VectorStore):
             raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
         if len(vectors) == 0 or self._index.ntotal == 0:
             return [[] for _ in range(len(vectors))]
+        if quantization(manifest.index) != "none":
+            return self._rescored(vectors, top_k, manifest, filters, allowed)
         k = min(top_k + self._tombstones, self._index.ntotal)
         params = self._search_params(manifest, filters, allowed)
         if params is False:
@@ -968,6 +1134,38 @@ class FaissStore(VectorStore):
             [(int(r), float(s)) for r, s in zip(row_ids, row_scores, strict=True) if r >= 0]
             for row_scores, row_ids in zip(scores, ids, strict=True)
         ]
+
+    def _rescored(
+        self, vectors: np.ndarray, top_k: int, manifest: Manifest, filters: Filters | None, allowed: np.ndarray | None
+    ) -> list[list[tuple[int, float]]]:
+        """Quantized stores: ``top_k x oversample`` candidates from the codes, re-scored with exact inner products
+        from vectors.f32, best ``top_k`` (plus tombstones) returned. The scores are exact cosines."""
+        assert self._index is not None
+        want = top_k + self._tombstones
+        oversample = float(self.oversample if self.oversample is not None else manifest.index.get("oversample", 1.0))
+        if filters and not _takes_search_params(inner_index(self._index)):
+            # Sign-bit and flat PQ codes take no id selector: the matching rows are scored exactly instead
+            # (cost grows with the number of matches, not with the store).
+            assert allowed is not None
+            candidates = [allowed] * len(vectors)
+        else:
+            k = min(max(want, math.ceil(top_k * oversample) + self._tombstones), self._index.ntotal)
+            params = self._search_params(manifest, filters, allowed)
+            if params is False:
+                return [[] for _ in range(len(vectors))]
+            _, ids = (
+                self._index.search(vectors, k, params=params) if params is not None else self._index.search(vectors, k)
+            )
+            candidates = [row[row >= 0] for row in ids]
+        out = []
+        for query, rows in zip(vectors, candidates, strict=True):
+            rows = np.sort(rows)  # ascending offsets: sequential reads of the memory-mapped file
+            scores = np.concatenate(
+                [self._full_vectors(rows[i : i + 65536]) @ query for i in range(0, len(rows), 65536)] or [np.zeros(0)]
+            )
+            order = np.argsort(-scores, kind="stable")[:want]
+            out.append([(int(rows[i]), float(scores[i])) for i in order])
+        return out
 
     def _search_params(self, manifest: Manifest, filters: Filters | None, row_ids: np.ndarray | None) -> Any:
         inner = inner_index(self._index)
@@ -1083,6 +1281,8 @@ class FaissStore(VectorStore):
                     raise StoreError(f"{self.path / DOCSTORE}: document {did!r} does not match its content hash")
             assert self._index is not None
             in_index = index_ids(self._index)
+            if quantization(manifest.index) != "none":  # every row's rescoring vector is there (norms below)
+                self._check_vectors_file(self._read_folder, in_index)
             in_docstore = np.fromiter((r for r, *_ in rows), dtype=np.int64, count=len(rows))
             missing = np.setdiff1d(in_docstore, in_index)
             if len(missing) or len(in_index) != len(np.unique(in_index)):
@@ -1101,9 +1301,25 @@ class FaissStore(VectorStore):
                     )
         return len(rows)
 
+    def footprint(self) -> dict[str, Any]:
+        """Quantization and bytes per live document: in RAM (the index searched: vectors or codes, delta
+        included) and on disk (every file of the store, the docstore's text and the rescoring vectors included)."""
+        manifest = self.require_manifest()
+        folder = self._read_folder
+        files = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
+        ram = files.get(INDEX, 0) + files.get(DELTA, 0)
+        count = max(self._count, 1)
+        return {
+            "quantize": quantization(manifest.index),
+            "oversample": manifest.index.get("oversample") if quantization(manifest.index) != "none" else None,
+            "ram_bytes_per_doc": round(ram / count, 1),
+            "disk_bytes_per_doc": round(sum(files.values()) / count, 1),
+        }
+
     def close(self) -> None:
         """Close the docstore; a writer that did not finalize keeps its checkpoint for the next run."""
         with self._lock:
+            self._close_vector_writer()
             if self._db is not None:
                 self._db.close()
                 self._db = None
