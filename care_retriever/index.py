@@ -173,6 +173,8 @@ class IndexSettings:
     nlist: int = 1024
     nprobe: int = 32
     pq_m: int = 96
+    quantize: str | None = None  # None: the store's own (none for a new store)
+    oversample: float | None = None  # None: the store's own, or the quantization's default
     update: bool = False
     prune: bool = False
     skip_invalid: bool = False
@@ -194,6 +196,13 @@ class IndexSettings:
             )
         if min(self.hnsw_m, self.ef_construction, self.ef_search, self.nlist, self.nprobe, self.pq_m) < 1:
             raise InputError("--hnsw-m, --ef-construction, --ef-search, --nlist, --nprobe and --pq-m must be >= 1")
+        if self.store.startswith("faiss:") and self.quantize is not None:
+            from care_retriever.stores.faiss_store import QUANTIZE
+
+            if self.quantize not in QUANTIZE:
+                raise InputError(f"Unknown --quantize {self.quantize!r} for a FAISS store. Available: {list(QUANTIZE)}")
+        if self.oversample is not None and not self.oversample >= 1:
+            raise InputError(f"--oversample must be >= 1, got {self.oversample}")
         if self.backend not in BACKENDS:
             raise InputError(f"Unknown --backend {self.backend!r}. Available backends: {list(BACKENDS)}")
         if not self.timeout_minutes > 0:
@@ -211,6 +220,8 @@ class IndexSettings:
             "nlist": self.nlist,
             "nprobe": self.nprobe,
             "pq_m": self.pq_m,
+            **({"quantize": self.quantize} if self.quantize is not None else {}),
+            **({"oversample": self.oversample} if self.oversample is not None else {}),
         }
 
 

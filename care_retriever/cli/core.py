@@ -136,6 +136,17 @@ def index(
     nlist: Annotated[int, typer.Option(help="IVF lists.")] = 1024,
     nprobe: Annotated[int, typer.Option(help="IVF lists visited per search (kept in the manifest).")] = 32,
     pq_m: Annotated[int, typer.Option(help="IVF-PQ bytes per vector; must divide the dimension.")] = 96,
+    quantize: Annotated[
+        str | None,
+        typer.Option(
+            help="FAISS: none | sq8 | binary | pq: compressed codes in RAM, full vectors on disk, every search "
+            "rescored (docs/scale.md). Fixed when the store is created."
+        ),
+    ] = None,
+    oversample: Annotated[
+        float | None,
+        typer.Option(help="Candidates from the codes per result wanted, rescored exactly (default by quantize)."),
+    ] = None,
     update: Annotated[
         bool,
         typer.Option(
@@ -193,6 +204,8 @@ def index(
         nlist=nlist,
         nprobe=nprobe,
         pq_m=pq_m,
+        quantize=quantize,
+        oversample=oversample,
         update=update,
         prune=prune,
         skip_invalid=skip_invalid,
