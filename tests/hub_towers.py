@@ -169,7 +169,7 @@ def write_qwen3_causal_lm(out: Path, seed: int = 0) -> Path:
 
 
 def _wordpiece_tokenizer():
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import BertTokenizer
 
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -179,12 +179,7 @@ def _wordpiece_tokenizer():
     backend.train_from_iterator(
         TEXTS * 3, trainer=trainers.WordPieceTrainer(vocab_size=400, special_tokens=special, show_progress=False)
     )
-    cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
-    )
+    # BertTokenizer builds BERT's own [CLS] $A [SEP] template around the trained vocabulary.
     return BertTokenizer(vocab=backend.get_vocab(), model_max_length=512)
 
 
