@@ -73,7 +73,16 @@ def test_independent_jobs_join_one_qdrant_collection() -> None:
     options = {"m": 16, "ef_construct": 64, "on_disk": True, "quantization": "int8", "shard_number": 2}
     first.prepare(DIM, "fp", "m", options)
     second.prepare(DIM, "fp", "m")  # lost the creation race
-    assert second.manifest is not None and second.manifest.index == {"type": "hnsw", **options}
+    # Recorded under the canonical names, with the defaults filled in; local mode has one shard, so none recorded.
+    assert second.manifest is not None and second.manifest.index == {
+        "type": "hnsw",
+        "m": 16,
+        "ef_construct": 64,
+        "on_disk": True,
+        "quantize": "sq8",
+        "always_ram": True,
+        "oversample": 2.0,
+    }
     docs, vectors = _data(40)
     first.upsert(docs[:20], vectors[:20])
     second.upsert(docs[20:], vectors[20:])

@@ -12,6 +12,7 @@ serialised by a lock so that searches from many threads are safe. A server clien
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -24,6 +25,8 @@ import numpy as np
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.base import Filters, Hit, Manifest, VectorStore, default_versions, validate_filters
+
+logger = logging.getLogger("care_retriever")
 
 ID_NAMESPACE = uuid.UUID("6f1c2b1e-7d3a-5c43-9a53-2f5b0c6e8a11")
 DEFAULT_COLLECTION = "care"
@@ -76,52 +79,160 @@ def _client(location: str, api_key: str | None = None):
         ) from None
 
 
+# Collection settings, canonical names first (recorded in the manifest under these names), then the older
+# names still accepted: ``quantization: "int8"`` is ``quantize: "sq8"``, ``shard_number`` is ``shards``,
+# ``replication_factor`` is ``replicas``.
+QUANTIZE = ("none", "sq8", "binary")
+OPTION_ALIASES = {"quantization": "quantize", "shard_number": "shards", "replication_factor": "replicas"}
 COLLECTION_OPTIONS = (
     "type",
     "m",
     "ef_construct",
     "on_disk",
     "on_disk_payload",
-    "quantization",
-    "shard_number",
-    "replication_factor",
+    "quantize",
+    "always_ram",
+    "oversample",
+    "shards",
+    "replicas",
+    *OPTION_ALIASES,
 )
+# Oversampling when none is given: Qdrant's guidance for rescored int8 and binary codes (not measured here:
+# this machine has no Qdrant server, and local mode searches exactly; see docs/scale.md).
+DEFAULT_OVERSAMPLE = {"sq8": 2.0, "binary": 3.0}
+# Settings that exist only on a server: local mode drops them (one shard, no replicas).
+SERVER_ONLY = ("shards", "replicas")
+# Settings local mode keeps in the collection config but does not act on (it searches the full vectors exactly).
+LOCAL_UNUSED = ("quantize", "always_ram", "oversample", "on_disk", "on_disk_payload", "m", "ef_construct")
 
 
-def collection_options(dim: int, options: dict[str, Any]) -> dict[str, Any]:
-    """``create_collection`` arguments for a server collection sized for millions of documents.
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"Qdrant option {key} must be true or false, got {value!r}")
+    return value
 
-    ``m`` / ``ef_construct``: the HNSW graph; ``on_disk``: vectors memory-mapped from disk;
-    ``quantization="int8"``: int8 copies kept in RAM for search (4x smaller), originals rescore;
-    ``shard_number`` / ``replication_factor``: distribution over a cluster. See docs/scale.md.
+
+def _count(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"Qdrant option {key} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def normalize_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """The settings given, checked and under their canonical names (no defaults filled in).
+
+    Raises :class:`InputError` with one line for an unknown option, an unknown quantization or a bad value.
     """
-    from qdrant_client import models
-
+    options = dict(options or {})
     unknown = sorted(set(options) - set(COLLECTION_OPTIONS))
     if unknown:
         raise InputError(f"unknown Qdrant collection options {unknown}; known: {list(COLLECTION_OPTIONS)}")
     if options.get("type", "hnsw") != "hnsw":
         raise InputError(f"Qdrant collections are HNSW; got index type {options['type']!r}")
-    quantization = options.get("quantization")
-    if quantization not in (None, "int8"):
-        raise InputError(f"quantization must be 'int8' or absent, got {quantization!r}")
-    hnsw = {k: int(options[k]) for k in ("m", "ef_construct") if k in options}
+    out: dict[str, Any] = {"type": "hnsw"}
+    for key, value in options.items():
+        if key == "type" or value is None:
+            continue
+        name = OPTION_ALIASES.get(key, key)
+        if name == "quantize":
+            value = {"int8": "sq8"}.get(value, value) if key == "quantization" else value
+            if value not in QUANTIZE:
+                raise InputError(
+                    f"unknown Qdrant quantization {value!r}; valid: {', '.join(QUANTIZE)} (int8 is sq8; "
+                    "Qdrant's product quantization is not offered)"
+                )
+        elif name in ("on_disk", "on_disk_payload", "always_ram"):
+            value = _flag(name, value)
+        elif name in ("m", "ef_construct", "shards", "replicas"):
+            value = _count(name, value)
+        elif name == "oversample":
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 1:
+                raise InputError(f"Qdrant option oversample must be a number >= 1, got {value!r}")
+            value = float(value)
+        if name in out and out[name] != value:
+            raise InputError(f"Qdrant options {name} and {key} disagree ({out[name]!r} vs {value!r}); give one")
+        out[name] = value
+    if out.get("quantize", "none") == "none":
+        given = [k for k in ("always_ram", "oversample") if k in out]
+        if given:
+            raise InputError(f"Qdrant options {given} apply to a quantized collection: add quantize sq8 or binary")
+    return out
+
+
+def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """:func:`normalize_options` with the defaults a new collection gets: what the manifest records."""
+    out = normalize_options(options)
+    out.setdefault("quantize", "none")
+    if out["quantize"] != "none":
+        out.setdefault("always_ram", True)  # the codes searched in RAM, the originals (maybe on disk) rescore
+        out.setdefault("oversample", DEFAULT_OVERSAMPLE[out["quantize"]])
+    return out
+
+
+def collection_options(dim: int, options: dict[str, Any]) -> dict[str, Any]:
+    """``create_collection`` arguments for a collection sized for millions of documents.
+
+    ``m`` / ``ef_construct``: the HNSW graph; ``on_disk``: the original vectors memory-mapped from disk;
+    ``quantize``: ``sq8`` (int8 scalar codes, 4x smaller) or ``binary`` (one bit a dimension, 32x smaller),
+    kept in RAM with ``always_ram`` (default) and rescored from the originals at search time, ``oversample``
+    times ``top_k`` candidates; ``shards`` / ``replicas``: distribution over a cluster. See docs/scale.md.
+    """
+    from qdrant_client import models
+
+    resolved = resolve_options(options)
+    hnsw = {k: resolved[k] for k in ("m", "ef_construct") if k in resolved}
+    quantization: Any = None
+    if resolved["quantize"] == "sq8":
+        quantization = models.ScalarQuantization(
+            scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, always_ram=resolved["always_ram"])
+        )
+    elif resolved["quantize"] == "binary":
+        quantization = models.BinaryQuantization(
+            binary=models.BinaryQuantizationConfig(always_ram=resolved["always_ram"])
+        )
     kwargs: dict[str, Any] = {
+        # The quantization sits on the (unnamed) dense vector rather than the collection: the same on a
+        # server, and local mode keeps a vector's config, so the collection's info reports it either way.
         "vectors_config": models.VectorParams(
             size=dim,
             distance=models.Distance.COSINE,
-            on_disk=options.get("on_disk"),
+            on_disk=resolved.get("on_disk"),
             hnsw_config=models.HnswConfigDiff(**hnsw) if hnsw else None,
+            quantization_config=quantization,
         ),
     }
-    if quantization == "int8":
-        kwargs["quantization_config"] = models.ScalarQuantization(
-            scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, always_ram=True)
-        )
-    for key in ("on_disk_payload", "shard_number", "replication_factor"):
-        if options.get(key) is not None:
-            kwargs[key] = options[key]
+    for key, arg in (
+        ("on_disk_payload", "on_disk_payload"),
+        ("shards", "shard_number"),
+        ("replicas", "replication_factor"),
+    ):
+        if key in resolved:
+            kwargs[arg] = resolved[key]
     return kwargs
+
+
+def collection_settings(info: Any) -> dict[str, Any]:
+    """The settings a collection holds, read from Qdrant's own collection info (not from the manifest)."""
+    from qdrant_client import models
+
+    params = info.config.params
+    vector = params.vectors[""] if isinstance(params.vectors, dict) else params.vectors
+    quantization = getattr(vector, "quantization_config", None) or info.config.quantization_config
+    if isinstance(quantization, models.ScalarQuantization):
+        quantize, always_ram = "sq8", quantization.scalar.always_ram
+    elif isinstance(quantization, models.BinaryQuantization):
+        quantize, always_ram = "binary", quantization.binary.always_ram
+    elif quantization is None:
+        quantize, always_ram = "none", None
+    else:
+        quantize, always_ram = type(quantization).__name__, None
+    return {
+        "quantize": quantize,
+        "always_ram": always_ram,
+        "on_disk": getattr(vector, "on_disk", None),
+        "shards": params.shard_number,
+        "replicas": params.replication_factor,
+    }
 
 
 def dense_vector(vector: Any) -> np.ndarray:
@@ -168,12 +279,16 @@ class QdrantStore(VectorStore):
         Several indexing jobs may start at once against one server (shards of a corpus on many nodes):
         if another job created the collection first, this one checks compatibility and joins it.
         """
+        requested = normalize_options(index)
+        if not is_server(self.location):
+            requested = self._local_mode_options(requested, warn=self.manifest is None)
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
+            self._check_settings(requested)
             return
         import qdrant_client
 
-        options = {"type": "hnsw", **(index or {})}
+        options = resolve_options(requested)
         kwargs = collection_options(dim, options)
         from care_retriever.sparse.qdrant_sparse import vectors_config
 
@@ -196,6 +311,7 @@ class QdrantStore(VectorStore):
                 raise StoreError(f"{self.describe()}: cannot create the collection ({_first_line(exc)})") from None
             joined = QdrantStore(self.location, self.collection, client=self.client)
             joined.check_compatible(space_fingerprint, dim)
+            joined._check_settings(requested)
             self.manifest = joined.manifest
             return
         self.manifest = manifest
@@ -203,6 +319,86 @@ class QdrantStore(VectorStore):
             from qdrant_client import models
 
             self.client.create_payload_index(self.collection, "doc_id", models.PayloadSchemaType.KEYWORD)
+
+    def _local_mode_options(self, requested: dict[str, Any], *, warn: bool) -> dict[str, Any]:
+        """Local mode: the settings it keeps; creating a collection, say in one line which ones it drops or
+        records without acting on them."""
+        dropped = [k for k in SERVER_ONLY if k in requested]
+        unused = [k for k in LOCAL_UNUSED if k in requested]
+        if warn and (dropped or unused):
+            logger.warning(
+                "%s: Qdrant local mode %s%s%s; a Qdrant server applies them (docs/scale.md)",
+                self.describe(),
+                f"has one shard and no replicas (ignoring {', '.join(dropped)})" if dropped else "",
+                "; it " if dropped and unused else "",
+                f"records {', '.join(unused)} but searches the full vectors exactly in RAM" if unused else "",
+            )
+        return {k: v for k, v in requested.items() if k not in SERVER_ONLY}
+
+    def _check_settings(self, requested: dict[str, Any]) -> None:
+        """Refuse settings that differ from the existing collection's: they are fixed when it is created."""
+        recorded = resolve_options(self.require_manifest().index)
+        differ = [
+            f"{k} {recorded.get(k)!r} (asked {v!r})"
+            for k, v in requested.items()
+            if k != "type" and recorded.get(k) != v
+        ]
+        if differ:
+            raise StoreError(
+                f"{self.describe()}: the collection was created with {', '.join(differ)}; these are fixed at "
+                "creation: index into a new collection (--collection NAME) to change them"
+            )
+
+    def search_params(self) -> Any:
+        """Search parameters of a quantized collection on a server: rescore ``oversample`` x ``top_k`` candidates
+        from the original vectors. None without quantization, and in local mode (it searches exactly)."""
+        options = resolve_options(self.require_manifest().index)
+        if options["quantize"] == "none" or not is_server(self.location):
+            return None
+        from qdrant_client import models
+
+        return models.SearchParams(
+            quantization=models.QuantizationSearchParams(rescore=True, oversampling=options["oversample"])
+        )
+
+    def verify(self) -> int:
+        """Check the collection's own settings against the manifest, then every point's payload and dense vector."""
+        manifest = self.require_manifest()
+        with self._lock:
+            info = self.client.get_collection(self.collection)
+        actual = collection_settings(info)
+        recorded = resolve_options(manifest.index)
+        for key in ("quantize", "always_ram", "on_disk", "shards", "replicas"):
+            if key in recorded and actual[key] != recorded[key]:
+                raise StoreError(
+                    f"{self.describe()}: the collection holds {key}={actual[key]!r}; its manifest says "
+                    f"{recorded[key]!r}"
+                )
+        count, offset = 0, None
+        while True:
+            with self._lock:
+                points, offset = self.client.scroll(
+                    self.collection,
+                    limit=256,
+                    offset=offset,
+                    with_payload=["doc_id", "content_hash"],
+                    with_vectors=True,
+                )
+            for p in points:
+                payload = p.payload or {}
+                if not payload.get("doc_id") or not payload.get("content_hash"):
+                    raise StoreError(f"{self.describe()}: point {p.id} has no doc_id or content_hash")
+                if p.id != point_id(payload["doc_id"]):
+                    raise StoreError(f"{self.describe()}: point {p.id} does not carry the id of {payload['doc_id']!r}")
+                vector = dense_vector(p.vector) if p.vector is not None else np.empty(0, np.float32)
+                if vector.shape != (manifest.dim,) or not np.isfinite(vector).all():
+                    raise StoreError(
+                        f"{self.describe()}: {payload['doc_id']!r} has no finite {manifest.dim}-dim dense vector"
+                    )
+            count += len(points)
+            if offset is None:
+                break
+        return count
 
     def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
         if self.manifest is None or not ids:
@@ -352,8 +548,10 @@ class QdrantStore(VectorStore):
             raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
         flt = self._filter(filters)
         fields = True if payload else ["doc_id"]
+        params = self.search_params()
         requests = [
-            models.QueryRequest(query=v.tolist(), limit=top_k, filter=flt, with_payload=fields) for v in vectors
+            models.QueryRequest(query=v.tolist(), limit=top_k, filter=flt, with_payload=fields, params=params)
+            for v in vectors
         ]
         if not requests:
             return []
@@ -470,6 +668,7 @@ class QdrantStore(VectorStore):
             raise InputError(f"top_k must be >= 1, got {top_k}")
         flt = self._filter(filters)
         fields = True if payload else ["doc_id"]
+        params = self.search_params() if vectors is not None else None  # rescoring applies to the dense side
         requests = []
         for i, tokens in enumerate(tokenize(list(queries))):
             sparse = (
@@ -486,9 +685,11 @@ class QdrantStore(VectorStore):
                     else None
                 )
             elif sparse is None:
-                request = models.QueryRequest(query=vectors[i].tolist(), limit=top_k, filter=flt, with_payload=fields)
+                request = models.QueryRequest(
+                    query=vectors[i].tolist(), limit=top_k, filter=flt, with_payload=fields, params=params
+                )
             else:
-                dense = models.Prefetch(query=vectors[i].tolist(), limit=fusion.candidates, filter=flt)
+                dense = models.Prefetch(query=vectors[i].tolist(), limit=fusion.candidates, filter=flt, params=params)
                 # Qdrant's RRF gives rank r (from 1) 1 / (k + r - 1); ours (and ranx's) 1 / (k + r): pass k + 1.
                 query = (
                     models.RrfQuery(rrf=models.Rrf(k=fusion.k + 1))
