@@ -257,7 +257,12 @@ def load_embedder(
         _quiet_transformers()
         from care_retriever.embedder import AsymmetricEmbedder
 
-        embedder = AsymmetricEmbedder.from_pretrained(local, load=tower or load, device=device)  # type: ignore[arg-type]
+        embedder = AsymmetricEmbedder.from_pretrained(
+            local,
+            load=tower or load,  # type: ignore[arg-type]
+            device=device,
+            trust_remote_code=trust_remote_code,
+        )
         return OneTowerEmbedder(embedder, tower) if tower else embedder  # type: ignore[arg-type]
     if tower:
         raise ModelError(f"{base}: '#{tower}' selects a tower of a CARE model folder (one with care_config.json)")

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Module, Normalize, Router, Transformer
-from sentence_transformers.util import import_module_class, load_file_path
+from sentence_transformers.util import import_module_class
 
 from care_retriever import __version__
 from care_retriever.encoding import check_texts, encode_texts, logger
@@ -37,10 +37,14 @@ from care_retriever.model_config import (  # re-exported: callers import these f
     CareConfig,
     TowerInfo,
 )
+from care_retriever.prompts import literal_template
 from care_retriever.towers.modules import (
     DEFAULT_MAX_LENGTH,
-    load_transformer,
-    tower_modules,
+    REMOTE_CODE_FLAG,
+    hub_options,
+    model_file,
+    read_tower,
+    refuse_pickled_weights,
     tower_native_dim,
     tower_output_dim,
 )
@@ -60,28 +64,92 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``auto``: fp32 on CPU, bf16 on CUDA where supported, else fp16."""
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+DTYPE_CHOICES = ("auto", "fp32", "bf16", "fp16")  # what the CLI offers; DTYPES also takes torch's long names
+
+
+def native_bf16(device: str | torch.device) -> bool:
+    """Whether ``device`` computes in bf16 in hardware: a CUDA GPU of compute capability >= 8.0 (Ampere on), or ROCm.
+
+    ``torch.cuda.is_bf16_supported()`` also counts GPUs that only emulate bf16 (a V100 or T4 makes bf16
+    tensors but computes them in fp32 units at a fraction of fp16's speed); its ``including_emulation=False``
+    (torch >= 2.3) applies the same ``major >= 8`` test, but to the current device, not to ``device``.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    if torch.version.hip:
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index)[0] >= 8
+
+
+def auto_dtype(device: str | torch.device) -> torch.dtype:
+    """The precision ``dtype="auto"`` picks: bf16 on a GPU with native bf16, fp16 on an older GPU, fp32 elsewhere.
+
+    Training and indexing call this one function, so both sides of a model agree on its precision.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.bfloat16 if native_bf16(device) else torch.float16
+    return torch.float32
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
+    """A torch dtype from ``auto`` (see :func:`auto_dtype`), a name in :data:`DTYPES`, or a torch dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    names = {
-        "fp32": torch.float32,
-        "float32": torch.float32,
-        "bf16": torch.bfloat16,
-        "bfloat16": torch.bfloat16,
-        "fp16": torch.float16,
-        "float16": torch.float16,
-    }
+        return auto_dtype(device)
     try:
-        return names[str(dtype)]
+        return DTYPES[str(dtype)]
     except KeyError:
-        raise ModelError(
-            f"Unknown dtype {dtype!r}. Available dtypes: ['auto', {', '.join(map(repr, names))}]"
-        ) from None
+        raise ModelError(f"Unknown dtype {dtype!r}. Available dtypes: {['auto', *DTYPES]}") from None
+
+
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "flash_attention_2", "eager")
+
+
+def flash_attn_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def resolve_attn_implementation(requested: str | None, device: str | torch.device, dtype: torch.dtype) -> str | None:
+    """The ``attn_implementation`` transformers loads a tower with; None leaves transformers' own default.
+
+    ``auto`` (or None): ``flash_attention_2`` where the ``flash_attn`` package is installed and the tower runs
+    on CUDA in fp16/bf16 (the only setting flash-attention runs in), else None: transformers' default,
+    which is ``sdpa`` for every architecture that has it and ``eager`` for model code that has not (an
+    explicit ``sdpa`` would be refused by such code). ``sdpa``, ``flash_attention_2`` and ``eager`` are
+    passed as asked, after checking that flash-attention can run here.
+    """
+    if requested is not None and requested not in ATTN_IMPLEMENTATIONS:
+        raise ModelError(f"Unknown attn_implementation {requested!r}. Available: {list(ATTN_IMPLEMENTATIONS)}")
+    half = dtype in (torch.float16, torch.bfloat16)
+    on_cuda = torch.device(device).type == "cuda"
+    if requested in (None, "auto"):
+        return "flash_attention_2" if flash_attn_installed() and on_cuda and half else None
+    if requested == "flash_attention_2":
+        if not flash_attn_installed():
+            raise ModelError(
+                "attn_implementation 'flash_attention_2' needs the flash_attn package (pip install flash-attn "
+                "--no-build-isolation); or use 'sdpa'"
+            )
+        if not (on_cuda and half):
+            raise ModelError(
+                f"attn_implementation 'flash_attention_2' runs on CUDA in fp16/bf16 only, not on {device} in "
+                f"{str(dtype).removeprefix('torch.')}; use 'sdpa'"
+            )
+    return requested
 
 
 def _assemble(modules: list[Module], device: torch.device, prompts: dict[str, str]) -> SentenceTransformer:
@@ -133,7 +201,7 @@ class AsymmetricEmbedder:
         document_model: str | None = None,
         *,
         query_pooling: str | None = None,
-        document_pooling: str = "last_token",
+        document_pooling: str | None = None,
         query_prompt_template: str | Literal["auto"] | None = "auto",
         default_instruction: str = DEFAULT_INSTRUCTION,
         max_length: int = DEFAULT_MAX_LENGTH,
@@ -142,53 +210,60 @@ class AsymmetricEmbedder:
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = "auto",
         trust_remote_code: bool = False,
+        allow_pickled_weights: bool = False,
         preset: str | None = None,
     ) -> AsymmetricEmbedder:
         """Pair two pretrained towers (hub ids or folders); ``document_model=None`` is symmetric.
 
-        The document tower is truncated (Matryoshka) to the query tower's width. ``query_pooling``
-        defaults to ``cls`` for encoder models and ``last_token`` for decoders. ``query_prompt_template``
-        ``"auto"`` gives decoder query towers the Qwen3-Embedding instruction form and BERT towers none.
+        Each tower is read the way its own library reads it (:func:`read_tower`): a sentence-transformers
+        folder (Qwen3-Embedding, bge, gte) keeps its pooling, prompts and tokenizer; a bare checkpoint
+        (Qwen3-4B) gets ``cls`` pooling if it is an encoder, ``last_token`` over an appended EOS if it is a
+        decoder. ``query_pooling`` / ``document_pooling`` override that. The document tower is truncated
+        (Matryoshka) to the query tower's width. ``query_prompt_template`` ``"auto"``: the query tower's
+        own query prompt where its folder declares one, else the instruction form for decoder query towers
+        and none for BERT towers. ``trust_remote_code`` lets a tower run code shipped with it (recorded per
+        tower; every later load must pass it again); ``allow_pickled_weights`` reads ``pytorch_model.bin``.
         """
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
-        q_tf = load_transformer(
-            query_model, max_length=max_length, dtype=torch_dtype, trust_remote_code=trust_remote_code
-        )
-        q_is_decoder = is_decoder(q_tf)
-        q_pool = query_pooling or ("last_token" if q_is_decoder else "cls")
+        read = {
+            "max_length": max_length,
+            "dtype": torch_dtype,
+            "trust_remote_code": trust_remote_code,
+            "allow_pickled_weights": allow_pickled_weights,
+        }
+        q_tower = read_tower(query_model, **read)
+        q_pool = query_pooling or q_tower.pooling or ("last_token" if is_decoder(q_tower.transformer) else "cls")
         if q_pool == "last_token":
-            ensure_eos_appended(q_tf.tokenizer)
+            ensure_eos_appended(q_tower.transformer.tokenizer, query_model)
+        q_mods = q_tower.modules(q_pool)
         if document_model is None:
-            q_mods = tower_modules(q_tf, q_pool)
-            d_mods = q_mods
+            d_tower, d_mods, d_pool = q_tower, q_mods, q_pool
             mode: Literal["asymmetric", "symmetric"] = "symmetric"
-            d_pool = q_pool
         else:
-            d_tf = load_transformer(
-                document_model, max_length=max_length, dtype=torch_dtype, trust_remote_code=trust_remote_code
-            )
+            d_tower = read_tower(document_model, **read)
             if document_adapter:
-                _attach_adapter(d_tf, document_adapter, merge_adapter)
-            d_pool = document_pooling
-            if d_pool == "last_token" and ensure_eos_appended(d_tf.tokenizer):
-                logger.info("document tower tokenizer now appends %s", d_tf.tokenizer.eos_token)
-            q_dim = q_tf.get_embedding_dimension()
-            q_mods = tower_modules(q_tf, q_pool)
-            d_mods = tower_modules(d_tf, d_pool, output_dim=q_dim)
+                _attach_adapter(d_tower.transformer, document_adapter, merge_adapter, document_model)
+            d_pool = document_pooling or d_tower.pooling or "last_token"
+            if d_pool == "last_token" and ensure_eos_appended(d_tower.transformer.tokenizer, document_model):
+                logger.info("document tower tokenizer now appends %s", d_tower.transformer.tokenizer.eos_token)
+            d_mods = d_tower.modules(d_pool, output_dim=tower_output_dim(q_mods))
             mode = "asymmetric"
-        template = (
-            (QUERY_PROMPT_TEMPLATE if q_pool == "last_token" else None)
-            if query_prompt_template == "auto"
-            else query_prompt_template
-        )
+        if query_prompt_template == "auto":
+            own = q_tower.prompts.get("query")
+            template = literal_template(own) if own else (QUERY_PROMPT_TEMPLATE if q_pool == "last_token" else None)
+        else:
+            template = query_prompt_template
         config = CareConfig(
             mode=mode,
             dim=tower_output_dim(q_mods),
-            query=TowerInfo(q_pool, tower_native_dim(q_mods), max_length, query_model),
-            document=TowerInfo(d_pool, tower_native_dim(d_mods), max_length, document_model or query_model),
+            query=TowerInfo(q_pool, tower_native_dim(q_mods), max_length, query_model, q_tower.remote_code),
+            document=TowerInfo(
+                d_pool, tower_native_dim(d_mods), max_length, document_model or query_model, d_tower.remote_code
+            ),
             query_prompt_template=template,
-            default_instruction=default_instruction if template else None,
+            default_instruction=default_instruction if template and "{instruction}" in template else None,
+            document_prompt=d_tower.prompts.get("document"),
             preset=preset,
         )
         return cls(config, q_mods, d_mods, device=dev)
@@ -208,6 +283,7 @@ class AsymmetricEmbedder:
         token: str | bool | None = None,
         cache_folder: str | None = None,
         backend: str = "torch",
+        attn_implementation: str | None = None,
     ) -> Any:
         """Load a saved CARE model from a folder or hub id; ``load`` picks the towers to build.
 
@@ -215,7 +291,8 @@ class AsymmetricEmbedder:
         returns the query-only embedder of :mod:`care_retriever.backends` over the folder's export
         (``care-retriever export``); ``auto`` takes an export when the folder has one, else torch.
         Model code from the hub (``trust_remote_code``) and pickled weights (``allow_pickled_weights``)
-        are refused unless asked for: both can run arbitrary code.
+        are refused unless asked for: both can run arbitrary code. ``attn_implementation``: see
+        :func:`resolve_attn_implementation` (None: flash-attention where installed and usable, else sdpa).
         """
         if load not in ROUTES:
             raise ModelError(f"Unknown load {load!r}. Available: {sorted(ROUTES)}")
@@ -233,31 +310,33 @@ class AsymmetricEmbedder:
         local = local_model_dir(name)
         if local is not None:
             name = str(local)  # "~" expanded: every later lookup sees the folder
-        hub = {
-            "token": token,
-            "cache_folder": cache_folder,
-            "revision": revision,
-            "local_files_only": os.environ.get("HF_HUB_OFFLINE") == "1",
-        }
-        config_path = _file(name, CONFIG_NAME, hub)
+        hub = hub_options(token=token, cache_folder=cache_folder, revision=revision)
+        config_path = model_file(name, CONFIG_NAME, hub)
         if config_path is None:
             raise ModelError(
                 f"{name}: no {CONFIG_NAME}; not a CARE model (plain sentence-transformers models load with "
                 "care_retriever.baselines.SentenceTransformerEmbedder)"
             )
         config = CareConfig.from_dict(json.loads(Path(config_path).read_text("utf-8")), f"{name}/{CONFIG_NAME}")
-        router_path = _file(name, Router.config_file_name, hub)
+        router_path = model_file(name, Router.config_file_name, hub)
         if router_path is None:
             raise ModelError(f"{name}: missing {Router.config_file_name}; the model folder is incomplete")
         router = json.loads(Path(router_path).read_text("utf-8"))
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
+        attention = resolve_attn_implementation(attn_implementation, dev, torch_dtype)
         loaded: dict[str, Module] = {}
         routes: dict[str, list[Module]] = {}
         for route in ROUTES[load]:
             if route not in router["structure"]:
                 raise ModelError(
                     f"No route found for task {route!r} in {name}. Available routes: {sorted(router['structure'])}"
+                )
+            tower: TowerInfo = getattr(config, route)
+            if tower.trust_remote_code and not trust_remote_code:
+                raise ModelError(
+                    f"{name}: its {route} tower ({tower.base_model}) runs model code shipped with it; "
+                    f"loading it needs {REMOTE_CODE_FLAG}"
                 )
             modules = []
             for module_id in router["structure"][route]:
@@ -270,6 +349,7 @@ class AsymmetricEmbedder:
                         torch_dtype,
                         trust_remote_code,
                         allow_pickled_weights,
+                        attention,
                     )
                 modules.append(loaded[module_id])
             if merge_lora:
@@ -323,7 +403,7 @@ class AsymmetricEmbedder:
         """
         if self.config.space_fingerprint is None:
             self.config.space_fingerprint = weights_fingerprint(self.document_modules or [], self.config.dim)
-        return space_fingerprint(self.config.space_fingerprint)
+        return space_fingerprint(self.config.space_fingerprint, self.config.document_prompt)
 
     def query_prompt(self, instruction: str | None = None) -> str | None:
         return self.config.query_prompt(instruction)
@@ -355,6 +435,7 @@ class AsymmetricEmbedder:
         return encode_texts(
             self.document_model,
             texts,
+            prompt=self.config.document_prompt,
             batch_size=batch_size,
             show_progress=show_progress,
             desc="Encoding documents",
@@ -367,7 +448,7 @@ class AsymmetricEmbedder:
         if self.query_modules is None or self.document_modules is None:
             raise ModelError("saving or training needs both towers; load the model with load='both'")
         router = Router.for_query_document(self.query_modules, self.document_modules, default_route="document")
-        prompts = {"query": self.query_prompt() or "", "document": ""}
+        prompts = {"query": self.query_prompt() or "", "document": self.config.document_prompt or ""}
         return SentenceTransformer(
             modules=[router, Normalize()],
             device=str(self.device),
@@ -416,24 +497,43 @@ def is_decoder(transformer: Transformer) -> bool:
     )
 
 
-def _attach_adapter(transformer: Transformer, adapter: str, merge: bool) -> None:
-    from peft import PeftModel
+def _attach_adapter(transformer: Transformer, adapter: str, merge: bool, base_name: str) -> None:
+    """Apply a LoRA adapter to the document tower, read as the task peft saved it for.
+
+    Adapters published for an LLM are usually peft ``CAUSAL_LM`` adapters: their keys and target
+    modules name the causal-LM wrapper (``model.layers.N...``), and ``PeftModelForCausalLM`` needs the
+    wrapper's generation methods. The tower holds the bare decoder (``AutoModel``), so such an adapter
+    is applied to a causal-LM shell built around it without weights (its head stays on the meta device
+    and is never run), merged, and the decoder taken back out.
+    """
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM
 
     try:
-        model = PeftModel.from_pretrained(transformer.auto_model, adapter)
+        peft_config = PeftConfig.from_pretrained(adapter)
     except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot load LoRA adapter {adapter!r}: {str(exc).splitlines()[0]}") from None
-    transformer.model = model.merge_and_unload() if merge else model
-
-
-def _file(name: str, filename: str, hub: dict[str, Any]) -> str | None:
-    if Path(name).is_dir():
-        path = Path(name) / filename
-        return str(path) if path.is_file() else None
+        raise ModelError(f"cannot load LoRA adapter {adapter!r}: {str(exc).splitlines()[0]}") from exc
+    decoder = transformer.auto_model
+    causal = str(getattr(peft_config.task_type, "value", peft_config.task_type)) == "CAUSAL_LM"
+    if causal and not merge:
+        raise ModelError(f"LoRA adapter {adapter!r} is a CAUSAL_LM adapter: the document tower takes it merged")
+    host: torch.nn.Module = decoder
+    if causal:
+        with torch.device("meta"):
+            host = AutoModelForCausalLM.from_config(decoder.config)
+        host.model = decoder
     try:
-        return load_file_path(name, filename, **hub)
-    except Exception as exc:  # hub errors come in many types; the message is what matters
-        raise ModelError(f"cannot fetch {filename} of {name!r}: {str(exc).splitlines()[0]}") from None
+        model = PeftModel.from_pretrained(host, adapter)
+    except (OSError, ValueError, RuntimeError, KeyError, AttributeError) as exc:
+        raise ModelError(
+            f"cannot apply LoRA adapter {adapter!r} (trained on {peft_config.base_model_name_or_path!r}) to the "
+            f"document tower {base_name!r}: {str(exc).splitlines()[0]}"
+        ) from exc
+    if not merge:
+        transformer.model = model
+        return
+    merged = model.merge_and_unload()
+    transformer.model = merged.model if causal else merged
 
 
 def _load_module(
@@ -444,32 +544,21 @@ def _load_module(
     dtype: torch.dtype,
     trust_remote_code: bool,
     allow_pickled_weights: bool = False,
+    attn_implementation: str | None = None,
 ) -> Module:
     module_class = import_module_class(class_ref, model_name_or_path=name, trust_remote_code=False)
-    _refuse_pickled_weights(Path(name) / module_id, allow_pickled_weights)
+    refuse_pickled_weights(Path(name) / module_id, allow_pickled_weights)
     if issubclass(module_class, Transformer):
         return module_class.load(
             name,
             subfolder=module_id,
             trust_remote_code=trust_remote_code,
-            model_kwargs={"dtype": dtype, "use_safetensors": None if allow_pickled_weights else True},
+            model_kwargs={
+                "dtype": dtype,
+                "use_safetensors": None if allow_pickled_weights else True,
+                # only when set: model code of its own may not take the keyword
+                **({"attn_implementation": attn_implementation} if attn_implementation else {}),
+            },
             **hub,
         )
     return module_class.load(name, subfolder=module_id, **hub)
-
-
-PICKLED_WEIGHTS = ("pytorch_model.bin", "model.pt", "model.pth", "pytorch_model.pt")
-
-
-def _refuse_pickled_weights(folder: Path, allowed: bool) -> None:
-    """Unpickling runs code; a local module folder with only pickled weights is refused unless asked."""
-    if allowed or not folder.is_dir():
-        return
-    if any(folder.glob("*.safetensors")):
-        return
-    pickled = [n for n in PICKLED_WEIGHTS if (folder / n).is_file()]
-    if pickled:
-        raise ModelError(
-            f"{folder}: weights are pickled ({pickled[0]}); only model.safetensors is loaded unless "
-            "allow_pickled_weights=True (unpickling can run code)"
-        )

@@ -44,11 +44,17 @@ def document_text_rule() -> tuple[str, ...]:
     return tuple(corpus.document_text(title, text) for title, text in _RULE_PROBES)
 
 
-def space_fingerprint(weights: str) -> str:
-    """The fingerprint of the space a model with weights fingerprint ``weights`` embeds documents into."""
+def space_fingerprint(weights: str, document_prompt: str | None = None) -> str:
+    """The fingerprint of the space a model with weights fingerprint ``weights`` embeds documents into.
+
+    ``document_prompt``: the text a pretrained document tower declares before every document (none for
+    Qwen3-Embedding and CARE's own towers, so their fingerprints are unchanged); it is part of the space.
+    """
     rule = document_text_rule()
-    if rule == _FORMAT_1_RULE:
+    if rule == _FORMAT_1_RULE and not document_prompt:
         return weights
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{weights};document_text={json.dumps(rule, ensure_ascii=False)}".encode())
+    if document_prompt:
+        digest.update(f";document_prompt={json.dumps(document_prompt, ensure_ascii=False)}".encode())
     return digest.hexdigest()

@@ -175,6 +175,9 @@ class IndexSettings:
     pq_m: int = 96
     quantize: str | None = None  # None: the store's own (none for a new store)
     oversample: float | None = None  # None: the store's own, or the quantization's default
+    on_disk_vectors: bool = False  # Qdrant only (these three): original vectors memory-mapped from disk
+    shards: int | None = None  # Qdrant: shard_number
+    replicas: int | None = None  # Qdrant: replication_factor
     update: bool = False
     prune: bool = False
     skip_invalid: bool = False
@@ -183,6 +186,7 @@ class IndexSettings:
     timeout_minutes: float = 120.0
     progress: bool = True
     sparse: bool = True  # also write the BM25 side (care_retriever.sparse; docs/hybrid.md)
+    trust_remote_code: bool = False  # a document tower whose model code ships with it (every rank loads it)
 
     def validate(self) -> None:
         """Every check that needs neither the corpus nor the model: a bad option fails before any work."""
@@ -203,13 +207,41 @@ class IndexSettings:
                 raise InputError(f"Unknown --quantize {self.quantize!r} for a FAISS store. Available: {list(QUANTIZE)}")
         if self.oversample is not None and not self.oversample >= 1:
             raise InputError(f"--oversample must be >= 1, got {self.oversample}")
+        qdrant_only = [
+            flag
+            for flag, given in (
+                ("--on-disk-vectors", self.on_disk_vectors),
+                ("--shards", self.shards is not None),
+                ("--replicas", self.replicas is not None),
+            )
+            if given
+        ]
+        if qdrant_only and not self.store.startswith("qdrant:"):
+            raise InputError(
+                f"{', '.join(qdrant_only)} apply to Qdrant stores only (qdrant:PATH | qdrant:http://host:6333); "
+                f"got {self.store}"
+            )
+        if self.store.startswith("qdrant:"):
+            from care_retriever.stores.qdrant_store import normalize_options
+
+            normalize_options(self.index_options())  # an unknown quantization or a bad count: one line, no work
         if self.backend not in BACKENDS:
             raise InputError(f"Unknown --backend {self.backend!r}. Available backends: {list(BACKENDS)}")
         if not self.timeout_minutes > 0:
             raise InputError(f"--timeout-minutes must be > 0, got {self.timeout_minutes}")
 
     def index_options(self) -> dict[str, Any] | None:
-        """The FAISS build and search settings kept in the store's manifest (Qdrant takes none)."""
+        """The store's build and search settings kept in its manifest: FAISS's index, or the Qdrant collection
+        settings given (those left out are the existing collection's, or Qdrant's defaults for a new one)."""
+        if self.store.startswith("qdrant:"):
+            given = {
+                "quantize": self.quantize,
+                "oversample": self.oversample,
+                "on_disk": True if self.on_disk_vectors else None,
+                "shards": self.shards,
+                "replicas": self.replicas,
+            }
+            return {k: v for k, v in given.items() if v is not None} or None
         if not self.store.startswith("faiss:"):
             return None
         return {
@@ -234,7 +266,7 @@ def run_index(settings: IndexSettings) -> dict[str, Any] | None:
     group, device = init_distributed(settings.backend, settings.device, settings.timeout_minutes)
     try:
         if group.rank != 0:
-            serve_encoding(load_document_tower(settings.model, device), group, settings.batch_size)
+            serve_encoding(load_document_tower(settings, device), group, settings.batch_size)
             return None
         return _write(settings, group, device)
     finally:
@@ -244,12 +276,14 @@ def run_index(settings: IndexSettings) -> dict[str, Any] | None:
             dist.destroy_process_group()
 
 
-def load_document_tower(model: str, device: str | None) -> AsymmetricEmbedder:
+def load_document_tower(settings: IndexSettings, device: str | None) -> AsymmetricEmbedder:
     from care_retriever.cli.core import quiet_transformers
     from care_retriever.embedder import AsymmetricEmbedder
 
     quiet_transformers()
-    return AsymmetricEmbedder.from_pretrained(model, load="document", device=device)
+    return AsymmetricEmbedder.from_pretrained(
+        settings.model, load="document", device=device, trust_remote_code=settings.trust_remote_code
+    )
 
 
 def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str, Any]:
@@ -270,7 +304,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
             raise InputError(
                 f"--update: {target.describe()} holds no index yet (a mistyped path?); drop --update to build a new one"
             )
-        embedder = load_document_tower(settings.model, device)
+        embedder = load_document_tower(settings, device)
         encoder = ShardedEncoder(embedder, group, settings.batch_size) if group.active else None
         writer = DocumentStoreWriter(
             embedder,

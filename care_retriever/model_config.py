@@ -35,6 +35,8 @@ class TowerInfo:
     native_dim: int
     max_length: int = DEFAULT_MAX_LENGTH
     base_model: str | None = None
+    # The tower's model classes are code shipped with it (auto_map): every load must opt in again.
+    trust_remote_code: bool = False
 
 
 @dataclass
@@ -48,6 +50,8 @@ class CareConfig:
     # A prompt template with an ``{instruction}`` slot, or None for towers that take no prompt.
     query_prompt_template: str | None = None
     default_instruction: str | None = None
+    # The text put before every document, where the pretrained document tower declares one (part of the space).
+    document_prompt: str | None = None
     # The document tower's weights fingerprint (care_retriever.fingerprint.weights_fingerprint); the
     # space fingerprint stores compare is derived from it (AsymmetricEmbedder.space_fingerprint).
     space_fingerprint: str | None = None

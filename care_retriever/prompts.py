@@ -1,13 +1,14 @@
 """The query prompt: one template for instruction-following query towers, and how it is filled.
 
-Decoder query towers (Qwen3-Embedding style) read ``Instruct: <task>\\nQuery: <text>``; BERT query towers
-take no prompt. CARE models keep their template in ``care_config.json``; baselines pick this one when
-the model's own query prompt is an ``Instruct`` prompt. The document side takes no prompt.
+Decoder query towers read ``Instruct: <task>\\nQuery:<text>``, the form of Qwen3-Embedding's own prompt and
+its model card's helper (no space after ``Query:``); BERT query towers take no prompt. A pretrained tower
+that declares its own query prompt keeps it (:func:`literal_template`). CARE models keep their template in
+``care_config.json``; baselines pick this one when the model's own query prompt is an ``Instruct`` prompt.
 """
 
 from __future__ import annotations
 
-QUERY_PROMPT_TEMPLATE = "Instruct: {instruction}\nQuery: "
+QUERY_PROMPT_TEMPLATE = "Instruct: {instruction}\nQuery:"
 DEFAULT_INSTRUCTION = "Given a Chinese medical question, retrieve medical documents that answer the question."
 
 
@@ -16,6 +17,11 @@ def fill_query_prompt(template: str | None, instruction: str | None) -> str | No
     if not template:
         return None
     return template.format(instruction=instruction or "")
+
+
+def literal_template(prompt: str) -> str:
+    """A fixed prompt as a template with no ``{instruction}`` slot (braces in it are kept as they are)."""
+    return prompt.replace("{", "{{").replace("}", "}}")
 
 
 def is_instruction_prompt(prompt: str | None) -> bool:

@@ -45,6 +45,7 @@ class CareRetriever:
         device: str | None = None,
         backend: str = "auto",
         threads: int | None = None,
+        trust_remote_code: bool = False,
         **kwargs: Any,
     ) -> CareRetriever:
         """Load the query tower of ``model`` only, and open ``store``.
@@ -52,12 +53,15 @@ class CareRetriever:
         ``backend``: ``auto | torch | onnx | openvino``; ``auto`` takes the folder's export
         (``care-retriever export``) when it has one. onnx and openvino never import torch.
         ``threads``: CPU threads of one forward pass (None: the runtime's default).
+        ``trust_remote_code``: required when the query tower runs model code shipped with it.
         """
         from care_retriever.backends import load_query_embedder
 
         store_obj = open_store(store, collection=collection)
         store_obj.require_manifest()
-        embedder = load_query_embedder(model, backend, device=device, threads=threads)
+        embedder = load_query_embedder(
+            model, backend, device=device, threads=threads, trust_remote_code=trust_remote_code
+        )
         return cls(store_obj, embedder, **kwargs)
 
     @overload

@@ -63,14 +63,21 @@ def model_space(model: str) -> tuple[int, str, str]:
     if not isinstance(config.get("dim"), int) or not weights or not isinstance(weights, str):
         raise ModelError(f"{model}/{CONFIG_NAME}: missing dim or space_fingerprint")
     # The config keeps the weights fingerprint; the space also covers the document-text rule.
-    return config["dim"], space_fingerprint(weights), (config.get("document") or {}).get("base_model") or model
+    space = space_fingerprint(weights, config.get("document_prompt"))
+    return config["dim"], space, (config.get("document") or {}).get("base_model") or model
 
 
 class TowerLoader:
     """Loads each tower of a CARE model on first use; thread-safe, each side built at most once."""
 
     def __init__(
-        self, model: str | None, *, device: str | None = None, embedder: Any = None, query_backend: str = "torch"
+        self,
+        model: str | None,
+        *,
+        device: str | None = None,
+        embedder: Any = None,
+        query_backend: str = "torch",
+        trust_remote_code: bool = False,
     ) -> None:
         if model is None and embedder is None:
             raise ModelError("pass a CARE model folder (model=...) or a loaded AsymmetricEmbedder (embedder=...)")
@@ -78,6 +85,7 @@ class TowerLoader:
         self.device = device
         # auto | torch | onnx | openvino (care_retriever.backends); the document tower always runs on torch
         self.query_backend = query_backend
+        self.trust_remote_code = trust_remote_code  # a tower whose model code ships with it needs it at load
         self._sides: dict[str, Any] = {}
         for side in ("query", "document") if embedder is not None else ():
             try:
@@ -102,11 +110,15 @@ class TowerLoader:
                 if side == "query":
                     from care_retriever.backends import load_query_embedder
 
-                    self._sides[side] = load_query_embedder(self.model, self.query_backend, device=self.device)
+                    self._sides[side] = load_query_embedder(
+                        self.model, self.query_backend, device=self.device, trust_remote_code=self.trust_remote_code
+                    )
                 else:
                     from care_retriever.embedder import AsymmetricEmbedder
 
-                    self._sides[side] = AsymmetricEmbedder.from_pretrained(self.model, load=side, device=self.device)
+                    self._sides[side] = AsymmetricEmbedder.from_pretrained(
+                        self.model, load=side, device=self.device, trust_remote_code=self.trust_remote_code
+                    )
             return self._sides[side]
 
 

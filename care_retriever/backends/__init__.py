@@ -49,12 +49,15 @@ def load_query_embedder(
     *,
     device: str | None = None,
     threads: int | None = None,
+    trust_remote_code: bool = False,
     **kwargs: Any,
 ) -> Any:
     """The query-side embedder of ``model`` on ``backend``; torch is imported only for the torch backend.
 
     ``threads``: CPU threads of one forward pass (ONNX Runtime's / OpenVINO's intra-op threads; for torch,
     ``torch.set_num_threads``, which is process-wide). None leaves each runtime's default.
+    ``trust_remote_code``: needed by a torch query tower whose model code ships with it; an exported
+    tower (onnx, openvino) is a graph and runs no model code.
     """
     chosen = resolve_backend(model, backend)
     if chosen != "torch" and device not in (None, "auto", "cpu"):
@@ -73,4 +76,6 @@ def load_query_embedder(
         import torch
 
         torch.set_num_threads(threads)
-    return AsymmetricEmbedder.from_pretrained(model, load="query", device=device, backend="torch", **kwargs)
+    return AsymmetricEmbedder.from_pretrained(
+        model, load="query", device=device, backend="torch", trust_remote_code=trust_remote_code, **kwargs
+    )

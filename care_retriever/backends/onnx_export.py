@@ -64,7 +64,9 @@ class TowerToExport:
     record: ExportRecord
 
 
-def load_tower(model: str | Path, backend: str, quantize: tuple[str, ...]) -> TowerToExport:
+def load_tower(
+    model: str | Path, backend: str, quantize: tuple[str, ...], trust_remote_code: bool = False
+) -> TowerToExport:
     """Check ``model`` can be exported to ``backend`` and load its query tower (fp32, CPU)."""
     from care_retriever.embedder import AsymmetricEmbedder, is_decoder
 
@@ -79,7 +81,9 @@ def load_tower(model: str | Path, backend: str, quantize: tuple[str, ...]) -> To
     if kinds != ["Transformer", "Pooling"]:
         raise ModelError(f"{folder}: the query route is {kinds}; only Transformer -> Pooling towers export")
     fingerprint, stats = query_fingerprint(route)
-    embedder = AsymmetricEmbedder.from_pretrained(folder, load="query", device="cpu", dtype="fp32")
+    embedder = AsymmetricEmbedder.from_pretrained(
+        folder, load="query", device="cpu", dtype="fp32", trust_remote_code=trust_remote_code
+    )
     transformer = embedder.query_modules[0]
     if is_decoder(transformer):
         raise ModelError(
@@ -118,9 +122,11 @@ def write_export(tower: TowerToExport, write: Callable[[Path], None]) -> Path:
     return target
 
 
-def export_onnx(model: str | Path, quantize: tuple[str, ...] = ("none", "int8")) -> ExportReport:
+def export_onnx(
+    model: str | Path, quantize: tuple[str, ...] = ("none", "int8"), trust_remote_code: bool = False
+) -> ExportReport:
     """Write ``onnx/model.onnx`` (and the int8 file when asked) for the query tower of ``model``."""
-    tower = load_tower(model, "onnx", quantize)
+    tower = load_tower(model, "onnx", quantize, trust_remote_code)
 
     def write(tmp: Path) -> None:
         fp32 = tmp / ONNX_FILES["none"]

@@ -29,11 +29,13 @@ from care_retriever.backends.onnx_export import (
 )
 
 
-def export_openvino(model: str | Path, quantize: tuple[str, ...] = ("none", "int8")) -> ExportReport:
+def export_openvino(
+    model: str | Path, quantize: tuple[str, ...] = ("none", "int8"), trust_remote_code: bool = False
+) -> ExportReport:
     """Write ``openvino/openvino_model.xml`` (and the int8 IR when asked) for the query tower of ``model``."""
     import openvino as ov
 
-    tower = load_tower(model, "openvino", quantize)
+    tower = load_tower(model, "openvino", quantize, trust_remote_code)
 
     def write(tmp: Path) -> None:
         with tempfile.TemporaryDirectory(prefix="care-ov-") as scratch:

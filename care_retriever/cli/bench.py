@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from care_retriever.cli.eval import GreedyCommand, display_name
+from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
 
 
@@ -40,6 +41,7 @@ def bench_command(
         Path | None, typer.Option(help="Accuracy from `care-retriever eval --json` output (matched by name).")
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Query QPS, p50/p99 at batch 1 and 32, indexing docs/s, search latency, memory: JSON, Markdown, plot."""
     from care_retriever.baselines import is_care_folder
@@ -70,7 +72,9 @@ def bench_command(
             "search_queries": search_queries,
         },
     )
-    result.models = B.bench_models(names, queries=query_texts, documents=docs, device=device, labels=labels)
+    result.models = B.bench_models(
+        names, queries=query_texts, documents=docs, device=device, labels=labels, trust_remote_code=trust_remote_code
+    )
     if not result.models:
         raise InputError("no dense model to benchmark")
     first = names[0]
@@ -78,15 +82,15 @@ def bench_command(
         from care_retriever.baselines import load_embedder
 
         embedder = (
-            load_embedder(first, device=device, load="query")
+            load_embedder(first, device=device, load="query", trust_remote_code=trust_remote_code)
             if is_care_folder(first)
-            else load_embedder(first, device=device)
+            else load_embedder(first, device=device, trust_remote_code=trust_remote_code)
         )
         qvec = embedder.embed_queries(B.read_texts(queries or B.SAMPLE_DIR / "queries.jsonl", search_queries))
         del embedder
         result.search = B.bench_search(qvec, search_sizes or [10_000, 50_000])
     if memory and model:
-        result.memory = B.bench_memory(model)
+        result.memory = B.bench_memory(model, trust_remote_code)
     evals = []
     if accuracy_from:
         evals += B.read_eval_json(accuracy_from)
@@ -97,7 +101,7 @@ def bench_command(
 
         loaded = [load_task(t) for t in task]
         for name in names:
-            embedder = load_embedder(name, device=device)
+            embedder = load_embedder(name, device=device, trust_remote_code=trust_remote_code)
             evals += [evaluate(embedder, t, model_name=labels[name]).to_dict() for t in loaded]
     B.attach_accuracy(result.models, evals)
 

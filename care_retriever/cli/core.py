@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError, ModelError
 from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
 
@@ -21,17 +22,17 @@ def quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def _load_embedder(model: str, load: str, device: str | None, backend: str = "torch"):
+def _load_embedder(model: str, load: str, device: str | None, backend: str = "torch", trust_remote_code: bool = False):
     if load == "query":
         from care_retriever.backends import load_query_embedder, resolve_backend
 
         if resolve_backend(model, backend) == "torch":
             quiet_transformers()
-        return load_query_embedder(model, backend, device=device)
+        return load_query_embedder(model, backend, device=device, trust_remote_code=trust_remote_code)
     quiet_transformers()
     from care_retriever.embedder import AsymmetricEmbedder
 
-    return AsymmetricEmbedder.from_pretrained(model, load=load, device=device)
+    return AsymmetricEmbedder.from_pretrained(model, load=load, device=device, trust_remote_code=trust_remote_code)
 
 
 def _parse_filters(items: list[str] | None) -> dict[str, str | list[str]] | None:
@@ -60,15 +61,28 @@ def init(
     symmetric: Annotated[bool, typer.Option(help="One tower on both sides (baselines).")] = False,
     query_pooling: Annotated[
         str | None,
-        typer.Option(help="cls | mean | last_token (default: cls for encoders, last_token for decoders)."),
+        typer.Option(
+            help="cls | mean | last_token (default: the folder's own pooling, else cls for encoders and "
+            "last_token for decoders)."
+        ),
     ] = None,
-    document_pooling: Annotated[str, typer.Option(help="cls | mean | last_token.")] = "last_token",
+    document_pooling: Annotated[
+        str | None,
+        typer.Option(help="cls | mean | last_token (default: the folder's own pooling, else last_token)."),
+    ] = None,
     document_adapter: Annotated[
         str | None, typer.Option(help="LoRA adapter (peft) to load onto the document tower and merge.")
     ] = None,
     max_length: Annotated[int, typer.Option(help="Max tokens per text.")] = 512,
     seed: Annotated[int, typer.Option(help="Seed for random weights.")] = 0,
-    trust_remote_code: Annotated[bool, typer.Option(help="Allow model code from the hub (off by default).")] = False,
+    trust_remote_code: TrustRemoteCode = False,
+    allow_pickled_weights: Annotated[
+        bool,
+        typer.Option(
+            help="Read a tower stored only as pytorch_model.bin (through torch's weights-only loader); "
+            "off by default: safetensors only."
+        ),
+    ] = False,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
 ) -> None:
     """Create a CARE model: from two pretrained towers, or from scratch with --preset."""
@@ -109,6 +123,7 @@ def init(
             document_adapter=document_adapter,
             max_length=max_length,
             trust_remote_code=trust_remote_code,
+            allow_pickled_weights=allow_pickled_weights,
         )
     embedder.save_pretrained(out)
     typer.echo(f"Saved {embedder.mode} model to {out}: dim={embedder.dim}, document tower {embedder.document_dim} dims")
@@ -140,13 +155,19 @@ def index(
         str | None,
         typer.Option(
             help="FAISS: none | sq8 | binary | pq: compressed codes in RAM, full vectors on disk, every search "
-            "rescored (docs/scale.md). Fixed when the store is created."
+            "rescored (docs/scale.md); Qdrant: none | sq8 | binary (rescored on a server). Fixed when the store "
+            "is created."
         ),
     ] = None,
     oversample: Annotated[
         float | None,
         typer.Option(help="Candidates from the codes per result wanted, rescored exactly (default by quantize)."),
     ] = None,
+    on_disk_vectors: Annotated[
+        bool, typer.Option("--on-disk-vectors", help="Qdrant: keep the original vectors on disk (memory-mapped).")
+    ] = False,
+    shards: Annotated[int | None, typer.Option(help="Qdrant: shards of a new collection (shard_number).")] = None,
+    replicas: Annotated[int | None, typer.Option(help="Qdrant: copies of each shard (replication_factor).")] = None,
     update: Annotated[
         bool,
         typer.Option(
@@ -177,6 +198,7 @@ def index(
             "no model, nothing re-encoded."
         ),
     ] = False,
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Encode a corpus with the document tower and write it into a FAISS or Qdrant store.
 
@@ -206,6 +228,9 @@ def index(
         pq_m=pq_m,
         quantize=quantize,
         oversample=oversample,
+        on_disk_vectors=on_disk_vectors,
+        shards=shards,
+        replicas=replicas,
         update=update,
         prune=prune,
         skip_invalid=skip_invalid,
@@ -214,6 +239,7 @@ def index(
         timeout_minutes=timeout_minutes,
         progress=progress,
         sparse=sparse,
+        trust_remote_code=trust_remote_code,
     )
     report = run_index(settings)
     if report is None:  # a worker rank: rank 0 reports
@@ -285,6 +311,7 @@ def search(
     backend: Annotated[
         str, typer.Option(help="auto | torch | onnx | openvino (auto: the model's export if it has one; see `export`).")
     ] = "auto",
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Search a store with the query tower, its BM25 side, or both (--mode hybrid)."""
     from care_retriever.retriever import CareRetriever
@@ -300,7 +327,7 @@ def search(
     target.require_manifest()
     if mode != "dense":
         require_sparse(target)  # before loading the model
-    embedder = _load_embedder(model, "query", device, backend)
+    embedder = _load_embedder(model, "query", device, backend, trust_remote_code)
     retriever = CareRetriever(target, embedder, instruction=instruction)
     results = retriever.search(queries, top_k=top_k, filters=filters, mode=mode, fusion=fusion_config)
     for query, hits in zip(queries, results, strict=True):
@@ -338,6 +365,12 @@ def info(
     target = open_store(store, collection=collection)
     manifest = target.require_manifest()
     data = {**manifest.to_dict(), "live_count": target.count(), "store": target.describe()}
+    footprint = getattr(target, "footprint", None)  # FAISS: quantization, bytes per document in RAM and on disk
+    if footprint is not None:
+        data["footprint"] = footprint()
+    settings = getattr(target, "collection_settings", None)  # Qdrant: the collection's settings as Qdrant reports them
+    if settings is not None:
+        data["collection"] = settings()
     target.close()
     if json_out:
         typer.echo(json.dumps(data, ensure_ascii=False, indent=2))
@@ -355,6 +388,16 @@ def info(
         "versions",
     ):
         typer.echo(f"{key:>18}: {data[key]}")
+    if "collection" in data:
+        typer.echo(f"{'collection':>18}: {data['collection']}")
+    if "footprint" in data:
+        fp = data["footprint"]
+        over = f", oversample {fp['oversample']:g}" if fp.get("oversample") else ""
+        typer.echo(f"{'quantization':>18}: {fp['quantize']}{over}")
+        typer.echo(
+            f"{'bytes per doc':>18}: {fp['ram_bytes_per_doc']:,.0f} in RAM (index searched), "
+            f"{fp['disk_bytes_per_doc']:,.0f} on disk (all files)"
+        )
 
 
 def delete(

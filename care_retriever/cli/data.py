@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
 
 data_app = typer.Typer(
@@ -22,12 +23,12 @@ def _read_rows(path: Path) -> list[dict]:
     return [row for _, row in iter_jsonl(path)]
 
 
-def _load(model: str, load: str):
+def _load(model: str, load: str, trust_remote_code: bool):
     from care_retriever.cli.core import quiet_transformers
     from care_retriever.embedder import AsymmetricEmbedder
 
     quiet_transformers()
-    return AsymmetricEmbedder.from_pretrained(model, load=load)
+    return AsymmetricEmbedder.from_pretrained(model, load=load, trust_remote_code=trust_remote_code)
 
 
 def _write(rows: list[dict], out: Path, force: bool) -> None:
@@ -48,6 +49,7 @@ def diversify(
     max_neighbours: Annotated[int | None, typer.Option(help="Drop if > n neighbours exceed t (default 1).")] = None,
     seed_size: Annotated[int, typer.Option(help="First rows that seed the index unfiltered.")] = 5000,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Drop near-duplicate rows with the paper's diversification filter over a FAISS index."""
     from care_retriever.training.diversify import PAPER_DEFAULTS
@@ -66,7 +68,7 @@ def diversify(
         if not isinstance(value, str) or not value.strip():
             raise InputError(f"{input}: row {i}: missing or empty {key!r}")
         texts.append(value)
-    embedder = _load(model, side)
+    embedder = _load(model, side, trust_remote_code)
     embed = embedder.embed_queries if side == "query" else embedder.embed_documents
     kept, report = run(
         texts,
@@ -99,6 +101,7 @@ def mine_negatives(
         str, typer.Option(help="Tower embedding the queries: query (as search will) | document (LLM both sides).")
     ] = "query",
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Mine hard negatives from a FAISS index, excluding positives and their near-duplicates."""
     from care_retriever.training.hard_negatives import mine_for_queries
@@ -118,7 +121,7 @@ def mine_negatives(
         pool = unique([d.embedding_text() for d in read_corpus(corpus)])
     else:
         pool = unique([t for e in examples for t in (e.positive, *e.negatives)])
-    embedder = _load(model, "both")
+    embedder = _load(model, "both", trust_remote_code)
     mined = mine_for_queries(
         embedder,
         positives,

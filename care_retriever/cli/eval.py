@@ -12,6 +12,7 @@ import click
 import typer
 from typer.core import TyperCommand
 
+from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
 from care_retriever.sparse.fusion import DEFAULT_FUSION
 
@@ -105,6 +106,7 @@ def eval_command(
     fusion: Annotated[str, typer.Option(help="Hybrid fusion: rrf | dbsf | wsum (docs/hybrid.md).")] = DEFAULT_FUSION,
     rrf_k: Annotated[int | None, typer.Option(help="RRF constant k (default: docs/hybrid.md's).")] = None,
     dense_weight: Annotated[float | None, typer.Option(help="wsum: the dense side's weight.")] = None,
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Score models on retrieval (nDCG@10), rerank (MAP@10) and STS (Pearson) tasks."""
     from care_retriever.evaluation.suites import resolve_suite
@@ -155,7 +157,8 @@ def eval_command(
     for label, name, m in runs:
         if name not in loaded:
             t0 = time.perf_counter()
-            loaded[name] = (load_embedder(name, device=device), time.perf_counter() - t0)
+            embedder = load_embedder(name, device=device, trust_remote_code=trust_remote_code)
+            loaded[name] = (embedder, time.perf_counter() - t0)
         embedder, model_load = loaded[name]
         if m == "hybrid":
             embedder = HybridModel(embedder, fusion_config)

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
 
 
@@ -13,6 +14,7 @@ def export(
     model: Annotated[str, typer.Option(help="CARE model folder (the export is written inside it).")],
     backend: Annotated[str, typer.Option(help="onnx | openvino")] = "onnx",
     quantize: Annotated[str, typer.Option(help="int8 (also writes the fp32 model) | none (fp32 only).")] = "int8",
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Export the query tower for torch-free search (`search --backend onnx|openvino`)."""
     from care_retriever.backends.layout import EXPORT_BACKENDS, QUANTIZE
@@ -30,7 +32,7 @@ def export(
     else:
         from care_retriever.backends.onnx_export import export_onnx as run_export
     typer.echo(f"Exporting the query tower of {model} to {backend} ...", err=True)
-    report = run_export(model, files)
+    report = run_export(model, files, trust_remote_code)
     for name, kind in report.files.items():
         cosine = report.min_cosine[name]
         typer.echo(f"{report.folder / name}: {'int8' if kind == 'int8' else 'fp32'}, min cosine to torch {cosine:.5f}")

@@ -18,6 +18,7 @@ from typing import Annotated
 
 import typer
 
+from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -80,6 +81,7 @@ def serve(
         int | None, typer.Option(help="CPU threads per forward pass (default: the cores / --max-concurrency).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Serve /search, /health and /metrics over HTTP with the query tower and a store."""
     if threads is not None and threads < 1:
@@ -120,7 +122,14 @@ def serve(
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = threads or max(1, cores // max_concurrency)
     retriever = CareRetriever.from_pretrained(
-        model, store, collection=collection, device=device, backend=backend, instruction=instruction, threads=threads
+        model,
+        store,
+        collection=collection,
+        device=device,
+        backend=backend,
+        instruction=instruction,
+        threads=threads,
+        trust_remote_code=trust_remote_code,
     )
     limits = ServiceLimits(
         max_top_k=max_top_k,

@@ -162,6 +162,7 @@ def bench_models(
     doc_batch_size: int = 16,
     device: str | None = None,
     labels: dict[str, str] | None = None,
+    trust_remote_code: bool = False,
 ) -> list[ModelBench]:
     """Query encoding at each batch size and indexing docs/s for each model (a shared document tower
     is timed once: ``DIR`` and ``DIR#document`` index with the same tower)."""
@@ -173,7 +174,7 @@ def bench_models(
     for name in names:
         base, sep, tower = name.partition("#")
         role = ROLE.get(f"{sep}{tower}", "baseline")
-        embedder = load_embedder(name, device=device)
+        embedder = load_embedder(name, device=device, trust_remote_code=trust_remote_code)
         if isinstance(embedder, BM25Model):
             logger.warning("bench: %s has no dense towers to time; skipped", name)
             continue
@@ -253,12 +254,13 @@ def bench_search(
     return rows
 
 
-def bench_memory(model_dir: str | Path) -> dict[str, Any]:
+def bench_memory(model_dir: str | Path, trust_remote_code: bool = False) -> dict[str, Any]:
     """Peak RSS of fresh processes: the query tower alone vs both towers in use (one query and one
     document encoded; weights are paged in on first use, so merely loading a tower costs little)."""
-    query_only = speed.tower_process_rss_mb(model_dir, "query", "query")
-    both_loaded = speed.tower_process_rss_mb(model_dir, "both", "query")
-    both = speed.tower_process_rss_mb(model_dir, "both", "query+document")
+    trust = trust_remote_code
+    query_only = speed.tower_process_rss_mb(model_dir, "query", "query", trust)
+    both_loaded = speed.tower_process_rss_mb(model_dir, "both", "query", trust)
+    both = speed.tower_process_rss_mb(model_dir, "both", "query+document", trust)
     return {
         "query_only_mb": round(query_only, 1),
         "both_loaded_query_only_mb": round(both_loaded, 1),

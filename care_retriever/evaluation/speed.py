@@ -191,20 +191,23 @@ def peak_rss_mb(argv: Sequence[str], *, env: dict[str, str] | None = None, timeo
 
 LOAD_AND_ENCODE = (
     "import sys; from care_retriever.embedder import AsymmetricEmbedder as A; "
-    "m = A.from_pretrained(sys.argv[1], load=sys.argv[2]); "
+    "m = A.from_pretrained(sys.argv[1], load=sys.argv[2], trust_remote_code=sys.argv[4] == 'trust'); "
     "'query' in sys.argv[3] and m.embed_queries(['高血压吃什么']); "
     "'document' in sys.argv[3] and m.embed_documents(['高血压患者应低盐饮食，规律服用降压药。'])"
 )
 
 
-def tower_process_rss_mb(model_dir: str | Path, load: str, encode: str = "query") -> float:
+def tower_process_rss_mb(
+    model_dir: str | Path, load: str, encode: str = "query", trust_remote_code: bool = False
+) -> float:
     """Peak RSS of a process that loads ``model_dir`` with ``load`` and encodes one query and/or one
     document (``encode``: "query", "document" or "query+document").
 
     Weights are memory-mapped from safetensors and paged in when first used, so a tower that is
     loaded but never run adds little RSS: "both towers in use" needs ``encode="query+document"``.
     """
-    return peak_rss_mb([sys.executable, "-c", LOAD_AND_ENCODE, str(model_dir), load, encode])
+    trust = "trust" if trust_remote_code else "no-trust"
+    return peak_rss_mb([sys.executable, "-c", LOAD_AND_ENCODE, str(model_dir), load, encode, trust])
 
 
 def count_parameters(modules: Sequence[Any] | None) -> int:

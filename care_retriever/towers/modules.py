@@ -6,10 +6,14 @@ Using the field's modules keeps a saved CARE model loadable by plain ``SentenceT
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from sentence_transformers.sentence_transformer.modules import Dense, Module, Pooling, Transformer
+from sentence_transformers.sentence_transformer.modules import Dense, Module, Normalize, Pooling, Transformer
+from sentence_transformers.util import load_file_path
 
 from care_retriever.errors import ModelError
 from care_retriever.model_config import DEFAULT_MAX_LENGTH
@@ -26,32 +30,190 @@ def pooling_mode(pooling: str) -> str:
         raise ModelError(f"Unknown pooling {pooling!r}. Available poolings: {sorted(POOLING_MODES)}") from None
 
 
+PICKLED_WEIGHTS = ("pytorch_model.bin", "model.pt", "model.pth", "pytorch_model.pt")
+REMOTE_CODE_FLAG = "trust_remote_code=True (CLI: --trust-remote-code)"
+
+
+def refuse_pickled_weights(folder: Path, allowed: bool) -> None:
+    """Unpickling can run code: a local folder with only pickled weights is refused unless asked for.
+
+    With the opt-in, transformers reads them through torch's weights-only unpickler
+    (``torch.load(weights_only=True)``), which loads tensors and refuses arbitrary objects.
+    """
+    if allowed or not folder.is_dir():
+        return
+    if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
+        return
+    pickled = [n for n in PICKLED_WEIGHTS if (folder / n).is_file()]
+    if pickled:
+        raise ModelError(
+            f"{folder}: weights are pickled ({pickled[0]}), not safetensors; loading them needs "
+            "allow_pickled_weights=True (CLI: --allow-pickled-weights), read by torch's weights-only loader"
+        )
+
+
+def model_file(name: str, filename: str, hub: dict[str, Any] | None = None) -> str | None:
+    """``filename`` of a model folder or hub repository, or None where it has none."""
+    if Path(name).is_dir():
+        path = Path(name) / filename
+        return str(path) if path.is_file() else None
+    try:
+        return load_file_path(name, filename, **(hub or hub_options()))
+    except Exception as exc:  # hub errors come in many types; the message is what matters
+        raise ModelError(f"cannot fetch {filename} of {name!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def hub_options(**extra: Any) -> dict[str, Any]:
+    """Keyword arguments for hub look-ups: offline mode (HF_HUB_OFFLINE=1) means local files only."""
+    return {"local_files_only": os.environ.get("HF_HUB_OFFLINE") == "1", **extra}
+
+
+def runs_remote_code(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s class came from code shipped with the model (``auto_map``), not from transformers."""
+    return type(model).__module__.startswith("transformers_modules")
+
+
+def remote_code_error(name: str, exc: Exception) -> ModelError | None:
+    """transformers' refusal to run a folder's own code, as one line naming the opt-in; None for other errors."""
+    message = str(exc)
+    if "trust_remote_code" not in message:
+        return None
+    return ModelError(
+        f"{name}: this tower's config and model classes are code shipped with the model (auto_map); "
+        f"running it needs {REMOTE_CODE_FLAG}"
+    )
+
+
+def _model_kwargs(
+    dtype: torch.dtype | None,
+    trust_remote_code: bool,
+    allow_pickled_weights: bool,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    # use_safetensors=True means "safetensors only"; None lets transformers fall back to pickled weights.
+    kwargs: dict[str, Any] = {
+        "trust_remote_code": trust_remote_code,
+        "use_safetensors": None if allow_pickled_weights else True,
+    }
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    kwargs.update(extra or {})
+    return kwargs
+
+
 def load_transformer(
     model_name_or_path: str,
     *,
     max_length: int = DEFAULT_MAX_LENGTH,
     dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
+    allow_pickled_weights: bool = False,
     model_kwargs: dict[str, Any] | None = None,
 ) -> Transformer:
-    """A ``Transformer`` module over any Hugging Face model id or local folder."""
-    kwargs: dict[str, Any] = {
-        "trust_remote_code": trust_remote_code,
-        "use_safetensors": not trust_remote_code,
-    }
-    if dtype is not None:
-        kwargs["dtype"] = dtype
-    kwargs.update(model_kwargs or {})
+    """A ``Transformer`` module over any Hugging Face model id or local folder (safetensors weights)."""
+    refuse_pickled_weights(Path(model_name_or_path), allow_pickled_weights)
     try:
         return Transformer(
             model_name_or_path,
             max_seq_length=max_length,
-            model_kwargs=kwargs,
+            model_kwargs=_model_kwargs(dtype, trust_remote_code, allow_pickled_weights, model_kwargs),
             processor_kwargs={"trust_remote_code": trust_remote_code},
             config_kwargs={"trust_remote_code": trust_remote_code},
         )
-    except OSError as exc:
-        raise ModelError(f"cannot load model {model_name_or_path!r}: {str(exc).splitlines()[0]}") from None
+    except (OSError, ValueError) as exc:
+        raise remote_code_error(model_name_or_path, exc) or ModelError(
+            f"cannot load model {model_name_or_path!r}: {str(exc).splitlines()[0]}"
+        ) from exc
+
+
+@dataclass
+class PretrainedTower:
+    """A pretrained tower as its folder declares it: the model, its pooling, its prompts."""
+
+    transformer: Transformer
+    # The folder's own Pooling (and any Dense after it) when it is a sentence-transformers folder.
+    head: list[Module] = field(default_factory=list)
+    prompts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pooling(self) -> str | None:
+        return tower_pooling(self.head) if self.head else None
+
+    @property
+    def remote_code(self) -> bool:
+        return runs_remote_code(self.transformer.auto_model)
+
+    def modules(self, pooling: str, output_dim: int | None = None) -> list[Module]:
+        """``[transformer, pooling(, dense...)]`` plus a Matryoshka truncation to ``output_dim``.
+
+        The folder's own pooling is kept when it is the one asked for, so its settings (e.g. whether
+        the prompt's tokens are pooled) stay as the folder declares them.
+        """
+        if self.head and self.pooling == pooling:
+            modules: list[Module] = [self.transformer, *self.head]
+        else:
+            modules = [self.transformer, Pooling(self.transformer.get_embedding_dimension(), pooling_mode(pooling))]
+        native = tower_output_dim(modules)
+        if output_dim is not None and output_dim != native:
+            modules.append(truncation_module(native, output_dim))
+        return modules
+
+
+SUPPORTED_HEAD = (Pooling, Dense)
+
+
+def read_tower(
+    model_name_or_path: str,
+    *,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    dtype: torch.dtype | None = None,
+    trust_remote_code: bool = False,
+    allow_pickled_weights: bool = False,
+    model_kwargs: dict[str, Any] | None = None,
+) -> PretrainedTower:
+    """Read a pretrained tower the way its own library reads it.
+
+    A sentence-transformers folder (``modules.json``: Qwen3-Embedding, bge, gte) is loaded by
+    sentence-transformers, so its pooling, prompts and tokenizer settings are the folder's; any other
+    model (a causal-LM checkpoint such as Qwen3-4B, a bare encoder) is a ``Transformer`` whose pooling
+    the caller chooses. ``Normalize`` is dropped: a CARE model normalises after its own last module.
+    """
+    if model_file(model_name_or_path, "modules.json") is None:
+        transformer = load_transformer(
+            model_name_or_path,
+            max_length=max_length,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            allow_pickled_weights=allow_pickled_weights,
+            model_kwargs=model_kwargs,
+        )
+        return PretrainedTower(transformer)
+    refuse_pickled_weights(Path(model_name_or_path), allow_pickled_weights)
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        model = SentenceTransformer(
+            model_name_or_path,
+            device="cpu",
+            trust_remote_code=trust_remote_code,
+            model_kwargs=_model_kwargs(dtype, trust_remote_code, allow_pickled_weights, model_kwargs),
+            local_files_only=hub_options()["local_files_only"],
+        )
+    except (OSError, ValueError) as exc:
+        raise remote_code_error(model_name_or_path, exc) or ModelError(
+            f"cannot load sentence-transformers model {model_name_or_path!r}: {str(exc).splitlines()[0]}"
+        ) from exc
+    modules = list(model)
+    transformer, head = modules[0], [m for m in modules[1:] if not isinstance(m, Normalize)]
+    unsupported = [type(m).__name__ for m in head if not isinstance(m, SUPPORTED_HEAD)]
+    if not isinstance(transformer, Transformer) or unsupported or not any(isinstance(m, Pooling) for m in head):
+        found = [type(m).__name__ for m in modules]
+        raise ModelError(
+            f"{model_name_or_path}: a tower must be Transformer -> Pooling [-> Dense] [-> Normalize]; "
+            f"the folder's modules.json has {found}"
+        )
+    transformer.max_seq_length = max_length
+    return PretrainedTower(transformer, head, {k: v for k, v in (model.prompts or {}).items() if v})
 
 
 def truncation_module(in_dim: int, out_dim: int) -> Dense:

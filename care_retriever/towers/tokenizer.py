@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from care_retriever.errors import ModelError
 
 BERT_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 DECODER_EOS = "<|endoftext|>"
@@ -81,19 +83,37 @@ def append_eos_processor(eos_token: str, eos_id: int) -> processors.TemplateProc
     )
 
 
-def ensure_eos_appended(tokenizer: PreTrainedTokenizerFast) -> bool:
-    """Make a pretrained decoder tokenizer append EOS; return True if it had to be changed.
+def appended_tokens(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The token ids the tokenizer's post-processor puts after every text (e.g. [SEP], ``<|endoftext|>``)."""
+    probe = "测试 test"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return list(full[start + len(plain) :])
+    return []
 
-    Qwen3-Embedding's tokenizer already does; a base LLM's (Qwen3-4B) does not, and last-token
-    pooling over a non-EOS token gives a much weaker embedding.
+
+def ensure_eos_appended(tokenizer: PreTrainedTokenizerBase, name: str = "the tower") -> bool:
+    """Make a last-token tower's tokenizer end every text with a token to pool; True if it had to be changed.
+
+    A tokenizer that already appends a token keeps it: Qwen3-Embedding's appends ``<|endoftext|>``
+    (while its ``eos_token`` is ``<|im_end|>``), and that is the token the model was trained to pool.
+    One that appends nothing (a base LLM's, such as Qwen3-4B's) gets its EOS appended after whatever
+    its post-processor already does (a Llama-style BOS stays), as the paper pools the EOS state.
     """
-    eos = tokenizer.eos_token
-    if eos is None:
-        raise ValueError("the document tower's tokenizer has no eos_token; last-token pooling needs one")
-    probe = tokenizer("测试")["input_ids"]
-    if probe and probe[-1] == tokenizer.eos_token_id:
+    if appended_tokens(tokenizer):
         return False
-    tokenizer.backend_tokenizer.post_processor = append_eos_processor(eos, tokenizer.eos_token_id)
+    eos = tokenizer.eos_token
+    if eos is None or tokenizer.eos_token_id is None:
+        raise ModelError(
+            f"{name}: its tokenizer appends no token and has no eos_token; last-token pooling needs one "
+            "(set eos_token in tokenizer_config.json, or use another pooling)"
+        )
+    backend = tokenizer.backend_tokenizer
+    append = append_eos_processor(eos, tokenizer.eos_token_id)
+    current = backend.post_processor
+    backend.post_processor = append if current is None else processors.Sequence([current, append])
     if tokenizer.pad_token is None:
         tokenizer.pad_token = eos
     return True

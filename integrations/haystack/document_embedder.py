@@ -29,6 +29,7 @@ class CareDocumentEmbedder:
     :param batch_size: documents per forward pass.
     :param progress_bar: show a tqdm bar while encoding.
     :param device: ``cpu``, ``cuda``, ``cuda:N``; default picks CUDA when available.
+    :param trust_remote_code: needed when the document tower runs model code shipped with it (off by default).
     """
 
     def __init__(
@@ -39,6 +40,7 @@ class CareDocumentEmbedder:
         batch_size: int = 16,
         progress_bar: bool = True,
         device: str | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1, got {batch_size}")
@@ -48,6 +50,7 @@ class CareDocumentEmbedder:
         self.batch_size = batch_size
         self.progress_bar = progress_bar
         self.device = device
+        self.trust_remote_code = trust_remote_code
         self.embedder: Any = None
 
     def warm_up(self) -> None:
@@ -55,7 +58,9 @@ class CareDocumentEmbedder:
         if self.embedder is None:
             from care_retriever.embedder import AsymmetricEmbedder
 
-            self.embedder = AsymmetricEmbedder.from_pretrained(self.model, load="document", device=self.device)
+            self.embedder = AsymmetricEmbedder.from_pretrained(
+                self.model, load="document", device=self.device, trust_remote_code=self.trust_remote_code
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(
@@ -66,6 +71,7 @@ class CareDocumentEmbedder:
             batch_size=self.batch_size,
             progress_bar=self.progress_bar,
             device=self.device,
+            trust_remote_code=self.trust_remote_code,
         )
 
     @classmethod

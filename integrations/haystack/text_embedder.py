@@ -24,14 +24,21 @@ class CareTextEmbedder:
     :param model: CARE model folder (or hub id) written by ``care-retriever init`` / training.
     :param instruction: override the model's default query instruction (instruction-tuned towers only).
     :param device: ``cpu``, ``cuda``, ``cuda:N``; default picks CUDA when available.
+    :param trust_remote_code: needed when the query tower runs model code shipped with it (off by default).
     :param backend: ``auto`` | ``torch`` | ``onnx`` | ``openvino``; ``auto`` runs the model's export
         (``care-retriever export``) when it has one.
     """
 
     def __init__(
-        self, model: str, instruction: str | None = None, device: str | None = None, backend: str = "auto"
+        self,
+        model: str,
+        instruction: str | None = None,
+        device: str | None = None,
+        backend: str = "auto",
+        trust_remote_code: bool = False,
     ) -> None:
         self.model = model
+        self.trust_remote_code = trust_remote_code
         self.instruction = instruction
         self.device = device
         self.backend = backend
@@ -42,11 +49,18 @@ class CareTextEmbedder:
         if self.embedder is None:
             from care_retriever.backends import load_query_embedder
 
-            self.embedder = load_query_embedder(self.model, self.backend, device=self.device)
+            self.embedder = load_query_embedder(
+                self.model, self.backend, device=self.device, trust_remote_code=self.trust_remote_code
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(
-            self, model=self.model, instruction=self.instruction, device=self.device, backend=self.backend
+            self,
+            model=self.model,
+            instruction=self.instruction,
+            device=self.device,
+            backend=self.backend,
+            trust_remote_code=self.trust_remote_code,
         )
 
     @classmethod

@@ -34,6 +34,9 @@ class CareEmbeddings(BaseModel, Embeddings):
         default="auto",
         description="Query tower backend for embed_query: auto | torch | onnx | openvino (auto: the export if any).",
     )
+    trust_remote_code: bool = Field(
+        default=False, description="Needed when a tower runs model code shipped with it (off by default)."
+    )
     query_batch_size: int = Field(default=32, ge=1)
     document_batch_size: int = Field(default=16, ge=1)
     show_progress: bool = Field(default=False, description="tqdm bar while embedding documents.")
@@ -44,13 +47,21 @@ class CareEmbeddings(BaseModel, Embeddings):
 
     def model_post_init(self, context: Any, /) -> None:
         check_model_location(self.model)
-        self._towers = TowerLoader(self.model, device=self.device, query_backend=self.backend)
+        self._towers = TowerLoader(
+            self.model, device=self.device, query_backend=self.backend, trust_remote_code=self.trust_remote_code
+        )
 
     @classmethod
     def from_embedder(cls, embedder: Any, model: str, **kwargs: Any) -> CareEmbeddings:
         """Wrap an already loaded :class:`AsymmetricEmbedder` (``model`` still names it, for serialisation)."""
         instance = cls(model=model, **kwargs)
-        instance._towers = TowerLoader(model, device=instance.device, embedder=embedder, query_backend=instance.backend)
+        instance._towers = TowerLoader(
+            model,
+            device=instance.device,
+            embedder=embedder,
+            query_backend=instance.backend,
+            trust_remote_code=instance.trust_remote_code,
+        )
         return instance
 
     @property

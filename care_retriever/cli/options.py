@@ -1,0 +1,16 @@
+"""Options several commands share, defined once."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+TrustRemoteCode = Annotated[
+    bool,
+    typer.Option(
+        "--trust-remote-code",
+        help="Run model code shipped with a tower (auto_map). Off by default; a model whose tower needs it "
+        "needs it at every load.",
+    ),
+]
