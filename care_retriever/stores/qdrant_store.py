@@ -152,17 +152,20 @@ def normalize_options(options: dict[str, Any] | None) -> dict[str, Any]:
         if name in out and out[name] != value:
             raise InputError(f"Qdrant options {name} and {key} disagree ({out[name]!r} vs {value!r}); give one")
         out[name] = value
-    if out.get("quantize", "none") == "none":
-        given = [k for k in ("always_ram", "oversample") if k in out]
-        if given:
-            raise InputError(f"Qdrant options {given} apply to a quantized collection: add quantize sq8 or binary")
     return out
+
+
+def _require_quantized(options: dict[str, Any]) -> None:
+    given = [k for k in ("always_ram", "oversample") if k in options]
+    if options.get("quantize", "none") == "none" and given:
+        raise InputError(f"Qdrant options {given} apply to a quantized collection: add quantize sq8 or binary")
 
 
 def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
     """:func:`normalize_options` with the defaults a new collection gets: what the manifest records."""
     out = normalize_options(options)
     out.setdefault("quantize", "none")
+    _require_quantized(out)
     if out["quantize"] != "none":
         out.setdefault("always_ram", True)  # the codes searched in RAM, the originals (maybe on disk) rescore
         out.setdefault("oversample", DEFAULT_OVERSAMPLE[out["quantize"]])
@@ -279,9 +282,9 @@ class QdrantStore(VectorStore):
         Several indexing jobs may start at once against one server (shards of a corpus on many nodes):
         if another job created the collection first, this one checks compatibility and joins it.
         """
-        requested = normalize_options(index)
-        if not is_server(self.location):
-            requested = self._local_mode_options(requested, warn=self.manifest is None)
+        given = normalize_options(index)
+        local = not is_server(self.location)
+        requested = self._local_mode_options(given) if local else given
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
             self._check_settings(requested)
@@ -290,6 +293,8 @@ class QdrantStore(VectorStore):
 
         options = resolve_options(requested)
         kwargs = collection_options(dim, options)
+        if local:
+            self._warn_local_mode(given)
         from care_retriever.sparse.qdrant_sparse import vectors_config
 
         kwargs["sparse_vectors_config"] = vectors_config()  # declared always: filled by enable_sparse()
@@ -320,12 +325,16 @@ class QdrantStore(VectorStore):
 
             self.client.create_payload_index(self.collection, "doc_id", models.PayloadSchemaType.KEYWORD)
 
-    def _local_mode_options(self, requested: dict[str, Any], *, warn: bool) -> dict[str, Any]:
-        """Local mode: the settings it keeps; creating a collection, say in one line which ones it drops or
-        records without acting on them."""
+    @staticmethod
+    def _local_mode_options(requested: dict[str, Any]) -> dict[str, Any]:
+        """The settings local mode keeps (it has one shard and no replicas)."""
+        return {k: v for k, v in requested.items() if k not in SERVER_ONLY}
+
+    def _warn_local_mode(self, requested: dict[str, Any]) -> None:
+        """Creating a local collection: say in one line which settings it drops or records without acting on."""
         dropped = [k for k in SERVER_ONLY if k in requested]
         unused = [k for k in LOCAL_UNUSED if k in requested]
-        if warn and (dropped or unused):
+        if dropped or unused:
             logger.warning(
                 "%s: Qdrant local mode %s%s%s; a Qdrant server applies them (docs/scale.md)",
                 self.describe(),
@@ -333,21 +342,34 @@ class QdrantStore(VectorStore):
                 "; it " if dropped and unused else "",
                 f"records {', '.join(unused)} but searches the full vectors exactly in RAM" if unused else "",
             )
-        return {k: v for k, v in requested.items() if k not in SERVER_ONLY}
 
     def _check_settings(self, requested: dict[str, Any]) -> None:
-        """Refuse settings that differ from the existing collection's: they are fixed when it is created."""
-        recorded = resolve_options(self.require_manifest().index)
+        """Refuse settings that differ from the existing collection's: they are fixed when it is created.
+
+        ``oversample`` is a search-time setting: a new value replaces the recorded one (saved by ``commit``).
+        """
+        manifest = self.require_manifest()
+        recorded = resolve_options(manifest.index)
         differ = [
             f"{k} {recorded.get(k)!r} (asked {v!r})"
             for k, v in requested.items()
-            if k != "type" and recorded.get(k) != v
+            if k not in ("type", "oversample") and recorded.get(k) != v
         ]
         if differ:
             raise StoreError(
                 f"{self.describe()}: the collection was created with {', '.join(differ)}; these are fixed at "
                 "creation: index into a new collection (--collection NAME) to change them"
             )
+        _require_quantized({**requested, "quantize": recorded["quantize"]})
+        if "oversample" in requested:
+            manifest.index = {**manifest.index, "oversample": requested["oversample"]}
+
+    def collection_settings(self) -> dict[str, Any]:
+        """Quantization, on-disk vectors, shards and replicas as Qdrant reports them for this collection."""
+        self.require_manifest()
+        with self._lock:
+            info = self.client.get_collection(self.collection)
+        return collection_settings(info)
 
     def search_params(self) -> Any:
         """Search parameters of a quantized collection on a server: rescore ``oversample`` x ``top_k`` candidates
@@ -364,9 +386,7 @@ class QdrantStore(VectorStore):
     def verify(self) -> int:
         """Check the collection's own settings against the manifest, then every point's payload and dense vector."""
         manifest = self.require_manifest()
-        with self._lock:
-            info = self.client.get_collection(self.collection)
-        actual = collection_settings(info)
+        actual = self.collection_settings()
         recorded = resolve_options(manifest.index)
         for key in ("quantize", "always_ram", "on_disk", "shards", "replicas"):
             if key in recorded and actual[key] != recorded[key]:

@@ -1,0 +1,310 @@
+"""Qdrant compressed vectors: sq8 / binary collections, rescoring, on-disk originals, shards and replicas.
+
+Settings are read back from Qdrant's own collection info (through qdrant-client), not from the manifest we
+write. Qdrant's embedded local mode keeps a vector's quantization and on_disk in the collection config but
+searches the full vectors exactly; a store pointed at a server URL builds the rescoring search parameters,
+exercised here against the local engine (which accepts and ignores them), since no Qdrant server runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+from qdrant_client import QdrantClient, models
+
+from care_retriever.corpus import Document
+from care_retriever.errors import InputError, StoreError
+from care_retriever.sparse import FusionConfig
+from care_retriever.stores.qdrant_store import MANIFEST_KEY, QdrantStore, normalize_options
+
+# The server-located store runs on the local engine, which says once that it ignores these (what is tested here is
+# that the requests carrying them are valid and give the exact results).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Payload indexes have no effect:UserWarning", "ignore:Local mode performs exact:UserWarning"
+)
+
+DIM = 24
+SERVER = "http://localhost:6333"  # a server-located store over an in-process local engine (see the module doc)
+
+
+def _data(n: int, seed: int = 0) -> tuple[list[Document], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    vectors = rng.normal(size=(n, DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    words = ["fever", "cough", "headache", "rash", "nausea", "insomnia"]
+    docs = [Document(id=f"d{i}", text=f"{words[i % 6]} case {i}", metadata={"group": i % 3}) for i in range(n)]
+    return docs, vectors
+
+
+def _vector_config(path: Path, collection: str = "care") -> models.VectorParams:
+    """The dense vector's config as Qdrant reports it, from a fresh client on the closed store's folder."""
+    client = QdrantClient(path=str(path))
+    try:
+        return client.get_collection(collection).config.params.vectors
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("quantize", "kind"), [("sq8", models.ScalarQuantization), ("binary", models.BinaryQuantization)]
+)
+def test_quantized_collection_holds_its_settings(tmp_path: Path, quantize: str, kind: type) -> None:
+    path = tmp_path / "q"
+    store = QdrantStore(str(path))
+    store.prepare(DIM, "fp", "m", {"quantize": quantize, "on_disk": True, "always_ram": False, "oversample": 5})
+    docs, vectors = _data(30)
+    store.upsert(docs, vectors)
+    store.commit()
+    store.close()
+    config = _vector_config(path)
+    assert isinstance(config.quantization_config, kind) and config.on_disk is True
+    inner = config.quantization_config.scalar if quantize == "sq8" else config.quantization_config.binary
+    assert inner.always_ram is False
+    if quantize == "sq8":
+        assert inner.type == models.ScalarType.INT8
+    reopened = QdrantStore(str(path))
+    assert reopened.manifest is not None and reopened.manifest.index == {
+        "type": "hnsw",
+        "quantize": quantize,
+        "on_disk": True,
+        "always_ram": False,
+        "oversample": 5.0,
+    }
+    assert reopened.collection_settings()["quantize"] == quantize
+    assert reopened.verify() == 30
+    reopened.close()
+
+
+def test_int8_is_sq8_and_defaults_are_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    store = QdrantStore(str(path))
+    store.prepare(DIM, "fp", "m", {"quantization": "int8"})
+    store.commit()
+    assert store.manifest is not None and store.manifest.index == {
+        "type": "hnsw",
+        "quantize": "sq8",
+        "always_ram": True,
+        "oversample": 2.0,
+    }
+    store.close()
+    config = _vector_config(path)
+    assert isinstance(config.quantization_config, models.ScalarQuantization)
+    assert config.quantization_config.scalar.always_ram is True
+    plain = QdrantStore(str(tmp_path / "plain"))
+    plain.prepare(DIM, "fp", "m")
+    plain.close()
+    assert _vector_config(tmp_path / "plain").quantization_config is None
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"quantize": "pq"}, "unknown Qdrant quantization 'pq'; valid: none, sq8, binary"),
+        ({"quantization": "int4"}, "unknown Qdrant quantization 'int4'; valid: none, sq8, binary"),
+        ({"quantize": "sq8", "oversample": 0.5}, "oversample must be a number >= 1"),
+        ({"shards": 0}, "shards must be an integer >= 1"),
+        ({"replicas": "2"}, "replicas must be an integer >= 1"),
+        ({"on_disk": "yes"}, "on_disk must be true or false"),
+        ({"oversample": 3}, "apply to a quantized collection"),
+        ({"quantize": "sq8", "quantization": None, "shards": 2, "shard_number": 3}, "disagree"),
+        ({"nlist": 4}, "unknown Qdrant collection options"),
+    ],
+)
+def test_bad_settings_are_one_line_input_errors(options: dict, message: str) -> None:
+    store = QdrantStore(":memory:")
+    with pytest.raises(InputError, match=message) as caught:
+        store.prepare(DIM, "fp", "m", options)
+    assert "\n" not in str(caught.value)
+    assert not store.client.collection_exists("care")  # nothing created
+
+
+def test_local_mode_says_what_it_drops_and_records_only_what_it_holds(tmp_path: Path, caplog) -> None:
+    path = tmp_path / "q"
+    store = QdrantStore(str(path))
+    with caplog.at_level(logging.WARNING, logger="care_retriever"):
+        store.prepare(DIM, "fp", "m", {"quantize": "binary", "shards": 3, "replicas": 2})
+    lines = [r.getMessage() for r in caplog.records if r.name == "care_retriever"]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert "ignoring shards, replicas" in lines[0] and "searches the full vectors exactly" in lines[0]
+    assert store.manifest is not None and "shards" not in store.manifest.index
+    settings = store.collection_settings()
+    assert settings["shards"] is None and settings["replicas"] is None  # what the local engine holds
+    store.close()
+    caplog.clear()
+    again = QdrantStore(str(path))
+    with caplog.at_level(logging.WARNING, logger="care_retriever"):  # an existing collection: checked, not re-told
+        again.prepare(DIM, "fp", "m", {"quantize": "binary", "shards": 3})
+    assert not [r for r in caplog.records if r.name == "care_retriever"]
+    again.close()
+
+
+def test_another_quantization_on_an_existing_collection_is_refused(tmp_path: Path) -> None:
+    path = str(tmp_path / "q")
+    store = QdrantStore(path)
+    store.prepare(DIM, "fp", "m", {"quantize": "sq8"})
+    docs, vectors = _data(10)
+    store.upsert(docs, vectors)
+    store.commit()
+    store.close()
+    store = QdrantStore(path)
+    with pytest.raises(StoreError, match=r"created with quantize 'sq8' \(asked 'binary'\)") as caught:
+        store.prepare(DIM, "fp", "m", {"quantize": "binary"})
+    assert "\n" not in str(caught.value)
+    with pytest.raises(StoreError, match="on_disk None"):
+        store.prepare(DIM, "fp", "m", {"on_disk": True})
+    # oversample is a search-time setting: a new value replaces the recorded one
+    store.prepare(DIM, "fp", "m", {"quantize": "sq8", "oversample": 6})
+    store.commit()
+    store.close()
+    reopened = QdrantStore(path)
+    assert reopened.manifest is not None and reopened.manifest.index["oversample"] == 6.0
+    assert reopened.count() == 10
+    plain = QdrantStore(":memory:")
+    plain.prepare(DIM, "fp", "m")
+    with pytest.raises(InputError, match="apply to a quantized collection"):
+        plain.prepare(DIM, "fp", "m", {"oversample": 4})
+
+
+def _exact_top(vectors: np.ndarray, queries: np.ndarray, k: int) -> list[list[str]]:
+    scores = queries @ vectors.T
+    return [[f"d{i}" for i in np.argsort(-row, kind="stable")[:k]] for row in scores]
+
+
+@pytest.mark.parametrize("quantize", ["sq8", "binary"])
+@pytest.mark.parametrize("where", ["local", "server-path"])
+def test_rescored_search_returns_the_exact_top_k(quantize: str, where: str) -> None:
+    store = (
+        QdrantStore(":memory:") if where == "local" else QdrantStore(SERVER, client=QdrantClient(location=":memory:"))
+    )
+    store.prepare(DIM, "fp", "m", {"quantize": quantize, "oversample": 4})
+    params = store.search_params()
+    if where == "local":
+        assert params is None  # local mode searches the full vectors exactly: nothing to rescore
+    else:
+        assert params.quantization == models.QuantizationSearchParams(rescore=True, oversampling=4.0)
+    docs, vectors = _data(200)
+    store.upsert(docs, vectors)
+    store.commit()
+    queries = _data(12, seed=1)[1]
+    hits = store.search(queries, 10, payload=False)
+    assert [[h.id for h in row] for row in hits] == _exact_top(vectors, queries, 10)
+    scores = np.array([[h.score for h in row] for row in hits])
+    exact = np.sort(queries @ vectors.T, axis=1)[:, ::-1][:, :10]
+    np.testing.assert_allclose(scores, exact, atol=1e-5)  # full-precision scores, not code distances
+
+
+@pytest.mark.parametrize("quantize", ["sq8", "binary"])
+@pytest.mark.parametrize("where", ["local", "server-path"])
+def test_small_writes_deletes_verify_and_hybrid_on_a_quantized_collection(quantize: str, where: str) -> None:
+    store = (
+        QdrantStore(":memory:") if where == "local" else QdrantStore(SERVER, client=QdrantClient(location=":memory:"))
+    )
+    docs, vectors = _data(40)
+    with store.transaction(DIM, "fp", "m", {"quantize": quantize, "on_disk": True}) as tx:
+        tx.upsert(docs[:30], vectors[:30])
+    with store.transaction(index={"quantize": quantize}) as tx:  # a small write with the same settings
+        tx.upsert(docs[30:], vectors[30:])
+        tx.delete(["d0", "d1", "missing"])
+    with store.transaction() as tx:  # an update in place: d5 gets d2's vector
+        tx.upsert([Document(id="d5", text="updated fever case")], vectors[2:3])
+    assert store.count() == 38 and store.verify() == 38
+    assert [h.id for h in store.search(vectors[2], 2)[0]] == ["d2", "d5"]
+    assert store.search(vectors[0], 1)[0][0].id != "d0"
+    store.enable_sparse()
+    store.commit()
+    assert store.verify() == 38
+    fusion = FusionConfig("rrf", k=60)
+    hybrid = store.search_hybrid(vectors[7:8], ["nausea case 7"], 5, fusion=fusion)[0]
+    assert hybrid[0].id == "d7"  # first in both the dense and the BM25 ranking
+    assert store.search_hybrid(None, ["updated"], 3)[0][0].id == "d5"
+    filtered = store.search(vectors[9], 5, {"group": 0})[0]
+    assert filtered and all(h.metadata["group"] == 0 for h in filtered)
+
+
+def test_verify_compares_the_collection_with_its_manifest() -> None:
+    client = QdrantClient(location=":memory:")
+    store = QdrantStore(":memory:", client=client)
+    store.prepare(DIM, "fp", "m", {"quantize": "sq8"})
+    docs, vectors = _data(5)
+    store.upsert(docs, vectors)
+    store.commit()
+    assert store.verify() == 5
+    raw = client.get_collection("care").config.metadata[MANIFEST_KEY]
+    raw["index"]["quantize"] = "binary"  # a manifest that no longer describes the collection
+    client.update_collection("care", metadata={MANIFEST_KEY: raw})
+    with pytest.raises(StoreError, match=r"holds quantize='sq8'; its manifest says 'binary'"):
+        QdrantStore(":memory:", client=client).verify()
+
+
+def test_normalized_names_round_trip() -> None:
+    given = {"quantization": "int8", "shard_number": 2, "replication_factor": 3, "on_disk": False}
+    assert normalize_options(given) == {"type": "hnsw", "quantize": "sq8", "shards": 2, "replicas": 3, "on_disk": False}
+    assert normalize_options(normalize_options(given)) == normalize_options(given)
+
+
+# ---------------------------------------------------------------------- the CLI
+def _index(capsys, model: Path, corpus: Path, store: str, *flags: str) -> tuple[int, str, str]:
+    from tests.conftest import run_cli
+
+    return run_cli(capsys, "index", "--model", model, "--corpus", corpus, "--store", store, "--no-progress", *flags)
+
+
+def test_cli_index_flags_end_to_end(
+    capsys, caplog, tiny_model_dir: Path, small_corpus_path: Path, tmp_path: Path
+) -> None:
+    from tests.conftest import run_cli
+
+    path = tmp_path / "q"
+    store = f"qdrant:{path}"
+    flags = ("--quantize", "binary", "--oversample", "4", "--on-disk-vectors", "--shards", "2", "--replicas", "2")
+    with caplog.at_level(logging.WARNING, logger="care_retriever"):
+        code, _, err = _index(capsys, tiny_model_dir, small_corpus_path, store, *flags)
+    assert code == 0, err
+    said = [r.getMessage() for r in caplog.records if "local mode" in r.getMessage()]
+    assert len(said) == 1 and "ignoring shards, replicas" in said[0]
+    code, out, _ = run_cli(capsys, "info", "--store", store, "--json")
+    info = json.loads(out)
+    assert code == 0 and info["index"]["quantize"] == "binary" and info["index"]["oversample"] == 4.0
+    assert info["collection"]["quantize"] == "binary" and info["collection"]["on_disk"] is True
+    code, out, _ = run_cli(capsys, "info", "--store", store)
+    assert code == 0 and "collection: {'quantize': 'binary'" in out
+    code, out, _ = run_cli(capsys, "verify", "--store", store)
+    assert code == 0 and "holds 6 documents" in out
+    code, out, _ = run_cli(
+        capsys, "search", "--model", tiny_model_dir, "--store", store, "--top-k", "3", "--json", "宝宝发烧"
+    )
+    assert code == 0 and len(json.loads(out)["hits"]) == 3
+    # the same settings again: an update, nothing refused; another quantization: one line, exit 2
+    code, _, err = _index(capsys, tiny_model_dir, small_corpus_path, store, "--quantize", "binary", "--update")
+    assert code == 0, err
+    code, _, err = _index(capsys, tiny_model_dir, small_corpus_path, store, "--quantize", "sq8")
+    assert code == 2 and "created with quantize 'binary' (asked 'sq8')" in err and err.count("\n") == 1
+    config = _vector_config(path)
+    assert isinstance(config.quantization_config, models.BinaryQuantization)
+
+
+@pytest.mark.parametrize(
+    ("backend", "flags", "message"),
+    [
+        ("qdrant", ("--quantize", "pq"), "unknown Qdrant quantization 'pq'; valid: none, sq8, binary"),
+        ("qdrant", ("--shards", "0"), "shards must be an integer >= 1"),
+        ("qdrant", ("--replicas", "-1"), "replicas must be an integer >= 1"),
+        ("qdrant", ("--oversample", "3"), "apply to a quantized collection"),
+        ("faiss", ("--shards", "2"), "--shards apply to Qdrant stores only"),
+        ("faiss", ("--on-disk-vectors", "--replicas", "2"), "--on-disk-vectors, --replicas apply to Qdrant stores"),
+    ],
+)
+def test_cli_bad_values_and_wrong_store_exit_2_with_one_line(
+    capsys, tiny_model_dir: Path, small_corpus_path: Path, tmp_path: Path, backend: str, flags: tuple, message: str
+) -> None:
+    store = f"{backend}:{tmp_path / 'store'}"
+    code, _, err = _index(capsys, tiny_model_dir, small_corpus_path, store, *flags)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    if (tmp_path / "store").exists():  # opening local Qdrant storage makes its folder; no collection in it
+        client = QdrantClient(path=str(tmp_path / "store"))
+        assert not client.get_collections().collections
+        client.close()
