@@ -42,6 +42,7 @@ from care_retriever.towers.modules import (
     DEFAULT_MAX_LENGTH,
     REMOTE_CODE_FLAG,
     hub_options,
+    lift_model_code,
     model_file,
     read_tower,
     refuse_pickled_weights,
@@ -466,6 +467,7 @@ class AsymmetricEmbedder:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
             st.save(str(tmp))
+            lift_model_code(tmp)
             (tmp / CONFIG_NAME).write_text(self.config.to_json(), encoding="utf-8")
             replace_folder(tmp, target)
         except BaseException:

@@ -6,7 +6,9 @@ Using the field's modules keeps a saved CARE model loadable by plain ``SentenceT
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -124,6 +126,29 @@ def load_transformer(
         raise remote_code_error(model_name_or_path, exc) or ModelError(
             f"cannot load model {model_name_or_path!r}: {str(exc).splitlines()[0]}"
         ) from exc
+
+
+def lift_model_code(folder: Path) -> list[str]:
+    """Copy the model code of a tower saved in a module subfolder to ``folder`` itself; the names copied.
+
+    transformers looks a local model's ``auto_map`` code up in the folder it was asked for, not in the
+    ``subfolder`` a sentence-transformers Router keeps each tower in; with the code beside
+    ``modules.json`` both this package and plain ``SentenceTransformer(folder, trust_remote_code=True)``
+    load the saved model.
+    """
+    copied: list[str] = []
+    for config_path in sorted(folder.glob("*/config.json")):
+        if "auto_map" not in json.loads(config_path.read_text("utf-8")):
+            continue
+        for code in sorted(config_path.parent.glob("*.py")):
+            target = folder / code.name
+            if target.is_file() and target.read_bytes() != code.read_bytes():
+                raise ModelError(
+                    f"{folder}: two towers ship different model code named {code.name}; they cannot be saved together"
+                )
+            shutil.copyfile(code, target)
+            copied.append(code.name)
+    return copied
 
 
 @dataclass
