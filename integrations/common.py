@@ -178,3 +178,44 @@ def from_core_metadata(title: str, metadata: Mapping[str, Any], hidden: Sequence
 def cosine_to_unit(score: float) -> float:
     """Map a cosine similarity in [-1, 1] to [0, 1] (what ``scale_score`` / relevance scores expect)."""
     return min(1.0, max(0.0, (score + 1.0) / 2.0)) if math.isfinite(score) else 0.0
+
+
+# Collection settings only a Qdrant store has (a FAISS store keeps a quantized store's full vectors on disk always).
+QDRANT_ONLY_OPTIONS = (
+    "on_disk",
+    "on_disk_payload",
+    "always_ram",
+    "shards",
+    "replicas",
+    "shard_number",
+    "replication_factor",
+)
+
+
+def check_index_options(backend: str, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A framework object's ``index_options``, checked when it is built rather than at its first write.
+
+    FAISS: ``type``, ``quantize`` (none | sq8 | binary | pq), ``oversample``, ``m``, ``ef_construction``,
+    ``ef_search``, ``nlist``, ``nprobe``, ``pq_m``; Qdrant: ``quantize`` (none | sq8 | binary), ``oversample``,
+    ``always_ram``, ``on_disk``, ``on_disk_payload``, ``shards``, ``replicas``, ``m``, ``ef_construct``
+    (docs/scale.md). One line for a setting the store does not have, an unknown quantization or a bad value.
+    """
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise InputError(f"index_options must be a dict of store settings, got {type(options).__name__}")
+    options = dict(options)
+    if backend == "qdrant":
+        from care_retriever.stores.qdrant_store import normalize_options
+
+        normalize_options(options)
+    elif backend == "faiss":
+        misplaced = sorted(set(options) & set(QDRANT_ONLY_OPTIONS))
+        if misplaced:
+            raise InputError(
+                f"index_options {misplaced} are Qdrant collection settings; a FAISS store has none of them"
+            )
+        from care_retriever.stores.faiss_store import FaissStore
+
+        FaissStore._checked_options(options)  # the store's own check of type, quantize and oversample
+    return options

@@ -31,6 +31,7 @@ from care_retriever.errors import InputError
 from care_retriever.integrations.common import (
     UNKNOWN_FINGERPRINT,
     as_matrix,
+    check_index_options,
     cosine_to_unit,
     from_core_metadata,
     model_space,
@@ -56,7 +57,13 @@ class CareFaissDocumentStore:
         against an existing one. Without it a new store is marked as built by an unknown model.
     :param embedding_dim: width of a new store when neither ``model`` nor an embedded document
         gives it (needed only if the first write has no embeddings).
-    :param index_options: FAISS index of a new store, e.g. ``{"type": "hnsw", "m": 32}`` (default flat).
+    :param index_options: FAISS settings of a new store, checked here (one-line error), recorded in its
+        manifest and serialised by ``to_dict``: ``type`` (flat | hnsw | ivf | ivfpq, default flat), ``quantize``
+        (none | sq8 | binary | pq: compressed codes in RAM, the full vectors on disk, every search rescored),
+        ``oversample`` (candidates per wanted hit rescored), ``m``, ``ef_construction``, ``ef_search``,
+        ``nlist``, ``nprobe``, ``pq_m``; e.g. ``{"quantize": "sq8", "oversample": 2}`` (docs/scale.md). Qdrant
+        collections (with ``on_disk``, ``shards``, ``replicas``) are written by ``care-retriever index`` or
+        LangChain's ``CareVectorStore`` and searched from Haystack with ``CareStoreRetriever``.
     :param return_embedding: whether ``filter_documents`` returns embeddings (read back from FAISS).
     """
 
@@ -71,7 +78,7 @@ class CareFaissDocumentStore:
         self.path = str(path)
         self.model = model
         self.embedding_dim = embedding_dim
-        self.index_options = index_options
+        self.index_options = check_index_options("faiss", index_options)
         self.return_embedding = return_embedding
         self._space: tuple[int, str, str] | None = model_space(model) if model else None
         self._store = FaissStore(Path(path))

@@ -34,6 +34,7 @@ from care_retriever.errors import InputError
 from care_retriever.integrations.common import (
     UNKNOWN_FINGERPRINT,
     as_matrix,
+    check_index_options,
     cosine_to_unit,
     from_core_metadata,
     normalize_rows,
@@ -52,7 +53,13 @@ class CareVectorStore(VectorStore):
     :param store: a store spec (``faiss:DIR``, ``qdrant:PATH``, ...) or an open core store.
     :param embedding: query/document embeddings; :class:`CareEmbeddings` of the model that built the store.
     :param collection: Qdrant collection (default ``care``).
-    :param index_options: FAISS index of a new store, e.g. ``{"type": "hnsw"}`` (default exact flat).
+    :param index_options: settings of a new store, checked here (one-line error), recorded in its manifest
+        and required to match on later writes. FAISS: ``type`` (flat | hnsw | ivf | ivfpq), ``quantize``
+        (none | sq8 | binary | pq: codes in RAM, full vectors on disk, every search rescored), ``oversample``,
+        ``m``, ``ef_construction``, ``ef_search``, ``nlist``, ``nprobe``, ``pq_m``. Qdrant: ``quantize`` (none |
+        sq8 | binary), ``oversample`` (rescored ``oversample`` x ``k`` candidates on a server), ``always_ram``,
+        ``on_disk`` (original vectors on disk), ``shards``, ``replicas``, ``m``, ``ef_construct``; local mode
+        has one shard and searches exactly (docs/scale.md). E.g. ``{"quantize": "binary", "oversample": 3}``.
     """
 
     def __init__(
@@ -67,7 +74,7 @@ class CareVectorStore(VectorStore):
         self._owns_store = not isinstance(store, CoreStore)
         self.store = open_store(store, collection=collection)
         self.embedding = embedding
-        self.index_options = index_options
+        self.index_options = check_index_options(self.store.backend, index_options)
         self._space = embedding.space if isinstance(embedding, CareEmbeddings) else None
         if self._space is not None and self.store.manifest is not None:
             self.store.check_compatible(self._space[1], self._space[0])
