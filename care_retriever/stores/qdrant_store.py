@@ -7,6 +7,11 @@ messages name the server by its URL with any ``user:password@`` part removed.
 
 Local mode is a single-process, pure-Python engine (one file lock per folder); calls into it are
 serialised by a lock so that searches from many threads are safe. A server client is thread-safe.
+
+Compressed vectors (:func:`collection_options`): ``quantize`` sq8 / binary codes searched in RAM, the
+originals (``on_disk`` or not) rescoring ``oversample`` x ``top_k`` candidates on a server. Local mode
+keeps those settings in the collection config but searches the full vectors exactly, and has one shard:
+creating a collection there says so in one line. See docs/scale.md.
 """
 
 from __future__ import annotations
@@ -435,7 +440,9 @@ class QdrantStore(VectorStore):
             out.update({p.payload["doc_id"]: p.payload["content_hash"] for p in points})
         return out
 
-    def upsert(self, documents: Sequence[Document], vectors: np.ndarray) -> None:
+    def upsert(
+        self, documents: Sequence[Document], vectors: np.ndarray, *, sparse_tokens: Sequence[list[str]] | None = None
+    ) -> None:
         from qdrant_client import models
 
         manifest = self.require_manifest()
@@ -446,7 +453,7 @@ class QdrantStore(VectorStore):
             raise InputError(
                 f"{self.describe()}: vectors have shape {vectors.shape}; the store holds {manifest.dim}-dim"
             )
-        sparse = self._sparse_vectors(documents)
+        sparse = self._sparse_vectors(documents, sparse_tokens)
         points = [
             models.PointStruct(
                 id=point_id(d.id),
@@ -580,14 +587,19 @@ class QdrantStore(VectorStore):
         return [self._hits(response.points) for response in responses]
 
     # ------------------------------------------------------------------ the sparse (BM25) side
-    def _sparse_vectors(self, documents: Sequence[Document]) -> list[dict[str, Any]] | None:
+    def _sparse_vectors(
+        self, documents: Sequence[Document], tokens: Sequence[list[str]] | None = None
+    ) -> list[dict[str, Any]] | None:
         from care_retriever.sparse.qdrant_sparse import VECTOR, document_vector
         from care_retriever.sparse.tokenizer import tokenize
 
         entry = self.require_manifest().sparse
         if not entry or not documents:
             return None
-        tokens = tokenize([d.embedding_text() for d in documents])
+        if tokens is None:
+            tokens = tokenize([d.embedding_text() for d in documents])
+        elif len(tokens) != len(documents):
+            raise InputError(f"{len(documents)} documents but {len(tokens)} token lists")
         if not entry.get("avgdl"):  # fixed by the first documents written, then kept (see qdrant_sparse)
             entry["avgdl"] = max(sum(map(len, tokens)) / len(tokens), 1.0)
         return [{VECTOR: document_vector(t, entry["avgdl"], entry["k1"], entry["b"])} for t in tokens]
