@@ -153,14 +153,21 @@ def write_qwen3_embedding(out: Path, seed: int = 0) -> Path:
     return _save_sentence_transformer(hf, out, "lasttoken", {"query": QWEN3_EMBEDDING_QUERY_PROMPT, "document": ""})
 
 
-def write_qwen3_causal_lm(out: Path, seed: int = 0) -> Path:
-    """A ``Qwen3ForCausalLM`` checkpoint laid out like Qwen/Qwen3-4B (sharded safetensors + index)."""
+def write_qwen3_causal_lm(
+    out: Path, seed: int = 0, *, hidden_size: int = HIDDEN, dtype: torch.dtype = torch.float32
+) -> Path:
+    """A ``Qwen3ForCausalLM`` checkpoint laid out like Qwen/Qwen3-4B (sharded safetensors + index).
+
+    ``hidden_size`` widens it (a recipe's ``dim`` names the real tower's width); ``dtype=torch.bfloat16``
+    saves weights and config in bf16, as Qwen3-4B ships.
+    """
     from transformers import Qwen3ForCausalLM
 
     _seed(seed)
     tokenizer = qwen_tokenizer(append_endoftext=False, padding_side="right")
-    model = Qwen3ForCausalLM(_qwen3_config(tokenizer))
+    model = Qwen3ForCausalLM(_qwen3_config(tokenizer, hidden_size=hidden_size))
     _widen(model, seed=seed)
+    model = model.to(dtype)
     model.save_pretrained(out, safe_serialization=True, max_shard_size="60KB")
     tokenizer.save_pretrained(out)
     assert (out / "model.safetensors.index.json").is_file(), "the causal-LM fixture must be sharded"
@@ -212,7 +219,7 @@ def write_bert_sentence_transformer(out: Path, seed: int = 0) -> Path:
     return _save_sentence_transformer(hf, out, "cls", {})
 
 
-def write_gte_sentence_transformer(out: Path, seed: int = 0) -> Path:
+def write_gte_sentence_transformer(out: Path, seed: int = 0, *, hidden_size: int = 48) -> Path:
     """gte-multilingual-base as transformers reads it natively: ``GteModel`` (rotary, GLU), [CLS] pooling."""
     from transformers import GteConfig, GteModel
 
@@ -220,7 +227,7 @@ def write_gte_sentence_transformer(out: Path, seed: int = 0) -> Path:
     tokenizer = _wordpiece_tokenizer()
     config = GteConfig(
         vocab_size=len(tokenizer),
-        hidden_size=48,
+        hidden_size=hidden_size,
         intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -266,7 +273,7 @@ class RemoteBertModel(BertModel):
 """
 
 
-def write_remote_code_encoder(out: Path, seed: int = 0) -> Path:
+def write_remote_code_encoder(out: Path, seed: int = 0, *, hidden_size: int = 48) -> Path:
     """A sentence-transformers folder whose config and model classes are the folder's own code (``auto_map``)."""
     import importlib.util
     import sys
@@ -286,7 +293,7 @@ def write_remote_code_encoder(out: Path, seed: int = 0) -> Path:
     modeling = importlib.import_module(f"{package}.modeling_remote")
 
     tokenizer = _wordpiece_tokenizer()
-    base = _bert_config(len(tokenizer))
+    base = _bert_config(len(tokenizer), hidden_size=hidden_size)
     config = configuration.RemoteBertConfig(**base.to_dict())
     config.auto_map = {
         "AutoConfig": "configuration_remote.RemoteBertConfig",

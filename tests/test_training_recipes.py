@@ -26,8 +26,12 @@ def test_paper_recipe_has_the_papers_hyper_parameters() -> None:
     from care_retriever.training.recipe import load_recipe
 
     recipe = load_recipe("paper")
-    assert recipe.model.query_model == "Alibaba-NLP/gte-multilingual-base"
+    # gte-multilingual-base as transformers 5 reads it natively: no model code from the hub is run
+    assert recipe.model.query_model == "alibaba-nlp-community/gte-multilingual-base"
+    assert recipe.model.trust_remote_code is False
     assert recipe.model.document_model.startswith("Qwen/Qwen3-")
+    # Qwen3 is pretrained in bf16: the recipe trains in bf16, never fp16
+    assert recipe.defaults.get("bf16") is True and not recipe.defaults.get("fp16")
     assert recipe.defaults["learning_rate"] == 1e-4 and recipe.defaults["warmup_steps"] == 0.05
     assert recipe.defaults["lr_scheduler_type"] == "linear" and recipe.defaults["num_train_epochs"] == 1
     stages = {s.type: s for s in recipe.stages}

@@ -11,6 +11,8 @@ query-candidate score only, so it cannot drop a candidate for being a copy of th
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +80,8 @@ def mine_for_queries(
     duplicate_threshold: float = 0.95,
     show_progress: bool = True,
     miner: str = "document",
+    exchange_dir: Path | None = None,
+    dtype: Any = None,
 ) -> dict[str, list[str]]:
     """Mine negatives for each query from ``pool`` (embedded by the document tower); text in, text out.
 
@@ -86,17 +90,42 @@ def mine_for_queries(
     is the same for every ablation (Stage I leaves it untouched), so Stage II with or without
     Stage I trains on the same negatives; query and document towers that were never aligned
     would mine noise. ``query`` searches as the trained model will (query tower -> document index).
+
+    ``dtype``: the training precision (bf16/fp16 encode under autocast). Under torchrun every rank
+    calls this with the same arguments: each encodes its share of the pool (exchanged through part
+    files in ``exchange_dir``) and encodes and mines its share of the queries; every rank returns
+    the whole result.
     """
+    from care_retriever.training.distributed import gather_objects, gather_rows, my_share, world_size
+    from care_retriever.training.teacher_cache import autocast
+
     if miner not in ("document", "query"):
         raise InputError(f"hard negatives: miner must be 'document' or 'query', got {miner!r}")
+    if world_size() > 1 and exchange_dir is None:
+        raise ValueError("several processes mine through part files: exchange_dir is needed")
     queries = list(positives)
     position = {text: i for i, text in enumerate(pool)}
     encode_queries = embedder.embed_documents if miner == "document" else embedder.embed_queries
-    q_vecs = encode_queries(queries, batch_size=64, show_progress=show_progress)
-    d_vecs = embedder.embed_documents(pool, batch_size=64, show_progress=show_progress)
-    pos_idx = [{position[p] for p in positives[q] if p in position} for q in queries]
+
+    def encode(fn, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.empty((0, embedder.dim), dtype=np.float32)
+        with autocast(embedder.device, dtype):
+            return fn(texts, batch_size=64, show_progress=show_progress)
+
+    pool_order = np.argsort([-len(t) for t in pool], kind="stable")
+    pool_share = my_share(pool_order)
+    d_vecs = gather_rows(
+        exchange_dir or Path("."),
+        "mining-pool",
+        pool_order,
+        encode(embedder.embed_documents, [pool[i] for i in pool_share]),
+        embedder.dim,
+    )
+    query_share = my_share(np.arange(len(queries)))
+    pos_idx = [{position[p] for p in positives[queries[i]] if p in position} for i in query_share]
     mined = mine_negative_indices(
-        q_vecs,
+        encode(encode_queries, [queries[i] for i in query_share]),
         d_vecs,
         pos_idx,
         num=num,
@@ -104,4 +133,8 @@ def mine_for_queries(
         range_max=range_max,
         duplicate_threshold=duplicate_threshold,
     )
-    return {q: [pool[i] for i in idx] for q, idx in zip(queries, mined, strict=True)}
+    result: dict[str, list[str]] = {}
+    for share in gather_objects(list(zip(query_share.tolist(), mined, strict=True))):
+        for i, idx in share:
+            result[queries[i]] = [pool[j] for j in idx]
+    return {q: result[q] for q in queries}

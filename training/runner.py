@@ -96,8 +96,20 @@ def vocab_files(recipe: Recipe, data_dir: Path) -> list[Path]:
     return files
 
 
+def load_model(folder: str | Path, spec: ModelSpec, device: str | None):
+    """A saved CARE model (a stage's output, ``init``, a ``path`` or foundation), loaded for training:
+    fp32 weights (mixed precision autocasts), the recipe's ``trust_remote_code`` for towers that ship
+    their own code (every load needs it again: the saved folder records that the tower runs code)."""
+    from care_retriever.embedder import AsymmetricEmbedder
+
+    return AsymmetricEmbedder.from_pretrained(
+        folder, load="both", device=device, dtype="fp32", trust_remote_code=spec.trust_remote_code
+    )
+
+
 def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, device: str | None):
     from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY, tower_pretrained_dtype
 
     if spec.preset:
         from care_retriever.towers.scratch import init_from_scratch
@@ -113,7 +125,7 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
         )
     elif spec.path or spec.foundation:
         folder = spec.path or foundation_dir(spec.foundation)
-        embedder = AsymmetricEmbedder.from_pretrained(folder, load="both", device=device, dtype="fp32")
+        embedder = load_model(folder, spec, device)
     else:
         embedder = AsymmetricEmbedder.from_towers(
             spec.query_model,
@@ -122,6 +134,12 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
             dtype="fp32",
             trust_remote_code=spec.trust_remote_code,
         )
+        # Loading in fp32 rewrites the loaded configs' dtype: the checkpoints' own is read from their
+        # files and kept in care_config.json, so every later stage (and resume) knows Qwen3 is bf16.
+        embedder.config.extra[PRETRAINED_DTYPE_KEY] = {
+            "query": tower_pretrained_dtype(spec.query_model),
+            "document": tower_pretrained_dtype(spec.document_model or spec.query_model),
+        }
     if spec.dim is not None and spec.dim != embedder.dim:
         raise ModelError(
             f"dimension mismatch: the recipe says model.dim {spec.dim}, the model's shared dim is {embedder.dim}"
@@ -313,24 +331,29 @@ def preload_datasets(recipe: Recipe, data_dir: Path) -> Callable[[str], PairSet]
 def start_run(recipe: Recipe, out: Path, state: RunState, data_dir: Path, device: str | None):
     """The starting model: built (and saved as ``stages/init``) on a new run, loaded on a resume.
 
-    Under torchrun rank 0 builds and saves it; the other ranks wait for it and load the saved one
-    (a preset's tokenizers are trained, so each rank building its own could differ).
+    Under torchrun every rank loads pretrained towers (or a saved model) itself, at the same time (a
+    download is shared through the hub cache's file locks), and rank 0 alone writes ``stages/init``
+    while the others wait at a barrier. A preset is built by rank 0 and loaded from ``stages/init`` by
+    the others: its tokenizers are trained, so each rank building its own could differ.
     """
-    from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.training.engine import is_main_process, wait_for_everyone
     from care_retriever.training.stages import matryoshka_dims
 
     if "init" in state.done:
-        return AsymmetricEmbedder.from_pretrained(out / "stages" / "init", device=device, dtype="fp32")
-    if not is_main_process():
+        return load_model(out / "stages" / "init", recipe.model, device)
+    if not is_main_process() and recipe.model.preset:
         wait_for_everyone()
         state.done = ["init"]
-        return AsymmetricEmbedder.from_pretrained(out / "stages" / "init", device=device, dtype="fp32")
+        return load_model(out / "stages" / "init", recipe.model, device)
     started = time.perf_counter()
     embedder = initial_model(recipe.model, recipe, data_dir, recipe.seed, device)
     for stage in recipe.stages:  # dims are checked before the first write
         if stage.type == "stage0_document":
             matryoshka_dims(stage.matryoshka_dims, embedder.dim, embedder.document_dim, f"stage {stage.name!r}")
+    if not is_main_process():
+        wait_for_everyone()  # rank 0 has written stages/init
+        state.done = ["init"]
+        return embedder
     out.mkdir(parents=True, exist_ok=True)
     state.save(out)
     embedder.save_pretrained(out / "stages" / "init")
@@ -411,8 +434,6 @@ def run_stages(
     recipe: Recipe, ctx: Any, embedder: Any, state: RunState, device: str | None, selected: set[str]
 ) -> None:
     """Each selected unfinished stage in order, from its ``from`` stage (default: the previous one)."""
-    from care_retriever.embedder import AsymmetricEmbedder
-
     in_memory: str | None = "init"  # the stage whose output the in-memory embedder is
     sources = stage_sources(recipe)
     for stage in recipe.stages:
@@ -421,7 +442,7 @@ def run_stages(
             in_memory = None
             continue
         if in_memory != source:
-            embedder = AsymmetricEmbedder.from_pretrained(ctx.out / "stages" / source, device=device, dtype="fp32")
+            embedder = load_model(ctx.out / "stages" / source, recipe.model, device)
             if recipe.model.max_length:
                 set_max_length(embedder, recipe.model.max_length)
         logger.info("stage %s (%s) starts from %s", stage.name, stage.type, source)
@@ -468,6 +489,7 @@ def run_recipe(
     paper-size recipe on CPU with the ``base`` preset); ``dry_run_steps`` trains N steps per stage;
     ``stages`` trains only those stages and the ones they start from (the rest on a later resume).
     """
+    from care_retriever.training.distributed import recipe_timeout_seconds, start_process_group, world_size
     from care_retriever.training.engine import wait_for_everyone
     from care_retriever.training.stages import StageContext, seed_everything
 
@@ -478,7 +500,12 @@ def run_recipe(
     recipe = effective_recipe(recipe, preset=preset, dry_run_steps=dry_run_steps)
     selected = selected_stages(recipe, stages)
     fingerprint = run_fingerprint(recipe, dry_run_steps=dry_run_steps, preset=preset)
+    # First: the process group's timeout is fixed by whoever creates it (see training/distributed.py).
+    timeout = start_process_group(recipe_timeout_seconds(recipe.defaults))
     state = RunState.resumed(recipe, fingerprint, check_output(out, recipe, fingerprint, resume))
+    if timeout is not None:
+        logger.info("%d processes, process group timeout %.0f s", world_size(), timeout)
+        state.extra["processes"] = {"world_size": world_size(), "timeout_seconds": timeout}
     wait_for_everyone()  # under torchrun every rank checks --out before rank 0 writes to it
     load = preload_datasets(recipe, data_dir)
     seed_everything(recipe.seed)
@@ -494,10 +521,27 @@ def run_recipe(
         dry_run_steps=dry_run_steps,
         resume=resume,
         show_progress=show_progress,
+        pretrained_dtypes=pretrained_dtypes(embedder),
+        device=device,
     )
     run_stages(recipe, ctx, embedder, state, device, selected)
     final = publish_final(recipe, out, state)
     return RunResult(out=out, final=final, reports=state.reports, exports=state.exports)
+
+
+def pretrained_dtypes(embedder) -> dict[str, str | None]:
+    """Each tower's pretraining dtype: recorded at init (care_config.json), else read from the
+    checkpoint the tower was built from (a CARE folder saved outside training); None if unknown."""
+    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY, tower_pretrained_dtype
+
+    recorded = embedder.config.extra.get(PRETRAINED_DTYPE_KEY)
+    if isinstance(recorded, dict):
+        return dict(recorded)
+    found: dict[str, str | None] = {}
+    for side in ("query", "document"):
+        base = getattr(embedder.config, side).base_model
+        found[side] = tower_pretrained_dtype(base) if base and embedder.config.preset is None else None
+    return found
 
 
 def _fmt(value: float | None) -> str:

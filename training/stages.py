@@ -37,7 +37,6 @@ from care_retriever.training.engine import (
     bucket_by_length,
     build_arguments,
     last_checkpoint,
-    process_state,
     world_size,
 )
 from care_retriever.training.lora import LoraSpec, add_lora, merge_lora
@@ -69,6 +68,10 @@ class StageContext:
     dry_run_steps: int | None = None
     resume: bool = False
     show_progress: bool = True
+    # tower -> the dtype its pretrained checkpoint names (training/precision.py): decides fp16 vs bf16
+    pretrained_dtypes: dict[str, str | None] = field(default_factory=dict)
+    device: str | None = None
+    logged: set[str] = field(default_factory=set)  # one-line notes already logged in this run
 
 
 @dataclass
@@ -115,10 +118,13 @@ DRY_RUN_BATCH = 4
 
 
 def trainer_settings(ctx: StageContext, stage: StageSpec) -> dict[str, Any]:
-    """The stage's trainer arguments; a dry run shrinks batches and drops half precision on CPU.
+    """The stage's trainer arguments, with the precision :func:`stage_precision` decides; a dry run
+    shrinks batches and trains without warm-up.
 
     A dry run validates a recipe (data, dims, stage wiring, one optimizer step per stage) in
-    minutes, even a paper-size recipe on a CPU: it trains ``N`` steps of ``DRY_RUN_BATCH`` rows.
+    minutes, even a paper-size recipe on a CPU: it trains ``N`` steps of ``DRY_RUN_BATCH`` rows. Its
+    steps run at the full learning rate: a warm-up ratio of N steps starts at 0, and a step at
+    learning rate 0 changes no weight (a dry run could not show that a stage trains anything).
     """
     settings = {k: v for k, v in ctx.defaults.items() if k not in OWN_DEFAULT_KEYS}
     settings.update(stage.args)
@@ -129,12 +135,28 @@ def trainer_settings(ctx: StageContext, stage: StageSpec) -> dict[str, Any]:
         settings["gradient_accumulation_steps"] = 1
         settings["logging_steps"] = 1
         settings["dataloader_drop_last"] = False
-        import torch
-
-        if not torch.cuda.is_available():
-            for key in ("fp16", "bf16"):
-                settings.pop(key, None)  # half precision needs a GPU; the dry run checks everything else
+        settings["warmup_steps"] = 0
+    settings.update(stage_precision(ctx, settings).trainer_flags)
     return settings
+
+
+def stage_precision(ctx: StageContext, settings: dict[str, Any]):
+    """The precision the stage trains in (training/precision.py), from its bf16/fp16 flags, the GPU
+    and the towers' pretraining dtypes; a changed request is logged once per run."""
+    from care_retriever.training.precision import current_capability, training_precision
+
+    precision = training_precision(settings, current_capability(ctx.device), ctx.pretrained_dtypes)
+    if precision.note and precision.note not in ctx.logged:
+        ctx.logged.add(precision.note)
+        logger.info("precision: %s", precision.note)
+    return precision
+
+
+def stage_dtype(ctx: StageContext, stage: StageSpec):
+    """The torch dtype the stage trains in (what its frozen-tower encodings run under)."""
+    from care_retriever.training.precision import Precision, requested_precision
+
+    return Precision(requested_precision(trainer_settings(ctx, stage))).torch_dtype
 
 
 def batch_rows(ctx: StageContext, stage: StageSpec) -> int:
@@ -428,10 +450,13 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder) -> StageR
     if teacher_mode == "cached":
         teacher_texts = unique([t for rows in sides.values() for _, t in rows])
         cache_start = time.perf_counter()
-        cache = _main_process_first(
-            lambda: build_teacher_cache(
-                embedder, teacher_texts, ctx.out / "teacher_cache", show_progress=ctx.show_progress
-            )
+        # Under torchrun every rank encodes its share of the texts (teacher_cache.py).
+        cache = build_teacher_cache(
+            embedder,
+            teacher_texts,
+            ctx.out / "teacher_cache",
+            show_progress=ctx.show_progress,
+            dtype=stage_dtype(ctx, stage),
         )
         index = {t: i for i, t in enumerate(teacher_texts)}
         data = {
@@ -481,14 +506,6 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder) -> StageR
     return report
 
 
-def _main_process_first(fn: Callable[[], Any]) -> Any:
-    """Under torchrun, rank 0 builds the teacher cache first; the other ranks then find it on disk."""
-    if world_size() == 1:
-        return fn()
-    with process_state().main_process_first():
-        return fn()
-
-
 # ----------------------------------------------------------------------------- Stage II
 def add_hard_negatives(
     ctx: StageContext, stage: Stage2JointStage | DistillStage, embedder, examples: list[Example]
@@ -516,6 +533,8 @@ def add_hard_negatives(
             duplicate_threshold=float(spec.get("duplicate_threshold", 0.95)),
             show_progress=ctx.show_progress,
             miner=str(spec.get("miner", "document")),
+            exchange_dir=ctx.out / "exchange" / stage.name,  # torchrun: the ranks' shares of the pool
+            dtype=stage_dtype(ctx, stage),
         )
     rng = random.Random(ctx.seed)
     out = []

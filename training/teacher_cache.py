@@ -9,17 +9,20 @@ a resumed one) with the same document tower and texts reuses the file.
 Files: ``<dir>/<key>.f32`` (rows, raw float32) and ``<dir>/<key>.json`` (shape, fingerprint). The
 key hashes the document space fingerprint, the tower's max length and the texts, so a changed
 tower or data set never reads a stale cache. Files are written under a temporary name and renamed,
-so a killed run leaves no half-written cache behind.
+so a killed run leaves no half-written cache behind. Under torchrun the ranks share the encoding
+(each its slice, then rank 0 assembles the file).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -53,12 +56,28 @@ def build_teacher_cache(
     *,
     batch_size: int = 64,
     show_progress: bool = True,
+    dtype: Any = None,
 ) -> TeacherCache:
     """Return the memory-mapped document-tower embeddings of ``texts`` (row i = text i).
 
     ``embedder`` is an :class:`~care_retriever.embedder.AsymmetricEmbedder`; its document tower
-    must stay frozen for as long as the cache is used.
+    must stay frozen for as long as the cache is used. ``dtype``: the training precision; bf16/fp16
+    encode under autocast, as the frozen tower runs in training (the rows are stored in float32).
+
+    Under torchrun every rank calls this: each encodes its share of the texts (every ``world``-th of
+    them in length order, so the shares cost the same) into a part file; rank 0 assembles the cache
+    from the parts; every rank then maps the finished file.
     """
+    from care_retriever.training.distributed import (
+        PartWriter,
+        barrier,
+        my_share,
+        rank,
+        read_parts,
+        remove_parts,
+        world_size,
+    )
+
     directory = Path(cache_dir)
     directory.mkdir(parents=True, exist_ok=True)
     max_length = int(embedder.document_model.max_seq_length or 0)
@@ -66,31 +85,64 @@ def build_teacher_cache(
     key = cache_key(fingerprint, max_length, texts)
     data, meta = directory / f"{key}.f32", directory / f"{key}.json"
     shape = (len(texts), embedder.dim)
-    if data.is_file() and meta.is_file():
-        info = json.loads(meta.read_text("utf-8"))
-        if tuple(info.get("shape", ())) == shape and data.stat().st_size == shape[0] * shape[1] * 4:
-            logger.info("Stage I: reusing the teacher cache %s (%d texts)", data, shape[0])
-            return TeacherCache(data, np.memmap(data, dtype=np.float32, mode="r", shape=shape), reused=True)
+    # Every rank looks before any rank can write: the parts are assembled only after a barrier all pass.
+    if _complete(data, meta, shape):
+        logger.info("Stage I: reusing the teacher cache %s (%d texts)", data, shape[0])
+        return TeacherCache(data, np.memmap(data, dtype=np.float32, mode="r", shape=shape), reused=True)
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    mine = my_share(order)
     tmp = data.with_name(f".{data.name}.{os.getpid()}.tmp")
-    out = np.memmap(tmp, dtype=np.float32, mode="w+", shape=shape)
+    # One process writes rows straight into the cache; several write their share into a part file each.
+    part = PartWriter(directory, key, len(mine), shape[1]) if world_size() > 1 else None
+    out = np.memmap(tmp, dtype=np.float32, mode="w+", shape=shape) if part is None else None
     model = embedder.document_model
     was_training = model.training
-    order = np.argsort([-len(t) for t in texts], kind="stable")
-    with tqdm(
-        total=len(texts), desc="Stage I: caching teacher embeddings", unit="text", disable=not show_progress
-    ) as bar:
+    with (
+        tqdm(
+            total=len(mine), desc="Stage I: caching teacher embeddings", unit="text", disable=not show_progress
+        ) as bar,
+        autocast(model.device, dtype),
+    ):
         from care_retriever.encoding import encode_texts
 
-        for start in range(0, len(texts), 4096):
-            idx = order[start : start + 4096]
-            out[idx] = encode_texts(model, [texts[i] for i in idx], batch_size=batch_size)
+        for start in range(0, len(mine), 4096):
+            idx = mine[start : start + 4096]
+            rows = encode_texts(model, [texts[i] for i in idx], batch_size=batch_size)
+            if part is None:
+                out[idx] = rows
+            elif part.rows is not None:
+                part.rows[start : start + len(idx)] = rows
             bar.update(len(idx))
     model.train(was_training)
-    out.flush()
-    del out
-    os.replace(tmp, data)
-    meta.write_text(json.dumps({"shape": list(shape), "space_fingerprint": fingerprint, "max_length": max_length}))
+    if part is not None:
+        part.close()
+        barrier()
+        if rank() == 0:
+            out = read_parts(directory, key, order, np.memmap(tmp, dtype=np.float32, mode="w+", shape=shape))
+    if rank() == 0:
+        out.flush()
+        del out
+        os.replace(tmp, data)
+        meta.write_text(json.dumps({"shape": list(shape), "space_fingerprint": fingerprint, "max_length": max_length}))
+        remove_parts(directory, key)
+    barrier()  # the cache is complete before any rank maps it
     return TeacherCache(data, np.memmap(data, dtype=np.float32, mode="r", shape=shape), reused=False)
+
+
+def _complete(data: Path, meta: Path, shape: tuple[int, int]) -> bool:
+    if not (data.is_file() and meta.is_file()):
+        return False
+    info = json.loads(meta.read_text("utf-8"))
+    return tuple(info.get("shape", ())) == shape and data.stat().st_size == shape[0] * shape[1] * 4
+
+
+def autocast(device: Any, dtype: Any) -> contextlib.AbstractContextManager:
+    """Autocast to ``dtype`` (bf16/fp16) on ``device``; nothing for fp32 or None."""
+    import torch
+
+    if dtype not in (torch.bfloat16, torch.float16):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
 
 
 def _fingerprint(embedder) -> str:
