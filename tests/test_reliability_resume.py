@@ -229,6 +229,32 @@ def test_faiss_killed_at_four_points_then_resumed_equals_clean_run(
     assert_same(faiss_state(folder), faiss_state(tmp_path / "clean2"), embedder, spec, f"faiss:{tmp_path / 'clean2'}")
 
 
+@pytest.mark.parametrize("quantize", ["sq8", "binary"])
+def test_faiss_quantized_killed_then_resumed_equals_clean_run(
+    embedder, tiny_model_dir: Path, tmp_path: Path, quantize: str
+) -> None:
+    """Codes in index.faiss, full vectors in vectors.f32: both checkpointed together and resumed."""
+    corpus = make_corpus(tmp_path / "corpus.jsonl", 1500, seed=3)
+    folder = tmp_path / "store"
+    spec = f"faiss:{folder}"
+    sizes = {"chunk_size": 256, "checkpoint_every": 256}  # sq8 takes its value ranges from a first chunk of >= 256
+    extra = ("--quantize", quantize, "--chunk-size", "256", "--checkpoint-every", "256")
+    run_and_kill(index_cmd(tiny_model_dir, corpus, spec, *extra), lambda: (staged_count(folder) or 0) > 0)
+    run_and_kill(
+        index_cmd(tiny_model_dir, corpus, spec, *extra), lambda: (staged_count(folder) or 0) >= 512, after=0.05
+    )
+    final = run_to_end(index_cmd(tiny_model_dir, corpus, spec, *extra))
+    assert final["count"] == 1500 and final["unchanged"] >= 512
+    clean = tmp_path / "clean"
+    writer = DocumentStoreWriter(
+        embedder, f"faiss:{clean}", show_progress=False, index_options={"quantize": quantize}, **{**WRITER, **sizes}
+    )
+    writer.write(read_corpus(corpus))
+    writer.store.close()
+    assert json.loads((folder / MANIFEST).read_text())["index"]["quantize"] == quantize
+    assert_same(faiss_state(folder), faiss_state(clean), embedder, spec, f"faiss:{clean}")
+
+
 def test_qdrant_local_killed_then_resumed_equals_clean_run(embedder, tiny_model_dir: Path, tmp_path: Path) -> None:
     # Local Qdrant commits every point to SQLite on its own (slow on CI disks): a smaller corpus.
     corpus = make_corpus(tmp_path / "corpus.jsonl", 300, seed=1)
