@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from care_retriever.errors import InputError, ModelError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy too: the CLI reads IndexSettings' defaults when it starts, and imports nothing heavy
+    import numpy as np
+
     from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.embedder_protocol import Embedder
 
@@ -85,10 +85,12 @@ def init_distributed(backend: str, device: str | None, timeout_minutes: float) -
 class ShardedEncoder:
     """Rank 0's encoder: scatter texts over the ranks, encode this rank's slice, gather in order."""
 
-    def __init__(self, embedder: Embedder, group: Dist, batch_size: int) -> None:
+    def __init__(self, embedder: Embedder, group: Dist, batch_size: int, max_batch_tokens: int | None = None) -> None:
+        from care_retriever.encoding import BatchLimits
+
         self.embedder = embedder
         self.group = group
-        self.batch_size = batch_size
+        self.limits = BatchLimits(batch_size, max_batch_tokens)  # halved on out-of-memory, then kept for the run
         self.truncated = 0
 
     def encode_slice(self, texts: list[str]) -> np.ndarray:
@@ -96,12 +98,13 @@ class ShardedEncoder:
 
         stats: dict[str, int] = {}
         vectors = encode_texts(
-            self.embedder.document_model, texts, batch_size=self.batch_size, desc="Encoding documents", stats=stats
+            self.embedder.document_model, texts, limits=self.limits, desc="Encoding documents", stats=stats
         )
         self.truncated += stats.get("truncated", 0)
         return vectors
 
     def __call__(self, texts: list[str]) -> np.ndarray:
+        import numpy as np
         import torch.distributed as dist
 
         world = self.group.world
@@ -137,11 +140,11 @@ def release_workers(group: Dist, own_truncated: int) -> int:
     return sum(int(c) for c in counts)
 
 
-def serve_encoding(embedder: Embedder, group: Dist, batch_size: int) -> int:
+def serve_encoding(embedder: Embedder, group: Dist, batch_size: int, max_batch_tokens: int | None = None) -> int:
     """A worker rank: encode the slices rank 0 scatters until it sends None; return the truncated count."""
     import torch.distributed as dist
 
-    encoder = ShardedEncoder(embedder, group, batch_size)
+    encoder = ShardedEncoder(embedder, group, batch_size, max_batch_tokens)
     while True:
         mine: list[Any] = [None]
         dist.scatter_object_list(mine, None, src=0)
@@ -163,7 +166,10 @@ class IndexSettings:
     corpus: Path
     store: str
     collection: str | None = None
-    batch_size: int = 16
+    batch_size: int = 16  # texts per forward pass at most
+    max_batch_tokens: int | None = None  # padded tokens per forward pass at most (None: batch_size alone)
+    dtype: str = "auto"  # the document tower's precision (care_retriever.embedder.resolve_dtype)
+    attn_implementation: str = "auto"  # care_retriever.embedder.resolve_attn_implementation
     chunk_size: int = 1024
     checkpoint_every: int = 8192
     index_type: str = "flat"
@@ -190,10 +196,19 @@ class IndexSettings:
 
     def validate(self) -> None:
         """Every check that needs neither the corpus nor the model: a bad option fails before any work."""
+        from care_retriever.embedder import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES, DTYPES
         from care_retriever.stores.base import FAISS_INDEX_TYPES
 
         if min(self.batch_size, self.chunk_size, self.checkpoint_every) < 1:
             raise InputError("--batch-size, --chunk-size and --checkpoint-every must be >= 1")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise InputError(f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}")
+        if self.dtype not in ("auto", *DTYPES):
+            raise InputError(f"Unknown --dtype {self.dtype!r}. Available: {list(DTYPE_CHOICES)}")
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise InputError(
+                f"Unknown --attn-implementation {self.attn_implementation!r}. Available: {list(ATTN_IMPLEMENTATIONS)}"
+            )
         if self.index_type not in FAISS_INDEX_TYPES:
             raise InputError(
                 f"Unknown --index-type {self.index_type!r}. Available index types: {list(FAISS_INDEX_TYPES)}"
@@ -266,7 +281,7 @@ def run_index(settings: IndexSettings) -> dict[str, Any] | None:
     group, device = init_distributed(settings.backend, settings.device, settings.timeout_minutes)
     try:
         if group.rank != 0:
-            serve_encoding(load_document_tower(settings, device), group, settings.batch_size)
+            serve_encoding(load_document_tower(settings, device), group, settings.batch_size, settings.max_batch_tokens)
             return None
         return _write(settings, group, device)
     finally:
@@ -282,7 +297,12 @@ def load_document_tower(settings: IndexSettings, device: str | None) -> Asymmetr
 
     quiet_transformers()
     return AsymmetricEmbedder.from_pretrained(
-        settings.model, load="document", device=device, trust_remote_code=settings.trust_remote_code
+        settings.model,
+        load="document",
+        device=device,
+        trust_remote_code=settings.trust_remote_code,
+        dtype=settings.dtype,
+        attn_implementation=settings.attn_implementation,
     )
 
 
@@ -305,11 +325,14 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
                 f"--update: {target.describe()} holds no index yet (a mistyped path?); drop --update to build a new one"
             )
         embedder = load_document_tower(settings, device)
-        encoder = ShardedEncoder(embedder, group, settings.batch_size) if group.active else None
+        encoder = (
+            ShardedEncoder(embedder, group, settings.batch_size, settings.max_batch_tokens) if group.active else None
+        )
         writer = DocumentStoreWriter(
             embedder,
             target,
             batch_size=settings.batch_size,
+            max_batch_tokens=settings.max_batch_tokens,
             chunk_size=settings.chunk_size,
             checkpoint_every=settings.checkpoint_every,
             index_options=settings.index_options(),
@@ -331,7 +354,22 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
             logger.warning(
                 "%d documents reached the document tower's max length and were truncated", truncated_all_ranks
             )
-    return {**report.to_dict(), "world_size": group.world, "backend": group.backend or "single-process"}
+    return {
+        **report.to_dict(),
+        "world_size": group.world,
+        "backend": group.backend or "single-process",
+        **tower_runtime(embedder),
+    }
+
+
+def tower_runtime(embedder: AsymmetricEmbedder) -> dict[str, Any]:
+    """What ``auto`` resolved to: the document tower's precision and attention implementation as loaded."""
+    model = embedder.document_model
+    config = getattr(getattr(model[0], "auto_model", None), "config", None)
+    return {
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

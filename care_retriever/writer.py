@@ -6,6 +6,9 @@ before encoding, so re-indexing the same corpus costs one read and adds nothing,
 re-encodes only new or changed documents. The store is checkpointed every ``checkpoint_every``
 documents; a killed run resumes from the last checkpoint when the same command is run again.
 
+With ``sparse``, each chunk's BM25 tokens are computed in a child process while the chunk encodes
+(:mod:`care_retriever.sparse.background`) and inserted with its documents, in the same transaction.
+
 Encoding is pluggable (``encoder=``): :mod:`care_retriever.index` passes one that scatters each chunk
 over the ranks of a torch.distributed job, so checkpointing, resume and skipping stay in one place.
 """
@@ -16,6 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from itertools import islice
 from typing import Any
@@ -25,8 +29,9 @@ from tqdm.auto import tqdm
 
 from care_retriever.corpus import Document
 from care_retriever.embedder_protocol import Embedder
-from care_retriever.encoding import check_unicode, encode_texts
+from care_retriever.encoding import BatchLimits, check_unicode, encode_texts
 from care_retriever.errors import InputError, ModelError
+from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
 
 # texts -> (len(texts), dim) float32 unit rows, in input order
@@ -100,22 +105,28 @@ class DocumentStoreWriter:
         *,
         collection: str | None = None,
         batch_size: int = 16,
+        max_batch_tokens: int | None = None,
         chunk_size: int = 1024,
         checkpoint_every: int = 8192,
         index_options: dict[str, Any] | None = None,
         show_progress: bool = True,
         encoder: Encoder | None = None,
         sparse: bool = False,
+        background_tokenizer: bool = True,
     ) -> None:
         self.embedder = embedder
         self.store = open_store(store, collection=collection)
         self.batch_size = batch_size
+        # texts and padded tokens per forward pass; halved on out-of-memory and kept lowered for the run
+        self.limits = BatchLimits(batch_size, max_batch_tokens)
         self.chunk_size = chunk_size
         self.checkpoint_every = checkpoint_every
         self.index_options = index_options
         self.show_progress = show_progress
         self.encoder = encoder
         self.sparse = sparse  # also write the BM25 side (care_retriever.sparse), in the same transactions
+        # the BM25 side's tokens computed in a child process while the chunk encodes (sparse.background)
+        self.background_tokenizer = background_tokenizer
 
     def write(
         self, documents: Iterable[Document], *, total: int | None = None, prune_ids_not_in: bool = False
@@ -130,9 +141,17 @@ class DocumentStoreWriter:
         since_checkpoint = 0
         start = time.perf_counter()
         stats: dict[str, int] = {}
-        with tqdm(
-            total=total, desc="Indexing", unit="doc", disable=not self.show_progress, dynamic_ncols=True, smoothing=0.05
-        ) as bar:
+        with (
+            tqdm(
+                total=total,
+                desc="Indexing",
+                unit="doc",
+                disable=not self.show_progress,
+                dynamic_ncols=True,
+                smoothing=0.05,
+            ) as bar,
+            BackgroundTokenizer() if self.sparse and self.background_tokenizer else nullcontext() as tokenizer,
+        ):
             for raw in _chunks(documents, self.chunk_size):
                 chunk = _validated(raw)
                 bar.update(len(raw) - len(chunk))
@@ -143,8 +162,12 @@ class DocumentStoreWriter:
                 report.unchanged += len(chunk) - len(todo)
                 bar.update(len(chunk) - len(todo))
                 if todo:
-                    vectors = self._encode([d.embedding_text() for d in todo], bar, stats)
-                    self.store.upsert(todo, vectors)
+                    texts = [d.embedding_text() for d in todo]
+                    if tokenizer is not None:  # the chunk's BM25 tokens, computed while it encodes
+                        tokenizer.submit(texts)
+                    vectors = self._encode(texts, bar, stats)
+                    tokens = tokenizer.result() if tokenizer is not None else None
+                    self.store.upsert(todo, vectors, sparse_tokens=tokens)
                     report.updated += sum(1 for d in todo if d.id in stored)
                     report.added += sum(1 for d in todo if d.id not in stored)
                     since_checkpoint += len(todo)
@@ -170,7 +193,7 @@ class DocumentStoreWriter:
             return encode_texts(
                 self.embedder.document_model,
                 texts,
-                batch_size=self.batch_size,
+                limits=self.limits,
                 desc="Encoding documents",
                 progress=bar,
                 stats=stats,

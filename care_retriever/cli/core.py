@@ -11,6 +11,7 @@ import typer
 
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError, ModelError
+from care_retriever.index import IndexSettings
 from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
 
 
@@ -137,7 +138,30 @@ def index(
         typer.Option(help="JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line)."),
     ] = None,
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
-    batch_size: Annotated[int, typer.Option(help="Documents per forward pass (per rank under torchrun).")] = 16,
+    batch_size: Annotated[
+        int, typer.Option(help="Documents per forward pass at most (per rank under torchrun).")
+    ] = IndexSettings.batch_size,
+    max_batch_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Also at most N padded tokens per forward pass (texts x the longest one's tokens): short "
+            "documents go many to a batch, long ones few (an LLM tower's memory stays flat). Default: none."
+        ),
+    ] = IndexSettings.max_batch_tokens,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Document tower precision: auto (bf16 on GPUs with native bf16, else fp16; fp32 on CPU) "
+            "| fp32 | bf16 | fp16."
+        ),
+    ] = IndexSettings.dtype,
+    attn_implementation: Annotated[
+        str,
+        typer.Option(
+            help="auto (flash_attention_2 where flash-attn is installed and the tower runs on CUDA in fp16/bf16, "
+            "else sdpa) | sdpa | flash_attention_2 | eager."
+        ),
+    ] = IndexSettings.attn_implementation,
     chunk_size: Annotated[
         int, typer.Option(help="Documents read per chunk (memory bound); under torchrun split over all ranks.")
     ] = 1024,
@@ -204,7 +228,7 @@ def index(
 
     Under ``torchrun ... -m care_retriever.index`` (same options) every rank encodes a slice of each chunk.
     """
-    from care_retriever.index import IndexSettings, run_index
+    from care_retriever.index import run_index
 
     if sparse_only:
         _add_sparse_side(store, collection, progress, json_out)
@@ -217,6 +241,9 @@ def index(
         store=store,
         collection=collection,
         batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
         chunk_size=chunk_size,
         checkpoint_every=checkpoint_every,
         index_type=index_type,

@@ -143,8 +143,15 @@ class VectorStore(ABC):
         """Stored content hash for each of ``ids`` that exists."""
 
     @abstractmethod
-    def upsert(self, documents: Sequence[Document], vectors: np.ndarray) -> None:
-        """Insert documents, replacing any stored under the same id."""
+    def upsert(
+        self, documents: Sequence[Document], vectors: np.ndarray, *, sparse_tokens: Sequence[list[str]] | None = None
+    ) -> None:
+        """Insert documents, replacing any stored under the same id.
+
+        ``sparse_tokens``: the BM25 tokens of each document's ``embedding_text()``
+        (:func:`care_retriever.sparse.tokenizer.tokenize`), when the caller has them already (the index
+        writer tokenises while the tower encodes); None: the store tokenises, if it has a sparse side.
+        """
 
     @abstractmethod
     def delete(self, ids: Sequence[str]) -> int:

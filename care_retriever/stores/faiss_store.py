@@ -720,11 +720,15 @@ class FaissStore(VectorStore):
                 out.update(db.execute(f"SELECT id, content_hash FROM documents WHERE id IN ({marks})", chunk))
         return out
 
-    def upsert(self, documents: Sequence[Document], vectors: np.ndarray) -> None:
+    def upsert(
+        self, documents: Sequence[Document], vectors: np.ndarray, *, sparse_tokens: Sequence[list[str]] | None = None
+    ) -> None:
         self._require_writing()
         assert self._index is not None and self._db is not None
         if len(documents) != len(vectors):
             raise InputError(f"{len(documents)} documents but {len(vectors)} vectors")
+        if sparse_tokens is not None and len(sparse_tokens) != len(documents):
+            raise InputError(f"{len(documents)} documents but {len(sparse_tokens)} token lists")
         if len(documents) == 0:
             return
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -745,7 +749,7 @@ class FaissStore(VectorStore):
                 ],
             )
             if self._staged_manifest.sparse:  # the BM25 side, in the same SQLite transaction
-                SqliteBM25(self._db).add(row_ids.tolist(), [d.embedding_text() for d in documents])
+                SqliteBM25(self._db).add(row_ids.tolist(), [d.embedding_text() for d in documents], sparse_tokens)
             inner = inner_index(self._index)
             if not inner.is_trained:
                 # Trained once, on the first batch: make the first chunk large (>= 39 * nlist, and >= 256 * 39
