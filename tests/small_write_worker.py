@@ -3,7 +3,8 @@
 ``loop DIR``: add two texts per call forever, printing each finished call's number (killed from outside).
 ``POINT DIR``: add three texts in one call and SIGKILL itself at ``POINT`` inside the store's commit:
 ``delta`` (delta appended, docstore not committed), ``manifest`` (docstore committed, manifest not
-rewritten), ``fold-write`` (a fold writing the new index), ``fold-rename`` (fold recorded, not renamed).
+rewritten; the store held CARE_TEST_SEED documents, default 20), ``fold-write`` (a fold writing the new
+index), ``fold-rename`` (fold recorded, not renamed).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def arm(point: str) -> None:
         write_manifest = store_cls._write_manifest
 
         def killing_write_manifest(folder, manifest) -> None:
-            if manifest.count == 23:
+            if manifest.count == int(os.environ.get("CARE_TEST_SEED", "20")) + 3:
                 die()
             write_manifest(folder, manifest)
 

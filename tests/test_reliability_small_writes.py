@@ -7,6 +7,7 @@ then check the store opens, passes a full verify, answers, and takes the next wr
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -24,16 +25,21 @@ from care_retriever.stores.faiss_store import DELTA, FaissStore
 WORKER = Path(__file__).with_name("small_write_worker.py")
 
 
-def _seed(folder: Path, n: int = 20) -> None:
-    store = CareVectorStore(f"faiss:{folder}", DeterministicFakeEmbedding(size=8))
+def _seed(folder: Path, n: int = 20, quantize: str = "none") -> None:
+    options = {"quantize": quantize} if quantize != "none" else None
+    store = CareVectorStore(f"faiss:{folder}", DeterministicFakeEmbedding(size=8), index_options=options)
     store.add_texts([f"seed {i}" for i in range(n)], ids=[f"s{i}" for i in range(n)])  # creates the store
     store.add_texts(["seed extra"], ids=["s0"])  # and one in-place write, so a delta exists
     store.close()
 
 
-def _worker(*args: str) -> subprocess.Popen:
+def _worker(*args: str, seed: int = 20) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(WORKER), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, str(WORKER), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "CARE_TEST_SEED": str(seed)},
     )
 
 
@@ -54,19 +60,23 @@ def _check(folder: Path, expected: int) -> None:
     assert main(["verify", "--store", f"faiss:{folder}"]) == 0
 
 
-@pytest.mark.parametrize(
-    ("point", "survivors"), [("delta", 20), ("manifest", 23), ("fold-write", 23), ("fold-rename", 23)]
-)
-def test_a_kill_inside_the_commit_keeps_all_or_nothing(tmp_path: Path, point: str, survivors: int) -> None:
+# Quantized stores (codes + vectors.f32, fsynced before the commit point) too; sq8 trains on >= 256 rows.
+@pytest.mark.parametrize(("quantize", "seed"), [("none", 20), ("binary", 20), ("sq8", 300)])
+@pytest.mark.parametrize(("point", "added"), [("delta", 0), ("manifest", 3), ("fold-write", 3), ("fold-rename", 3)])
+def test_a_kill_inside_the_commit_keeps_all_or_nothing(
+    tmp_path: Path, point: str, added: int, quantize: str, seed: int
+) -> None:
     folder = tmp_path / "store"
-    _seed(folder)
-    proc = _worker(point, str(folder))
+    _seed(folder, seed, quantize)
+    survivors = seed + added
+    proc = _worker(point, str(folder), seed=seed)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL, f"the worker was not killed at {point}: {out} {err}"
     assert "finished" not in out
     _check(folder, survivors)
     with FaissStore(folder) as store:
-        assert (store.get(["p0"])[0] is not None) == (survivors == 23)
+        assert (store.get(["p0"])[0] is not None) == (added == 3)
+        assert store.require_manifest().index.get("quantize", "none") == quantize
 
 
 def test_kills_at_random_moments_of_a_write_loop(tmp_path: Path) -> None:
