@@ -430,14 +430,26 @@ class AsymmetricEmbedder:
             unit="query",
         )
 
-    def embed_documents(self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False) -> np.ndarray:
-        """Encode documents with the document tower: ``(len(texts), dim)`` float32, unit norm."""
+    def embed_documents(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 16,
+        max_batch_tokens: int | None = None,
+        show_progress: bool = False,
+    ) -> np.ndarray:
+        """Encode documents with the document tower: ``(len(texts), dim)`` float32, unit norm.
+
+        ``max_batch_tokens``: also at most that many padded tokens per forward pass; a batch that runs out
+        of GPU memory is halved and retried (:func:`care_retriever.encoding.encode_texts`).
+        """
         texts = check_texts(texts, "documents")
         return encode_texts(
             self.document_model,
             texts,
             prompt=self.config.document_prompt,
             batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
             show_progress=show_progress,
             desc="Encoding documents",
             unit="doc",

@@ -174,3 +174,14 @@ def test_auto_takes_flash_attention_only_on_cuda_in_half_precision(monkeypatch: 
     assert resolve_attn_implementation("sdpa", "cuda", torch.bfloat16) == "sdpa"
     with pytest.raises(ModelError, match=r"runs on CUDA in fp16/bf16 only, not on cpu in float32; use 'sdpa'"):
         resolve_attn_implementation("flash_attention_2", "cpu", torch.float32)
+
+
+def test_embed_documents_takes_a_token_budget(tiny_model_dir: Path) -> None:
+    embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir, load="document")
+    shapes, handle = _shapes(embedder.document_model)
+    try:
+        budgeted = embedder.embed_documents(TEXTS, max_batch_tokens=100)
+    finally:
+        handle.remove()
+    np.testing.assert_allclose(budgeted, embedder.embed_documents(TEXTS), atol=1e-5)
+    assert all(n * tokens <= 100 or n == 1 for n, tokens in shapes) and len(shapes) > len(TEXTS) // 16 + 1
