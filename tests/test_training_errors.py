@@ -137,6 +137,19 @@ def test_matryoshka_dims_must_include_the_query_dim(tmp_path, data_dir, capsys) 
             RECIPE.format(name="x", data="pairs.jsonl", fmt="pairs", extra_model=", document_pooling: max"),
             "model.document_pooling 'max' unknown; available: ['cls', 'last_token', 'mean']",
         ),
+        (
+            # the process group is created once per run: a stage's own timeout would be silently ignored
+            RECIPE.format(name="x", data="pairs.jsonl", fmt="pairs", extra_model="").replace(
+                "datasets: [pairs]}", "datasets: [pairs], args: {ddp_timeout: 60}}"
+            ),
+            "ddp_timeout is set once per run; set it in defaults",
+        ),
+        (
+            RECIPE.format(name="x", data="pairs.jsonl", fmt="pairs", extra_model="").replace(
+                "logging_steps: 1", "logging_steps: 1, ddp_timeout: 0"
+            ),
+            "defaults.ddp_timeout must be a positive number of seconds, got 0",
+        ),
     ],
     ids=[
         "no-stages",
@@ -146,6 +159,8 @@ def test_matryoshka_dims_must_include_the_query_dim(tmp_path, data_dir, capsys) 
         "unknown-argument",
         "yaml",
         "unknown-pooling",
+        "stage-ddp-timeout",
+        "bad-ddp-timeout",
     ],
 )
 def test_bad_recipes(tmp_path, data_dir, capsys, text, needle) -> None:

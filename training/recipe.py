@@ -446,6 +446,8 @@ def build_stage(
     if not isinstance(args, dict):
         raise InputError(f"{where}: 'args' must be a mapping")
     _check_args(args, f"{where}: args")
+    if "ddp_timeout" in args:  # the process group is created once, before any stage, with defaults.ddp_timeout
+        raise InputError(f"{where}: args: ddp_timeout is set once per run; set it in defaults")
     values["args"] = args
     export = values.get("export") or {}
     if isinstance(export, str):
