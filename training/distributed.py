@@ -13,6 +13,7 @@ A barrier waits for the slowest rank's share, not for one rank doing everyone's 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from datetime import timedelta
@@ -77,10 +78,13 @@ def process_group_timeout() -> float | None:
 
     if not dist.is_available() or not dist.is_initialized():
         return None
-    group = dist.distributed_c10d._get_default_group()
-    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
-    backend = group._get_backend(device)
-    return float(backend.options._timeout.total_seconds())
+    try:  # torch keeps it in the backend's options (no public accessor): read defensively
+        group = dist.distributed_c10d._get_default_group()
+        device = torch.device("cuda") if "nccl" in str(dist.get_backend()) else torch.device("cpu")
+        return float(group._get_backend(device).options._timeout.total_seconds())
+    except (AttributeError, RuntimeError) as exc:
+        logger.warning("could not read the process group's timeout back from torch (%s)", exc)
+        return None
 
 
 def barrier() -> None:
@@ -156,6 +160,8 @@ def gather_rows(folder: Path, name: str, order: np.ndarray, rows: np.ndarray, di
     barrier()  # every rank has read every part
     if rank() == 0:
         remove_parts(folder, name)
+        with contextlib.suppress(OSError):  # not empty: something else lives there
+            folder.rmdir()  # nothing is left behind in the run folder
     return out
 
 

@@ -503,8 +503,8 @@ def run_recipe(
     # First: the process group's timeout is fixed by whoever creates it (see training/distributed.py).
     timeout = start_process_group(recipe_timeout_seconds(recipe.defaults))
     state = RunState.resumed(recipe, fingerprint, check_output(out, recipe, fingerprint, resume))
-    if timeout is not None:
-        logger.info("%d processes, process group timeout %.0f s", world_size(), timeout)
+    if world_size() > 1:
+        logger.info("%d processes, process group timeout %s s", world_size(), timeout)
         state.extra["processes"] = {"world_size": world_size(), "timeout_seconds": timeout}
     wait_for_everyone()  # under torchrun every rank checks --out before rank 0 writes to it
     load = preload_datasets(recipe, data_dir)

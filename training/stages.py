@@ -533,7 +533,7 @@ def add_hard_negatives(
             duplicate_threshold=float(spec.get("duplicate_threshold", 0.95)),
             show_progress=ctx.show_progress,
             miner=str(spec.get("miner", "document")),
-            exchange_dir=ctx.out / "exchange" / stage.name,  # torchrun: the ranks' shares of the pool
+            exchange_dir=ctx.out / f".exchange-{stage.name}",  # torchrun: the ranks' shares of the pool
             dtype=stage_dtype(ctx, stage),
         )
     rng = random.Random(ctx.seed)
