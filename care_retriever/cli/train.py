@@ -30,7 +30,8 @@ def train(
     preset: Annotated[
         str | None,
         typer.Option(
-            help="Use a from-scratch preset (tiny|mini|base) instead of the recipe's model (dry-run paper.yaml on CPU)."
+            help="Replace the recipe's towers by random ones of a preset's shapes (tiny|mini|base): checks data "
+            "and stages without downloading; not the recipe's towers."
         ),
     ] = None,
     device: Annotated[
@@ -52,7 +53,7 @@ def train(
     ] = None,
 ) -> None:
     """Train a CARE model from a recipe; the final model is left in OUT/final."""
-    from care_retriever.cli.core import quiet_transformers
+    from care_retriever.loading import quiet_transformers
     from care_retriever.training import require
 
     require("datasets", "accelerate", "peft", extra="train")
