@@ -23,6 +23,7 @@ import numpy as np
 from care_retriever.embedder_protocol import Embedder
 from care_retriever.errors import InputError, ModelError
 from care_retriever.fingerprint import space_fingerprint, weights_fingerprint
+from care_retriever.loading import hub_options, quiet_transformers
 from care_retriever.locations import local_model_dir
 from care_retriever.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt, is_instruction_prompt
 
@@ -61,7 +62,7 @@ class SentenceTransformerEmbedder:
                 model_name_or_path,
                 device=str(resolve_device(device)),
                 trust_remote_code=trust_remote_code,
-                local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1",
+                **hub_options(),
             )
         except (OSError, ValueError) as exc:
             raise ModelError(
@@ -254,7 +255,7 @@ def load_embedder(
             base, tower = name_or_path[: -len(suffix)], suffix[1:]
     local = local_model_dir(base)
     if local is not None and is_care_folder(local):
-        _quiet_transformers()
+        quiet_transformers()
         from care_retriever.embedder import AsymmetricEmbedder
 
         embedder = AsymmetricEmbedder.from_pretrained(
@@ -266,14 +267,7 @@ def load_embedder(
         return OneTowerEmbedder(embedder, tower) if tower else embedder  # type: ignore[arg-type]
     if tower:
         raise ModelError(f"{base}: '#{tower}' selects a tower of a CARE model folder (one with care_config.json)")
-    _quiet_transformers()
+    quiet_transformers()
     return SentenceTransformerEmbedder(
         str(local) if local is not None else name_or_path, device=device, trust_remote_code=trust_remote_code
     )
-
-
-def _quiet_transformers() -> None:
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()

@@ -28,6 +28,7 @@ from care_retriever import __version__
 from care_retriever.encoding import check_texts, encode_texts, logger
 from care_retriever.errors import ModelError
 from care_retriever.fingerprint import space_fingerprint, weights_fingerprint
+from care_retriever.loading import hub_options, model_file
 from care_retriever.locations import local_model_dir, replace_folder
 from care_retriever.model_config import (  # re-exported: callers import these from here
     CONFIG_NAME,
@@ -41,9 +42,7 @@ from care_retriever.prompts import literal_template
 from care_retriever.towers.modules import (
     DEFAULT_MAX_LENGTH,
     REMOTE_CODE_FLAG,
-    hub_options,
     lift_model_code,
-    model_file,
     read_tower,
     refuse_pickled_weights,
     tower_native_dim,
@@ -312,13 +311,7 @@ class AsymmetricEmbedder:
         if local is not None:
             name = str(local)  # "~" expanded: every later lookup sees the folder
         hub = hub_options(token=token, cache_folder=cache_folder, revision=revision)
-        config_path = model_file(name, CONFIG_NAME, hub)
-        if config_path is None:
-            raise ModelError(
-                f"{name}: no {CONFIG_NAME}; not a CARE model (plain sentence-transformers models load with "
-                "care_retriever.baselines.SentenceTransformerEmbedder)"
-            )
-        config = CareConfig.from_dict(json.loads(Path(config_path).read_text("utf-8")), f"{name}/{CONFIG_NAME}")
+        config = CareConfig.load(name, hub)
         router_path = model_file(name, Router.config_file_name, hub)
         if router_path is None:
             raise ModelError(f"{name}: missing {Router.config_file_name}; the model folder is incomplete")

@@ -292,8 +292,8 @@ def run_index(settings: IndexSettings) -> dict[str, Any] | None:
 
 
 def load_document_tower(settings: IndexSettings, device: str | None) -> AsymmetricEmbedder:
-    from care_retriever.cli.core import quiet_transformers
     from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.loading import quiet_transformers
 
     quiet_transformers()
     return AsymmetricEmbedder.from_pretrained(

@@ -7,11 +7,14 @@ definitions as the torch path: pooling, dims, the prompt template and the space 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from care_retriever import __version__
 from care_retriever.errors import ModelError
+from care_retriever.loading import model_file
 from care_retriever.prompts import DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE, fill_query_prompt
 
 __all__ = [
@@ -66,6 +69,26 @@ class CareConfig:
     def query_prompt(self, instruction: str | None = None) -> str | None:
         """The text prepended to every query (None for towers that take no prompt)."""
         return fill_query_prompt(self.query_prompt_template, instruction or self.default_instruction)
+
+    @classmethod
+    def load(cls, model: str | os.PathLike[str], hub: dict[str, Any] | None = None) -> CareConfig:
+        """The ``care_config.json`` of a model folder or hub id: the one reader of that file.
+
+        ``hub``: hub look-up options (revision, token, cache folder); offline mode is honoured either way.
+        """
+        path = model_file(model, CONFIG_NAME, hub)
+        if path is None:
+            raise ModelError(
+                f"{model}: no {CONFIG_NAME}; not a CARE model (plain sentence-transformers models load with "
+                "care_retriever.baselines.SentenceTransformerEmbedder)"
+            )
+        try:
+            data = json.loads(Path(path).read_text("utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"{path}: unreadable CARE config ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ModelError(f"{path}: malformed CARE config (not a JSON object)")
+        return cls.from_dict(data, str(path))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = CONFIG_NAME) -> CareConfig:

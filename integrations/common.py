@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,8 +22,8 @@ from care_retriever.corpus import Document
 from care_retriever.errors import InputError, ModelError
 from care_retriever.fingerprint import space_fingerprint
 from care_retriever.locations import local_model_dir
+from care_retriever.model_config import CONFIG_NAME, CareConfig
 
-CONFIG_NAME = "care_config.json"
 # Fingerprint recorded for stores written from vectors of an unknown model: `care-retriever search`
 # then refuses them with "built with another model" instead of returning meaningless hits.
 UNKNOWN_FINGERPRINT = "unknown"
@@ -36,35 +35,15 @@ def check_model_location(model: str) -> Path | None:
     return local_model_dir(model)
 
 
-def read_care_config(model: str) -> dict[str, Any]:
-    """The model's ``care_config.json`` as a dict (dim, space fingerprint, towers), without loading weights."""
-    path = check_model_location(model)
-    if path is not None:
-        file: str | None = str(path / CONFIG_NAME) if (path / CONFIG_NAME).is_file() else None
-    else:
-        from sentence_transformers.util import load_file_path
-
-        try:
-            file = load_file_path(model, CONFIG_NAME, local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1")
-        except Exception as exc:  # hub errors come in many types; the message is what matters
-            raise ModelError(f"cannot fetch {CONFIG_NAME} of {model!r}: {str(exc).splitlines()[0]}") from None
-    if file is None:
-        raise ModelError(f"{model}: no {CONFIG_NAME}; not a CARE model")
-    try:
-        return json.loads(Path(file).read_text("utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelError(f"{file}: unreadable CARE config ({exc})") from None
-
-
 def model_space(model: str) -> tuple[int, str, str]:
-    """``(dim, space_fingerprint, document model name)`` of a saved CARE model."""
-    config = read_care_config(model)
-    weights = config.get("space_fingerprint")
-    if not isinstance(config.get("dim"), int) or not weights or not isinstance(weights, str):
-        raise ModelError(f"{model}/{CONFIG_NAME}: missing dim or space_fingerprint")
-    # The config keeps the weights fingerprint; the space also covers the document-text rule.
-    space = space_fingerprint(weights, config.get("document_prompt"))
-    return config["dim"], space, (config.get("document") or {}).get("base_model") or model
+    """``(dim, space_fingerprint, document model name)`` of a saved CARE model, no tower loaded."""
+    check_model_location(model)
+    config = CareConfig.load(model)
+    if not config.space_fingerprint:
+        raise ModelError(f"{model}/{CONFIG_NAME}: missing space_fingerprint")
+    # The config keeps the weights fingerprint; the space also covers the document-text rule and prompt.
+    space = space_fingerprint(config.space_fingerprint, config.document_prompt)
+    return config.dim, space, config.document.base_model or model
 
 
 class TowerLoader:

@@ -21,7 +21,6 @@ from care_retriever.backends.layout import (
     BACKEND_FILES,
     ExportRecord,
     QueryRoute,
-    read_care_config,
     require_export,
 )
 from care_retriever.encoding_checks import check_texts
@@ -88,7 +87,7 @@ class ExportedQueryEmbedder:
         """The checked export of a local model folder and the file to run (int8 when exported, else fp32)."""
         model = Path(model_name_or_path).expanduser()
         route, record = require_export(model, cls.backend)
-        config = read_care_config(model)
+        config = CareConfig.load(model)
         files = BACKEND_FILES[cls.backend]
         if model_file is None:
             model_file = next((files[q] for q in ("int8", "none") if files[q] in record.files), None)

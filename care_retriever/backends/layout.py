@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from care_retriever.errors import ModelError
-from care_retriever.model_config import CONFIG_NAME, CareConfig
 
 BACKENDS = ("auto", "torch", "onnx", "openvino")
 EXPORT_BACKENDS = ("onnx", "openvino")
@@ -77,17 +76,6 @@ class ExportRecord:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, indent=2)
-
-
-def read_care_config(model: Path) -> CareConfig:
-    path = model / CONFIG_NAME
-    if not path.is_file():
-        raise ModelError(f"{model}: no {CONFIG_NAME}; not a CARE model")
-    try:
-        data = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{path}: unreadable ({exc})") from None
-    return CareConfig.from_dict(data, str(path))
 
 
 def query_route(model: Path) -> QueryRoute:

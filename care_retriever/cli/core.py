@@ -12,15 +12,8 @@ import typer
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError, ModelError
 from care_retriever.index import IndexSettings
+from care_retriever.loading import quiet_transformers
 from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
-
-
-def quiet_transformers() -> None:
-    """Model loading prints per-weight progress and load reports; a CLI user wants one line per step."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
 
 
 def _load_embedder(model: str, load: str, device: str | None, backend: str = "torch", trust_remote_code: bool = False):

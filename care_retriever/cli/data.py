@@ -24,8 +24,8 @@ def _read_rows(path: Path) -> list[dict]:
 
 
 def _load(model: str, load: str, trust_remote_code: bool):
-    from care_retriever.cli.core import quiet_transformers
     from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.loading import quiet_transformers
 
     quiet_transformers()
     return AsymmetricEmbedder.from_pretrained(model, load=load, trust_remote_code=trust_remote_code)

@@ -111,7 +111,7 @@ def serve(
     import uvicorn
 
     from care_retriever.backends import resolve_backend
-    from care_retriever.cli.core import quiet_transformers
+    from care_retriever.loading import quiet_transformers
     from care_retriever.retriever import CareRetriever
     from care_retriever.server import ServiceLimits, create_app
 

@@ -10,7 +10,6 @@ installed, each task comes back as a skipped result with the reason instead of a
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 
 from care_retriever.evaluation.runner import TaskResult
 from care_retriever.evaluation.tasks import INSTRUCTIONS
+from care_retriever.loading import offline
 
 logger = logging.getLogger("care_retriever")
 
@@ -51,7 +51,7 @@ def skip_reason() -> str | None:
         import mteb  # noqa: F401
     except ImportError:
         return "the mteb package is not installed (pip install 'care-retriever[mteb]')"
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
+    if offline():
         return "HF_HUB_OFFLINE=1: C-MTEB datasets are on the Hugging Face hub"
     return None
 

@@ -7,7 +7,6 @@ Using the field's modules keeps a saved CARE model loadable by plain ``SentenceT
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +14,9 @@ from typing import Any, Literal
 
 import torch
 from sentence_transformers.sentence_transformer.modules import Dense, Module, Normalize, Pooling, Transformer
-from sentence_transformers.util import load_file_path
 
 from care_retriever.errors import ModelError
+from care_retriever.loading import hub_options, model_file
 from care_retriever.model_config import DEFAULT_MAX_LENGTH
 
 PoolingName = Literal["cls", "mean", "last_token"]
@@ -52,22 +51,6 @@ def refuse_pickled_weights(folder: Path, allowed: bool) -> None:
             f"{folder}: weights are pickled ({pickled[0]}), not safetensors; loading them needs "
             "allow_pickled_weights=True (CLI: --allow-pickled-weights), read by torch's weights-only loader"
         )
-
-
-def model_file(name: str, filename: str, hub: dict[str, Any] | None = None) -> str | None:
-    """``filename`` of a model folder or hub repository, or None where it has none."""
-    if Path(name).is_dir():
-        path = Path(name) / filename
-        return str(path) if path.is_file() else None
-    try:
-        return load_file_path(name, filename, **(hub or hub_options()))
-    except Exception as exc:  # hub errors come in many types; the message is what matters
-        raise ModelError(f"cannot fetch {filename} of {name!r}: {str(exc).splitlines()[0]}") from exc
-
-
-def hub_options(**extra: Any) -> dict[str, Any]:
-    """Keyword arguments for hub look-ups: offline mode (HF_HUB_OFFLINE=1) means local files only."""
-    return {"local_files_only": os.environ.get("HF_HUB_OFFLINE") == "1", **extra}
 
 
 def runs_remote_code(model: torch.nn.Module) -> bool:
