@@ -187,6 +187,9 @@ def test_quantization_is_fixed_and_bad_options_are_one_line(tmp_path: Path) -> N
     store.prepare(DIM, "fp", "model", {"oversample": 7})
     store.finalize()
     assert FaissStore(tmp_path / "s").require_manifest().index["oversample"] == 7
+    store.prepare(DIM, "fp", "model", {"quantize": "sq8"})  # the same quantization, no oversample: kept
+    store.finalize()
+    assert FaissStore(tmp_path / "s").require_manifest().index["oversample"] == 7
     store.close()
 
 

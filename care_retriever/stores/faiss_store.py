@@ -474,7 +474,7 @@ class FaissStore(VectorStore):
             if (self.staging / MANIFEST).exists():
                 self._resume_staging(dim, space_fingerprint)
             else:
-                self._new_staging(dim, space_fingerprint, model_name, options)
+                self._new_staging(dim, space_fingerprint, model_name, options, index)
         except BaseException:
             self._release_writer_lock()
             raise
@@ -609,7 +609,14 @@ class FaissStore(VectorStore):
         _write_atomic(folder / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
         _fsync_dir(folder)
 
-    def _new_staging(self, dim: int, space_fingerprint: str, model_name: str, options: dict[str, Any]) -> None:
+    def _new_staging(
+        self,
+        dim: int,
+        space_fingerprint: str,
+        model_name: str,
+        options: dict[str, Any],
+        index: dict[str, Any] | None = None,
+    ) -> None:
         """Start a write: a copy of the published store (or an empty index); its manifest is written last."""
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir(parents=True)
@@ -633,8 +640,9 @@ class FaissStore(VectorStore):
                 shutil.copy2(source / DOCSTORE, self.staging / DOCSTORE)
             _fsync_file(self.staging / DOCSTORE)
             manifest = Manifest.from_dict(self.manifest.to_dict(), MANIFEST)
-            if "oversample" in options and quantization(manifest.index) != "none":  # search-time: may change
-                manifest.index["oversample"] = options["oversample"]
+            asked = (index or {}).get("oversample")  # a search setting: may change (the default does not reset it)
+            if asked is not None and quantization(manifest.index) != "none":
+                manifest.index["oversample"] = float(asked)
         else:
             manifest = Manifest(
                 backend="faiss",
