@@ -78,7 +78,7 @@ VECTORS = "vectors.f32"  # quantized stores: full-precision vectors by row id, t
 QUANTIZE = ("none", "sq8", "binary", "pq")
 # Candidates taken from the codes per result wanted, by quantization (measured: docs/scale.md); a store's
 # own value is kept in its manifest (index option "oversample") and FaissStore(oversample=...) overrides it.
-DEFAULT_OVERSAMPLE = {"sq8": 4.0, "binary": 10.0, "pq": 10.0}
+DEFAULT_OVERSAMPLE = {"sq8": 4.0, "binary": 100.0, "pq": 50.0}
 QUANTIZED_FORMAT_VERSION = 3
 MIN_SQ_TRAIN = 256  # scalar codes take each dimension's range from the first batch: not from a handful of rows
 
