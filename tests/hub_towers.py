@@ -139,8 +139,11 @@ def _assert_safetensors_only(folder: Path) -> None:
     assert not pickled, f"fixture {folder} must hold safetensors only, found {pickled}"
 
 
-def write_qwen3_embedding(out: Path, seed: int = 0) -> Path:
-    """A Qwen3-Embedding-format sentence-transformers folder (``Qwen3Model``, last-token pooling)."""
+def write_qwen3_embedding(out: Path, seed: int = 0, *, document_prompt: str = "") -> Path:
+    """A Qwen3-Embedding-format sentence-transformers folder (``Qwen3Model``, last-token pooling).
+
+    ``document_prompt``: a prompt before every document, as some embedding models declare (e5's ``passage: ``).
+    """
     from transformers import Qwen3Model
 
     _seed(seed)
@@ -150,7 +153,8 @@ def write_qwen3_embedding(out: Path, seed: int = 0) -> Path:
     hf = out.parent / f".{out.name}-hf"
     model.save_pretrained(hf, safe_serialization=True)
     tokenizer.save_pretrained(hf)
-    return _save_sentence_transformer(hf, out, "lasttoken", {"query": QWEN3_EMBEDDING_QUERY_PROMPT, "document": ""})
+    prompts = {"query": QWEN3_EMBEDDING_QUERY_PROMPT, "document": document_prompt}
+    return _save_sentence_transformer(hf, out, "lasttoken", prompts)
 
 
 def write_qwen3_causal_lm(

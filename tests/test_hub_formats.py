@@ -272,3 +272,25 @@ def test_a_tower_with_only_pickled_weights_needs_the_opt_in(hub: Path, tmp_path:
         str(folder), str(hub / "qwen3-causal"), device="cpu", allow_pickled_weights=True
     )
     assert cosines(care.embed_queries(TEXTS), st_reference(hub / "bert", "query")).min() >= PARITY
+
+
+def test_a_declared_document_prompt_is_part_of_indexing_training_and_the_space(hub: Path, tmp_path: Path) -> None:
+    """A document tower whose folder declares a document prompt reads it wherever it embeds documents."""
+    from care_retriever.training.stages import query_prompts
+    from care_retriever.training.teacher_cache import build_teacher_cache
+
+    folder = write_qwen3_embedding(tmp_path / "prompted", document_prompt="文档：")
+    care = AsymmetricEmbedder.from_towers(str(hub / "bert"), str(folder), device="cpu")
+    reference = truncated(st_reference(folder, "document"), care.dim)
+    assert cosines(care.embed_documents(TEXTS), reference).min() >= PARITY
+    plain = AsymmetricEmbedder.from_towers(str(hub / "bert"), str(hub / "qwen3-embedding"), device="cpu")
+    assert cosines(care.embed_documents(TEXTS), plain.embed_documents(TEXTS)).max() < 0.9999
+    assert care.space_fingerprint != plain.space_fingerprint
+    # Training feeds the document tower the same text: the teacher cache and the document columns.
+    cache = build_teacher_cache(care, TEXTS, tmp_path / "cache", show_progress=False)
+    assert cosines(np.asarray(cache.vectors), care.embed_documents(TEXTS)).min() >= PARITY
+    assert query_prompts(care, [], ("positive",)) == {"positive": "文档："}
+    care.save_pretrained(tmp_path / "care")
+    loaded = AsymmetricEmbedder.from_pretrained(tmp_path / "care", load="document", device="cpu")
+    assert loaded.space_fingerprint == care.space_fingerprint
+    assert cosines(loaded.embed_documents(TEXTS), reference).min() >= PARITY

@@ -158,6 +158,8 @@ def test_remote_code_query_tower_without_trust_remote_code_is_one_line(
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "trust_remote_code" in err, err
     assert not (tmp_path / "run").exists()
+    # The command line's switch is the recipe's: the same recipe trains with --trust-remote-code.
+    assert train(recipe, tmp_path / "run", shared_data, "--trust-remote-code", "--stage", "stage0-query") == 0
 
 
 # ----------------------------------------------------------------------------- precision policy

@@ -223,6 +223,12 @@ class Recipe:
         """The same recipe under another seed (its own fingerprint: a run of one seed never resumes another's)."""
         return dataclasses.replace(self, seed=seed, raw={**self.raw, "seed": seed})
 
+    def trusting_remote_code(self) -> Recipe:
+        """The same recipe with ``model.trust_remote_code`` on (``train --trust-remote-code``)."""
+        model = dataclasses.replace(self.model, trust_remote_code=True)
+        raw_model = {**self.raw.get("model", {}), "trust_remote_code": True}
+        return dataclasses.replace(self, model=model, raw={**self.raw, "model": raw_model})
+
     def stage(self, name: str) -> StageSpec:
         for stage in self.stages:
             if stage.name == name:

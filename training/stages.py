@@ -241,9 +241,18 @@ def contrastive_loss(ctx: StageContext, stage: StageSpec, model):
     return MultipleNegativesRankingLoss(model, scale=scale, gather_across_devices=gather_flag(ctx, stage))
 
 
-def query_prompts(embedder, columns: list[str]) -> dict[str, str] | None:
+def query_prompts(embedder, columns: list[str], document_columns: tuple[str, ...] = ()) -> dict[str, str] | None:
+    """Prompts per column: the query prompt for ``columns``, and for ``document_columns`` (routed to the
+    document tower) the document prompt its pretrained folder declares, as ``embed_documents`` applies it."""
     prompt = embedder.query_prompt()
-    return {col: prompt for col in columns} if prompt else None
+    prompts = {col: prompt for col in columns} if prompt else {}
+    prompts.update(document_prompts(embedder, document_columns))
+    return prompts or None
+
+
+def document_prompts(embedder, columns: tuple[str, ...]) -> dict[str, str]:
+    prompt = embedder.config.document_prompt
+    return {col: prompt for col in columns} if prompt else {}
 
 
 def fit(
@@ -401,8 +410,9 @@ def stage0_document(ctx: StageContext, stage: Stage0DocumentStage, embedder) -> 
     # The paper's MRL loss is the mean over the nested dims (MatryoshkaLoss's default weights sum them).
     weights = [1.0 / len(dims)] * len(dims)
     loss = MatryoshkaLoss(model, contrastive_loss(ctx, stage, model), matryoshka_dims=dims, matryoshka_weights=weights)
+    prompts = document_prompts(embedder, ("anchor", "positive")) or None
     try:
-        report = fit(ctx, stage, model, _pair_dataset(examples), loss, examples=len(examples))
+        report = fit(ctx, stage, model, _pair_dataset(examples), loss, prompts=prompts, examples=len(examples))
     finally:
         merge_lora(embedder.document_modules)
     report.extra["matryoshka_dims"] = dims
@@ -487,7 +497,10 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder) -> StageR
         gather_across_devices=gather_flag(ctx, stage),
     )
     # Queries get the query instruction (if the tower has one); documents fed to the query tower do not.
-    prompts = {"queries": {"text": prompt}} if prompt and "queries" in data else None
+    # The teacher's texts get the document tower's own prompt, if it declares one (as when indexing).
+    teacher = document_prompts(embedder, ("teacher_text",)) if "teacher_text" in router else {}
+    prompts = {side: {**({"text": prompt} if prompt and side == "queries" else {}), **teacher} for side in data}
+    prompts = {side: p for side, p in prompts.items() if p} or None
     dataset: Dataset | DatasetDict = DatasetDict(data) if len(data) > 1 or prompts else next(iter(data.values()))
     try:
         report = fit(
@@ -577,7 +590,7 @@ def stage2_joint(ctx: StageContext, stage: Stage2JointStage, embedder) -> StageR
             _pair_dataset(examples, num),
             loss,
             router_mapping=router,
-            prompts=query_prompts(embedder, ["anchor"]),
+            prompts=query_prompts(embedder, ["anchor"], tuple(c for c, side in router.items() if side == "document")),
             examples=len(examples),
         )
     finally:

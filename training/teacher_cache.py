@@ -107,7 +107,9 @@ def build_teacher_cache(
 
         for start in range(0, len(mine), 4096):
             idx = mine[start : start + 4096]
-            rows = encode_texts(model, [texts[i] for i in idx], batch_size=batch_size)
+            rows = encode_texts(
+                model, [texts[i] for i in idx], prompt=embedder.config.document_prompt, batch_size=batch_size
+            )
             if part is None:
                 out[idx] = rows
             elif part.rows is not None:

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from care_retriever.cli.options import TrustRemoteCode
+
 
 def train(
     recipe: Annotated[
@@ -51,6 +53,7 @@ def train(
             help="Train only this stage and the stages it starts from (repeatable); --resume trains the rest later.",
         ),
     ] = None,
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Train a CARE model from a recipe; the final model is left in OUT/final."""
     from care_retriever.loading import quiet_transformers
@@ -63,6 +66,8 @@ def train(
 
     quiet_transformers()
     spec = load_recipe(recipe)
+    if trust_remote_code:  # the same switch as the recipe's model.trust_remote_code
+        spec = spec.trusting_remote_code()
     runs = (
         [(spec, out)]
         if seeds is None
