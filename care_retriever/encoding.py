@@ -94,9 +94,20 @@ def _token_lengths(
     for start in range(0, len(texts), 1024):  # bounded: the padded ids of one slice are held at once
         with lock:
             features = model.preprocess(list(texts[start : start + 1024]), prompt=prompt)
-        mask = features.get("attention_mask")
-        lengths[start : start + 1024] = mask.sum(dim=1).numpy() if mask is not None else features["input_ids"].shape[1]
+        lengths[start : start + 1024] = sequence_lengths(features).numpy()
     return lengths
+
+
+def sequence_lengths(features: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Tokens of each text in a preprocessed batch: padded rows (``attention_mask``), or one row of texts laid
+    end to end for flash-attention's variable-length kernels (sentence-transformers drops the padding there;
+    ``cu_seq_lens_q`` holds the offsets)."""
+    if "attention_mask" in features:
+        return features["attention_mask"].sum(dim=1)
+    if "cu_seq_lens_q" in features:
+        return features["cu_seq_lens_q"].diff()
+    ids = features["input_ids"]
+    return torch.full((ids.shape[0],), ids.shape[1])
 
 
 def _release_cached_memory() -> None:
@@ -162,7 +173,8 @@ def encode_texts(
         for idx in batches:
             with lock:
                 features = model.preprocess([texts[i] for i in idx], prompt=prompt)
-            padded = int(features["input_ids"].shape[1]) if "input_ids" in features else 0
+            lengths_in_batch = sequence_lengths(features)
+            padded = int(lengths_in_batch.max())  # what each text of the batch is padded to
             try:
                 emb = model(batch_to_device(features, device))["sentence_embedding"]
             except OOM_ERRORS:
@@ -180,8 +192,8 @@ def encode_texts(
                     "%s: out of memory at %d texts x %d tokens; retrying with %d", desc, len(idx), padded, smaller
                 )
                 continue
-            if limit and "attention_mask" in features and features["attention_mask"].shape[1] >= limit:
-                truncated += int((features["attention_mask"].sum(dim=1) >= limit).sum())
+            if limit:
+                truncated += int((lengths_in_batch >= limit).sum())
             if not torch.isfinite(emb).all():
                 bad = sorted(int(idx[j]) for j in torch.nonzero(~torch.isfinite(emb).all(dim=1)).flatten().tolist())
                 raise ModelError(

@@ -18,7 +18,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Module
 
 from care_retriever.embedder import AsymmetricEmbedder, auto_dtype, resolve_attn_implementation, resolve_dtype
-from care_retriever.encoding import Batches, BatchLimits, encode_texts
+from care_retriever.encoding import Batches, BatchLimits, encode_texts, sequence_lengths
 from care_retriever.errors import InputError, ModelError
 
 # Texts of many lengths (1 to 60 characters), in no length order.
@@ -185,3 +185,19 @@ def test_embed_documents_takes_a_token_budget(tiny_model_dir: Path) -> None:
         handle.remove()
     np.testing.assert_allclose(budgeted, embedder.embed_documents(TEXTS), atol=1e-5)
     assert all(n * tokens <= 100 or n == 1 for n, tokens in shapes) and len(shapes) > len(TEXTS) // 16 + 1
+
+
+def test_lengths_of_padded_and_of_flattened_batches(tower: SentenceTransformer) -> None:
+    """With flash-attention, sentence-transformers lays a batch's texts end to end without padding
+    (transformers' DataCollatorWithFlattening): the budget and the truncation count read the same lengths."""
+    from transformers import DataCollatorWithFlattening
+
+    texts = TEXTS[:6]
+    ids = tower.tokenizer(texts)["input_ids"]
+    flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_position_ids=True)(
+        [{"input_ids": row} for row in ids]
+    )
+    assert flat["input_ids"].shape[0] == 1 and "attention_mask" not in flat
+    expected = [len(row) for row in ids]
+    assert sequence_lengths(tower.preprocess(texts)).tolist() == expected
+    assert sequence_lengths(flat).tolist() == expected
