@@ -37,8 +37,8 @@ def check_model_location(model: str) -> Path | None:
 
 def model_space(model: str) -> tuple[int, str, str]:
     """``(dim, space_fingerprint, document model name)`` of a saved CARE model, no tower loaded."""
-    check_model_location(model)
-    config = CareConfig.load(model)
+    local = check_model_location(model)
+    config = CareConfig.load(local if local is not None else model)
     if not config.space_fingerprint:
         raise ModelError(f"{model}/{CONFIG_NAME}: missing space_fingerprint")
     # The config keeps the weights fingerprint; the space also covers the document-text rule and prompt.
