@@ -265,6 +265,10 @@ def run_tasks(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         cache = args.cache / f"{name}-{args.preset}-{args.document_layers}-{args.seed}.npy"
         if cache.exists():
             doc_vecs = np.load(cache)
+            # the cache must come from this very model (random towers rebuilt from the same seed and texts)
+            check = embedder.embed_documents([d.embedding_text() for d in docs[:8]])
+            if not np.allclose(check, doc_vecs[:8], atol=1e-4):
+                raise SystemExit(f"{cache}: encoded by another model; remove it")
         else:
             t = time.perf_counter()
             doc_vecs = embedder.embed_documents([d.embedding_text() for d in docs], batch_size=32, show_progress=True)
@@ -365,7 +369,7 @@ def render(result: dict[str, Any]) -> str:
                 lines.append(f"| {n} | {r['setting']} | " + " | ".join(cells) + " |")
     if result.get("trained_model"):
         lines += ["", result["trained_model"]]
-    commands = sorted({part["command"] for part in (syn, dev) if part and part.get("command")})
+    commands = [c for part in (syn, dev) if part for c in part.get("commands", [part.get("command")]) if c]
     lines += ["", "Measured by " + " and ".join(f"`{c}`" for c in commands) + ".", "", END]
     return "\n".join(lines)
 
@@ -420,7 +424,16 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name)
         command = "python benchmarks/quantization.py " + " ".join(sys.argv[1:] if argv is None else argv)
         if not args.skip_synthetic:
-            result["synthetic"] = {**run_synthetic(args, tmp), "command": command}
+            fresh = {**run_synthetic(args, tmp), "commands": [command]}
+            old = result.get("synthetic") or {}
+            if (old.get("n"), old.get("dim")) == (args.n, args.dim):  # settings not re-run keep their rows
+                redone = {r["setting"] for r in fresh["rows"]}
+                kept = [r for r in old.get("rows", []) if r["setting"] not in redone]
+                order = {name: i for i, name in enumerate(SETTINGS)}
+                fresh["rows"] = sorted(kept + fresh["rows"], key=lambda r: order[r["setting"]])
+                if kept:
+                    fresh["commands"] = [*old.get("commands", [old.get("command")]), command]
+            result["synthetic"] = fresh
         if not args.skip_tasks:
             result["dev"] = {**run_tasks(args, tmp), "command": command}
             result["trained_model"] = (
