@@ -67,7 +67,7 @@ class SentenceTransformerEmbedder:
         except (OSError, ValueError) as exc:
             raise ModelError(
                 f"cannot load sentence-transformers model {model_name_or_path!r}: {str(exc).splitlines()[0]}"
-            ) from None
+            ) from exc
         if max_length:
             self.model.max_seq_length = max_length
         fixed = self.model.prompts.get("query") or None

@@ -99,7 +99,7 @@ def _parse_line(raw: bytes, lineno: int, file: Path, jsonl: bool) -> Document | 
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{at(file, lineno)}: not valid UTF-8 (byte {exc.start})") from None
+        raise InputError(f"{at(file, lineno)}: not valid UTF-8 (byte {exc.start})") from exc
     if not line.strip():
         return None
     if not jsonl:
@@ -108,7 +108,7 @@ def _parse_line(raw: bytes, lineno: int, file: Path, jsonl: bool) -> Document | 
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{at(file, lineno)}: invalid JSON ({exc.msg})") from None
+        raise InputError(f"{at(file, lineno)}: invalid JSON ({exc.msg})") from exc
     if not isinstance(row, dict):
         raise InputError(f"{at(file, lineno)}: expected a JSON object, got {type(row).__name__}")
     doc_id = row.get("_id", row.get("id"))

@@ -110,8 +110,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -
         return auto_dtype(device)
     try:
         return DTYPES[str(dtype)]
-    except KeyError:
-        raise ModelError(f"Unknown dtype {dtype!r}. Available dtypes: {['auto', *DTYPES]}") from None
+    except KeyError as exc:
+        raise ModelError(f"Unknown dtype {dtype!r}. Available dtypes: {['auto', *DTYPES]}") from exc
 
 
 ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "flash_attention_2", "eager")

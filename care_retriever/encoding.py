@@ -186,7 +186,7 @@ def encode_texts(
                     raise ModelError(
                         f"{desc}: out of memory on {device} encoding one text of {padded} tokens; lower the "
                         "tower's max length or use a device with more memory"
-                    ) from None
+                    ) from None  # the OOM's traceback holds the batch's tensors: not kept
                 smaller = batches.retry_smaller(len(idx), padded)
                 logger.warning(
                     "%s: out of memory at %d texts x %d tokens; retrying with %d", desc, len(idx), padded, smaller

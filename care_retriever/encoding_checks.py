@@ -28,4 +28,4 @@ def check_unicode(text: str, where: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InputError(f"{where}: not valid Unicode (lone surrogate at character {exc.start})") from None
+        raise InputError(f"{where}: not valid Unicode (lone surrogate at character {exc.start})") from exc

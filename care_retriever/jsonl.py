@@ -21,13 +21,13 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise InputError(f"{at(path, lineno)}: not valid UTF-8 (byte {exc.start})") from None
+                raise InputError(f"{at(path, lineno)}: not valid UTF-8 (byte {exc.start})") from exc
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise InputError(f"{at(path, lineno)}: invalid JSON ({exc.msg})") from None
+                raise InputError(f"{at(path, lineno)}: invalid JSON ({exc.msg})") from exc
             if not isinstance(row, dict):
                 raise InputError(f"{at(path, lineno)}: expected a JSON object, got {type(row).__name__}")
             yield lineno, row

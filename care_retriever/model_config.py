@@ -107,4 +107,4 @@ class CareConfig:
                 }
             )
         except (KeyError, TypeError) as exc:
-            raise ModelError(f"{source}: malformed CARE config ({exc})") from None
+            raise ModelError(f"{source}: malformed CARE config ({exc})") from exc

@@ -89,7 +89,7 @@ def _validated(chunk: list[Document]) -> list[Document]:
         try:
             check_unicode(json.dumps(doc.metadata, ensure_ascii=False), f"document {doc.id!r} metadata")
         except TypeError as exc:
-            raise InputError(f"document {doc.id!r}: metadata is not JSON-serialisable ({exc})") from None
+            raise InputError(f"document {doc.id!r}: metadata is not JSON-serialisable ({exc})") from exc
         latest.pop(doc.id, None)
         latest[doc.id] = doc
     return list(latest.values())

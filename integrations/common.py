@@ -120,8 +120,8 @@ def as_matrix(embeddings: Sequence[Sequence[float]], dim: int | None, what: str)
         raise InputError(f"{what}: embeddings have {widths.pop()} dims; the store holds {dim}-dim vectors")
     try:
         matrix = np.asarray(rows, dtype=np.float32).reshape(len(rows), -1)
-    except (TypeError, ValueError):
-        raise InputError(f"{what}: embeddings must be lists of numbers") from None
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{what}: embeddings must be lists of numbers") from exc
     if not np.isfinite(matrix).all():
         raise InputError(f"{what}: embeddings contain NaN or infinite values")
     return matrix
@@ -142,7 +142,7 @@ def to_core_document(doc_id: str, text: str, meta: Mapping[str, Any]) -> Documen
     try:
         json.dumps(metadata, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise InputError(f"document {doc_id!r}: metadata must be JSON-serialisable ({exc})") from None
+        raise InputError(f"document {doc_id!r}: metadata must be JSON-serialisable ({exc})") from exc
     return Document(id=doc_id, text=text, title=title, metadata=metadata)
 
 

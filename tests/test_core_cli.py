@@ -179,3 +179,26 @@ def test_index_settings_reach_the_manifest(capsys, cli_model: Path, small_corpus
     code, out, err = run(capsys, "search", "--model", cli_model, "--store", f"faiss:{store}", "--json", "感冒")
     assert code == 0, err
     assert len(json.loads(out)["hits"]) == 6
+
+
+def test_an_error_is_one_line_and_keeps_its_cause_for_debugging(
+    tiny_model_dir: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """The CLI prints the error's one line; CARE_DEBUG=1 raises it with the error that caused it."""
+    import shutil
+
+    from care_retriever.errors import ModelError
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "care_config.json").read_text("utf-8"))
+    del config["query"]
+    (model / "care_config.json").write_text(json.dumps(config), encoding="utf-8")
+    monkeypatch.delenv("CARE_DEBUG", raising=False)
+    assert main(["export", "--model", str(model)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "malformed CARE config" in errors[0]
+    monkeypatch.setenv("CARE_DEBUG", "1")
+    with pytest.raises(ModelError) as raised:
+        main(["export", "--model", str(model)])
+    assert isinstance(raised.value.__cause__, KeyError)

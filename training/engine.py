@@ -175,7 +175,7 @@ def build_arguments(
             **args,
         )
     except (ValueError, TypeError) as exc:
-        raise InputError(f"training arguments: {str(exc).splitlines()[0]}") from None
+        raise InputError(f"training arguments: {str(exc).splitlines()[0]}") from exc
 
 
 def bucket_by_length(dataset: Any, prompts: Any, bounds: list[int]) -> tuple[Any, Any, dict[str, int]]:

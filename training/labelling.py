@@ -120,13 +120,13 @@ class ChatJudge:
             except urllib.error.HTTPError as exc:
                 retriable = exc.code == 429 or exc.code >= 500
                 if not retriable or attempt == self.retries:
-                    raise InputError(f"judge {self.model!r} at {self.url}: HTTP {exc.code} {exc.reason}") from None
+                    raise InputError(f"judge {self.model!r} at {self.url}: HTTP {exc.code} {exc.reason}") from exc
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 if attempt == self.retries:
                     reason = getattr(exc, "reason", exc)
-                    raise InputError(f"judge {self.model!r}: cannot reach {self.url} ({reason})") from None
-            except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-                raise InputError(f"judge {self.model!r} at {self.url}: not a chat-completion response") from None
+                    raise InputError(f"judge {self.model!r}: cannot reach {self.url} ({reason})") from exc
+            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+                raise InputError(f"judge {self.model!r} at {self.url}: not a chat-completion response") from exc
             time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
 

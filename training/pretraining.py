@@ -70,8 +70,8 @@ def stage_clm(ctx: Any, stage: Any, embedder: Any):
     try:
         with torch.device("meta"):
             lm = AutoModelForCausalLM.from_config(decoder.config)
-    except ValueError:  # no causal-LM class for this configuration
-        raise refused from None
+    except ValueError as exc:  # no causal-LM class for this configuration
+        raise refused from exc
     setattr(lm, lm.base_model_prefix, decoder)  # shared: training the LM trains the tower
     embeddings = decoder.get_input_embeddings().weight
     head = torch.nn.Linear(embeddings.shape[1], embeddings.shape[0], bias=False, device=embeddings.device)

@@ -264,9 +264,9 @@ def load_recipe(path: str | Path) -> Recipe:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{file}{where}: invalid YAML ({getattr(exc, 'problem', None) or exc})") from None
+        raise InputError(f"{file}{where}: invalid YAML ({getattr(exc, 'problem', None) or exc})") from exc
     except OSError as exc:
-        raise InputError(f"{file}: cannot read recipe ({exc.strerror})") from None
+        raise InputError(f"{file}: cannot read recipe ({exc.strerror})") from exc
     return parse_recipe(raw, str(file))
 
 

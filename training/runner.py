@@ -55,8 +55,8 @@ def _read_run(out: Path) -> dict[str, Any] | None:
         return None
     try:
         return json.loads(path.read_text("utf-8"))
-    except json.JSONDecodeError:
-        raise InputError(f"{path}: corrupted run file; use a new --out") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: corrupted run file; use a new --out") from exc
 
 
 def _write_run(out: Path, state: dict[str, Any]) -> None:

@@ -74,7 +74,7 @@ class ExportedQueryEmbedder:
         try:
             self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
         except Exception as exc:
-            raise ModelError(f"{tokenizer_file}: cannot load the query tokenizer ({exc})") from None
+            raise ModelError(f"{tokenizer_file}: cannot load the query tokenizer ({exc})") from exc
         self._tokenizer.enable_truncation(record.max_length)
         self._tokenizer.no_padding()
         # Tokenizer objects are not safe to share across threads mid-call.

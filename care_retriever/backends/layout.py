@@ -145,7 +145,7 @@ def find_export(model: Path, backend: str) -> ExportRecord | None:
     except (OSError, ValueError, TypeError) as exc:
         raise ModelError(
             f"{path}: unreadable export record ({exc}); re-run `{export_command(model, backend)}`"
-        ) from None
+        ) from exc
 
 
 def require_export(model: Path, backend: str) -> tuple[QueryRoute, ExportRecord]:

@@ -37,7 +37,7 @@ class OnnxQueryEmbedder(ExportedQueryEmbedder):
             raise ModelError(
                 f"{self.model_path}: not a loadable ONNX model ({first_line(exc)}); "
                 f"re-run `{export_command(route.model, 'onnx')}`"
-            ) from None
+            ) from exc
 
     @property
     def onnx_path(self) -> Path:  # the name the first version of this class had

@@ -41,7 +41,7 @@ class OpenVinoQueryEmbedder(ExportedQueryEmbedder):
             raise ModelError(
                 f"{self.model_path} (weights {weights}): not a loadable OpenVINO model ({first_line(exc)}); "
                 f"re-run `{export_command(route.model, 'openvino')}`"
-            ) from None
+            ) from exc
         self._output = self._compiled.output(0)
 
     @classmethod

@@ -39,8 +39,8 @@ def slim_requirements(distribution: str = DISTRIBUTION) -> list[str]:
     """The requirement strings of the ``serve-slim`` extra, as the installed metadata lists them."""
     try:
         listed = requires(distribution) or []
-    except PackageNotFoundError:
-        raise SystemExit(f"error: {distribution} is not installed (pip install --no-deps {distribution})") from None
+    except PackageNotFoundError as exc:
+        raise SystemExit(f"error: {distribution} is not installed (pip install --no-deps {distribution})") from exc
     out = []
     for line in listed:
         match = _EXTRA_MARKER.match(line)

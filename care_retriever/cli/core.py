@@ -94,12 +94,12 @@ def init(
         try:
             get_preset(preset)
         except ValueError as exc:
-            raise InputError(str(exc)) from None
+            raise InputError(str(exc)) from exc
         typer.echo(f"Training tokenizers and building a random '{preset}' model ...", err=True)
         try:
             embedder = init_from_scratch(preset, vocab_from, seed=seed)
         except ValueError as exc:
-            raise InputError(str(exc)) from None
+            raise InputError(str(exc)) from exc
     else:
         if not query_model:
             raise InputError("give --preset tiny|mini|base (from scratch) or --query-model (pretrained)")

@@ -45,7 +45,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise InputError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from None
+        raise InputError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from exc
     sock.set_inheritable(True)
     return sock
 

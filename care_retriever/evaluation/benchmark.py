@@ -288,5 +288,5 @@ def read_eval_json(path: Path) -> list[dict[str, Any]]:
                 try:
                     out.append(json.loads(line))
                 except json.JSONDecodeError as exc:
-                    raise InputError(f"{at(path, lineno)}: invalid JSON ({exc.msg})") from None
+                    raise InputError(f"{at(path, lineno)}: invalid JSON ({exc.msg})") from exc
     return out

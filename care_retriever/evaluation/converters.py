@@ -34,12 +34,12 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+        raise InputError(f"{path}: not valid UTF-8 (byte {exc.start})") from exc
     if text.lstrip().startswith("["):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise InputError(f"{at(path, exc.lineno)}: invalid JSON ({exc.msg})") from None
+            raise InputError(f"{at(path, exc.lineno)}: invalid JSON ({exc.msg})") from exc
         for i, row in enumerate(data):
             where = f"{path}: entry {i}"
             if not isinstance(row, dict):
@@ -52,7 +52,7 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InputError(f"{at(path, lineno)}: invalid JSON ({exc.msg})") from None
+            raise InputError(f"{at(path, lineno)}: invalid JSON ({exc.msg})") from exc
         if not isinstance(row, dict):
             raise InputError(f"{at(path, lineno)}: expected a JSON object")
         yield at(path, lineno), row
@@ -71,8 +71,8 @@ def _label(row: dict[str, Any], where: str) -> int:
         raise InputError(f"{where}: no label (CBLUE test files are unlabelled; convert train or dev files)")
     try:
         return int(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: label {value!r} is not an integer") from None
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{where}: label {value!r} is not an integer") from exc
 
 
 class _Output:

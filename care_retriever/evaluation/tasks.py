@@ -136,7 +136,7 @@ def read_meta(folder: Path) -> TaskMeta:
     try:
         data = json.loads(path.read_text("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: invalid JSON ({exc})") from None
+        raise InputError(f"{path}: invalid JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object")
     known = {"name", "type", "instruction", "relevance_level"}
@@ -262,7 +262,7 @@ def read_qrels(path: Path, query_ids: set[str], doc_ids: set[str]) -> dict[str, 
             try:
                 line = raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as exc:
-                raise InputError(f"{at(path, lineno)}: not valid UTF-8 (byte {exc.start})") from None
+                raise InputError(f"{at(path, lineno)}: not valid UTF-8 (byte {exc.start})") from exc
             if not line.strip():
                 continue
             parts = line.split("\t")
@@ -329,8 +329,8 @@ def load_sts(path: Path, *, name: str, instruction: str = INSTRUCTIONS["sts"]) -
         if isinstance(score, str):
             try:
                 score = float(score)
-            except ValueError:
-                raise InputError(f"{at(path, lineno)}: score {row['score']!r} is not a number") from None
+            except ValueError as exc:
+                raise InputError(f"{at(path, lineno)}: score {row['score']!r} is not a number") from exc
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
             raise InputError(f"{at(path, lineno)}: score {row['score']!r} is not a number")
         scores.append(float(score))

@@ -76,7 +76,7 @@ class Manifest:
         try:
             return cls(**{k: v for k, v in data.items() if k in known})
         except TypeError as exc:
-            raise StoreError(f"{source}: malformed manifest ({exc})") from None
+            raise StoreError(f"{source}: malformed manifest ({exc})") from exc
 
 
 def default_versions(**extra: str) -> dict[str, str]:

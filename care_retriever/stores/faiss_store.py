@@ -296,12 +296,12 @@ class FaissStore(VectorStore):
         fh = open(self.lock_path, "a+")  # noqa: SIM115 - held open while writing
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as exc:
             fh.close()
             raise StoreError(
                 f"{self.describe()}: another writer is indexing into this store (lock {self.lock_path}); "
                 "wait for it to finish"
-            ) from None
+            ) from exc
         self._writer_lock = fh
 
     def _release_writer_lock(self) -> None:
@@ -317,7 +317,7 @@ class FaissStore(VectorStore):
         try:
             data = json.loads(manifest_path.read_text("utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
-            raise StoreError(f"{manifest_path}: unreadable manifest ({exc})") from None
+            raise StoreError(f"{manifest_path}: unreadable manifest ({exc})") from exc
         self.manifest = Manifest.from_dict(data, str(manifest_path))
         for name in (INDEX, DOCSTORE):
             if not (folder / name).is_file():
@@ -342,7 +342,7 @@ class FaissStore(VectorStore):
         try:
             self._index = faiss.read_index(str(folder / INDEX), faiss.IO_FLAG_MMAP_IFC if self._mapped else 0)
         except RuntimeError as exc:
-            raise StoreError(f"{folder / INDEX}: corrupted FAISS index ({str(exc).splitlines()[0]})") from None
+            raise StoreError(f"{folder / INDEX}: corrupted FAISS index ({str(exc).splitlines()[0]})") from exc
         self._id_order = None
         self._replay_delta(folder, 0, int(meta.get("delta_bytes", 0)))
         if "count" in meta:
@@ -400,7 +400,7 @@ class FaissStore(VectorStore):
         except sqlite3.OperationalError:  # format 1: no meta table
             return {}
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{folder / DOCSTORE}: corrupted docstore ({exc})") from None
+            raise StoreError(f"{folder / DOCSTORE}: corrupted docstore ({exc})") from exc
 
     def _replay_delta(self, folder: Path, start: int, stop: int) -> None:
         """Apply the committed delta records in ``[start, stop)`` bytes to the in-memory index."""
@@ -432,7 +432,7 @@ class FaissStore(VectorStore):
             db.execute("PRAGMA synchronous=FULL")
             return db
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{path}: corrupted docstore ({exc})") from None
+            raise StoreError(f"{path}: corrupted docstore ({exc})") from exc
 
     def _check_counts(self, folder: Path) -> None:
         assert self._index is not None
@@ -693,7 +693,7 @@ class FaissStore(VectorStore):
         try:
             data = json.loads(path.read_text("utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
-            raise StoreError(f"{path}: unreadable checkpoint manifest ({exc}); remove {self.staging}") from None
+            raise StoreError(f"{path}: unreadable checkpoint manifest ({exc}); remove {self.staging}") from exc
         return Manifest.from_dict(data, str(path))
 
     def _open_staging(self) -> None:
@@ -702,16 +702,14 @@ class FaissStore(VectorStore):
             self._index = faiss.read_index(str(self.staging / INDEX))
         except RuntimeError as exc:
             first = str(exc).splitlines()[0]
-            raise StoreError(f"{self.staging / INDEX}: corrupted checkpoint ({first}); remove {self.staging}") from None
+            raise StoreError(f"{self.staging / INDEX}: corrupted checkpoint ({first}); remove {self.staging}") from exc
         if self._db is not None:
             self._db.close()
         self._db = self._connect(self.staging / DOCSTORE)
         try:
             row = self._db.execute("SELECT MAX(row_id) FROM documents").fetchone()[0]
         except sqlite3.DatabaseError as exc:
-            raise StoreError(
-                f"{self.staging / DOCSTORE}: corrupted checkpoint ({exc}); remove {self.staging}"
-            ) from None
+            raise StoreError(f"{self.staging / DOCSTORE}: corrupted checkpoint ({exc}); remove {self.staging}") from exc
         ids = index_ids(self._index)
         top_index = int(ids.max()) if len(ids) else -1
         self._next_row_id = max(row if row is not None else -1, top_index) + 1
@@ -1281,7 +1279,7 @@ class FaissStore(VectorStore):
                 problems = [r for (r,) in db.execute("PRAGMA integrity_check") if r != "ok"]
                 rows = db.execute("SELECT row_id, id, text, title, metadata, content_hash FROM documents").fetchall()
             except sqlite3.DatabaseError as exc:
-                raise StoreError(f"{self.path / DOCSTORE}: corrupted docstore ({exc})") from None
+                raise StoreError(f"{self.path / DOCSTORE}: corrupted docstore ({exc})") from exc
             if problems:
                 raise StoreError(f"{self.path / DOCSTORE}: corrupted docstore ({problems[0]})")
             if len(rows) != self._count:
@@ -1293,7 +1291,7 @@ class FaissStore(VectorStore):
                 try:
                     doc = Document(id=did, text=text, title=title, metadata=json.loads(meta))
                 except (TypeError, ValueError) as exc:
-                    raise StoreError(f"{self.path / DOCSTORE}: document {did!r} is unreadable ({exc})") from None
+                    raise StoreError(f"{self.path / DOCSTORE}: document {did!r} is unreadable ({exc})") from exc
                 if doc.content_hash() != digest:
                     raise StoreError(f"{self.path / DOCSTORE}: document {did!r} does not match its content hash")
             assert self._index is not None

@@ -68,8 +68,8 @@ def _first_line(exc: BaseException) -> str:
 def _client(location: str, api_key: str | None = None):
     try:
         from qdrant_client import QdrantClient
-    except ImportError:
-        raise StoreError("Qdrant stores need qdrant-client: pip install 'care-retriever[qdrant]'") from None
+    except ImportError as exc:
+        raise StoreError("Qdrant stores need qdrant-client: pip install 'care-retriever[qdrant]'") from exc
     if location == ":memory:":
         return QdrantClient(location=":memory:")
     if is_server(location):
@@ -77,11 +77,11 @@ def _client(location: str, api_key: str | None = None):
     try:
         return QdrantClient(path=location)
     except RuntimeError as exc:  # the local mode holds a file lock
-        raise StoreError(f"qdrant:{location}: {_first_line(exc)}") from None
+        raise StoreError(f"qdrant:{location}: {_first_line(exc)}") from exc
     except Exception as exc:  # a damaged meta.json or storage.sqlite fails in json, sqlite3, pickle or pydantic
         raise StoreError(
             f"qdrant:{location}: corrupted local Qdrant storage ({type(exc).__name__}: {_first_line(exc)})"
-        ) from None
+        ) from exc
 
 
 # Collection settings, canonical names first (recorded in the manifest under these names), then the older
@@ -271,7 +271,7 @@ class QdrantStore(VectorStore):
         except Exception as exc:  # connection refused, TLS, auth: the client raises many types
             raise StoreError(
                 f"{self.describe()}: cannot reach Qdrant ({type(exc).__name__}: {_first_line(exc)})"
-            ) from None
+            ) from exc
         if info is not None:
             raw = (info.config.metadata or {}).get(MANIFEST_KEY)
             if raw is None:
@@ -318,7 +318,7 @@ class QdrantStore(VectorStore):
             with self._lock:
                 exists = self.client.collection_exists(self.collection)
             if not exists:
-                raise StoreError(f"{self.describe()}: cannot create the collection ({_first_line(exc)})") from None
+                raise StoreError(f"{self.describe()}: cannot create the collection ({_first_line(exc)})") from exc
             joined = QdrantStore(self.location, self.collection, client=self.client)
             joined.check_compatible(space_fingerprint, dim)
             joined._check_settings(requested)

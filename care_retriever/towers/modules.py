@@ -27,8 +27,8 @@ def pooling_mode(pooling: str) -> str:
     """Our pooling name -> sentence-transformers' ``pooling_mode``."""
     try:
         return POOLING_MODES[pooling]
-    except KeyError:
-        raise ModelError(f"Unknown pooling {pooling!r}. Available poolings: {sorted(POOLING_MODES)}") from None
+    except KeyError as exc:
+        raise ModelError(f"Unknown pooling {pooling!r}. Available poolings: {sorted(POOLING_MODES)}") from exc
 
 
 PICKLED_WEIGHTS = ("pytorch_model.bin", "model.pt", "model.pth", "pytorch_model.pt")

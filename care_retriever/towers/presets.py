@@ -75,5 +75,5 @@ PRESETS: dict[str, Preset] = {
 def get_preset(name: str) -> Preset:
     try:
         return PRESETS[name]
-    except KeyError:
-        raise ValueError(f"Unknown preset {name!r}. Available presets: {sorted(PRESETS)}") from None
+    except KeyError as exc:
+        raise ValueError(f"Unknown preset {name!r}. Available presets: {sorted(PRESETS)}") from exc
