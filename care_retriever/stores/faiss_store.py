@@ -164,10 +164,10 @@ def _codes_index(dim: int, options: dict[str, Any]) -> faiss.Index:
         raise InputError(f"quantize=pq: pq_m={pq_m} must divide the dimension {dim}")
     ip = faiss.METRIC_INNER_PRODUCT
     if quantize == "binary":
-        # One bit per dimension, Hamming distance: IndexLSH without rotation, each bit set where the value is
-        # above its dimension's median in the first batch (not above 0: embeddings that share a large common
-        # component would get nearly the same bits; measured on the dev tasks, docs/scale.md).
-        return faiss.IndexIDMap(faiss.IndexLSH(dim, dim, False, True))
+        # Sign bits, Hamming distance: IndexLSH without rotation or thresholds. Bits split at each dimension's
+        # median of the first batch were measured too and kept less of the exact top 10 on the dev tasks
+        # (docs/scale.md), so no training.
+        return faiss.IndexIDMap(faiss.IndexLSH(dim, dim, False, False))
     if kind == "ivf":
         nlist = int(options.get("nlist", 1024))
         if quantize == "sq8":
@@ -766,8 +766,6 @@ class FaissStore(VectorStore):
                 pq = getattr(inner, "pq", None)
                 nlist = inner.nlist if isinstance(inner, faiss.IndexIVF) else 0
                 needed = max(nlist, 2**pq.nbits if pq is not None else 0, MIN_SQ_TRAIN if nlist == 0 else 0)
-                if isinstance(inner, faiss.IndexLSH):  # medians: any batch gives thresholds (the larger the better)
-                    needed = 1
                 if len(vectors) < needed:
                     what = f" with nlist={nlist}" if nlist else ""
                     raise InputError(
