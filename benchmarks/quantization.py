@@ -424,15 +424,17 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name)
         command = "python benchmarks/quantization.py " + " ".join(sys.argv[1:] if argv is None else argv)
         if not args.skip_synthetic:
-            fresh = {**run_synthetic(args, tmp), "commands": [command]}
+            fresh = run_synthetic(args, tmp)
+            for row in fresh["rows"]:
+                row["command"] = command
             old = result.get("synthetic") or {}
             if (old.get("n"), old.get("dim")) == (args.n, args.dim):  # settings not re-run keep their rows
                 redone = {r["setting"] for r in fresh["rows"]}
                 kept = [r for r in old.get("rows", []) if r["setting"] not in redone]
                 order = {name: i for i, name in enumerate(SETTINGS)}
                 fresh["rows"] = sorted(kept + fresh["rows"], key=lambda r: order[r["setting"]])
-                if kept:
-                    fresh["commands"] = [*old.get("commands", [old.get("command")]), command]
+            # the commands whose rows are shown, in order
+            fresh["commands"] = list(dict.fromkeys(r.get("command", command) for r in fresh["rows"]))
             result["synthetic"] = fresh
         if not args.skip_tasks:
             result["dev"] = {**run_tasks(args, tmp), "command": command}
