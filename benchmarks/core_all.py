@@ -13,14 +13,16 @@ import argparse
 import re
 import sys
 
-import core_bench
-import core_indexing
-import core_memory
-import core_query_latency
-import core_query_qps
-import eval_speed
-import training_stage1_cache
-from core_common import REPO, machine_line
+from benchmarks import (
+    core_bench,
+    core_indexing,
+    core_memory,
+    core_query_latency,
+    core_query_qps,
+    eval_speed,
+    training_stage1_cache,
+)
+from benchmarks.core_common import REPO, machine_line
 
 DOC = REPO / "docs" / "benchmarks.md"
 SECTIONS = {

@@ -11,7 +11,7 @@ import argparse
 import subprocess
 import sys
 
-from core_common import CLI, REPO, model_dir
+from benchmarks.core_common import CLI, REPO, model_dir
 
 OUT = REPO / "docs" / "bench"
 

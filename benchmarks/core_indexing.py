@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from core_common import machine_line, model_dir, sample_documents, table, verdict
+from benchmarks.core_common import machine_line, model_dir, sample_documents, table, verdict
 
 TARGET = 0.95
 

@@ -13,8 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from core_common import CLI, machine_line, model_dir, sample_documents, table, verdict
-
+from benchmarks.core_common import CLI, machine_line, model_dir, sample_documents, table, verdict
 from care_retriever.evaluation import speed
 
 TARGET = 0.45

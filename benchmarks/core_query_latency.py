@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from core_common import machine_line, model_dir, sample_queries, table, verdict
+from benchmarks.core_common import machine_line, model_dir, sample_queries, table, verdict
 
 TARGET = 1.15
 

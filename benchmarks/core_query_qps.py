@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from core_common import machine_line, model_dir, sample_queries, table
+from benchmarks.core_common import machine_line, model_dir, sample_queries, table
 
 
 def run(preset: str = "base", n_queries: int = 64) -> tuple[str, bool]:

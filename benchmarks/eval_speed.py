@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from core_common import CLI, REPO, machine_line, model_dir, table, verdict
+from benchmarks.core_common import CLI, REPO, machine_line, model_dir, table, verdict
 
 TASK = Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data")) / "tasks" / "kuake-qtr-retrieval"
 TARGET_S = 180.0

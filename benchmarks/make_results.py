@@ -157,8 +157,7 @@ def speed_table(speeds: dict[str, dict]) -> str:
 
 
 def write_doc(rows: list[dict], speeds: dict[str, dict], png: Path | None, out: Path, argv: list[str]) -> None:
-    from core_common import machine_line
-
+    from benchmarks.core_common import machine_line
     from care_retriever.evaluation.report import comparison_table, detail_table
 
     results = to_results(rows)
@@ -262,7 +261,6 @@ def main() -> int:
     if not args.tasks_dir.is_dir():
         print(f"shared dev tasks not found at {args.tasks_dir} (set CARE_SHARED_DATA)", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(Path(__file__).parent))
     start = time.time()
     rows = []
     for path in args.from_json:

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core_common import CLI, REPO, SAMPLE, machine_line, model_dir, table, verdict
-from core_memory import build_store
+from benchmarks.core_common import CLI, REPO, SAMPLE, machine_line, model_dir, table, verdict
+from benchmarks.core_memory import build_store
 
 SHARED_TASKS = Path(os.environ.get("CARE_SHARED_DATA", "/work/shared/data")) / "tasks"
 DOC = REPO / "docs" / "benchmarks.md"

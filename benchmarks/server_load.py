@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from core_common import CLI, REPO, SAMPLE, machine_line, model_dir, table
+from benchmarks.core_common import CLI, REPO, SAMPLE, machine_line, model_dir, table
 
 SHARED = Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data"))
 KUAKE_QUERIES = SHARED / "tasks" / "kuake-qtr-retrieval" / "queries.jsonl"

@@ -108,6 +108,8 @@ def _run(version: str, old_tree: Path, *task: str) -> object:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if version == "old":
         env["PYTHONPATH"] = str(old_tree)
+    # Run as a file, not with -m: -m would put the working directory (this checkout's care_retriever) on
+    # sys.path ahead of PYTHONPATH's old tree. The worker imports nothing from `benchmarks`.
     proc = subprocess.run([sys.executable, __file__, "--worker", *task], env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{version} {task}: {proc.stderr.strip().splitlines()[-1]}")

@@ -39,7 +39,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from core_common import verdict
+from benchmarks.core_common import verdict
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "care_retriever" / "data" / "sample"
@@ -171,10 +171,12 @@ def parameter_counts(model: Path) -> dict[str, int]:
 def run_worker(args: argparse.Namespace, config: str, model: Path, folder: Path) -> dict:
     """One configuration in a fresh process (its own peak RSS, no state shared with the others)."""
     folder.mkdir()
-    command = [sys.executable, __file__, "--worker", config, "--model", str(model), "--folder", str(folder)]
+    command = [sys.executable, "-m", "benchmarks.training_stage1_cache", "--worker", config]
+    command += ["--model", str(model.resolve()), "--folder", str(folder.resolve())]
     command += ["--steps", str(args.steps), "--batch", str(args.batch), "--max-length", str(args.max_length)]
     command += ["--threads", str(args.threads)]
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    # From the repository root, where `benchmarks` is a package whatever the caller's working directory.
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         sys.exit(f"{config} failed:\n{proc.stderr[-3000:]}")

@@ -28,14 +28,12 @@ import argparse
 import json
 import math
 import os
-import sys
 from datetime import date
 from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import foundation_scaling as fs  # the sibling script: one definition of Stage 0 and scoring
+from experiments import foundation_scaling as fs  # one definition of Stage 0 and scoring
 
 REPO = Path(__file__).resolve().parents[1]
 CLM_STAGE = "clm-document"

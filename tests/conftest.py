@@ -45,7 +45,7 @@ DISCRIMINATIVE_INIT_STD = 0.3
 
 
 def load_script(path: Path, name: str | None = None):
-    """A script that is not a package module (benchmarks/, examples/) imported from its file."""
+    """A script that is not a package module (examples/) imported from its file."""
     spec = importlib.util.spec_from_file_location(name or path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is created

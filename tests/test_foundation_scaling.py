@@ -1,20 +1,19 @@
-"""benchmarks/foundation_scaling.py: its one-stage recipes are the ablation recipe's Stage 0, and its table's gains."""
+"""experiments/foundation_scaling.py: its one-stage recipes are the ablation recipe's Stage 0, and its table's gains."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from care_retriever.training.recipe import load_recipe, parse_recipe
-from tests.conftest import load_script
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "foundation_scaling.py"
+from experiments import document_scaling, foundation_scaling
 
 
 @pytest.fixture(scope="module")
-def scaling():
-    return load_script(SCRIPT)
+def scaling() -> ModuleType:
+    return foundation_scaling
 
 
 @pytest.mark.parametrize("tower", ["query", "document"])
@@ -49,8 +48,8 @@ def test_table_states_the_pretraining_gain(scaling) -> None:
 
 
 @pytest.fixture(scope="module")
-def curve():
-    return load_script(SCRIPT.with_name("document_scaling.py"))
+def curve() -> ModuleType:
+    return document_scaling
 
 
 def test_a_curve_point_is_the_foundations_causal_lm_stage_at_its_depth_and_epochs(curve) -> None:

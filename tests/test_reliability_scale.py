@@ -105,7 +105,8 @@ def test_unknown_qdrant_options_are_refused() -> None:
 def test_large_index_benchmark_prints_its_table(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
-        str(REPO / "benchmarks" / "large_index.py"),
+        "-m",
+        "benchmarks.large_index",
         "--n",
         "3000",
         "--dim",
@@ -131,7 +132,7 @@ def test_large_index_benchmark_prints_its_table(tmp_path: Path) -> None:
         "--json",
         str(tmp_path / "r.json"),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert lines[0].startswith("| engine |") and [line.split("|")[1].strip() for line in lines[1:]] == [

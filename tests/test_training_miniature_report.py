@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from tests.conftest import load_script
-
-REPORT = Path(__file__).resolve().parents[1] / "benchmarks" / "training_miniature_report.py"
+from benchmarks import make_results
+from experiments import training_miniature_report
 
 
 @pytest.fixture(scope="module")
-def report():
-    return load_script(REPORT)
+def report() -> ModuleType:
+    return training_miniature_report
 
 
 # (kuake-qtr-retrieval, kuake-qtr-rerank) per seed; Avg is their mean
@@ -224,7 +224,7 @@ def test_legacy_single_seed_file_is_kept_as_a_labelled_seed_zero(report, tmp_pat
 
 
 def test_results_table_reads_the_reports_seeds(report, tmp_path: Path) -> None:
-    """benchmarks/make_results.py --from-miniature reads the file this report writes (its first seed)."""
+    """`python -m benchmarks.make_results --from-miniature` reads the file this report writes (its first seed)."""
     runs = [str(synthetic_run(tmp_path / f"seed-{s}", s)) for s in range(2)]
     kept = tmp_path / "m.json"
     report.main(["--run", *runs, "--doc", str(tmp_path / "m.md"), "--json", str(kept)])
@@ -234,8 +234,6 @@ def test_results_table_reads_the_reports_seeds(report, tmp_path: Path) -> None:
         (tasks / name / "corpus.jsonl").write_text('{"_id": "d", "text": "t"}\n')
     (tasks / "kuake-qtr-rerank").mkdir()
     (tasks / "kuake-qtr-rerank" / "test.jsonl").write_text('{"query": "q", "positive": ["a"], "negative": ["b"]}\n')
-    make_results = load_script(REPORT.with_name("make_results.py"))
-
     rows = make_results.miniature_rows(kept, tasks, skip={"bm25"})
     found = {(r["model"], r["task"]): (r["type"], r["main_score"]) for r in rows}
     assert found[("small-symmetric", "kuake-qtr-retrieval")] == ("retrieval", 0.50)  # seed 0, not seed 1's 0.52
