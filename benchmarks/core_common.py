@@ -1,4 +1,4 @@
-"""Shared pieces of the core benchmarks (issue 2, "Performance"): the base-preset model, texts, tables.
+"""Shared pieces of the core speed and memory benchmarks: the base-preset model, texts, tables.
 
 The ``base`` preset has the paper's shapes (a ~305M BERT query tower, a Qwen3-0.6B-shaped decoder
 document tower) with random weights: right for speed and memory, meaningless for accuracy. It is

@@ -1,12 +1,12 @@
 """Section (f) of docs/benchmarks.md: how long `care-retriever eval` takes on kuake-qtr-retrieval.
 
-Issue 5's target: a `mini` model on kuake-qtr-retrieval (32,176 titles, 709 queries) in under
+The target: a `mini` model on kuake-qtr-retrieval (32,176 titles, 709 queries) in under
 3 minutes on 2 CPU cores, the harness's own overhead (everything but forward passes and the search)
 under 10%. Runs the real command in a child process and reports its wall time, the CPU seconds the
 child used (on a shared machine the wall time depends on the neighbours; the CPU time much less),
 the phase timings the command reports, and the arithmetic the model's size implies.
 
-    nice python benchmarks/eval_speed.py            # needs ../shared/data
+    nice python -m benchmarks.eval_speed            # needs ../shared/data
 """
 
 from __future__ import annotations

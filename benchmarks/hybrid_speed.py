@@ -1,6 +1,6 @@
 """Hybrid vs dense-only on a FAISS store: query latency (batch 1) and index wall time, side by side.
 
-    python benchmarks/hybrid_speed.py --model MODEL [--data ../shared/data] [--queries 200]
+    python -m benchmarks.hybrid_speed --model MODEL [--data ../shared/data] [--queries 200]
 
 Corpus: kuake-qtr-retrieval's 32,176 page titles; queries: its dev queries. Indexes the corpus dense-only
 and then adds the BM25 side to that store (``index --sparse-only``), timing both back to back; then times
@@ -100,7 +100,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     table = "\n".join(rows) + (
         f"\n\nModel `{args.model}`; {os.cpu_count()} CPUs, load average {load:.2f} at the end; "
-        f"`python benchmarks/hybrid_speed.py --model {args.model}`."
+        f"`python -m benchmarks.hybrid_speed --model {args.model}`."
     )
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

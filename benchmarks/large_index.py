@@ -1,7 +1,7 @@
 """Large-index simulation: N synthetic unit vectors straight into the vector engines (no encoder).
 
-    python benchmarks/large_index.py                       # 1M x 768, FAISS flat + HNSW + Qdrant local
-    python benchmarks/large_index.py --n 100000 --backends flat,hnsw,ivfpq,qdrant
+    python -m benchmarks.large_index                       # 1M x 768, FAISS flat + HNSW + Qdrant local
+    python -m benchmarks.large_index --n 100000 --backends flat,hnsw,ivfpq,qdrant
 
 Measures, per engine: build time, memory (anonymous RSS added by the build: the vectors themselves sit
 in a memory-mapped file, so only what the engine allocates is counted), single-query latency p50/p99,

@@ -1,4 +1,4 @@
-"""Server under load (issue 15, item 5): `care-retriever serve` throughput and latency at 1/8/32/64
+"""Server under load: `care-retriever serve` throughput and latency at 1/8/32/64
 concurrent clients, micro-batching on vs off, side by side in one run.
 
 The server is the real CLI in a subprocess (uvicorn on loopback) with the ``base`` preset's random-weight
@@ -277,7 +277,7 @@ def report(
     base_p50 = on[1]["p50"]
     lines = [
         f"### (i{'' if backend == 'torch' else ', ' + backend}) Server under load "
-        f"(`benchmarks/server_load.py --backend {backend}`, base preset query tower)",
+        f"(`python -m benchmarks.server_load --backend {backend}`, base preset query tower)",
         "",
         f"`care-retriever serve` in a subprocess on loopback, FAISS flat store of 300 documents, top_k 10, "
         f"{n_queries} queries from `{source}` (one per request), closed-loop clients in one asyncio+httpx "

@@ -1,9 +1,9 @@
 """Stage I with the cached frozen teacher vs recomputing the teacher every step; steps/s and peak memory.
 
-    python benchmarks/training_stage1_cache.py                     # tiny query / mini document tower (CPU, minutes)
-    python benchmarks/training_stage1_cache.py --document-preset base --steps 5 --max-length 32
-    python benchmarks/training_stage1_cache.py --json out.json     # also write the numbers
-    python benchmarks/training_stage1_cache.py --query-preset mini --document-preset base --document-layers 9
+    python -m benchmarks.training_stage1_cache                     # tiny query / mini document tower (CPU, minutes)
+    python -m benchmarks.training_stage1_cache --document-preset base --steps 5 --max-length 32
+    python -m benchmarks.training_stage1_cache --json out.json     # also write the numbers
+    python -m benchmarks.training_stage1_cache --query-preset mini --document-preset base --document-layers 9
                                                                    # the paper's compute ratio (see below)
 
 CARE's query tower is small and its document tower large (paper: 305M vs 4B parameters), so the
@@ -25,7 +25,7 @@ student (forward, backward), so the cache can speed Stage I up by at most
 Steps/s comes from the trainer's per-step log timestamps (step 1 to the last, so start-up is left
 out). On a machine shared with other jobs, load changes from minute to minute: ``--repeats R`` runs
 the configurations R times in alternation and keeps each one's best run, so both sides of the ratio
-see the same conditions. The target of issue 3 is cached >= 3x recomputed.
+see the same conditions. The target is cached >= 3x recomputed.
 """
 
 from __future__ import annotations

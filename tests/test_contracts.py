@@ -1,4 +1,4 @@
-"""One definition of each contract, used everywhere (issue 11, item 4).
+"""One definition of each contract, used everywhere.
 
 The document tower's input text, the space fingerprint, the query prompt, "is this a local path",
 SQL ``IN`` chunking and the ``Embedder`` protocol: each test compares every place that applies a
@@ -121,7 +121,7 @@ def test_no_copy_of_the_document_text_rule() -> None:
 
 
 # ---------------------------------------------------------------------- fingerprint
-def _fingerprint_before_issue_11(modules, dim: int, flatten: bool) -> str:
+def _fingerprint_before_one_definition(modules, dim: int, flatten: bool) -> str:
     """The fingerprint as embedder.py (flatten=False) and baselines.py (flatten=True) computed it."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"dim={dim};".encode())
@@ -141,13 +141,15 @@ def test_existing_models_keep_their_fingerprint(tiny_model_dir: Path) -> None:
 
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
     saved = json.loads((tiny_model_dir / "care_config.json").read_text("utf-8"))["space_fingerprint"]
-    old = _fingerprint_before_issue_11(embedder.document_modules, embedder.dim, flatten=False)
+    old = _fingerprint_before_one_definition(embedder.document_modules, embedder.dim, flatten=False)
     assert embedder.space_fingerprint == saved == old
     embedder.config.space_fingerprint = None  # recomputed from the weights
     assert embedder.space_fingerprint == old
     assert model_space(str(tiny_model_dir))[1] == old
     one_tower = OneTowerEmbedder(embedder, "document")
-    assert one_tower.space_fingerprint == _fingerprint_before_issue_11([one_tower.model], embedder.dim, flatten=True)
+    assert one_tower.space_fingerprint == _fingerprint_before_one_definition(
+        [one_tower.model], embedder.dim, flatten=True
+    )
 
 
 def test_a_document_text_rule_change_changes_every_fingerprint(
@@ -265,7 +267,7 @@ def test_in_chunks_covers_every_value_within_the_parameter_limit() -> None:
 
 
 def test_no_hand_rolled_in_list_outside_the_stores() -> None:
-    """The store's own loops (care_retriever/stores/) move to care_retriever.sql with issue 11 item 1."""
+    """Outside care_retriever/stores/ (whose loops are the stores' own), IN lists come from care_retriever.sql."""
     loops = [
         str(p.relative_to(REPO))
         for p in _sources(skip=("stores",))

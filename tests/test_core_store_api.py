@@ -18,7 +18,7 @@ EXEMPT = ROOT / "care_retriever" / "stores"
 ALLOWED = {
     ("care_retriever/index.py", "encoder._encode_slice"),  # ShardedEncoder, a class of that module
     ("integrations/langchain/embeddings.py", "instance._towers"),  # a classmethod filling its new instance
-    ("training/pretraining.py", "AutoModelForCausalLM._model_mapping"),  # transformers' own (issue 11 item 5)
+    ("training/pretraining.py", "AutoModelForCausalLM._model_mapping"),  # transformers' own attribute
 }
 
 

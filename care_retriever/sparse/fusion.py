@@ -20,7 +20,7 @@ Ranking = Sequence[tuple[str, float]]  # (id, score), best first
 
 # Defaults chosen by benchmarks/hybrid_eval.py on the dev tasks (docs/hybrid.md): wsum with dense weight 0.4
 # had the best mean nDCG@10 over kuake-qtr and im-qa (0.412; best RRF, k=5: 0.403), measured with the
-# miniature's small tower; re-measure with the foundation CARE model (issue 14).
+# miniature's small tower; re-measure with the foundation CARE model.
 DEFAULT_FUSION = "wsum"
 DEFAULT_RRF_K = 10
 DEFAULT_DENSE_WEIGHT = 0.4
