@@ -59,7 +59,7 @@ def dir_bytes(folder: Path) -> int:
 def build_store(folder: Path, vectors: np.ndarray, options: dict[str, Any], fingerprint: str) -> float:
     """Write ``vectors`` (ids = row numbers) into a new FAISS store; seconds taken, publish included."""
     from care_retriever.corpus import Document
-    from care_retriever.stores.faiss_store import FaissStore
+    from care_retriever.stores.faiss import FaissStore
 
     start = time.perf_counter()
     store = FaissStore(folder)
@@ -104,7 +104,7 @@ def index_ram(path: Path) -> int:
 
 
 def synthetic_worker(args: argparse.Namespace) -> None:
-    from care_retriever.stores.faiss_store import INDEX, FaissStore
+    from care_retriever.stores.faiss import INDEX, FaissStore
 
     data = np.load(args.data, mmap_mode="r")
     queries = make_queries(data, args.queries, args.seed)
@@ -246,7 +246,7 @@ def build_model(args: argparse.Namespace, texts: list[str], out: Path) -> Any:
 def run_tasks(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import torch
 
-    from care_retriever.stores.faiss_store import FaissStore
+    from care_retriever.stores.faiss import FaissStore
 
     torch.manual_seed(args.seed)
     tasks = [(name, args.data_root / name) for name in args.tasks.split(",")]

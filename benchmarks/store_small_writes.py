@@ -38,7 +38,7 @@ def _build(folder: Path, n: int) -> None:
     import numpy as np
 
     from care_retriever.corpus import Document
-    from care_retriever.stores.faiss_store import FaissStore
+    from care_retriever.stores.faiss import FaissStore
 
     rng = np.random.default_rng(0)
     store = FaissStore(folder)
@@ -78,7 +78,7 @@ def _time_writes(folder: Path, calls: int) -> list[float]:
 def _time_open(folder: Path) -> float:
     import numpy as np
 
-    from care_retriever.stores.faiss_store import FaissStore
+    from care_retriever.stores.faiss import FaissStore
 
     query = np.random.default_rng(1).normal(size=(1, DIM)).astype(np.float32)
     query /= np.linalg.norm(query)

@@ -216,7 +216,7 @@ class IndexSettings:
         if min(self.hnsw_m, self.ef_construction, self.ef_search, self.nlist, self.nprobe, self.pq_m) < 1:
             raise InputError("--hnsw-m, --ef-construction, --ef-search, --nlist, --nprobe and --pq-m must be >= 1")
         if self.store.startswith("faiss:") and self.quantize is not None:
-            from care_retriever.stores.faiss_store import QUANTIZE
+            from care_retriever.stores.faiss import QUANTIZE
 
             if self.quantize not in QUANTIZE:
                 raise InputError(f"Unknown --quantize {self.quantize!r} for a FAISS store. Available: {list(QUANTIZE)}")

@@ -194,7 +194,7 @@ def check_index_options(backend: str, options: Mapping[str, Any] | None) -> dict
             raise InputError(
                 f"index_options {misplaced} are Qdrant collection settings; a FAISS store has none of them"
             )
-        from care_retriever.stores.faiss_store import FaissStore
+        from care_retriever.stores.faiss import FaissStore
 
         FaissStore._checked_options(options)  # the store's own check of type, quantize and oversample
     return options

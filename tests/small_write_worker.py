@@ -17,7 +17,7 @@ import types
 from langchain_core.embeddings import DeterministicFakeEmbedding
 
 from care_retriever.integrations.langchain import CareVectorStore
-from care_retriever.stores import faiss_store
+from care_retriever.stores.faiss import store as faiss_store
 
 
 def die() -> None:

@@ -13,7 +13,7 @@ from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWrite
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores import open_store
-from care_retriever.stores.faiss_store import DOCSTORE, INDEX, MANIFEST
+from care_retriever.stores.faiss import DOCSTORE, INDEX, MANIFEST
 
 QUERIES = ["血压高怎么办", "拉肚子脱水", "宝宝发烧"]
 

@@ -120,7 +120,7 @@ def _torchrun() -> list[str]:
 
 
 def _state(folder: Path, queries: np.ndarray) -> tuple[dict, list, list]:
-    from care_retriever.stores.faiss_store import FaissStore
+    from care_retriever.stores.faiss import FaissStore
 
     store = FaissStore(folder)
     manifest = store.require_manifest().to_dict()

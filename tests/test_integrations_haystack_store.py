@@ -203,7 +203,7 @@ def test_a_write_failing_inside_the_store_is_rolled_back(tmp_path: Path) -> None
 
 
 def test_refuses_to_write_while_another_writer_holds_the_store(store: CareFaissDocumentStore, tmp_path: Path) -> None:
-    from care_retriever.stores.faiss_store import FaissStore
+    from care_retriever.stores.faiss import FaissStore
 
     store.write_documents(_docs()[:1])
     manifest = json.loads((tmp_path / "store" / "manifest.json").read_text())

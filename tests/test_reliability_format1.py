@@ -14,7 +14,7 @@ import pytest
 
 from care_retriever.cli.main import main
 from care_retriever.corpus import Document
-from care_retriever.stores.faiss_store import FaissStore
+from care_retriever.stores.faiss import FaissStore
 
 FIXTURE = Path(__file__).parent / "fixtures" / "format1"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text("utf-8"))

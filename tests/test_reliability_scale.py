@@ -14,7 +14,7 @@ from qdrant_client import QdrantClient
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores import open_store
-from care_retriever.stores.faiss_store import FaissStore
+from care_retriever.stores.faiss import FaissStore
 from care_retriever.stores.qdrant_store import QdrantStore
 
 REPO = Path(__file__).resolve().parents[1]

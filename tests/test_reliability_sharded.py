@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
-from care_retriever.stores.faiss_store import FaissStore
+from care_retriever.stores.faiss import FaissStore
 
 pytestmark = pytest.mark.slow
 WORDS = ["高血压", "感冒", "糖尿病", "腹泻", "失眠", "发烧", "宝宝", "饮食", "运动", "就医", "降压药", "脱水"]

@@ -20,7 +20,7 @@ from langchain_core.embeddings import DeterministicFakeEmbedding
 
 from care_retriever.cli.main import main
 from care_retriever.integrations.langchain import CareVectorStore
-from care_retriever.stores.faiss_store import DELTA, FaissStore
+from care_retriever.stores.faiss import DELTA, FaissStore
 
 WORKER = Path(__file__).with_name("small_write_worker.py")
 

@@ -16,7 +16,7 @@ import pytest
 from care_retriever.cli.main import main
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.stores.faiss_store import DELTA, INDEX, MANIFEST, VECTORS, FaissStore
+from care_retriever.stores.faiss import DELTA, INDEX, MANIFEST, VECTORS, FaissStore
 
 DIM, N = 64, 600
 CHARS = "高血压患者应低盐饮食规律服用降压药定期监测普通感冒多由病毒引起休息喝水糖尿病控制运动拉肚子补充电解质失眠"

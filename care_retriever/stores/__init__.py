@@ -29,7 +29,7 @@ def open_store(spec: str | VectorStore, *, collection: str | None = None, use_gp
         return spec
     scheme, location = parse_store_spec(spec)
     if scheme == "faiss":
-        from care_retriever.stores.faiss_store import FaissStore
+        from care_retriever.stores.faiss import FaissStore
 
         return FaissStore(location, use_gpu=use_gpu)
     from care_retriever.stores.qdrant_store import DEFAULT_COLLECTION, QdrantStore

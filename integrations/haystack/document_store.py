@@ -40,7 +40,7 @@ from care_retriever.integrations.common import (
 )
 from care_retriever.integrations.haystack.filters import filtered_top_k, to_core_filters, validate_filters
 from care_retriever.stores.base import Hit
-from care_retriever.stores.faiss_store import FaissStore
+from care_retriever.stores.faiss import FaissStore
 
 logger = logging.getLogger(__name__)
 
