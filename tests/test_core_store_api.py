@@ -19,6 +19,10 @@ ALLOWED = {
     ("care_retriever/index.py", "encoder._encode_slice"),  # ShardedEncoder, a class of that module
     ("integrations/langchain/embeddings.py", "instance._towers"),  # a classmethod filling its new instance
     ("training/pretraining.py", "AutoModelForCausalLM._model_mapping"),  # transformers' own attribute
+    # torch has no public accessor for a process group's timeout; the run records the one in force.
+    ("training/distributed.py", "dist.distributed_c10d._get_default_group"),
+    ("training/distributed.py", "group._get_backend"),
+    ("training/distributed.py", "group._get_backend(device).options._timeout"),
 }
 
 
