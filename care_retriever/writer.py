@@ -6,8 +6,9 @@ before encoding, so re-indexing the same corpus costs one read and adds nothing,
 re-encodes only new or changed documents. The store is checkpointed every ``checkpoint_every``
 documents; a killed run resumes from the last checkpoint when the same command is run again.
 
-With ``sparse``, each chunk's BM25 tokens are computed in a child process while the chunk encodes
-(:mod:`care_retriever.sparse.background`) and inserted with its documents, in the same transaction.
+With ``sparse`` and the document tower on a GPU, each chunk's BM25 tokens are computed in a child process
+while the chunk encodes (:mod:`care_retriever.sparse.background`); either way they are inserted with the
+chunk's documents, in the same transaction.
 
 Encoding is pluggable (``encoder=``): :mod:`care_retriever.index` passes one that scatters each chunk
 over the ranks of a torch.distributed job, so checkpointing, resume and skipping stay in one place.
@@ -28,8 +29,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from care_retriever.corpus import Document
-from care_retriever.embedder_protocol import Embedder
-from care_retriever.encoding import BatchLimits, check_unicode, encode_texts
+from care_retriever.embedder_protocol import DocumentEncoder
+from care_retriever.encoding import BatchLimits, check_unicode
 from care_retriever.errors import InputError, ModelError
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
@@ -100,7 +101,7 @@ class DocumentStoreWriter:
 
     def __init__(
         self,
-        embedder: Embedder,
+        embedder: DocumentEncoder,
         store: str | VectorStore,
         *,
         collection: str | None = None,
@@ -112,7 +113,7 @@ class DocumentStoreWriter:
         show_progress: bool = True,
         encoder: Encoder | None = None,
         sparse: bool = False,
-        background_tokenizer: bool = True,
+        background_tokenizer: bool | None = None,
     ) -> None:
         self.embedder = embedder
         self.store = open_store(store, collection=collection)
@@ -125,7 +126,11 @@ class DocumentStoreWriter:
         self.show_progress = show_progress
         self.encoder = encoder
         self.sparse = sparse  # also write the BM25 side (care_retriever.sparse), in the same transactions
-        # the BM25 side's tokens computed in a child process while the chunk encodes (sparse.background)
+        # The BM25 side's tokens computed in a child process while the chunk encodes (sparse.background). None:
+        # where the document tower runs on an accelerator. On CPU torch's threads already take every core, so
+        # the child only competes with them (measured on 2 cores: no gain, and slower under load; docs/scale.md).
+        if background_tokenizer is None:
+            background_tokenizer = str(getattr(embedder, "device", "cpu")).split(":")[0] not in ("cpu", "")
         self.background_tokenizer = background_tokenizer
 
     def write(
@@ -189,15 +194,8 @@ class DocumentStoreWriter:
         return report
 
     def _encode(self, texts: list[str], bar: tqdm, stats: dict[str, int]) -> np.ndarray:
-        if self.encoder is None:
-            return encode_texts(
-                self.embedder.document_model,
-                texts,
-                limits=self.limits,
-                desc="Encoding documents",
-                progress=bar,
-                stats=stats,
-            )
+        if self.encoder is None:  # the embedder applies its document prompt, as embed_documents does anywhere
+            return self.embedder.embed_documents(texts, limits=self.limits, progress=bar, stats=stats)
         vectors = np.asarray(self.encoder(texts), dtype=np.float32)
         if vectors.shape != (len(texts), self.embedder.dim):
             raise ModelError(

@@ -125,3 +125,15 @@ def test_the_background_tokens_are_the_postings_the_store_would_write(
         writer.store.close()
         tables[background] = _sparse_tables(store)
     assert tables[True]["sparse_postings"] and tables[True] == tables[False]
+
+
+def test_the_background_tokenizer_is_used_where_the_tower_runs_on_a_gpu(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """On CPU torch's threads already take every core: the child would only compete with them."""
+    from types import SimpleNamespace
+
+    on_cpu = AsymmetricEmbedder.from_pretrained(tiny_model_dir, load="document", device="cpu")
+    assert DocumentStoreWriter(on_cpu, f"faiss:{tmp_path / 'a'}", sparse=True).background_tokenizer is False
+    on_gpu = SimpleNamespace(device="cuda:1")  # only the device is read when the writer is made
+    assert DocumentStoreWriter(on_gpu, f"faiss:{tmp_path / 'b'}", sparse=True).background_tokenizer is True
+    forced = DocumentStoreWriter(on_cpu, f"faiss:{tmp_path / 'c'}", sparse=True, background_tokenizer=True)
+    assert forced.background_tokenizer is True
