@@ -17,7 +17,8 @@ import types
 from langchain_core.embeddings import DeterministicFakeEmbedding
 
 from care_retriever.integrations.langchain import CareVectorStore
-from care_retriever.stores.faiss import store as faiss_store
+from care_retriever.stores.faiss import files, journal
+from care_retriever.stores.faiss.files import NEXT_INDEX
 
 
 def die() -> None:
@@ -25,39 +26,38 @@ def die() -> None:
 
 
 def arm(point: str) -> None:
-    store_cls = faiss_store.FaissStore
     if point == "delta":
-        set_meta = store_cls._set_meta
+        set_meta = journal.set_meta
 
-        def killing_set_meta(self, **values: int) -> None:
+        def killing_set_meta(db, **values: int) -> None:
             if "delta_bytes" in values:
                 die()
-            set_meta(self, **values)
+            set_meta(db, **values)
 
-        store_cls._set_meta = killing_set_meta
+        journal.set_meta = killing_set_meta
     elif point == "manifest":
-        write_manifest = store_cls._write_manifest
+        write_manifest = files.write_manifest
 
         def killing_write_manifest(folder, manifest) -> None:
             if manifest.count == int(os.environ.get("CARE_TEST_SEED", "20")) + 3:
                 die()
             write_manifest(folder, manifest)
 
-        store_cls._write_manifest = staticmethod(killing_write_manifest)
+        files.write_manifest = killing_write_manifest
     elif point in ("fold-write", "fold-rename"):
-        faiss_store.FOLD_MIN_BYTES, faiss_store.FOLD_RATIO = 0, 0.0  # fold on this write
+        journal.FOLD_MIN_BYTES, journal.FOLD_RATIO = 0, 0.0  # fold on this write
         if point == "fold-write":
-            fsync_file = faiss_store._fsync_file
-            faiss_store._fsync_file = lambda path: die() if path.name == faiss_store.NEXT_INDEX else fsync_file(path)
+            fsync_file = files.fsync_file
+            files.fsync_file = lambda path: die() if path.name == NEXT_INDEX else fsync_file(path)
         else:
 
             def replace(src, dst) -> None:
-                if str(src).endswith(faiss_store.NEXT_INDEX):
+                if str(src).endswith(NEXT_INDEX):
                     die()
                 os.replace(src, dst)
 
             names = {k: getattr(os, k) for k in dir(os) if not k.startswith("__")}
-            faiss_store.os = types.SimpleNamespace(**{**names, "replace": replace})
+            journal.os = types.SimpleNamespace(**{**names, "replace": replace})
     else:
         raise SystemExit(f"unknown point {point!r}")
 

@@ -1,20 +1,46 @@
 """The embedded default store: a folder with a FAISS index, a SQLite docstore and a manifest.
 
-``store`` holds :class:`FaissStore`; the folder layout and the write paths are described there.
+Layout (also read by the Haystack and LangChain adapters)::
+
+    DIR/manifest.json      Manifest: model fingerprint, dim, metric, count, index type, versions, checksums
+    DIR/index.faiss        faiss.IndexIDMap (format 1: IndexIDMap2) over Flat (exact IP), HNSW or IVF; ids = row ids
+    DIR/docstore.sqlite    documents(row_id INTEGER PRIMARY KEY, id TEXT UNIQUE, text, title, metadata JSON,
+                           content_hash)
+
+    DIR/vectors.delta      (format 2) vectors written in place since the last fold: fixed-size records
+                           (op: 'A' add / 'D' delete, row id, vector), replayed on open
+    DIR/vectors.f32        (format 3, index option ``quantize`` other than none) the full-precision vectors,
+                           float32 at offset row id x 4 x dim, memory-mapped: index.faiss then holds compressed
+                           codes (sq8, sign bits or PQ) and every search rescores its oversampled candidates
+                           with exact inner products read from this file
+    docstore care_meta     (format 2) count, tombstones, committed delta length, index.faiss size
+
+Modules, one concern each:
+
+* ``files``: file names, durable atomic writes, checksums, the writer lock, the staging folder and its swap
+* ``index_factory``: index options, the FAISS index built for them (vectors or codes), ids, search parameters
+* ``rescoring``: vectors.f32 (memory-mapped read, offset writes) and the rescoring of oversampled candidates
+* ``docstore``: the SQLite documents table
+* ``journal``: the delta journal (vectors.delta and care_meta), its replay and fold
+* ``sparse``: the BM25 side and the hybrid fusion on row ids
+* ``store``: :class:`FaissStore`, which ties them together (opening, the two write paths, search, verify)
 """
 
 from __future__ import annotations
 
-from care_retriever.stores.faiss.store import (
-    DELTA,
-    DOCSTORE,
-    INDEX,
-    MANIFEST,
-    NEXT_INDEX,
-    QUANTIZE,
-    VECTORS,
-    FaissStore,
-    index_ids,
-)
+from care_retriever.stores.faiss.files import DELTA, DOCSTORE, INDEX, MANIFEST, NEXT_INDEX, VECTORS
+from care_retriever.stores.faiss.index_factory import QUANTIZE, checked_options, index_ids
+from care_retriever.stores.faiss.store import FaissStore
 
-__all__ = ["DELTA", "DOCSTORE", "INDEX", "MANIFEST", "NEXT_INDEX", "QUANTIZE", "VECTORS", "FaissStore", "index_ids"]
+__all__ = [
+    "DELTA",
+    "DOCSTORE",
+    "INDEX",
+    "MANIFEST",
+    "NEXT_INDEX",
+    "QUANTIZE",
+    "VECTORS",
+    "FaissStore",
+    "checked_options",
+    "index_ids",
+]

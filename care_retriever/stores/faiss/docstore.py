@@ -1,0 +1,180 @@
+"""The SQLite docstore of a FAISS store: one row per document, keyed by the row id its vector has in the
+FAISS index. The functions take the connection; the store serialises access with its lock."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from care_retriever.corpus import Document
+from care_retriever.errors import StoreError
+from care_retriever.stores.base import Filters, Hit
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+    row_id INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    text TEXT NOT NULL,
+    title TEXT NOT NULL DEFAULT '',
+    metadata TEXT NOT NULL DEFAULT '{}',
+    content_hash TEXT NOT NULL
+);
+"""
+CHUNK = 500  # ids bound in one IN (...) query: well under SQLite's limit on bound parameters
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    try:
+        db = sqlite3.connect(str(path), check_same_thread=False, isolation_level="DEFERRED")
+        db.execute(SCHEMA)
+        db.execute("PRAGMA synchronous=FULL")
+        return db
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path}: corrupted docstore ({exc})") from exc
+
+
+def backup(db: sqlite3.Connection, path: Path) -> None:
+    """Copy the docstore to ``path`` with SQLite's backup API (committed WAL pages included)."""
+    target = sqlite3.connect(str(path))
+    try:
+        db.backup(target)
+    finally:
+        target.close()
+
+
+def _chunks(values: Sequence[Any]) -> Iterator[list[Any]]:
+    for start in range(0, len(values), CHUNK):
+        yield list(values[start : start + CHUNK])
+
+
+def _marks(chunk: Sequence[Any]) -> str:
+    return ",".join("?" * len(chunk))
+
+
+def count(db: sqlite3.Connection) -> int:
+    return int(db.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
+
+
+def max_row_id(db: sqlite3.Connection) -> int:
+    """The highest row id in the docstore, -1 when it is empty."""
+    row = db.execute("SELECT MAX(row_id) FROM documents").fetchone()[0]
+    return row if row is not None else -1
+
+
+def all_row_ids(db: sqlite3.Connection) -> set[int]:
+    return {r for (r,) in db.execute("SELECT row_id FROM documents")}
+
+
+def content_hashes(db: sqlite3.Connection, ids: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for chunk in _chunks(ids):
+        out.update(db.execute(f"SELECT id, content_hash FROM documents WHERE id IN ({_marks(chunk)})", chunk))
+    return out
+
+
+def row_ids(db: sqlite3.Connection, ids: Sequence[str]) -> dict[str, int]:
+    """Row id of each stored document id (ids not stored are left out)."""
+    out: dict[str, int] = {}
+    for chunk in _chunks(ids):
+        out.update(db.execute(f"SELECT id, row_id FROM documents WHERE id IN ({_marks(chunk)})", chunk))
+    return out
+
+
+def insert(db: sqlite3.Connection, rows: Sequence[int], documents: Sequence[Document]) -> None:
+    db.executemany(
+        "INSERT INTO documents(row_id, id, text, title, metadata, content_hash) VALUES (?,?,?,?,?,?)",
+        [
+            (int(r), d.id, d.text, d.title, json.dumps(d.metadata, ensure_ascii=False), d.content_hash())
+            for r, d in zip(rows, documents, strict=True)
+        ],
+    )
+
+
+def delete_rows(db: sqlite3.Connection, rows: Sequence[int]) -> None:
+    db.executemany("DELETE FROM documents WHERE row_id = ?", [(r,) for r in rows])
+
+
+def filtered_row_ids(db: sqlite3.Connection, filters: Filters) -> np.ndarray:
+    """Row ids of the documents whose metadata match every key (a list value: any of its values)."""
+    clauses, args = [], []
+    for key, value in filters.items():
+        values = value if isinstance(value, list) else [value]
+        clauses.append(f"json_extract(metadata, ?) IN ({','.join('?' * len(values))})")
+        args += [f'$."{key}"', *values]
+    rows = db.execute(f"SELECT row_id FROM documents WHERE {' AND '.join(clauses)}", args).fetchall()
+    return np.asarray([r for (r,) in rows], dtype=np.int64)
+
+
+def documents_by_row(db: sqlite3.Connection, rows: set[int], payload: bool = True) -> dict[int, Document]:
+    """Stored documents by row id; without ``payload``, their ids alone (no text, no metadata parsing)."""
+    out: dict[int, Document] = {}
+    columns = "row_id, id, text, title, metadata" if payload else "row_id, id"
+    for chunk in _chunks(list(rows)):
+        for rid, did, *rest in db.execute(f"SELECT {columns} FROM documents WHERE row_id IN ({_marks(chunk)})", chunk):
+            if payload:
+                text, title, meta = rest
+                out[rid] = Document(id=did, text=text, title=title, metadata=json.loads(meta))
+            else:
+                out[rid] = Document(id=did, text="")
+    return out
+
+
+def documents_by_id(db: sqlite3.Connection, ids: Sequence[str]) -> dict[str, Document]:
+    found: dict[str, Document] = {}
+    for chunk in _chunks(ids):
+        for did, text, title, meta in db.execute(
+            f"SELECT id, text, title, metadata FROM documents WHERE id IN ({_marks(chunk)})", chunk
+        ):
+            found[did] = Document(id=did, text=text, title=title, metadata=json.loads(meta))
+    return found
+
+
+def page(db: sqlite3.Connection, after: int, limit: int) -> list[tuple[int, Document]]:
+    """Up to ``limit`` (row id, document) with row ids above ``after``, in row order."""
+    rows = db.execute(
+        "SELECT row_id, id, text, title, metadata FROM documents WHERE row_id > ? ORDER BY row_id LIMIT ?",
+        (after, limit),
+    ).fetchall()
+    return [
+        (rid, Document(id=did, text=text, title=title, metadata=json.loads(meta)))
+        for rid, did, text, title, meta in rows
+    ]
+
+
+def read_all(db: sqlite3.Connection, path: Path) -> list[tuple[int, str, str, str, str, str]]:
+    """Every row (row id, id, text, title, metadata, content hash) after SQLite's own integrity check."""
+    try:
+        problems = [r for (r,) in db.execute("PRAGMA integrity_check") if r != "ok"]
+        rows = db.execute("SELECT row_id, id, text, title, metadata, content_hash FROM documents").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path}: corrupted docstore ({exc})") from exc
+    if problems:
+        raise StoreError(f"{path}: corrupted docstore ({problems[0]})")
+    return rows
+
+
+def check_content(rows: Sequence[tuple[int, str, str, str, str, str]], path: Path) -> None:
+    """Each row read by :func:`read_all` parses and matches its content hash."""
+    for _rid, did, text, title, meta, digest in rows:
+        try:
+            doc = Document(id=did, text=text, title=title, metadata=json.loads(meta))
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"{path}: document {did!r} is unreadable ({exc})") from exc
+        if doc.content_hash() != digest:
+            raise StoreError(f"{path}: document {did!r} does not match its content hash")
+
+
+def hits(ranked: Sequence[tuple[int, float]], docs: dict[int, Document], limit: int) -> list[Hit]:
+    """Hits for ranked (row id, score) pairs, at most ``limit``; rows gone from the docstore are left out."""
+    out = []
+    for row_id, score in ranked:
+        if (doc := docs.get(row_id)) is not None:
+            out.append(Hit(id=doc.id, score=score, text=doc.text, title=doc.title, metadata=doc.metadata))
+            if len(out) == limit:
+                break
+    return out

@@ -1,0 +1,167 @@
+"""The files of a FAISS store folder: their names, durable atomic writes, checksums, the writer lock and
+the staging folder that a bulk write fills and then swaps into place."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import IO, Any
+
+import faiss
+
+from care_retriever.errors import StoreError
+from care_retriever.stores.base import Manifest
+
+MANIFEST = "manifest.json"
+INDEX = "index.faiss"
+DOCSTORE = "docstore.sqlite"
+DELTA = "vectors.delta"
+NEXT_INDEX = "index.faiss.next"  # a fold's new index, renamed over INDEX once the docstore records it
+VECTORS = "vectors.f32"  # quantized stores: full-precision vectors by row id, the rescoring source
+
+
+def staging_path(path: Path) -> Path:
+    """Where a bulk write builds the next version of the store at ``path`` (beside it: same file system)."""
+    return path.with_name(f".{path.name}.staging")
+
+
+def old_path(path: Path) -> Path:
+    """Where the previous version waits between the two renames of :func:`publish`."""
+    return path.with_name(f".{path.name}.old")
+
+
+def lock_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.lock")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+def copy_durably(source: Path, target: Path) -> None:
+    shutil.copy2(source, target)
+    fsync_file(target)
+
+
+def empty_folder(path: Path) -> None:
+    """``path`` as a new empty folder (whatever was there is removed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+
+
+def discard(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_index_atomic(index: faiss.Index, path: Path) -> None:
+    """Write ``index`` beside ``path``, make it durable, then rename it over ``path`` (a checkpoint)."""
+    tmp = path.with_name(path.name + ".tmp")
+    faiss.write_index(index, str(tmp))
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(path: Path, *, checkpoint_of: Path | None = None) -> Manifest:
+    """The manifest at ``path``; ``checkpoint_of``: the staging folder it belongs to (named in the error)."""
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        if checkpoint_of is None:
+            raise StoreError(f"{path}: unreadable manifest ({exc})") from exc
+        raise StoreError(f"{path}: unreadable checkpoint manifest ({exc}); remove {checkpoint_of}") from exc
+    return Manifest.from_dict(data, str(path))
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> None:
+    write_atomic(folder / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
+    fsync_dir(folder)
+
+
+def seal(folder: Path, manifest: Manifest, names: tuple[str, ...], now: float) -> None:
+    """Record the final checksums and sizes of ``names`` in ``folder``'s manifest (bulk writes, before publish)."""
+    manifest.checksums = {name: sha256(folder / name) for name in names}
+    manifest.updated_at = now
+    manifest.sizes = {name: (folder / name).stat().st_size for name in names}
+    write_manifest(folder, manifest)
+
+
+def publish(staging: Path, path: Path) -> None:
+    """Swap the staging folder into place: readers see the old version or the new one, never a mix.
+
+    A writer killed between the two renames leaves the old version at :func:`old_path` and the new one
+    staged; the store serves the old one until the writer runs again.
+    """
+    old = old_path(path)
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    staging.rename(path)
+    fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class WriterLock:
+    """One writer per store: an exclusive, non-blocking flock on ``.DIR.lock`` beside the store.
+
+    Held until :meth:`release`; a dead writer's lock is freed by the OS.
+    """
+
+    def __init__(self, store_path: Path, owner: str) -> None:
+        self.path = lock_path(store_path)
+        self.owner = owner  # the store as named in the error
+        self._fh: IO[Any] | None = None
+
+    def acquire(self) -> None:
+        if self._fh is not None:
+            return
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): single-writer is then the caller's duty
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+")  # noqa: SIM115 - held open while writing
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            fh.close()
+            raise StoreError(
+                f"{self.owner}: another writer is indexing into this store (lock {self.path}); wait for it to finish"
+            ) from exc
+        self._fh = fh
+
+    def release(self) -> None:
+        if self._fh is not None:
+            with contextlib.suppress(OSError):
+                self._fh.close()  # closing the file releases the flock
+            self._fh = None
