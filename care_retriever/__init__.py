@@ -14,7 +14,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "AsymmetricEmbedder": "care_retriever.embedder",
-    "CareConfig": "care_retriever.embedder",
+    "CareConfig": "care_retriever.model_config",  # torch-free: read by search hosts that never import torch
+    "QueryEncoder": "care_retriever.embedder_protocol",
+    "DocumentEncoder": "care_retriever.embedder_protocol",
     "DocumentStoreWriter": "care_retriever.writer",
     "CareRetriever": "care_retriever.retriever",
     "Hit": "care_retriever.stores.base",
@@ -30,8 +32,10 @@ __all__ = [
     "CareError",
     "CareRetriever",
     "Document",
+    "DocumentEncoder",
     "DocumentStoreWriter",
     "Hit",
+    "QueryEncoder",
     "__version__",
     "open_store",
     "read_corpus",
@@ -39,8 +43,10 @@ __all__ = [
 
 if TYPE_CHECKING:
     from care_retriever.corpus import Document, read_corpus
-    from care_retriever.embedder import AsymmetricEmbedder, CareConfig
+    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.embedder_protocol import DocumentEncoder, QueryEncoder
     from care_retriever.errors import CareError
+    from care_retriever.model_config import CareConfig
     from care_retriever.retriever import CareRetriever
     from care_retriever.stores import open_store
     from care_retriever.stores.base import Hit

@@ -28,10 +28,13 @@ from care_retriever.locations import local_model_dir
 from care_retriever.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt, is_instruction_prompt
 
 if TYPE_CHECKING:
+    from tqdm.auto import tqdm
+
     from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.encoding import BatchLimits
     from care_retriever.evaluation.bm25 import BM25Model
 
-TOWER_SUFFIXES = ("#query", "#document")
+TOWER_SUFFIXES: dict[str, Literal["query", "document"]] = {"#query": "query", "#document": "document"}
 
 
 class SentenceTransformerEmbedder:
@@ -78,7 +81,10 @@ class SentenceTransformerEmbedder:
 
     @property
     def dim(self) -> int:
-        return int(self.model.get_embedding_dimension())
+        dim = self.model.get_embedding_dimension()
+        if dim is None:
+            raise ModelError(f"{self.name}: the model gives no sentence embedding (no pooling module)")
+        return dim
 
     query_dim = dim
 
@@ -86,9 +92,11 @@ class SentenceTransformerEmbedder:
     def mode(self) -> str:
         return "symmetric"
 
+    loaded_towers = ("query", "document")  # one model, both sides
+
     @property
     def document_model(self) -> Any:
-        """The model the index writer encodes documents with."""
+        """The model both sides run."""
         return self.model
 
     query_model = document_model
@@ -121,11 +129,30 @@ class SentenceTransformerEmbedder:
             self.model.encode_query, texts, self.query_prompt(instruction) or "", batch_size, show_progress
         )
 
-    def embed_documents(self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False) -> np.ndarray:
+    def embed_documents(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 16,
+        show_progress: bool = False,
+        limits: BatchLimits | None = None,
+        progress: tqdm | None = None,
+        stats: dict[str, int] | None = None,
+    ) -> np.ndarray:
+        """sentence-transformers' ``encode_document`` (its own document prompt and normalisation).
+
+        ``limits``: only its text count applies (no token budget, no out-of-memory back-off); ``progress`` is
+        advanced once for all ``texts``; ``stats`` gets no truncation count: this path exists to compare
+        models, and the index writer's speed with a baseline (:mod:`care_retriever.evaluation.speed`).
+        """
         from care_retriever.encoding import check_texts
 
         texts = check_texts(texts, "documents")
-        return self._encode(self.model.encode_document, texts, None, batch_size, show_progress)
+        batch = limits.texts if limits is not None else batch_size
+        vectors = self._encode(self.model.encode_document, texts, None, batch, show_progress and progress is None)
+        if progress is not None:
+            progress.update(len(texts))
+        return vectors
 
     def _encode(
         self, fn: Any, texts: list[str], prompt: str | None, batch_size: int, show_progress: bool
@@ -174,9 +201,11 @@ class OneTowerEmbedder:
     def mode(self) -> str:
         return "symmetric"
 
+    loaded_towers = ("query", "document")  # one tower, both sides
+
     @property
     def document_model(self) -> Any:
-        """The model the index writer encodes documents with (the same tower as queries)."""
+        """The tower both sides run."""
         return self.model
 
     query_model = document_model
@@ -213,16 +242,28 @@ class OneTowerEmbedder:
             unit="query",
         )
 
-    def embed_documents(self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False) -> np.ndarray:
+    def embed_documents(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 16,
+        show_progress: bool = False,
+        limits: BatchLimits | None = None,
+        progress: tqdm | None = None,
+        stats: dict[str, int] | None = None,
+    ) -> np.ndarray:
         from care_retriever.encoding import check_texts, encode_texts
 
         return encode_texts(
             self.model,
             check_texts(texts, "documents"),
             batch_size=batch_size,
+            limits=limits,
             show_progress=show_progress,
             desc="Encoding documents",
             unit="doc",
+            progress=progress,
+            stats=stats,
         )
 
     def __repr__(self) -> str:
@@ -250,9 +291,9 @@ def load_embedder(
 
         return BM25Model()
     base, tower = name_or_path, None
-    for suffix in TOWER_SUFFIXES:
+    for suffix, side in TOWER_SUFFIXES.items():
         if name_or_path.endswith(suffix):
-            base, tower = name_or_path[: -len(suffix)], suffix[1:]
+            base, tower = name_or_path[: -len(suffix)], side
     local = local_model_dir(base)
     if local is not None and is_care_folder(local):
         quiet_transformers()
@@ -260,11 +301,11 @@ def load_embedder(
 
         embedder = AsymmetricEmbedder.from_pretrained(
             local,
-            load=tower or load,  # type: ignore[arg-type]
+            load=tower or load,
             device=device,
             trust_remote_code=trust_remote_code,
         )
-        return OneTowerEmbedder(embedder, tower) if tower else embedder  # type: ignore[arg-type]
+        return OneTowerEmbedder(embedder, tower) if tower else embedder
     if tower:
         raise ModelError(f"{base}: '#{tower}' selects a tower of a CARE model folder (one with care_config.json)")
     quiet_transformers()

@@ -10,6 +10,7 @@ search process never materialises the document tower.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -23,9 +24,10 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Module, Normalize, Router, Transformer
 from sentence_transformers.util import import_module_class
+from tqdm.auto import tqdm
 
 from care_retriever import __version__
-from care_retriever.encoding import check_texts, encode_texts, logger
+from care_retriever.encoding import BatchLimits, check_texts, encode_texts, logger
 from care_retriever.errors import ModelError
 from care_retriever.fingerprint import space_fingerprint, weights_fingerprint
 from care_retriever.loading import hub_options, model_file
@@ -226,13 +228,14 @@ class AsymmetricEmbedder:
         """
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
-        read = {
-            "max_length": max_length,
-            "dtype": torch_dtype,
-            "trust_remote_code": trust_remote_code,
-            "allow_pickled_weights": allow_pickled_weights,
-        }
-        q_tower = read_tower(query_model, **read)
+        read = functools.partial(
+            read_tower,
+            max_length=max_length,
+            dtype=torch_dtype,
+            trust_remote_code=trust_remote_code,
+            allow_pickled_weights=allow_pickled_weights,
+        )
+        q_tower = read(query_model)
         q_pool = query_pooling or q_tower.pooling or ("last_token" if is_decoder(q_tower.transformer) else "cls")
         if q_pool == "last_token":
             ensure_eos_appended(q_tower.transformer.tokenizer, query_model)
@@ -241,12 +244,12 @@ class AsymmetricEmbedder:
             d_tower, d_mods, d_pool = q_tower, q_mods, q_pool
             mode: Literal["asymmetric", "symmetric"] = "symmetric"
         else:
-            d_tower = read_tower(document_model, **read)
+            d_tower = read(document_model)
             if document_adapter:
                 _attach_adapter(d_tower.transformer, document_adapter, merge_adapter, document_model)
             d_pool = document_pooling or d_tower.pooling or "last_token"
             if d_pool == "last_token" and ensure_eos_appended(d_tower.transformer.tokenizer, document_model):
-                logger.info("document tower tokenizer now appends %s", d_tower.transformer.tokenizer.eos_token)
+                logger.info("document tower tokenizer (%s) now appends its EOS token", document_model)
             d_mods = d_tower.modules(d_pool, output_dim=tower_output_dim(q_mods))
             mode = "asymmetric"
         if query_prompt_template == "auto":
@@ -282,30 +285,18 @@ class AsymmetricEmbedder:
         revision: str | None = None,
         token: str | bool | None = None,
         cache_folder: str | None = None,
-        backend: str = "torch",
         attn_implementation: str | None = None,
-    ) -> Any:
-        """Load a saved CARE model from a folder or hub id; ``load`` picks the towers to build.
+    ) -> AsymmetricEmbedder:
+        """Load a saved CARE model (torch towers) from a folder or hub id; ``load`` picks the towers to build.
 
-        ``backend`` (``torch`` by default | ``auto`` | ``onnx``, with ``load="query"``): ``onnx``
-        returns the query-only embedder of :mod:`care_retriever.backends` over the folder's export
-        (``care-retriever export``); ``auto`` takes an export when the folder has one, else torch.
-        Model code from the hub (``trust_remote_code``) and pickled weights (``allow_pickled_weights``)
-        are refused unless asked for: both can run arbitrary code. ``attn_implementation``: see
-        :func:`resolve_attn_implementation` (None: flash-attention where installed and usable, else sdpa).
+        A search process loads its query side with :func:`care_retriever.backends.load_query_embedder`,
+        which picks the backend (torch, or the folder's ONNX / OpenVINO export). Model code from the hub
+        (``trust_remote_code``) and pickled weights (``allow_pickled_weights``) are refused unless asked for:
+        both can run arbitrary code. ``attn_implementation``: see :func:`resolve_attn_implementation`
+        (None: flash-attention where installed and usable, else sdpa).
         """
         if load not in ROUTES:
             raise ModelError(f"Unknown load {load!r}. Available: {sorted(ROUTES)}")
-        if backend != "torch":
-            from care_retriever.backends import load_query_embedder, resolve_backend
-
-            resolved = resolve_backend(model_name_or_path, backend)
-            if resolved != "torch":
-                if load != "query":
-                    raise ModelError(
-                        f"backend {resolved!r} holds only the query tower; use load='query' or backend='torch'"
-                    )
-                return load_query_embedder(model_name_or_path, resolved, device=device)
         name = str(model_name_or_path)
         local = local_model_dir(name)
         if local is not None:
@@ -430,11 +421,15 @@ class AsymmetricEmbedder:
         batch_size: int = 16,
         max_batch_tokens: int | None = None,
         show_progress: bool = False,
+        limits: BatchLimits | None = None,
+        progress: tqdm | None = None,
+        stats: dict[str, int] | None = None,
     ) -> np.ndarray:
-        """Encode documents with the document tower: ``(len(texts), dim)`` float32, unit norm.
+        """Encode documents with the document tower and its document prompt: ``(len(texts), dim)`` float32, unit norm.
 
         ``max_batch_tokens``: also at most that many padded tokens per forward pass; a batch that runs out
-        of GPU memory is halved and retried (:func:`care_retriever.encoding.encode_texts`).
+        of GPU memory is halved and retried (:func:`care_retriever.encoding.encode_texts`). ``limits``,
+        ``progress``, ``stats``: see :meth:`care_retriever.embedder_protocol.DocumentEncoder.embed_documents`.
         """
         texts = check_texts(texts, "documents")
         return encode_texts(
@@ -443,9 +438,12 @@ class AsymmetricEmbedder:
             prompt=self.config.document_prompt,
             batch_size=batch_size,
             max_batch_tokens=max_batch_tokens,
+            limits=limits,
             show_progress=show_progress,
             desc="Encoding documents",
             unit="doc",
+            progress=progress,
+            stats=stats,
         )
 
     # ------------------------------------------------------------------ saving
@@ -537,7 +535,8 @@ def _attach_adapter(transformer: Transformer, adapter: str, merge: bool, base_na
             f"document tower {base_name!r}: {str(exc).splitlines()[0]}"
         ) from exc
     if not merge:
-        transformer.model = model
+        # A PeftModel forwards to the PreTrainedModel it wraps: the tower runs it in that one's place.
+        transformer.model = model  # type: ignore[assignment]
         return
     merged = model.merge_and_unload()
     transformer.model = merged.model if causal else merged
@@ -554,6 +553,8 @@ def _load_module(
     attn_implementation: str | None = None,
 ) -> Module:
     module_class = import_module_class(class_ref, model_name_or_path=name, trust_remote_code=False)
+    if not issubclass(module_class, Module):
+        raise ModelError(f"{name}/{module_id}: {class_ref} is not a sentence-transformers module")
     refuse_pickled_weights(Path(name) / module_id, allow_pickled_weights)
     if issubclass(module_class, Transformer):
         return module_class.load(

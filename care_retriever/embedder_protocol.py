@@ -1,9 +1,18 @@
-"""``Embedder``: what indexing, search, evaluation and benchmarks need from a dense model.
+"""What each side of the system needs from a model, as protocols a type checker holds callers to.
 
-:class:`~care_retriever.embedder.AsymmetricEmbedder` (a CARE model) and the baselines of
-:mod:`care_retriever.baselines` implement it. Every capability a caller uses is here, so callers type
-their argument as ``Embedder`` and call it, instead of probing with ``hasattr``. Towers that were not
-loaded (``load="query"``) raise :class:`~care_retriever.errors.ModelError` when asked for.
+- :class:`QueryEncoder`: the search path (:class:`~care_retriever.retriever.CareRetriever`, the HTTP
+  service, the framework query embedders). :func:`care_retriever.backends.load_query_embedder` returns
+  one: a torch query tower (:class:`~care_retriever.embedder.AsymmetricEmbedder` loaded with
+  ``load="query"``) or an exported one (ONNX, OpenVINO), which has no torch module at all. Nothing here
+  names a torch tower, so a search process type-checks without the document tower or torch.
+- :class:`DocumentEncoder`: indexing (:class:`~care_retriever.writer.DocumentStoreWriter`,
+  :mod:`care_retriever.index`, the framework document embedders): the query side's space plus the
+  document side's encoding and identity.
+- :class:`Embedder`: the evaluation harness and benchmarks, which also count each tower's parameters.
+
+:class:`~care_retriever.embedder.AsymmetricEmbedder` and the baselines of :mod:`care_retriever.baselines`
+implement all three. Towers that were not loaded (``load="query"``) raise
+:class:`~care_retriever.errors.ModelError` when asked for.
 """
 
 from __future__ import annotations
@@ -14,11 +23,14 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy as np
     from sentence_transformers import SentenceTransformer
+    from tqdm.auto import tqdm
+
+    from care_retriever.encoding import BatchLimits
 
 
 @runtime_checkable
-class Embedder(Protocol):
-    """A dense model: a query side and a document side in one space of width :attr:`dim`."""
+class QueryEncoder(Protocol):
+    """The query side of a model: what a search process loads and calls."""
 
     @property
     def dim(self) -> int:
@@ -31,18 +43,8 @@ class Embedder(Protocol):
         ...
 
     @property
-    def document_model_name(self) -> str:
-        """Name of the document model, recorded in a store's manifest (for messages)."""
-        ...
-
-    @property
-    def query_model(self) -> SentenceTransformer:
-        """The tower that encodes queries."""
-        ...
-
-    @property
-    def document_model(self) -> SentenceTransformer:
-        """The tower that encodes documents (the index writer's encoding loop runs it)."""
+    def loaded_towers(self) -> tuple[str, ...]:
+        """The towers in memory: ``("query",)`` in a search process (the service's ``/health`` reports it)."""
         ...
 
     def query_prompt(self, instruction: str | None = None) -> str | None:
@@ -60,6 +62,46 @@ class Embedder(Protocol):
         """``(len(texts), dim)`` float32 unit rows from the query side."""
         ...
 
-    def embed_documents(self, texts: Sequence[str], *, batch_size: int = 16, show_progress: bool = False) -> np.ndarray:
-        """``(len(texts), dim)`` float32 unit rows from the document side."""
+
+@runtime_checkable
+class DocumentEncoder(QueryEncoder, Protocol):
+    """A model's document side as well: what indexing needs."""
+
+    @property
+    def document_model_name(self) -> str:
+        """The document tower's identity (hub id or folder), recorded in a store's manifest (for messages)."""
+        ...
+
+    def embed_documents(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 16,
+        show_progress: bool = False,
+        limits: BatchLimits | None = None,
+        progress: tqdm | None = None,
+        stats: dict[str, int] | None = None,
+    ) -> np.ndarray:
+        """``(len(texts), dim)`` float32 unit rows from the document side, with its document prompt.
+
+        ``limits``: texts and padded tokens per forward pass, as an object the caller keeps across calls
+        (halved on out-of-memory: the index writer's later chunks keep the lowered limit); it replaces
+        ``batch_size``. ``progress``: an outer bar to advance instead of drawing one. ``stats``: a dict to
+        add the ``truncated`` count to (see :func:`care_retriever.encoding.encode_texts`).
+        """
+        ...
+
+
+@runtime_checkable
+class Embedder(DocumentEncoder, Protocol):
+    """Both sides and their torch towers: the evaluation harness and benchmarks (parameter counts)."""
+
+    @property
+    def query_model(self) -> SentenceTransformer:
+        """The tower that encodes queries."""
+        ...
+
+    @property
+    def document_model(self) -> SentenceTransformer:
+        """The tower that encodes documents."""
         ...

@@ -144,6 +144,8 @@ def encode_texts(
     """
     n = len(texts)
     dim = model.get_embedding_dimension()
+    if dim is None:  # a tower without a pooling module
+        raise ModelError(f"{desc}: the model gives no sentence embedding (no pooling module)")
     out = np.empty((n, dim), dtype=np.float32)
     if n == 0:
         return out
@@ -163,10 +165,9 @@ def encode_texts(
     batches = Batches(order, lengths, limits)
     limit = max_length or model.max_seq_length
     truncated = 0
-    own_bar = progress is None
     bar_cm = (
         tqdm(total=n, desc=desc, unit=unit, disable=not show_progress, dynamic_ncols=True)
-        if own_bar
+        if progress is None
         else nullcontext(progress)
     )
     with bar_cm as bar:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # numpy too: the CLI reads IndexSettings' defaults when it st
     import numpy as np
 
     from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.embedder_protocol import Embedder
+    from care_retriever.embedder_protocol import DocumentEncoder
 
 logger = logging.getLogger("care_retriever")
 
@@ -85,7 +85,9 @@ def init_distributed(backend: str, device: str | None, timeout_minutes: float) -
 class ShardedEncoder:
     """Rank 0's encoder: scatter texts over the ranks, encode this rank's slice, gather in order."""
 
-    def __init__(self, embedder: Embedder, group: Dist, batch_size: int, max_batch_tokens: int | None = None) -> None:
+    def __init__(
+        self, embedder: DocumentEncoder, group: Dist, batch_size: int, max_batch_tokens: int | None = None
+    ) -> None:
         from care_retriever.encoding import BatchLimits
 
         self.embedder = embedder
@@ -94,12 +96,8 @@ class ShardedEncoder:
         self.truncated = 0
 
     def encode_slice(self, texts: list[str]) -> np.ndarray:
-        from care_retriever.encoding import encode_texts
-
         stats: dict[str, int] = {}
-        vectors = encode_texts(
-            self.embedder.document_model, texts, limits=self.limits, desc="Encoding documents", stats=stats
-        )
+        vectors = self.embedder.embed_documents(texts, limits=self.limits, stats=stats)
         self.truncated += stats.get("truncated", 0)
         return vectors
 
@@ -140,7 +138,7 @@ def release_workers(group: Dist, own_truncated: int) -> int:
     return sum(int(c) for c in counts)
 
 
-def serve_encoding(embedder: Embedder, group: Dist, batch_size: int, max_batch_tokens: int | None = None) -> int:
+def serve_encoding(embedder: DocumentEncoder, group: Dist, batch_size: int, max_batch_tokens: int | None = None) -> int:
     """A worker rank: encode the slices rank 0 scatters until it sends None; return the truncated count."""
     import torch.distributed as dist
 

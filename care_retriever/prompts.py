@@ -26,4 +26,4 @@ def literal_template(prompt: str) -> str:
 
 def is_instruction_prompt(prompt: str | None) -> bool:
     """Whether a model's own query prompt is of the ``Instruct: ...`` kind (so the task's instruction goes there)."""
-    return bool(prompt) and prompt.lstrip().startswith("Instruct")
+    return bool(prompt) and prompt is not None and prompt.lstrip().startswith("Instruct")

@@ -11,7 +11,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from care_retriever.embedder_protocol import Embedder
+from care_retriever.embedder_protocol import QueryEncoder
 from care_retriever.errors import InputError
 from care_retriever.sparse import FusionConfig, check_mode, require_sparse
 from care_retriever.sparse.hybrid import hybrid_search
@@ -25,7 +25,7 @@ class CareRetriever:
     def __init__(
         self,
         store: str | VectorStore,
-        embedder: Embedder,
+        embedder: QueryEncoder,
         *,
         collection: str | None = None,
         instruction: str | None = None,
@@ -65,7 +65,7 @@ class CareRetriever:
         return cls(store_obj, embedder, **kwargs)
 
     @overload
-    def search(
+    def search(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]: the str overload comes first
         self,
         query: str,
         top_k: int = 10,
@@ -101,7 +101,7 @@ class CareRetriever:
         """
         check_mode(mode)
         single = isinstance(query, str)
-        queries = [query] if single else list(query)
+        queries: list[str] = [query] if isinstance(query, str) else list(query)
         for i, q in enumerate(queries):
             if not isinstance(q, str) or not q.strip():
                 raise InputError(f"query {i}: empty query" if not single else "empty query")

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import anyio
 from fastapi import FastAPI, Request
@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from care_retriever.batching import Job, Overloaded, QueryBatcher
 from care_retriever.errors import CareError, InputError
+from care_retriever.retriever import CareRetriever
 
 logger = logging.getLogger("care_retriever")
 CLIENT_CLOSED = 499  # status recorded in the metrics for a request its client abandoned
@@ -285,13 +286,19 @@ def _one_line(exc: RequestValidationError) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
-def _request_model(limits: ServiceLimits) -> type[BaseModel]:
+class SearchBody(BaseModel):
+    """What the /search handler reads of a body; :func:`_request_model`'s class adds the limits' validation."""
+
+    query: str | list[str]
+
+
+def _request_model(limits: ServiceLimits) -> type[SearchBody]:
     """The /search body, with the limits baked into its validation."""
     query_text = Annotated[StrictStr, StringConstraints(min_length=1, max_length=limits.max_query_chars)]
     scalar = StrictStr | StrictBool | StrictInt | StrictFloat
     filter_value = scalar | Annotated[list[scalar], Field(min_length=1, max_length=256)]
 
-    class SearchRequest(BaseModel):
+    class SearchRequest(SearchBody):
         model_config = ConfigDict(extra="forbid")
 
         query: query_text | Annotated[list[query_text], Field(min_length=1, max_length=limits.max_queries)]
@@ -302,7 +309,7 @@ def _request_model(limits: ServiceLimits) -> type[BaseModel]:
     return SearchRequest
 
 
-def search_batch(retriever: Any, jobs: Sequence[Job]) -> list[Any]:
+def search_batch(retriever: CareRetriever, jobs: Sequence[Job]) -> list[Any]:
     """Answer a batch of jobs: one forward pass for all their queries, one store search per parameter set.
 
     Returns, for each job in order, its hits (one list per query) or the error that concerns it alone:
@@ -338,7 +345,7 @@ def search_batch(retriever: Any, jobs: Sequence[Job]) -> list[Any]:
 
 
 def create_app(
-    retriever: Any, limits: ServiceLimits | None = None, *, model_name: str = "", api_token: str | None = None
+    retriever: CareRetriever, limits: ServiceLimits | None = None, *, model_name: str = "", api_token: str | None = None
 ) -> ASGIApp:
     """A FastAPI app serving ``retriever`` (a CareRetriever, ideally loaded with the query tower only).
 
@@ -415,7 +422,8 @@ def create_app(
         return Response(body, media_type=content_type)
 
     @app.post("/search")
-    async def search(request: search_request) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def search(request: search_request) -> dict[str, Any]:  # type: ignore[valid-type]  # built per limits
+        request = cast(SearchBody, request)
         queries = [request.query] if isinstance(request.query, str) else list(request.query)
         for i, q in enumerate(queries):  # refused here, so a blank query never joins (and fails) a batch
             if not q.strip():

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from care_retriever.corpus import Document
+from care_retriever.embedder_protocol import DocumentEncoder, QueryEncoder
 from care_retriever.errors import InputError, ModelError
 from care_retriever.fingerprint import space_fingerprint
 from care_retriever.locations import local_model_dir
@@ -54,7 +55,7 @@ class TowerLoader:
         model: str | None,
         *,
         device: str | None = None,
-        embedder: Any = None,
+        embedder: QueryEncoder | None = None,
         query_backend: str = "torch",
         trust_remote_code: bool = False,
     ) -> None:
@@ -65,40 +66,54 @@ class TowerLoader:
         # auto | torch | onnx | openvino (care_retriever.backends); the document tower always runs on torch
         self.query_backend = query_backend
         self.trust_remote_code = trust_remote_code  # a tower whose model code ships with it needs it at load
-        self._sides: dict[str, Any] = {}
-        for side in ("query", "document") if embedder is not None else ():
-            try:
-                getattr(embedder, f"{side}_model")  # raises ModelError when that tower was not loaded
-                self._sides[side] = embedder
-            except (ModelError, AttributeError):  # AttributeError: a query-only backend (onnx)
-                pass
+        self._query: QueryEncoder | None = None
+        self._document: DocumentEncoder | None = None
+        if embedder is not None:  # its loaded towers serve; a query-only backend (onnx) has no document side
+            if "query" in embedder.loaded_towers:
+                self._query = embedder
+            if "document" in embedder.loaded_towers and isinstance(embedder, DocumentEncoder):
+                self._document = embedder
         self._lock = threading.Lock()
 
     def loaded(self, side: str) -> bool:
-        return side in self._sides
+        return (self._query if side == "query" else self._document) is not None
 
-    def get(self, side: str) -> Any:
-        """The embedder holding the ``side`` ("query" or "document") tower, loading it if needed."""
-        embedder = self._sides.get(side)
-        if embedder is not None:
-            return embedder
+    def _source(self, side: str) -> str:
+        if self.model is None:
+            raise ModelError(f"the given embedder has no {side} tower and no model path to load it from")
+        return self.model
+
+    def query(self) -> QueryEncoder:
+        """The query side, loaded if needed on the chosen backend (``care_retriever.backends.load_query_embedder``)."""
+        if self._query is not None:  # no lock once loaded: a document tower loading meanwhile does not stall queries
+            return self._query
         with self._lock:
-            if side not in self._sides:
-                if self.model is None:
-                    raise ModelError(f"the given embedder has no {side} tower and no model path to load it from")
-                if side == "query":
-                    from care_retriever.backends import load_query_embedder
+            if self._query is None:
+                from care_retriever.backends import load_query_embedder
 
-                    self._sides[side] = load_query_embedder(
-                        self.model, self.query_backend, device=self.device, trust_remote_code=self.trust_remote_code
-                    )
-                else:
-                    from care_retriever.embedder import AsymmetricEmbedder
+                self._query = load_query_embedder(
+                    self._source("query"),
+                    self.query_backend,
+                    device=self.device,
+                    trust_remote_code=self.trust_remote_code,
+                )
+            return self._query
 
-                    self._sides[side] = AsymmetricEmbedder.from_pretrained(
-                        self.model, load=side, device=self.device, trust_remote_code=self.trust_remote_code
-                    )
-            return self._sides[side]
+    def document(self) -> DocumentEncoder:
+        """The document side (a torch tower), loaded if needed."""
+        if self._document is not None:
+            return self._document
+        with self._lock:
+            if self._document is None:
+                from care_retriever.embedder import AsymmetricEmbedder
+
+                self._document = AsymmetricEmbedder.from_pretrained(
+                    self._source("document"),
+                    load="document",
+                    device=self.device,
+                    trust_remote_code=self.trust_remote_code,
+                )
+            return self._document
 
 
 def normalize_rows(vectors: np.ndarray) -> np.ndarray:
@@ -194,7 +209,7 @@ def check_index_options(backend: str, options: Mapping[str, Any] | None) -> dict
             raise InputError(
                 f"index_options {misplaced} are Qdrant collection settings; a FAISS store has none of them"
             )
-        from care_retriever.stores.faiss import FaissStore
+        from care_retriever.stores.faiss import checked_options
 
-        FaissStore._checked_options(options)  # the store's own check of type, quantize and oversample
+        checked_options(options)  # the store's own check of type, quantize and oversample
     return options

@@ -18,7 +18,7 @@ import logging
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,7 +37,9 @@ def default_timeout_seconds() -> float:
     """The trainer's default ``ddp_timeout`` (transformers' ``TrainingArguments``): one number for both."""
     from transformers import TrainingArguments
 
-    return float(TrainingArguments.__dataclass_fields__["ddp_timeout"].default)
+    default = TrainingArguments.__dataclass_fields__["ddp_timeout"].default
+    assert isinstance(default, (int, float))  # a field with a plain default (not a default_factory)
+    return float(default)
 
 
 def recipe_timeout_seconds(defaults: dict[str, Any]) -> float:
@@ -129,7 +131,10 @@ def write_part(folder: Path, name: str, rows: np.ndarray) -> None:
     writer.close()
 
 
-def read_parts(folder: Path, name: str, order: np.ndarray, out: np.ndarray, chunk: int = 4096) -> np.ndarray:
+ArrayT = TypeVar("ArrayT", bound=np.ndarray)
+
+
+def read_parts(folder: Path, name: str, order: np.ndarray, out: ArrayT, chunk: int = 4096) -> ArrayT:
     """Fill ``out[order[r::world]]`` with rank r's part, for every rank, a chunk of rows at a time."""
     dim = out.shape[1]
     for r in range(world_size()):

@@ -19,11 +19,11 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from care_retriever.errors import InputError
 
@@ -77,7 +77,7 @@ class CareTrainer(SentenceTransformerTrainer):
     def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
         from safetensors.torch import save_model
 
-        target = Path(output_dir or self.args.output_dir)
+        target = Path(output_dir or self.args.output_dir or ".")  # build_arguments always sets output_dir
         target.mkdir(parents=True, exist_ok=True)
         save_model(self.model, str(target / STATE_FILE))
         (target / RUN_FILE).write_text(json.dumps({"fingerprint": self.care_fingerprint}))
@@ -115,7 +115,7 @@ class CareLmTrainer(Trainer):
 
     def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
         super()._save(output_dir, state_dict)
-        target = Path(output_dir or self.args.output_dir)
+        target = Path(output_dir or self.args.output_dir or ".")  # build_arguments always sets output_dir
         (target / RUN_FILE).write_text(json.dumps({"fingerprint": self.care_fingerprint}))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
@@ -123,6 +123,28 @@ class CareLmTrainer(Trainer):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
 
 
+@overload
+def build_arguments(
+    output_dir: Path,
+    settings: dict[str, Any],
+    *,
+    seed: int,
+    router_mapping: dict[str, str] | None = None,
+    prompts: dict[str, Any] | None = None,
+    max_steps: int | None = None,
+    plain: Literal[False] = False,
+) -> SentenceTransformerTrainingArguments: ...
+@overload
+def build_arguments(
+    output_dir: Path,
+    settings: dict[str, Any],
+    *,
+    seed: int,
+    router_mapping: dict[str, str] | None = None,
+    prompts: dict[str, Any] | None = None,
+    max_steps: int | None = None,
+    plain: Literal[True],
+) -> TrainingArguments: ...
 def build_arguments(
     output_dir: Path,
     settings: dict[str, Any],
@@ -132,13 +154,12 @@ def build_arguments(
     prompts: dict[str, Any] | None = None,
     max_steps: int | None = None,
     plain: bool = False,
-) -> SentenceTransformerTrainingArguments:
+) -> TrainingArguments:
     """Trainer arguments: CARE defaults, then the recipe's ``defaults``, then the stage's ``args``.
 
     ``plain``: ``transformers.TrainingArguments`` for a non-sentence-transformers model (MLM).
     """
     from sentence_transformers.base.sampler import BatchSamplers
-    from transformers import TrainingArguments
 
     args: dict[str, Any] = {
         "per_device_train_batch_size": 32,
@@ -190,13 +211,14 @@ def bucket_by_length(dataset: Any, prompts: Any, bounds: list[int]) -> tuple[Any
 
     sets = dict(dataset) if isinstance(dataset, DatasetDict) else {"train": dataset}
     keyed = isinstance(prompts, dict) and any(name in prompts for name in sets)
-    edges = [0, *bounds, None]
+    edges: list[int | None] = [0, *bounds, None]
     buckets: dict[str, Any] = {}
     bucket_prompts: dict[str, Any] = {}
     for name, data in sets.items():
         columns = [c for c in data.column_names if getattr(data.features[c], "dtype", None) == "string"]
         lengths = [max(map(len, texts)) for texts in zip(*(data[c] for c in columns), strict=True)]
         for lo, hi in itertools.pairwise(edges):
+            assert lo is not None  # only the last edge is open
             rows = [i for i, n in enumerate(lengths) if n >= lo and (hi is None or n < hi)]
             if rows:
                 label = f"{name}@{lo}+" if hi is None else f"{name}@{lo}-{hi - 1}"

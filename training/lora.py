@@ -64,15 +64,18 @@ def add_lora(modules: list, spec: LoraSpec, seed: int = 0) -> int:
         target_modules=spec.target_modules,
         bias="none",
     )
-    transformer.model = get_peft_model(transformer.auto_model, config)
+    # A PeftModel forwards to the PreTrainedModel it wraps: the tower runs it in that one's place.
+    transformer.model = get_peft_model(transformer.auto_model, config)  # type: ignore[assignment]
     return sum(p.numel() for p in transformer.auto_model.parameters() if p.requires_grad)
 
 
 def merge_lora(modules: list) -> bool:
     """Fold an attached adapter into the base weights; False when none is attached."""
     transformer = transformer_of(modules)
+    from peft import PeftModel
+
     model = transformer.auto_model
-    if hasattr(model, "merge_and_unload") and hasattr(model, "peft_config"):
+    if isinstance(model, PeftModel):
         transformer.model = model.merge_and_unload()
         return True
     return False

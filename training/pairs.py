@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from care_retriever.errors import InputError, at
 from care_retriever.jsonl import iter_jsonl as read_jsonl
@@ -74,6 +74,10 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         raise InputError(f"{path}: empty file (no rows)")
 
 
+@overload
+def _text(row: dict[str, Any], key: str, path: Path, lineno: int, *, required: Literal[True] = True) -> str: ...
+@overload
+def _text(row: dict[str, Any], key: str, path: Path, lineno: int, *, required: bool) -> str | None: ...
 def _text(row: dict[str, Any], key: str, path: Path, lineno: int, *, required: bool = True) -> str | None:
     value = row.get(key)
     if value is None:
@@ -135,7 +139,7 @@ def read_pairs(
             continue
         positives.setdefault(query, []).extend(texts)
         negatives.setdefault(query, []).extend(neg)
-    examples = []
+    examples: list[Example] = []
     for query, docs in positives.items():
         pos_set = set(docs)
         negs = [n for n in unique(negatives.get(query, [])) if n not in pos_set]
@@ -147,7 +151,7 @@ def read_pairs(
 
 
 def read_sts(path: Path, *, min_score: float = 1.0) -> list[Example]:
-    examples = []
+    examples: list[Example] = []
     for lineno, row in iter_jsonl(path):
         s1 = _text(row, "sentence1", path, lineno)
         s2 = _text(row, "sentence2", path, lineno)
@@ -162,7 +166,7 @@ def read_sts(path: Path, *, min_score: float = 1.0) -> list[Example]:
 
 
 def read_qa(path: Path, *, with_description: bool = False) -> list[Example]:
-    examples = []
+    examples: list[Example] = []
     for lineno, row in iter_jsonl(path):
         query = _text(row, "query", path, lineno)
         if row.get("text") is None:

@@ -50,6 +50,8 @@ def stage_mlm(ctx: Any, stage: Any, embedder: Any):
         )
     mlm = BertForMaskedLM(encoder.config)
     mlm.bert = encoder  # shared: training the MLM model trains the tower
+    if transformer.tokenizer is None:
+        raise InputError(f"stage {stage.name!r}: the query tower has no tokenizer")
     collator = DataCollatorForLanguageModeling(transformer.tokenizer, mlm_probability=float(stage.mlm_probability))
     return _pretrain(ctx, stage, transformer, mlm, collator)
 
@@ -74,6 +76,8 @@ def stage_clm(ctx: Any, stage: Any, embedder: Any):
         raise refused from exc
     setattr(lm, lm.base_model_prefix, decoder)  # shared: training the LM trains the tower
     embeddings = decoder.get_input_embeddings().weight
+    if not isinstance(embeddings, torch.nn.Parameter):  # an embedding module with its table elsewhere
+        raise refused
     head = torch.nn.Linear(embeddings.shape[1], embeddings.shape[0], bias=False, device=embeddings.device)
     if decoder.config.tie_word_embeddings:
         head.weight = embeddings
@@ -81,7 +85,7 @@ def stage_clm(ctx: Any, stage: Any, embedder: Any):
         torch.nn.init.normal_(head.weight, std=getattr(decoder.config, "initializer_range", 0.02))
     lm.set_output_embeddings(head)
     tokenizer = transformer.tokenizer
-    if tokenizer.pad_token is None:
+    if tokenizer is None or tokenizer.pad_token is None:
         raise InputError(f"stage {stage.name!r}: the document tower's tokenizer has no pad token")
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
     return _pretrain(ctx, stage, transformer, lm, collator)

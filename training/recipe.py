@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -337,7 +338,7 @@ def _mapping(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
     return value
 
 
-def _check_args(args: dict[str, Any], where: str, allow: set[str] = frozenset()) -> None:
+def _check_args(args: dict[str, Any], where: str, allow: Set[str] = frozenset()) -> None:
     names = training_argument_names() | set(allow)
     unknown = sorted(set(args) - names)
     if unknown:

@@ -29,7 +29,7 @@ from typing import Any
 
 from care_retriever.errors import InputError, ModelError
 from care_retriever.training.pairs import PairSet, load_pairset, resolve_data_path, task_queries, without_queries
-from care_retriever.training.recipe import ModelSpec, Recipe, StageSpec
+from care_retriever.training.recipe import ModelSpec, Recipe, Stage0DocumentStage, StageSpec
 
 logger = logging.getLogger("care_retriever")
 RUN_FILE = "run.json"
@@ -123,9 +123,12 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
             query_config=spec.query_config,
             document_config=spec.document_config,
         )
-    elif spec.path or spec.foundation:
-        folder = spec.path or foundation_dir(spec.foundation)
-        embedder = load_model(folder, spec, device)
+    elif spec.path:
+        embedder = load_model(spec.path, spec, device)
+    elif spec.foundation:
+        embedder = load_model(foundation_dir(spec.foundation), spec, device)
+    elif spec.query_model is None:
+        raise InputError("model: give query_model (and document_model), path or foundation")
     else:
         embedder = AsymmetricEmbedder.from_towers(
             spec.query_model,
@@ -348,7 +351,7 @@ def start_run(recipe: Recipe, out: Path, state: RunState, data_dir: Path, device
     started = time.perf_counter()
     embedder = initial_model(recipe.model, recipe, data_dir, recipe.seed, device)
     for stage in recipe.stages:  # dims are checked before the first write
-        if stage.type == "stage0_document":
+        if isinstance(stage, Stage0DocumentStage):
             matryoshka_dims(stage.matryoshka_dims, embedder.dim, embedder.document_dim, f"stage {stage.name!r}")
     if not is_main_process():
         wait_for_everyone()  # rank 0 has written stages/init

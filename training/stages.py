@@ -499,8 +499,8 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder) -> StageR
     # Queries get the query instruction (if the tower has one); documents fed to the query tower do not.
     # The teacher's texts get the document tower's own prompt, if it declares one (as when indexing).
     teacher = document_prompts(embedder, ("teacher_text",)) if "teacher_text" in router else {}
-    prompts = {side: {**({"text": prompt} if prompt and side == "queries" else {}), **teacher} for side in data}
-    prompts = {side: p for side, p in prompts.items() if p} or None
+    by_side = {side: {**({"text": prompt} if prompt and side == "queries" else {}), **teacher} for side in data}
+    prompts = {side: p for side, p in by_side.items() if p} or None
     dataset: Dataset | DatasetDict = DatasetDict(data) if len(data) > 1 or prompts else next(iter(data.values()))
     try:
         report = fit(
@@ -650,7 +650,8 @@ def run_clm(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
     return stage_clm(ctx, stage, embedder)
 
 
-STAGES: dict[str, Callable[[StageContext, StageSpec, Any], StageReport]] = {
+# Each runner takes its own StageSpec subclass: the recipe parser (recipe.STAGE_CLASSES) pairs kind and class.
+STAGES: dict[str, Callable[[StageContext, Any, Any], StageReport]] = {
     "mlm": run_mlm,
     "clm": run_clm,
     "stage0_query": stage0_query,

@@ -110,9 +110,9 @@ def build_teacher_cache(
             rows = encode_texts(
                 model, [texts[i] for i in idx], prompt=embedder.config.document_prompt, batch_size=batch_size
             )
-            if part is None:
+            if out is not None:
                 out[idx] = rows
-            elif part.rows is not None:
+            elif part is not None and part.rows is not None:
                 part.rows[start : start + len(idx)] = rows
             bar.update(len(idx))
     model.train(was_training)
@@ -122,6 +122,7 @@ def build_teacher_cache(
         if rank() == 0:
             out = read_parts(directory, key, order, np.memmap(tmp, dtype=np.float32, mode="w+", shape=shape))
     if rank() == 0:
+        assert out is not None  # rank 0 wrote the rows itself, or assembled the parts above
         out.flush()
         del out
         os.replace(tmp, data)

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from care_retriever.backends.layout import BACKENDS, EXPORT_BACKENDS, find_export, require_export
 from care_retriever.errors import ModelError
+
+if TYPE_CHECKING:
+    from care_retriever.embedder_protocol import QueryEncoder
 
 __all__ = [
     "AUTO_ORDER",
@@ -51,8 +54,11 @@ def load_query_embedder(
     threads: int | None = None,
     trust_remote_code: bool = False,
     **kwargs: Any,
-) -> Any:
+) -> QueryEncoder:
     """The query-side embedder of ``model`` on ``backend``; torch is imported only for the torch backend.
+
+    The one place that chooses a backend: :meth:`AsymmetricEmbedder.from_pretrained
+    <care_retriever.embedder.AsymmetricEmbedder.from_pretrained>` always builds torch towers.
 
     ``threads``: CPU threads of one forward pass (ONNX Runtime's / OpenVINO's intra-op threads; for torch,
     ``torch.set_num_threads``, which is process-wide). None leaves each runtime's default.
@@ -77,5 +83,5 @@ def load_query_embedder(
 
         torch.set_num_threads(threads)
     return AsymmetricEmbedder.from_pretrained(
-        model, load="query", device=device, backend="torch", trust_remote_code=trust_remote_code, **kwargs
+        model, load="query", device=device, trust_remote_code=trust_remote_code, **kwargs
     )

@@ -68,6 +68,8 @@ def load_tower(
     model: str | Path, backend: str, quantize: tuple[str, ...], trust_remote_code: bool = False
 ) -> TowerToExport:
     """Check ``model`` can be exported to ``backend`` and load its query tower (fp32, CPU)."""
+    from sentence_transformers.sentence_transformer.modules import Transformer
+
     from care_retriever.embedder import AsymmetricEmbedder, is_decoder
 
     unknown = [q for q in quantize if q not in QUANTIZE]
@@ -84,7 +86,9 @@ def load_tower(
     embedder = AsymmetricEmbedder.from_pretrained(
         folder, load="query", device="cpu", dtype="fp32", trust_remote_code=trust_remote_code
     )
-    transformer = embedder.query_modules[0]
+    transformer = embedder.query_modules[0] if embedder.query_modules else None
+    if not isinstance(transformer, Transformer):
+        raise ModelError(f"{folder}: the query route does not start with a Transformer module")
     if is_decoder(transformer):
         raise ModelError(
             f"{folder}: the query tower is a decoder ({transformer.auto_model.config.model_type}); only BERT-family "
@@ -217,7 +221,8 @@ def check_parity(tower: TowerToExport, backend: str) -> dict[str, float]:
     file_option = {"onnx": "onnx_file", "openvino": "openvino_file"}[backend]
     out = {}
     for name in tower.record.files:
-        embedder = load_query_embedder(tower.folder, backend, **{file_option: name})
+        option: dict[str, Any] = {file_option: name}
+        embedder = load_query_embedder(tower.folder, backend, **option)
         vectors = embedder.embed_queries(list(CHECK_QUERIES))
         out[name] = float(np.min(np.sum(vectors * reference, axis=1)))
     return out

@@ -80,12 +80,15 @@ def bench_command(
     first = names[0]
     if search_sizes != [0]:
         from care_retriever.baselines import load_embedder
+        from care_retriever.evaluation.bm25 import BM25Model
 
         embedder = (
             load_embedder(first, device=device, load="query", trust_remote_code=trust_remote_code)
             if is_care_folder(first)
             else load_embedder(first, device=device, trust_remote_code=trust_remote_code)
         )
+        if isinstance(embedder, BM25Model):
+            raise InputError(f"the search benchmark encodes queries with the first model; {first} has no query tower")
         qvec = embedder.embed_queries(B.read_texts(queries or B.SAMPLE_DIR / "queries.jsonl", search_queries))
         del embedder
         result.search = B.bench_search(qvec, search_sizes or [10_000, 50_000])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,18 +15,16 @@ from care_retriever.index import IndexSettings
 from care_retriever.loading import quiet_transformers
 from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
 
+if TYPE_CHECKING:
+    from care_retriever.embedder_protocol import QueryEncoder
 
-def _load_embedder(model: str, load: str, device: str | None, backend: str = "torch", trust_remote_code: bool = False):
-    if load == "query":
-        from care_retriever.backends import load_query_embedder, resolve_backend
 
-        if resolve_backend(model, backend) == "torch":
-            quiet_transformers()
-        return load_query_embedder(model, backend, device=device, trust_remote_code=trust_remote_code)
-    quiet_transformers()
-    from care_retriever.embedder import AsymmetricEmbedder
+def _load_query_side(model: str, device: str | None, backend: str, trust_remote_code: bool) -> QueryEncoder:
+    from care_retriever.backends import load_query_embedder, resolve_backend
 
-    return AsymmetricEmbedder.from_pretrained(model, load=load, device=device, trust_remote_code=trust_remote_code)
+    if resolve_backend(model, backend) == "torch":
+        quiet_transformers()
+    return load_query_embedder(model, backend, device=device, trust_remote_code=trust_remote_code)
 
 
 def _parse_filters(items: list[str] | None) -> dict[str, str | list[str]] | None:
@@ -347,7 +345,7 @@ def search(
     target.require_manifest()
     if mode != "dense":
         require_sparse(target)  # before loading the model
-    embedder = _load_embedder(model, "query", device, backend, trust_remote_code)
+    embedder = _load_query_side(model, device, backend, trust_remote_code)
     retriever = CareRetriever(target, embedder, instruction=instruction)
     results = retriever.search(queries, top_k=top_k, filters=filters, mode=mode, fusion=fusion_config)
     for query, hits in zip(queries, results, strict=True):

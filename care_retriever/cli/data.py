@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
+
+if TYPE_CHECKING:
+    from care_retriever.embedder import AsymmetricEmbedder, Load
 
 data_app = typer.Typer(
     help="Build CARE training data: diversify, mine-negatives, alignment, label.", no_args_is_help=True
@@ -23,7 +26,7 @@ def _read_rows(path: Path) -> list[dict]:
     return [row for _, row in iter_jsonl(path)]
 
 
-def _load(model: str, load: str, trust_remote_code: bool):
+def _load(model: str, load: Load, trust_remote_code: bool) -> AsymmetricEmbedder:
     from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.loading import quiet_transformers
 
@@ -68,7 +71,7 @@ def diversify(
         if not isinstance(value, str) or not value.strip():
             raise InputError(f"{input}: row {i}: missing or empty {key!r}")
         texts.append(value)
-    embedder = _load(model, side, trust_remote_code)
+    embedder = _load(model, "query" if side == "query" else "document", trust_remote_code)
     embed = embedder.embed_queries if side == "query" else embedder.embed_documents
     kept, report = run(
         texts,
@@ -203,8 +206,8 @@ def label(
             if not isinstance(text, str) or not text.strip():
                 raise InputError(f"{input}: row {i}: empty or non-string candidate")
             pairs.append((query, text))
-    key = os.environ.get(api_key_env) or None
-    judges = [ChatJudge(endpoint, name, api_key=key, timeout=timeout) for name in judge]
+    api_key = os.environ.get(api_key_env) or None
+    judges = [ChatJudge(endpoint, name, api_key=api_key, timeout=timeout) for name in judge]
     judgements, report = label_pairs(pairs, judges, workers=workers)
     rows = rows_from_judgements(judgements)
     _write(rows, out, force)

@@ -6,15 +6,21 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
-import click
 import typer
+from typer._click import Context as TyperClickContext  # typer vendors click: its commands get this Context
 from typer.core import TyperCommand
 
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
 from care_retriever.sparse.fusion import DEFAULT_FUSION
+
+if TYPE_CHECKING:
+    from care_retriever.embedder_protocol import Embedder
+    from care_retriever.evaluation.bm25 import BM25Model
+    from care_retriever.evaluation.hybrid import HybridModel
+    from care_retriever.evaluation.runner import StsEncode
 
 # Options that take several values after one flag (``--task A B --models X Y``), as in the docs.
 GREEDY_OPTIONS = ("--task", "--models")
@@ -47,7 +53,7 @@ class GreedyCommand(TyperCommand):
 
     greedy: tuple[str, ...] = GREEDY_OPTIONS
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: TyperClickContext, args: list[str]) -> list[str]:
         return super().parse_args(ctx, expand_greedy(list(args), self.greedy))
 
 
@@ -153,30 +159,29 @@ def eval_command(
                     runs.append(("bm25", "bm25", "sparse"))
             else:
                 runs.append((mode_label(display_name(name), m, fusion_config), name, m))
-    loaded: dict[str, tuple[object, float]] = {}
+    loaded: dict[str, tuple[Embedder | BM25Model, float]] = {}
     for label, name, m in runs:
         if name not in loaded:
             t0 = time.perf_counter()
             embedder = load_embedder(name, device=device, trust_remote_code=trust_remote_code)
             loaded[name] = (embedder, time.perf_counter() - t0)
         embedder, model_load = loaded[name]
-        if m == "hybrid":
-            embedder = HybridModel(embedder, fusion_config)
+        scored: Embedder | BM25Model | HybridModel = HybridModel(embedder, fusion_config) if m == "hybrid" else embedder
         many = len(runs) * len(tasks) > 1
         for t, loaded_in in zip(tasks, load_seconds, strict=True):
             timer = Timer(loaded_in)
             out = run_path(save_run, label, t.name, many) if save_run else None
             result = evaluate(
-                embedder,
+                scored,
                 t,
                 model_name=label,
                 query_batch_size=query_batch_size,
                 doc_batch_size=doc_batch_size,
                 top_k=top_k,
-                sts_encode=sts_encode,
+                sts_encode=cast("StsEncode", sts_encode),  # checked against its values above
                 save_run=out,
                 show_progress=progress,
-                timer=timer,  # type: ignore[arg-type]
+                timer=timer,
             )
             result.timing["model_load"] = model_load  # once per model; not part of the task's seconds
             results.append(result)

@@ -169,7 +169,8 @@ def serve(
         limit_concurrency=max_connections,
         timeout_keep_alive=5,
         h11_max_incomplete_event_size=16 * 1024,
-        timeout_graceful_shutdown=shutdown_timeout,
+        # uvicorn types it int, and waits on it with asyncio.wait_for, which takes seconds as a float
+        timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])

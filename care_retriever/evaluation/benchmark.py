@@ -217,7 +217,7 @@ def bench_search(
         exact_hits: list[list[str]] | None = None
         with tempfile.TemporaryDirectory(prefix="care-bench-search-") as tmp:
             for backend in backends:
-                spec, options = {
+                settings: dict[str, tuple[str, dict[str, Any] | None]] = {
                     "faiss-flat": (f"faiss:{tmp}/flat", {"type": "flat"}),
                     "faiss-hnsw": (
                         f"faiss:{tmp}/hnsw",
@@ -226,7 +226,8 @@ def bench_search(
                     # Local mode in memory: the same search code as a local folder, without its
                     # per-upsert persistence (which only slows the build, not the search).
                     "qdrant-local": ("qdrant::memory:", None),
-                }[backend]
+                }
+                spec, options = settings[backend]
                 if backend == "qdrant-local":
                     try:
                         import qdrant_client  # noqa: F401

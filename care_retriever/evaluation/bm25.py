@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ class BM25Model:
 
     def __init__(self, k1: float = 1.5, b: float = 0.75, method: str = "lucene") -> None:
         self.k1, self.b, self.method = k1, b, method
-        self._index = None
+        self._index: Any = None  # a bm25s.BM25 (bm25s ships no type information)
         self.size = 0
 
     def index(self, texts: Sequence[str], *, show_progress: bool = False) -> None:

@@ -87,7 +87,7 @@ def rerank_metrics(qrels: Qrels, run: Run) -> dict[str, float]:
     return ranking_metrics(qrels, run, RERANK_MEASURES, relevance_level=1)
 
 
-def sts_metrics(predicted: Sequence[float], gold: Sequence[float]) -> dict[str, float]:
+def sts_metrics(predicted: Sequence[float] | np.ndarray, gold: Sequence[float]) -> dict[str, float]:
     """Pearson (main, as the paper) and Spearman correlation of cosine similarity with the gold score."""
     pred = np.asarray(predicted, dtype=np.float64)
     ref = np.asarray(gold, dtype=np.float64)

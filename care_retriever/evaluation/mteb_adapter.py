@@ -68,7 +68,7 @@ def make_encoder(embedder: Any, name: str, *, instruction: str | None = None, ba
     from mteb.models.model_meta import ScoringFunction
     from mteb.types import PromptType
 
-    class CareMtebEncoder(_encoder_base()):
+    class CareMtebEncoder(_encoder_base()):  # type: ignore[misc]  # mteb's base class, imported on first use
         """Queries -> ``embed_queries(instruction)``, documents and everything else -> ``embed_documents``."""
 
         def __init__(self) -> None:

@@ -98,7 +98,7 @@ def evaluate(
 ) -> TaskResult:
     """Score ``model`` on ``task``. ``timer`` may be started earlier (to count task loading as overhead)."""
     timer = timer or Timer()
-    opts = {
+    opts: dict[str, Any] = {  # the encoding settings every task kind takes
         "query_batch_size": query_batch_size,
         "doc_batch_size": doc_batch_size,
         "show_progress": show_progress,

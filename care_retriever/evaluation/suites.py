@@ -44,15 +44,19 @@ def resolve_suite(name: str, folder: Path) -> list[Path]:
         raise InputError(f"--suite {name}: folder not found: {folder}")
     children = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
     if name == "all":
-        found = [p for p in children if _is_task(p)]
-        if not found:
+        tasks = [p for p in children if _is_task(p)]
+        if not tasks:
             raise InputError(f"{folder}: no task folders or rows files found")
-        return found
+        return tasks
     by_norm = {_norm(p.name.removesuffix(".jsonl")): p for p in children}
-    found, missing = [], []
+    found: list[Path] = []
+    missing: list[str] = []
     for task, aliases in CMEDTEB.items():
         hit = next((by_norm[a] for a in aliases if a in by_norm), None)
-        (found if hit else missing).append(hit or task)
+        if hit is not None:
+            found.append(hit)
+        else:
+            missing.append(task)
     if not found:
         raise InputError(f"{folder}: none of the CMedTEB tasks found; expected subfolders named {list(CMEDTEB)}")
     if missing:

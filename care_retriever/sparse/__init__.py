@@ -7,11 +7,14 @@ A store has a sparse side when its manifest's ``sparse`` entry is set; it record
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import StoreError
 from care_retriever.sparse.fusion import FUSIONS, MODES, FusionConfig, check_mode, fuse
 from care_retriever.sparse.tokenizer import check_spec, tokenizer_spec
+
+if TYPE_CHECKING:
+    from care_retriever.stores.base import VectorStore
 
 __all__ = ["FUSIONS", "MODES", "FusionConfig", "check_mode", "fuse", "require_sparse", "sparse_entry"]
 
@@ -25,7 +28,7 @@ def sparse_entry(kind: str, **params: Any) -> dict[str, Any]:
     return {"kind": kind, "tokenizer": tokenizer_spec(), "k1": K1, "b": B, **params}
 
 
-def store_spec(store: Any) -> str:
+def store_spec(store: VectorStore) -> str:
     """``faiss:DIR`` / ``qdrant:PATH`` for messages that name a command to run."""
     described = store.describe()
     spec, _, collection = described.partition(" (collection ")
@@ -33,7 +36,7 @@ def store_spec(store: Any) -> str:
     return f"{spec} --collection {collection}" if collection and collection != "care" else spec
 
 
-def require_sparse(store: Any) -> dict[str, Any]:
+def require_sparse(store: VectorStore) -> dict[str, Any]:
     """The store's sparse entry; a one-line error naming the command that adds it when there is none."""
     manifest = store.require_manifest()
     entry = manifest.sparse

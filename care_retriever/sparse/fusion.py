@@ -11,12 +11,15 @@ same meaning.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 FUSIONS = ("rrf", "dbsf", "wsum")
 MODES = ("dense", "sparse", "hybrid")
-Ranking = Sequence[tuple[str, float]]  # (id, score), best first
+# A document id: a store's id (str), or a row number where the evaluation harness fuses (care_retriever.evaluation)
+Id = TypeVar("Id", str, int)
+Ranking = Sequence[tuple[Id, float]]  # (id, score), best first
 
 # Defaults chosen by benchmarks/hybrid_eval.py on the dev tasks (docs/hybrid.md): wsum with dense weight 0.4
 # had the best mean nDCG@10 over kuake-qtr and im-qa (0.412; best RRF, k=5: 0.403), measured with the
@@ -57,16 +60,16 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def rrf(rankings: Sequence[Ranking], k: int = DEFAULT_RRF_K) -> dict[str, float]:
+def rrf(rankings: Sequence[Ranking[Id]], k: int = DEFAULT_RRF_K) -> dict[Id, float]:
     """Reciprocal rank fusion: sum of 1 / (k + rank), ranks from 1."""
-    out: dict[str, float] = {}
+    out: dict[Id, float] = {}
     for ranking in rankings:
         for rank, (doc, _) in enumerate(ranking, 1):
             out[doc] = out.get(doc, 0.0) + 1.0 / (k + rank)
     return out
 
 
-def _minmax(ranking: Ranking) -> dict[str, float]:
+def _minmax(ranking: Ranking[Id]) -> dict[Id, float]:
     if not ranking:
         return {}
     scores = [s for _, s in ranking]
@@ -75,7 +78,7 @@ def _minmax(ranking: Ranking) -> dict[str, float]:
     return {doc: (s - low) / span if span > 0 else 1.0 for doc, s in ranking}
 
 
-def _dbsf(ranking: Ranking) -> dict[str, float]:
+def _dbsf(ranking: Ranking[Id]) -> dict[Id, float]:
     """Distribution-based score normalisation as Qdrant does it: (s - (mean - 3 sd)) / (6 sd), sample sd."""
     if len(ranking) < 2:
         return {doc: 0.5 for doc, _ in ranking}
@@ -88,15 +91,19 @@ def _dbsf(ranking: Ranking) -> dict[str, float]:
     return {doc: (s - low) / (6 * std) for doc, s in ranking}
 
 
-def weighted_sum(rankings: Sequence[Ranking], weights: Sequence[float], normalise=_minmax) -> dict[str, float]:
-    out: dict[str, float] = {}
+def weighted_sum(
+    rankings: Sequence[Ranking[Id]],
+    weights: Sequence[float],
+    normalise: Callable[[Ranking[Id]], dict[Id, float]] = _minmax,
+) -> dict[Id, float]:
+    out: dict[Id, float] = {}
     for ranking, weight in zip(rankings, weights, strict=True):
         for doc, s in normalise(ranking).items():
             out[doc] = out.get(doc, 0.0) + weight * s
     return out
 
 
-def fuse(dense: Ranking, sparse: Ranking, config: FusionConfig) -> list[tuple[str, float]]:
+def fuse(dense: Ranking[Id], sparse: Ranking[Id], config: FusionConfig) -> list[tuple[Id, float]]:
     """One ranking, best first (ties broken by id for a stable order across runs and backends)."""
     if config.method == "rrf":
         fused = rrf([dense, sparse], config.k)

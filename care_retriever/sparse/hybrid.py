@@ -9,16 +9,15 @@ server (Query API), the FAISS store fuses every method on row ids; anything else
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from care_retriever.sparse.fusion import FusionConfig, fuse
-from care_retriever.stores.base import Filters, Hit
+from care_retriever.stores.base import Filters, Hit, VectorStore
 
 
 def hybrid_search(
-    store: Any,
+    store: VectorStore,
     vectors: np.ndarray,
     queries: Sequence[str],
     top_k: int,
@@ -27,7 +26,7 @@ def hybrid_search(
 ) -> list[list[Hit]]:
     """Top-``k`` fused hits per query; a query with no indexed token (punctuation, stop words) gets its dense hits."""
     fusion = fusion or FusionConfig()
-    if fusion.method in getattr(store, "hybrid_fusions", ()):
+    if fusion.method in store.hybrid_fusions:
         return store.search_hybrid(vectors, list(queries), top_k, filters, fusion=fusion)
     depth = max(fusion.candidates, top_k)
     # Candidates are ids and scores only: the documents of the fused top-k are read once, at the end

@@ -92,7 +92,7 @@ class SqliteBM25:
     def add(self, row_ids: Sequence[int], texts: Sequence[str], tokens: Sequence[list[str]] | None = None) -> None:
         """Index new rows (their row ids must not be indexed yet: remove a replaced row first)."""
         tokens = tokenize(texts) if tokens is None else tokens
-        postings, lengths, df = [], [], Counter()
+        postings, lengths, df = [], [], Counter[str]()
         for row_id, toks in zip(row_ids, tokens, strict=True):
             counts = Counter(toks)
             postings += [(t, int(row_id), n) for t, n in counts.items()]

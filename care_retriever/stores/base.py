@@ -9,13 +9,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from care_retriever import __version__
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
+
+if TYPE_CHECKING:
+    from care_retriever.sparse.fusion import FusionConfig
 
 # 2: the FAISS store may hold an append-only vector delta (written by small in-place writes). Format 1
 # stores (no delta) are read as they are.
@@ -105,6 +108,9 @@ class VectorStore(ABC):
 
     backend: str
     manifest: Manifest | None
+    # The fusion methods search_hybrid runs itself (Qdrant: rrf and dbsf on the server); every other method
+    # fuses the two rankings in care_retriever.sparse.hybrid, which calls search and search_sparse.
+    hybrid_fusions: ClassVar[tuple[str, ...]] = ()
 
     @property
     def dim(self) -> int:
@@ -190,6 +196,37 @@ class VectorStore(ABC):
     @abstractmethod
     def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
         """Stored vector of each id (None where the id is missing)."""
+
+    # ------------------------------------------------------------------ the sparse (BM25) side
+    @abstractmethod
+    def enable_sparse(self, *, rebuild: bool = False, show_progress: bool = False) -> int:
+        """Give the store a BM25 side (:mod:`care_retriever.sparse`) built from the stored texts, nothing
+        re-encoded; return the number of documents tokenized (0 when it exists with this tokenizer and
+        ``rebuild`` is off). Published with the store's next commit / finalize."""
+
+    @abstractmethod
+    def search_sparse(
+        self, queries: Sequence[str], top_k: int, filters: Filters | None = None, *, payload: bool = True
+    ) -> list[list[Hit]]:
+        """BM25 top-``k`` hits for each query text (an empty list for a query with no indexed token).
+
+        Raises :class:`StoreError` when the store has no sparse side (:func:`care_retriever.sparse.require_sparse`).
+        """
+
+    @abstractmethod
+    def search_hybrid(
+        self,
+        vectors: np.ndarray,
+        queries: Sequence[str],
+        top_k: int,
+        filters: Filters | None = None,
+        *,
+        fusion: FusionConfig | None = None,
+        payload: bool = True,
+    ) -> list[list[Hit]]:
+        """Dense and BM25 rankings of each query (row of ``vectors`` and its text) fused by the store itself,
+        for ``fusion.method`` in :attr:`hybrid_fusions`; callers go through
+        :func:`care_retriever.sparse.hybrid.hybrid_search`, which also fuses the other methods."""
 
     def verify(self) -> int:
         """Check the whole store (every byte where the backend allows); return the live count.

@@ -212,16 +212,17 @@ def read_tower(
             f"cannot load sentence-transformers model {model_name_or_path!r}: {str(exc).splitlines()[0]}"
         ) from exc
     modules = list(model)
-    transformer, head = modules[0], [m for m in modules[1:] if not isinstance(m, Normalize)]
-    unsupported = [type(m).__name__ for m in head if not isinstance(m, SUPPORTED_HEAD)]
-    if not isinstance(transformer, Transformer) or unsupported or not any(isinstance(m, Pooling) for m in head):
+    first, rest = modules[0], modules[1:]
+    unsupported = [type(m).__name__ for m in rest if not isinstance(m, (*SUPPORTED_HEAD, Normalize))]
+    if not isinstance(first, Transformer) or unsupported or not any(isinstance(m, Pooling) for m in rest):
         found = [type(m).__name__ for m in modules]
         raise ModelError(
             f"{model_name_or_path}: a tower must be Transformer -> Pooling [-> Dense] [-> Normalize]; "
             f"the folder's modules.json has {found}"
         )
-    transformer.max_seq_length = max_length
-    return PretrainedTower(transformer, head, {k: v for k, v in (model.prompts or {}).items() if v})
+    first.max_seq_length = max_length
+    head: list[Module] = [m for m in rest if isinstance(m, SUPPORTED_HEAD)]  # Normalize dropped
+    return PretrainedTower(first, head, {k: v for k, v in (model.prompts or {}).items() if v})
 
 
 def truncation_module(in_dim: int, out_dim: int) -> Dense:

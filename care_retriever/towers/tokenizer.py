@@ -64,7 +64,9 @@ def train_document_tokenizer(texts: Iterable[str], vocab_size: int = 8000) -> Pr
         vocab_size=vocab_size, special_tokens=[DECODER_PAD, DECODER_UNK, DECODER_EOS], show_progress=False
     )
     tokenizer.train_from_iterator(_nonempty(texts), trainer=trainer)
-    tokenizer.post_processor = append_eos_processor(DECODER_EOS, tokenizer.token_to_id(DECODER_EOS))
+    eos_id = tokenizer.token_to_id(DECODER_EOS)
+    assert eos_id is not None  # a special token of the trainer: always in the vocabulary
+    tokenizer.post_processor = append_eos_processor(DECODER_EOS, eos_id)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         unk_token=DECODER_UNK,
@@ -94,7 +96,7 @@ def appended_tokens(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return []
 
 
-def ensure_eos_appended(tokenizer: PreTrainedTokenizerBase, name: str = "the tower") -> bool:
+def ensure_eos_appended(tokenizer: PreTrainedTokenizerBase | None, name: str = "the tower") -> bool:
     """Make a last-token tower's tokenizer end every text with a token to pool; True if it had to be changed.
 
     A tokenizer that already appends a token keeps it: Qwen3-Embedding's appends ``<|endoftext|>``
@@ -102,6 +104,8 @@ def ensure_eos_appended(tokenizer: PreTrainedTokenizerBase, name: str = "the tow
     One that appends nothing (a base LLM's, such as Qwen3-4B's) gets its EOS appended after whatever
     its post-processor already does (a Llama-style BOS stays), as the paper pools the EOS state.
     """
+    if tokenizer is None:
+        raise ModelError(f"{name}: the tower has no tokenizer")
     if appended_tokens(tokenizer):
         return False
     eos = tokenizer.eos_token

@@ -9,7 +9,7 @@ document's title (:func:`~care_retriever.integrations.common.core_title`) and co
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
@@ -17,6 +17,9 @@ from care_retriever.corpus import document_text
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import check_model_location, core_title
 from care_retriever.integrations.haystack.text_embedder import NOT_WARMED_UP
+
+if TYPE_CHECKING:
+    from care_retriever.embedder_protocol import DocumentEncoder
 
 
 @component
@@ -51,7 +54,7 @@ class CareDocumentEmbedder:
         self.progress_bar = progress_bar
         self.device = device
         self.trust_remote_code = trust_remote_code
-        self.embedder: Any = None
+        self.embedder: DocumentEncoder | None = None
 
     def warm_up(self) -> None:
         """Load the document tower (once); pipelines call this before the first run."""

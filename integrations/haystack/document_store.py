@@ -190,7 +190,7 @@ class CareFaissDocumentStore:
             return 0
         embedded = [d for d in docs if d.embedding is not None]
         dim = self._resolve_dim(embedded)
-        matrix = as_matrix([d.embedding for d in embedded], dim, "write_documents")
+        matrix = as_matrix([d.embedding for d in docs if d.embedding is not None], dim, "write_documents")
         vectors = np.zeros((len(docs), dim), dtype=np.float32)
         rows = [i for i, d in enumerate(docs) if d.embedding is not None]
         if rows:

@@ -230,14 +230,14 @@ class CareStoreRetriever:
                 f"query_embedding has {len(query_embedding)} dims but {store.describe()} holds {dim}-dim vectors; "
                 "embed the query with the model that built the store"
             )
-        query = as_matrix([query_embedding], dim, "query_embedding")
-        if not query.any():
+        vector = as_matrix([query_embedding], dim, "query_embedding")
+        if not vector.any():
             raise InputError("query_embedding is all zeros; cosine similarity is undefined")
-        query = normalize_rows(query)
+        vector = normalize_rows(vector)
         scale = self.scale_score if scale_score is None else scale_score
 
         def search(k: int, core_filters: dict[str, Any] | None) -> tuple[int, list[Document]]:
-            hits = store.search(query, k, core_filters)[0]
+            hits = store.search(vector, k, core_filters)[0]
             docs = [
                 Document(
                     id=h.id,

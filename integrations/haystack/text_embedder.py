@@ -7,12 +7,15 @@ Haystack query and the CLI return the same hits from the same store.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from haystack import component, default_from_dict, default_to_dict
 
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import check_model_location
+
+if TYPE_CHECKING:
+    from care_retriever.embedder_protocol import QueryEncoder
 
 NOT_WARMED_UP = "The embedding model has not been loaded. Please call warm_up() before running."
 
@@ -42,7 +45,7 @@ class CareTextEmbedder:
         self.instruction = instruction
         self.device = device
         self.backend = backend
-        self.embedder: Any = None
+        self.embedder: QueryEncoder | None = None
 
     def warm_up(self) -> None:
         """Load the query tower (once); pipelines call this before the first run."""

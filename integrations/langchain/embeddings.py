@@ -14,6 +14,7 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from care_retriever.embedder_protocol import QueryEncoder
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import TowerLoader, check_model_location, model_space
 
@@ -52,8 +53,9 @@ class CareEmbeddings(BaseModel, Embeddings):
         )
 
     @classmethod
-    def from_embedder(cls, embedder: Any, model: str, **kwargs: Any) -> CareEmbeddings:
-        """Wrap an already loaded :class:`AsymmetricEmbedder` (``model`` still names it, for serialisation)."""
+    def from_embedder(cls, embedder: QueryEncoder, model: str, **kwargs: Any) -> CareEmbeddings:
+        """Wrap an already loaded embedder (an :class:`AsymmetricEmbedder`, or a query-only export); its loaded
+        towers serve, the others load from ``model`` (which also names it, for serialisation)."""
         instance = cls(model=model, **kwargs)
         instance._towers = TowerLoader(
             model,
@@ -74,7 +76,7 @@ class CareEmbeddings(BaseModel, Embeddings):
             raise InputError(f"embed_query expects a str, got {type(text).__name__}")
         if not text.strip():
             raise InputError("empty query")
-        embedder = self._towers.get("query")
+        embedder = self._towers.query()
         vector = embedder.embed_queries([text], instruction=self.instruction, batch_size=self.query_batch_size)[0]
         return vector.tolist()
 
@@ -84,6 +86,6 @@ class CareEmbeddings(BaseModel, Embeddings):
         texts = list(texts)
         if not texts:
             return []
-        embedder = self._towers.get("document")
+        embedder = self._towers.document()
         vectors = embedder.embed_documents(texts, batch_size=self.document_batch_size, show_progress=self.show_progress)
         return vectors.tolist()

@@ -92,12 +92,14 @@ class CareVectorStore(VectorStore):
             dim, fingerprint, model_name = manifest.dim, manifest.space_fingerprint, manifest.model_name
         elif self._space is not None:
             dim, fingerprint, model_name = self._space
-        else:
+        elif vectors is not None:
             dim, fingerprint, model_name = int(vectors.shape[1]), UNKNOWN_FINGERPRINT, ""
+        else:
+            return  # a delete from a store that was never written: nothing to do
         with self.store.transaction(dim, fingerprint, model_name, self.index_options) as store:
             if deletes:
                 store.delete(list(deletes))
-            else:
+            elif vectors is not None:
                 store.upsert(list(upserts), vectors)
 
     def add_texts(
@@ -105,7 +107,7 @@ class CareVectorStore(VectorStore):
         texts: Iterable[str],
         metadatas: list[dict[str, Any]] | None = None,
         *,
-        ids: list[str | None] | None = None,
+        ids: list[str] | None = None,
         **kwargs: Any,
     ) -> list[str]:
         """Embed ``texts`` with the document side and upsert them by id (new ids are UUID4 strings)."""
@@ -116,7 +118,8 @@ class CareVectorStore(VectorStore):
             raise InputError(f"{len(ids)} ids for {len(texts)} texts")
         if any(not isinstance(t, str) for t in texts):
             raise InputError("add_texts expects str texts (page_content)")
-        out_ids = [str(i) if i is not None else str(uuid.uuid4()) for i in (ids or [None] * len(texts))]
+        given: list[str] | list[None] = ids if ids else [None] * len(texts)
+        out_ids = [str(i) if i is not None else str(uuid.uuid4()) for i in given]
         if not texts:
             return []
         metas = metadatas or [{} for _ in texts]
@@ -258,7 +261,7 @@ class CareVectorStore(VectorStore):
         vectors = self.store.vectors([h.id for h in hits])
         pairs = [(h, v) for h, v in zip(hits, vectors, strict=True) if v is not None]
         query = normalize_rows(np.asarray([embedding], dtype=np.float32))[0]
-        chosen = maximal_marginal_relevance(query, [v for _, v in pairs], lambda_mult=lambda_mult, k=k)
+        chosen = maximal_marginal_relevance(query, [v.tolist() for _, v in pairs], lambda_mult=lambda_mult, k=k)
         return [self._to_document(pairs[i][0]) for i in chosen]
 
     def max_marginal_relevance_search(
