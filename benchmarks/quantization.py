@@ -1,7 +1,8 @@
 """Compressed stored vectors with rescoring, side by side: FAISS store with quantize none | sq8 | binary | pq.
 
-    python benchmarks/quantization.py --n 1000000                 # synthetic 1M x 768 + the dev tasks
-    python benchmarks/quantization.py --n 100000 --skip-tasks     # a quick synthetic run
+    python -m benchmarks.quantization --n 1000000                            # synthetic 1M x 768 + the dev tasks
+    python -m benchmarks.quantization --n 100000 --skip-tasks                # a quick synthetic run
+    python -m benchmarks.quantization --skip-synthetic --model runs/x/final  # the dev tasks, a trained model
 
 Synthetic part (memory, latency, recall): ``--n`` clustered unit vectors (benchmarks/large_index.py's
 generator) written through the real ``FaissStore`` (docstore, vector file, checksums: what
@@ -11,9 +12,12 @@ the flat vectors or the codes) and on disk (every file of the store), batch-1 p5
 ``store.search`` (rescoring included), recall@10 and recall@100 against exact search, and recall@10
 at other ``oversample`` values (search-time override) to choose the defaults.
 
-Dev-task part (quality): each task's corpus encoded once by a random-weight tower pair of the ``base``
-preset (768 dims; ``--document-layers`` shortens its decoder so that 36k documents encode on a CPU),
-stored with each setting; nDCG@10 against the task's qrels and overlap@10 with the exact ranking.
+Dev-task part (quality): each task's corpus encoded once by a tower pair, stored with each setting;
+nDCG@10 against the task's qrels and overlap@10 with the exact ranking (the share of the exact top 10
+found: recall@10 against exact search). The pair is a random-weight one of the ``base`` preset (768 dims;
+``--document-layers`` shortens its decoder so that 36k documents encode on a CPU), or with ``--model`` each
+saved CARE model given (its document tower encodes the corpus, its query tower the queries). The random
+tower's rows and each model's rows are kept apart in the JSON: a run replaces only what it measured.
 
 Writes ``--json`` (default docs/quantization.json) and the marked section of docs/scale.md. A part
 that is skipped keeps its previous results from the JSON (each row says when it was measured).
@@ -34,10 +38,9 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-from large_index import exact_neighbours, generate, make_queries  # noqa: E402
+from benchmarks.large_index import exact_neighbours, generate, make_queries
+
+REPO = Path(__file__).resolve().parents[1]
 
 SETTINGS = ("none", "sq8", "binary", "pq")
 TASKS = ("kuake-qtr-retrieval", "im-qa-retrieval")
@@ -45,8 +48,10 @@ START, END = "<!-- quantization:start -->", "<!-- quantization:end -->"
 CHUNK = 100_000
 
 
-def store_options(setting: str, args: argparse.Namespace) -> dict[str, Any]:
-    options: dict[str, Any] = {"type": "flat", "pq_m": args.pq_m}
+def store_options(setting: str, args: argparse.Namespace, dim: int) -> dict[str, Any]:
+    # PQ at 8 dimensions a byte unless --pq-m says otherwise: the store's default 96 bytes at 768 dims, and the
+    # same 1/32 of float32 for a smaller model (96 does not divide 32 or 256).
+    options: dict[str, Any] = {"type": "flat", "pq_m": args.pq_m or max(1, dim // 8)}
     if setting != "none":
         options["quantize"] = setting
     return options
@@ -86,9 +91,8 @@ def recall(found: np.ndarray, truth: np.ndarray, k: int) -> float:
 
 # ---------------------------------------------------------------------- synthetic worker
 RAM_PROBE = """
-import sys, faiss
-sys.path.insert(0, {here!r})
-from large_index import rss_anon
+import faiss
+from benchmarks.large_index import rss_anon
 before = rss_anon()
 index = faiss.read_index({path!r})
 print(rss_anon() - before)
@@ -98,8 +102,8 @@ print(rss_anon() - before)
 def index_ram(path: Path) -> int:
     """Anonymous memory a fresh process adds by reading ``path`` whole (what a searching process holds): not
     measured in the building process, whose freed memory the reader would reuse."""
-    code = RAM_PROBE.format(here=str(HERE), path=str(path))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    code = RAM_PROBE.format(path=str(path))
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     return int(done.stdout.split()[-1])
 
 
@@ -110,7 +114,7 @@ def synthetic_worker(args: argparse.Namespace) -> None:
     queries = make_queries(data, args.queries, args.seed)
     truth = np.load(args.truth)
     folder = Path(args.workdir_store)
-    build = build_store(folder, data, store_options(args.worker, args), "synthetic")
+    build = build_store(folder, data, store_options(args.worker, args, data.shape[1]), "synthetic")
     ram = index_ram(folder / INDEX)
     result: dict[str, Any] = {
         "setting": args.worker,
@@ -161,7 +165,8 @@ def run_synthetic(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         result_path = tmp / f"{setting}.json"
         cmd = [
             sys.executable,
-            __file__,
+            "-m",
+            "benchmarks.quantization",
             "--worker",
             setting,
             "--data",
@@ -178,10 +183,10 @@ def run_synthetic(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "--seed",
             str(args.seed),
         ]
-        cmd += ["--pq-m", str(args.pq_m), "--oversample-sweep", args.oversample_sweep]
+        cmd += ["--pq-m", str(args.pq_m or 0), "--oversample-sweep", args.oversample_sweep]
         print(f"synthetic: {setting} ...", file=sys.stderr)
         env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONWARNINGS": "ignore"}
-        if subprocess.run(cmd, env=env).returncode != 0:
+        if subprocess.run(cmd, env=env, cwd=REPO).returncode != 0:
             print(f"{setting}: failed", file=sys.stderr)
             continue
         row = json.loads(result_path.read_text())
@@ -243,17 +248,102 @@ def build_model(args: argparse.Namespace, texts: list[str], out: Path) -> Any:
     return AsymmetricEmbedder.from_towers(str(q_dir), str(d_dir), dtype="fp32")
 
 
-def run_tasks(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    import torch
+def model_paths(values: list[str]) -> list[str]:
+    """``--model`` values, repeated or comma separated, in the order given."""
+    return list(dict.fromkeys(p.strip() for v in values for p in v.split(",") if p.strip()))
 
+
+def recipe_of(model: Path) -> str | None:
+    """The recipe a ``care-retriever train`` run folder's ``final`` model came from (its run.json), if any."""
+    run = model.resolve().parent / "run.json"
+    try:
+        info = json.loads(run.read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return f"{info.get('recipe')} ({info.get('source')})" if info.get("recipe") else None
+
+
+def exact_ranking(q_vecs: np.ndarray, doc_vecs: np.ndarray, ids: list[str], k: int = 10) -> list[list[str]]:
+    """Exact top ``k`` by inner product (what every setting's overlap is measured against), in blocks of queries."""
+    out: list[list[str]] = []
+    for i in range(0, len(q_vecs), 256):
+        scores = q_vecs[i : i + 256] @ doc_vecs.T
+        top = np.argpartition(-scores, k, axis=1)[:, :k]
+        for row, cand in zip(scores, top, strict=True):
+            out.append([ids[j] for j in cand[np.argsort(-row[cand], kind="stable")]])
+    return out
+
+
+def encode_corpus(embedder: Any, docs: list[Any], cache: Path) -> np.ndarray:
+    """The corpus's document vectors, from ``cache`` when it holds this very model's (checked on 8 documents)."""
+    if cache.exists():
+        doc_vecs = np.load(cache)
+        check = embedder.embed_documents([d.embedding_text() for d in docs[:8]])
+        if len(doc_vecs) == len(docs) and np.allclose(check, doc_vecs[:8], atol=1e-4):
+            return doc_vecs
+        print(f"{cache}: encoded by another model or corpus; encoding again", file=sys.stderr)
+    t = time.perf_counter()
+    doc_vecs = embedder.embed_documents([d.embedding_text() for d in docs], batch_size=32, show_progress=True)
+    print(f"{len(docs)} documents encoded in {time.perf_counter() - t:.0f}s", file=sys.stderr)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.save(cache, doc_vecs)
+    return doc_vecs
+
+
+def score_settings(
+    args: argparse.Namespace,
+    tmp: Path,
+    name: str,
+    task: tuple[list[Any], dict[str, str], dict[str, dict[str, int]]],
+    doc_vecs: np.ndarray,
+    q_vecs: np.ndarray,
+) -> list[dict[str, Any]]:
+    """One store per setting over the same vectors: nDCG@10 and overlap@10 with the exact ranking, and the
+    overlap at each search-time oversample of ``--oversample-sweep``."""
+    from care_retriever.corpus import Document
     from care_retriever.stores.faiss import FaissStore
 
-    torch.manual_seed(args.seed)
+    docs, queries, qrels = task
+    qids = list(queries)
+    exact = exact_ranking(q_vecs, doc_vecs, [d.id for d in docs])
+    rows = []
+    for setting in args.settings.split(","):
+        folder = tmp / f"{name}-{setting}"
+        store = FaissStore(folder)
+        options = store_options(setting, args, doc_vecs.shape[1])
+        store.prepare(doc_vecs.shape[1], "task", "task", options)
+        for i in range(0, len(docs), CHUNK):
+            block = docs[i : i + CHUNK]
+            store.upsert([Document(id=d.id, text=d.text) for d in block], doc_vecs[i : i + len(block)])
+        store.finalize()
+        ranked = [[h.id for h in row] for row in store.search(q_vecs, 10, payload=False)]
+        row = {"setting": setting, **task_scores(ranked, exact, qids, qrels)}
+        row["oversample"] = store.require_manifest().index.get("oversample")
+        if setting == "pq":
+            row["pq_m"] = options["pq_m"]
+        if setting != "none":
+            row["oversample_sweep"] = {}
+            for value in [float(x) for x in args.oversample_sweep.split(",") if x.strip()]:
+                store.oversample = value
+                found = [[h.id for h in r] for r in store.search(q_vecs, 10, payload=False)]
+                row["oversample_sweep"][f"{value:g}"] = task_scores(found, exact, qids, qrels)
+        store.close()
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
+        rows.append(row)
+        print(f"{name} {setting}: { {k: v for k, v in row.items() if k != 'oversample_sweep'} }", file=sys.stderr)
+    return rows
+
+
+def load_tasks(args: argparse.Namespace) -> dict[str, tuple[list[Any], dict[str, str], dict[str, dict[str, int]]]]:
     tasks = [(name, args.data_root / name) for name in args.tasks.split(",")]
-    loaded = {name: read_task(folder) for name, folder in tasks if folder.is_dir()}
-    if not loaded:
-        print(f"no dev task under {args.data_root}: skipped", file=sys.stderr)
-        return {}
+    return {name: read_task(folder) for name, folder in tasks if folder.is_dir()}
+
+
+def run_tasks(args: argparse.Namespace, tmp: Path, loaded: dict[str, Any]) -> dict[str, Any]:
+    """The dev tasks with the random-weight tower pair of ``--preset``."""
+    import torch
+
+    torch.manual_seed(args.seed)
     texts = [d.embedding_text() for docs, _, _ in loaded.values() for d in docs]
     texts += [q for _, queries, _ in loaded.values() for q in queries.values()]
     embedder = build_model(args, texts, tmp / "model")
@@ -261,50 +351,97 @@ def run_tasks(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         f", decoder cut to {args.document_layers} layers" if args.document_layers else ""
     )
     out: dict[str, Any] = {"model": model_name, "dim": embedder.dim, "measured": time.strftime("%Y-%m-%d"), "tasks": {}}
-    for name, (docs, queries, qrels) in loaded.items():
+    for name, task in loaded.items():
+        docs, queries, _ = task
         cache = args.cache / f"{name}-{args.preset}-{args.document_layers}-{args.seed}.npy"
-        if cache.exists():
-            doc_vecs = np.load(cache)
-            # the cache must come from this very model (random towers rebuilt from the same seed and texts)
-            check = embedder.embed_documents([d.embedding_text() for d in docs[:8]])
-            if not np.allclose(check, doc_vecs[:8], atol=1e-4):
-                raise SystemExit(f"{cache}: encoded by another model; remove it")
-        else:
-            t = time.perf_counter()
-            doc_vecs = embedder.embed_documents([d.embedding_text() for d in docs], batch_size=32, show_progress=True)
-            print(f"{name}: {len(docs)} documents encoded in {time.perf_counter() - t:.0f}s", file=sys.stderr)
-            args.cache.mkdir(parents=True, exist_ok=True)
-            np.save(cache, doc_vecs)
-        qids = list(queries)
-        q_vecs = embedder.embed_queries([queries[q] for q in qids])
-        rows, exact = [], None
-        for setting in args.settings.split(","):
-            folder = tmp / f"{name}-{setting}"
-            from care_retriever.corpus import Document
-
-            store = FaissStore(folder)
-            store.prepare(doc_vecs.shape[1], "task", "task", store_options(setting, args))
-            store.upsert([Document(id=d.id, text=d.text) for d in docs], doc_vecs)
-            store.finalize()
-            ranked = [[h.id for h in row] for row in store.search(q_vecs, 10, payload=False)]
-            exact = ranked if setting == "none" else exact
-
-            row = {"setting": setting, **task_scores(ranked, exact, qids, qrels)}
-            row["oversample"] = store.require_manifest().index.get("oversample")
-            if setting != "none":
-                row["oversample_sweep"] = {}
-                for value in [float(x) for x in args.oversample_sweep.split(",") if x.strip()]:
-                    store.oversample = value
-                    found = [[h.id for h in r] for r in store.search(q_vecs, 10, payload=False)]
-                    row["oversample_sweep"][f"{value:g}"] = task_scores(found, exact, qids, qrels)
-            store.close()
-            rows.append(row)
-            print(f"{name} {setting}: {rows[-1]}", file=sys.stderr)
-        out["tasks"][name] = {"documents": len(docs), "queries": len(qids), "rows": rows}
+        doc_vecs = encode_corpus(embedder, docs, cache)
+        q_vecs = embedder.embed_queries(list(queries.values()))
+        rows = score_settings(args, tmp, name, task, doc_vecs, q_vecs)
+        out["tasks"][name] = {"documents": len(docs), "queries": len(queries), "rows": rows}
     return out
 
 
+def run_model(args: argparse.Namespace, tmp: Path, loaded: dict[str, Any], path: str) -> dict[str, Any]:
+    """The dev tasks with a saved CARE model: its document tower encodes the corpus, its query tower the queries."""
+    import hashlib
+
+    from care_retriever.embedder import AsymmetricEmbedder
+
+    embedder = AsymmetricEmbedder.from_pretrained(path, dtype="fp32")
+    out: dict[str, Any] = {
+        "model": path,
+        "recipe": recipe_of(Path(path)),
+        "dim": embedder.dim,
+        "measured": time.strftime("%Y-%m-%d"),
+        "tasks": {},
+    }
+    key = hashlib.sha1(f"{Path(path).resolve()}|{embedder.space_fingerprint}".encode()).hexdigest()[:12]
+    for name, task in loaded.items():
+        docs, queries, _ = task
+        doc_vecs = encode_corpus(embedder, docs, args.cache / f"{name}-model-{key}.npy")
+        q_vecs = embedder.embed_queries(list(queries.values()))
+        rows = score_settings(args, tmp, name, task, doc_vecs, q_vecs)
+        out["tasks"][name] = {"documents": len(docs), "queries": len(queries), "rows": rows}
+    return out
+
+
+def merge_rows(old: dict[str, Any] | None, fresh: dict[str, Any], command: str) -> dict[str, Any]:
+    """``fresh`` with the rows of the settings it did not re-run kept from ``old`` (same model, same tasks); each
+    row keeps the command that measured it, and ``commands`` lists those shown."""
+    order = {name: i for i, name in enumerate(SETTINGS)}
+    for name, task in fresh["tasks"].items():
+        for row in task["rows"]:
+            row["command"] = command
+        if old and old.get("model") == fresh.get("model"):
+            redone = {r["setting"] for r in task["rows"]}
+            kept = [r for r in old.get("tasks", {}).get(name, {}).get("rows", []) if r["setting"] not in redone]
+            for row in kept:
+                row.setdefault("command", old.get("command"))
+            task["rows"] = sorted(kept + task["rows"], key=lambda r: order[r["setting"]])
+    rows = [r for task in fresh["tasks"].values() for r in task["rows"]]
+    fresh["commands"] = list(dict.fromkeys(r["command"] for r in rows if r.get("command")))
+    return fresh
+
+
 # ---------------------------------------------------------------------- report
+def render_dev(dev: dict[str, Any]) -> list[str]:
+    """The dev-task tables of one tower pair: nDCG@10 (overlap@10 with exact) per setting, and the sweep."""
+    names = list(dev["tasks"])
+    what = (
+        f"the tower pair `{dev['model']}`"
+        if dev["model"].startswith("random")
+        else f"the trained model `{dev['model']}`" + (f" (recipe {dev['recipe']})" if dev.get("recipe") else "")
+    )
+    lines = [
+        "",
+        f"Dev tasks: nDCG@10 with {what}, {dev['dim']} dims, measured {dev['measured']}; in brackets, overlap@10 "
+        "with the exact ranking (recall@10 against exact search).",
+        "",
+        "| quantize | " + " | ".join(f"{n} ({dev['tasks'][n]['documents']:,} docs)" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    settings = [r["setting"] for r in dev["tasks"][names[0]]["rows"]]
+    for s in settings:
+        cells = []
+        for n in names:
+            row = next(r for r in dev["tasks"][n]["rows"] if r["setting"] == s)
+            extra = f" ({row['overlap_at_10_with_exact']:.3f})" if row["overlap_at_10_with_exact"] is not None else ""
+            cells.append(f"{row['ndcg_at_10']:.4f}{extra}")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    swept = [(n, r) for n in names for r in dev["tasks"][n]["rows"] if r.get("oversample_sweep")]
+    if swept:
+        values = sorted({v for _, r in swept for v in r["oversample_sweep"]}, key=float)
+        lines += ["", "overlap@10 with the exact ranking by search-time `oversample` (same stores):", ""]
+        lines += ["| task | quantize | " + " | ".join(values) + " |", "|---|---|" + "---|" * len(values)]
+        for n, r in swept:
+            cells = [
+                f"{r['oversample_sweep'][v]['overlap_at_10_with_exact']:.4f}" if v in r["oversample_sweep"] else "-"
+                for v in values
+            ]
+            lines.append(f"| {n} | {r['setting']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render(result: dict[str, Any]) -> str:
     lines = [START, ""]
     syn = result.get("synthetic")
@@ -338,38 +475,11 @@ def render(result: dict[str, Any]) -> str:
             for r in sweeps:
                 cells = [f"{r['oversample_sweep'][v]['recall_at_10']:.4f}" for v in values]
                 lines.append(f"| {r['setting']} | " + " | ".join(cells) + " |")
-    dev = result.get("dev")
-    if dev and dev.get("tasks"):
-        names = list(dev["tasks"])
-        lines += [
-            "",
-            f"Dev tasks: nDCG@10 with a {dev['model']} tower pair ({dev['dim']} dims), measured {dev['measured']}; "
-            "in brackets, overlap@10 with the exact ranking.",
-            "",
-            "| quantize | " + " | ".join(f"{n} ({dev['tasks'][n]['documents']:,} docs)" for n in names) + " |",
-            "|---|" + "---|" * len(names),
-        ]
-        settings = [r["setting"] for r in dev["tasks"][names[0]]["rows"]]
-        for s in settings:
-            cells = []
-            for n in names:
-                row = next(r for r in dev["tasks"][n]["rows"] if r["setting"] == s)
-                extra = (
-                    f" ({row['overlap_at_10_with_exact']:.3f})" if row["overlap_at_10_with_exact"] is not None else ""
-                )
-                cells.append(f"{row['ndcg_at_10']:.4f}{extra}")
-            lines.append(f"| {s} | " + " | ".join(cells) + " |")
-        swept = [(n, r) for n in names for r in dev["tasks"][n]["rows"] if r.get("oversample_sweep")]
-        if swept:
-            values = list(swept[0][1]["oversample_sweep"])
-            lines += ["", "overlap@10 with the exact ranking by search-time `oversample` (same stores):", ""]
-            lines += ["| task | quantize | " + " | ".join(values) + " |", "|---|---|" + "---|" * len(values)]
-            for n, r in swept:
-                cells = [f"{r['oversample_sweep'][v]['overlap_at_10_with_exact']:.4f}" for v in values]
-                lines.append(f"| {n} | {r['setting']} | " + " | ".join(cells) + " |")
-    if result.get("trained_model"):
-        lines += ["", result["trained_model"]]
-    commands = [c for part in (syn, dev) if part for c in part.get("commands", [part.get("command")]) if c]
+    devs = [d for d in (result.get("dev"), *result.get("dev_models", [])) if d and d.get("tasks")]
+    for dev in devs:
+        lines += render_dev(dev)
+    listed = [c for part in (syn, *devs) if part for c in part.get("commands", [part.get("command")]) if c]
+    commands = list(dict.fromkeys(listed))
     lines += ["", "Measured by " + " and ".join(f"`{c}`" for c in commands) + ".", "", END]
     return "\n".join(lines)
 
@@ -392,10 +502,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-queries", type=int, default=100)
     parser.add_argument("--clusters", type=int, default=2000)
     parser.add_argument("--settings", default=",".join(SETTINGS))
-    parser.add_argument("--pq-m", type=int, default=96, help="PQ bytes per vector (divides the dimension)")
+    parser.add_argument(
+        "--pq-m", type=int, default=0, help="PQ bytes per vector, dividing the dimension (0: dim/8, 96 at 768 dims)"
+    )
     parser.add_argument("--oversample-sweep", default="2,4,10,20,40")
     parser.add_argument("--tasks", default=",".join(TASKS))
-    parser.add_argument("--data-root", type=Path, default=REPO.parent / "shared" / "data" / "tasks")
+    shared = Path(os.environ.get("CARE_SHARED_DATA") or REPO.parent / "shared" / "data")
+    parser.add_argument("--data-root", type=Path, default=shared / "tasks", help="folder of the dev tasks")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="saved CARE model(s) scored on the dev tasks instead of the random tower (repeatable or comma list)",
+    )
     parser.add_argument("--preset", default="base")
     parser.add_argument(
         "--document-layers", type=int, default=2, help="decoder depth of the random tower (0: preset's)"
@@ -419,10 +539,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.settings.split(",")) - set(SETTINGS))
     if unknown:
         parser.error(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
+    models = model_paths(args.model)
+    missing = [m for m in models if not (Path(m) / "care_config.json").is_file()]
+    if missing:
+        parser.error(f"--model: not a saved CARE model folder (no care_config.json): {', '.join(missing)}")
+    if models and args.skip_tasks:
+        parser.error("--model scores the dev tasks: drop --skip-tasks")
     result = json.loads(args.json.read_text()) if args.json.exists() else {}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp_name:
         tmp = Path(tmp_name)
-        command = "python benchmarks/quantization.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = "python -m benchmarks.quantization " + " ".join(sys.argv[1:] if argv is None else argv)
         if not args.skip_synthetic:
             fresh = run_synthetic(args, tmp)
             for row in fresh["rows"]:
@@ -436,13 +562,18 @@ def main(argv: list[str] | None = None) -> int:
             # the commands whose rows are shown, in order
             fresh["commands"] = list(dict.fromkeys(r.get("command", command) for r in fresh["rows"]))
             result["synthetic"] = fresh
-        if not args.skip_tasks:
-            result["dev"] = {**run_tasks(args, tmp), "command": command}
-            result["trained_model"] = (
-                "Trained miniature model: none on the measuring machine (no /root/care-runs), not measured."
-                if not Path("/root/care-runs").exists()
-                else "Trained miniature model: see /root/care-runs (not measured by this script)."
-            )
+        # a note of an older version of this script, replaced by the trained models' own rows
+        result.pop("trained_model", None)
+        loaded = {} if args.skip_tasks else load_tasks(args)
+        if not args.skip_tasks and not loaded:
+            print(f"no dev task under {args.data_root}: skipped", file=sys.stderr)
+        elif loaded and not models:
+            result["dev"] = merge_rows(result.get("dev"), run_tasks(args, tmp, loaded), command)
+        elif loaded:
+            entries = {d["model"]: d for d in result.get("dev_models", [])}
+            for path in models:
+                entries[path] = merge_rows(entries.get(path), run_model(args, tmp, loaded, path), command)
+            result["dev_models"] = list(entries.values())
     args.json.write_text(json.dumps(result, indent=2))
     write_docs(args.docs, render(result))
     print(render(result))

@@ -23,7 +23,7 @@ SCRIPT_FOLDERS = ("benchmarks", "experiments")
 NUMBERED_REFERENCE = re.compile(r"(?:issue|item)s?[ _#-]?\d+", re.IGNORECASE)
 # Scripts still put their own folder on sys.path (written while the folders became packages); an entry goes
 # when its script imports `benchmarks.*` instead (the test below fails once it no longer needs the exemption).
-PATH_INSERT_PENDING = {"benchmarks/quantization.py"}
+PATH_INSERT_PENDING: set[str] = set()
 
 
 def _tracked_files() -> list[Path]:
