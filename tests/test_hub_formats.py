@@ -294,3 +294,19 @@ def test_a_declared_document_prompt_is_part_of_indexing_training_and_the_space(h
     loaded = AsymmetricEmbedder.from_pretrained(tmp_path / "care", load="document", device="cpu")
     assert loaded.space_fingerprint == care.space_fingerprint
     assert cosines(loaded.embed_documents(TEXTS), reference).min() >= PARITY
+
+
+def test_the_index_writer_encodes_documents_with_the_declared_document_prompt(hub: Path, tmp_path: Path) -> None:
+    """The writer encodes through the embedder's embed_documents: each stored vector is that document's row."""
+    from care_retriever.corpus import Document
+    from care_retriever.writer import DocumentStoreWriter
+
+    folder = write_qwen3_embedding(tmp_path / "prompted", document_prompt="文档：")
+    care = AsymmetricEmbedder.from_towers(str(hub / "bert"), str(folder), device="cpu")
+    docs = [Document(id=f"d{i}", text=text) for i, text in enumerate(TEXTS)]
+    writer = DocumentStoreWriter(care, f"faiss:{tmp_path / 'store'}", show_progress=False)
+    writer.write(docs)
+    stored = np.stack([v for v in writer.store.vectors([d.id for d in docs]) if v is not None])
+    writer.store.close()
+    assert stored.shape == (len(docs), care.dim)
+    assert cosines(stored, care.embed_documents([d.embedding_text() for d in docs])).min() >= PARITY
