@@ -148,6 +148,8 @@ def test_wheel_installs_all_three_import_packages(tmp_path: Path) -> None:
 def test_import_does_not_load_frameworks_or_torch() -> None:
     code = (
         "import sys, care_retriever;"
+        # what a torch-free search host reads: the model's config and the encoder protocols
+        "care_retriever.CareConfig, care_retriever.QueryEncoder, care_retriever.DocumentEncoder;"
         "heavy = {'haystack', 'langchain', 'langchain_core', 'qdrant_client', 'torch'};"
         "heavy = [m for m in sys.modules if m.split('.')[0] in heavy];"
         "print(heavy)"
