@@ -26,6 +26,17 @@ def check_search(store: str, writing: bool, top_k: int) -> None:
         raise InputError(f"top_k must be >= 1, got {top_k}")
 
 
+def add(
+    db: sqlite3.Connection, rows: Sequence[int], documents: Sequence[Document], tokens: Sequence[list[str]] | None
+) -> None:
+    """Postings of ``documents`` under ``rows`` in ``db``'s open transaction (``tokens``: already tokenized)."""
+    SqliteBM25(db).add(list(rows), [d.embedding_text() for d in documents], tokens)
+
+
+def remove(db: sqlite3.Connection, rows: Sequence[int]) -> None:
+    SqliteBM25(db).remove(list(rows))
+
+
 def build(db: sqlite3.Connection, *, show_progress: bool = False) -> int:
     """(Re)build the BM25 postings from the stored texts in ``db``'s open transaction; returns the number of
     documents tokenized. Nothing is committed: the caller's commit publishes the postings."""

@@ -32,7 +32,6 @@ import numpy as np
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.sparse.fusion import FUSIONS, FusionConfig
-from care_retriever.sparse.sqlite_bm25 import SqliteBM25
 from care_retriever.stores.base import (
     STORE_FORMAT_VERSION,
     Filters,
@@ -351,7 +350,7 @@ class FaissStore(VectorStore):
         if missing:
             docstore.delete_rows(self._db, sorted(missing))
             if self._staged_manifest.sparse:
-                SqliteBM25(self._db).remove(sorted(missing))
+                sparse.remove(self._db, sorted(missing))
             self._db.commit()
 
     def _read_staged_manifest(self) -> Manifest:
@@ -404,7 +403,7 @@ class FaissStore(VectorStore):
             self._next_row_id += len(documents)
             docstore.insert(self._db, row_ids.tolist(), documents)
             if self._staged_manifest.sparse:  # the BM25 side, in the same SQLite transaction
-                SqliteBM25(self._db).add(row_ids.tolist(), [d.embedding_text() for d in documents], sparse_tokens)
+                sparse.add(self._db, row_ids.tolist(), documents, sparse_tokens)
             train_on_first_batch(self._index, vectors)
             # Quantized stores: full-precision rows at their offsets, made durable by commit().
             self._vector_writer.write(int(row_ids[0]), vectors)
@@ -421,7 +420,7 @@ class FaissStore(VectorStore):
             return 0
         docstore.delete_rows(self._db, existing)
         if self._staged_manifest.sparse:
-            SqliteBM25(self._db).remove(existing)
+            sparse.remove(self._db, existing)
         # HNSW cannot remove vectors: they stay as tombstones that searches skip (counted at commit).
         rows = np.asarray(existing, dtype=np.int64)
         if supports_remove(self._staged_manifest.index):
