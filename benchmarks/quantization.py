@@ -485,7 +485,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def write_docs(path: Path, section: str) -> None:
-    text = path.read_text("utf-8")
+    text = path.read_text("utf-8") if path.exists() else ""
     if START in text and END in text:
         head, rest = text.split(START, 1)
         text = head + section + rest.split(END, 1)[1]
