@@ -207,9 +207,6 @@ class FaissStore(VectorStore):
             raise
         self._writing = True
 
-    # The adapters' option check until integrations/common.py calls index_factory.checked_options itself.
-    _checked_options = staticmethod(checked_options)
-
     def _check_same_quantization(self, index: dict[str, Any] | None) -> None:
         """A store's quantization is fixed at creation: its codes were trained and written for it."""
         assert self.manifest is not None
