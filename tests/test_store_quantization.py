@@ -202,10 +202,33 @@ def test_search_time_oversample_overrides_the_manifest(tmp_path: Path) -> None:
     low_hits, high_hits = low.search(QUERIES, 10), high.search(QUERIES, 10)
     for hits, w in zip(high_hits, want, strict=True):
         assert_exact(hits, w)
-    # one candidate per result: sign bits alone miss some of the exact top 10 (the rescoring is what finds them)
+    # one candidate per result: the 1-bit codes alone miss some of the exact top 10 (the rescoring finds them)
     assert sum(len({h.id for h in hits} & {i for i, _ in w}) for hits, w in zip(low_hits, want, strict=True)) < 200
     low.close()
     high.close()
+
+
+def test_binary_at_its_default_oversample_finds_the_exact_top_10_of_embeddings_sharing_a_component(
+    tmp_path: Path,
+) -> None:
+    """Real embeddings share a large common component: every document has nearly the same sign in each
+    dimension, so sign bits with a sign-bit query (Hamming distance) barely tell documents apart. The 1-bit
+    codes must still bring the exact top 10 into the candidates at the store's default oversample."""
+    rng = np.random.default_rng(5)
+    n = 2000
+    common = rng.standard_normal(DIM).astype(np.float32)
+    centres = rng.standard_normal((40, DIM)).astype(np.float32) / np.sqrt(DIM)
+    x = 10 * common / np.linalg.norm(common) + centres[rng.integers(0, 40, n + 20)]
+    x += 0.5 * rng.standard_normal((n + 20, DIM)).astype(np.float32) / np.sqrt(DIM)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    vectors, queries = x[:n], x[n:]
+    docs = [Document(id=f"a{i}", text="文档") for i in range(n)]
+    build(tmp_path / "s", {"quantize": "binary"}, docs=docs, vectors=vectors).close()
+    ids = [d.id for d in docs]
+    with FaissStore(tmp_path / "s") as store:
+        assert store.require_manifest().index["oversample"] * 10 < n  # the codes choose: not every row rescored
+        for hits, query in zip(store.search(queries, 10), queries, strict=True):
+            assert_exact(hits, exact(vectors, ids, query, 10))
 
 
 def test_cli_unknown_quantize_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
@@ -221,7 +244,7 @@ def test_cli_unknown_quantize_is_one_line_exit_2(tmp_path: Path, capsys) -> None
 
 def test_cli_index_and_info_with_quantize(tiny_model_dir: Path, small_corpus_path: Path, tmp_path: Path, capsys):
     folder = tmp_path / "s"
-    # the tiny corpus is far below what sq8 / pq train on: sign bits need no training
+    # the tiny corpus is far below what sq8 / pq train on: RaBitQ trains on any first batch (its mean)
     args = ["index", "--model", str(tiny_model_dir), "--corpus", str(small_corpus_path), "--store", f"faiss:{folder}"]
     assert main([*args, "--quantize", "binary", "--oversample", "3", "--no-progress"]) == 0
     manifest = json.loads((folder / MANIFEST).read_text())

@@ -11,7 +11,7 @@ Layout (also read by the Haystack and LangChain adapters)::
                            (op: 'A' add / 'D' delete, row id, vector), replayed on open
     DIR/vectors.f32        (format 3, index option ``quantize`` other than none) the full-precision vectors,
                            float32 at offset row id x 4 x dim, memory-mapped: index.faiss then holds compressed
-                           codes (sq8, sign bits or PQ) and every search rescores its oversampled candidates
+                           codes (sq8, RaBitQ 1-bit or PQ) and every search rescores its oversampled candidates
                            with exact inner products read from this file
     docstore care_meta     (format 2) count, tombstones, committed delta length, index.faiss size
 

@@ -59,10 +59,11 @@ def codes_index(dim: int, options: dict[str, Any]) -> faiss.Index:
         raise InputError(f"quantize=pq: pq_m={pq_m} must divide the dimension {dim}")
     ip = faiss.METRIC_INNER_PRODUCT
     if quantize == "binary":
-        # Sign bits, Hamming distance: IndexLSH without rotation or thresholds. Bits split at each dimension's
-        # median of the first batch were measured too and kept less of the exact top 10 on the dev tasks
-        # (docs/scale.md), so no training.
-        return faiss.IndexIDMap(faiss.IndexLSH(dim, dim, False, False))
+        # RaBitQ: one bit per dimension of each vector's direction from the centroid of the first batch (plus
+        # two floats), scored against the float query (8-bit FastScan lookup tables). Sign bits with Hamming
+        # distance (IndexLSH) reduce the query to bits too and lost the exact top 10 on the dev tasks
+        # (docs/scale.md): embeddings share a large common component, which the centroid removes.
+        return faiss.IndexIDMap(faiss.IndexRaBitQFastScan(dim, ip))
     if kind == "ivf":
         nlist = int(options.get("nlist", 1024))
         if quantize == "sq8":
@@ -119,6 +120,8 @@ def train_on_first_batch(index: faiss.Index, vectors: np.ndarray) -> None:
     pq = getattr(inner, "pq", None)
     nlist = inner.nlist if isinstance(inner, faiss.IndexIVF) else 0
     needed = max(nlist, 2**pq.nbits if pq is not None else 0, MIN_SQ_TRAIN if nlist == 0 else 0)
+    if isinstance(inner, faiss.IndexRaBitQFastScan):  # its training is the batch's mean: any batch will do
+        needed = 1
     if len(vectors) < needed:
         what = f" with nlist={nlist}" if nlist else ""
         raise InputError(
@@ -129,8 +132,9 @@ def train_on_first_batch(index: faiss.Index, vectors: np.ndarray) -> None:
 
 
 def takes_search_params(inner: faiss.Index) -> bool:
-    """Whether a search can pass this index an id selector (IndexLSH and IndexPQ refuse search parameters)."""
-    return not isinstance(inner, (faiss.IndexLSH, faiss.IndexPQ))
+    """Whether a search can pass this index an id selector (IndexRaBitQFastScan and IndexPQ refuse search
+    parameters)."""
+    return not isinstance(inner, (faiss.IndexPQ, faiss.IndexRaBitQFastScan))
 
 
 def inner_index(index: faiss.Index) -> faiss.Index:
