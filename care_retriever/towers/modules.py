@@ -48,7 +48,7 @@ def refuse_pickled_weights(folder: Path, allowed: bool) -> None:
     pickled = [n for n in PICKLED_WEIGHTS if (folder / n).is_file()]
     if pickled:
         raise ModelError(
-            f"{folder}: weights are pickled ({pickled[0]}), not safetensors; loading them needs "
+            f"{folder}: weights are pickled ({pickled[0]}), not model.safetensors; loading them needs "
             "allow_pickled_weights=True (CLI: --allow-pickled-weights), read by torch's weights-only loader"
         )
 
