@@ -469,11 +469,13 @@ def render(result: dict[str, Any]) -> str:
             )
         sweeps = [r for r in syn["rows"] if r.get("oversample_sweep")]
         if sweeps:
-            values = list(sweeps[0]["oversample_sweep"])
+            # rows measured by different runs may sweep different values: "-" where a row has none
+            values = sorted({v for r in sweeps for v in r["oversample_sweep"]}, key=float)
             lines += ["", "recall@10 by search-time `oversample` (same builds):", ""]
             lines += ["| quantize | " + " | ".join(values) + " |", "|---|" + "---|" * len(values)]
             for r in sweeps:
-                cells = [f"{r['oversample_sweep'][v]['recall_at_10']:.4f}" for v in values]
+                sweep = r["oversample_sweep"]
+                cells = [f"{sweep[v]['recall_at_10']:.4f}" if v in sweep else "-" for v in values]
                 lines.append(f"| {r['setting']} | " + " | ".join(cells) + " |")
     devs = [d for d in (result.get("dev"), *result.get("dev_models", [])) if d and d.get("tasks")]
     for dev in devs:

@@ -72,7 +72,7 @@ def test_model_rows_against_exact_and_merged_per_model(tmp_path: Path, task_root
     assert rows["none"]["overlap_at_10_with_exact"] == pytest.approx(1.0)
     assert rows["none"]["ndcg_at_10"] == pytest.approx(_exact_ndcg(tiny_model_dir, task_root / "sample"), abs=1e-6)
     assert rows["binary"]["oversample"] == 100.0  # the store's default
-    # Oversample 1000 rescores every document: exact again. At 1, 32 sign bits alone rank most of the top 10
+    # Oversample 1000 rescores every document: exact again. At 1, 32-bit codes alone rank most of the top 10
     # wrong: the overlap is a measurement, not a constant.
     assert rows["binary"]["oversample_sweep"]["1000"]["overlap_at_10_with_exact"] == pytest.approx(1.0)
     assert rows["binary"]["oversample_sweep"]["1"]["overlap_at_10_with_exact"] < 0.9
