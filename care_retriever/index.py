@@ -360,9 +360,9 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
     }
 
 
-def tower_runtime(embedder: AsymmetricEmbedder) -> dict[str, Any]:
+def tower_runtime(loaded: AsymmetricEmbedder) -> dict[str, Any]:
     """What ``auto`` resolved to: the document tower's precision and attention implementation as loaded."""
-    model = embedder.document_model
+    model = loaded.document_model
     config = getattr(getattr(model[0], "auto_model", None), "config", None)
     return {
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),

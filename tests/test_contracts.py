@@ -306,8 +306,12 @@ def test_every_dense_model_is_an_embedder(tiny_model_dir: Path, tmp_path: Path) 
     assert tower_params(one) == (q, q)
 
 
+ENCODER_PROTOCOLS = {"Embedder", "QueryEncoder", "DocumentEncoder"}
+
+
 def test_embedders_are_typed_not_probed() -> None:
-    """One Embedder protocol; the modules that take an embedder call it instead of probing it."""
+    """One definition of the encoder protocols; the modules that take an embedder type it by the side they
+    use (a search process a QueryEncoder, the index writer a DocumentEncoder) and call it, never probe it."""
     definitions = [
         f"{p.relative_to(REPO)}"
         for p in _sources()
@@ -335,4 +339,4 @@ def test_embedders_are_typed_not_probed() -> None:
             for arg in node.args.args + node.args.kwonlyargs
             if arg.arg == "embedder" and arg.annotation is not None
         ]
-        assert hints and all(h == "Embedder" for h in hints), f"{rel}: embedder typed as {hints}"
+        assert hints and all(h in ENCODER_PROTOCOLS for h in hints), f"{rel}: embedder typed as {hints}"
