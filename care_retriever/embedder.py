@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from care_retriever import __version__
 from care_retriever.encoding import BatchLimits, check_texts, encode_texts, logger
 from care_retriever.errors import ModelError
-from care_retriever.fingerprint import space_fingerprint, weights_fingerprint
+from care_retriever.fingerprint import weights_fingerprint
 from care_retriever.loading import hub_options, model_file
 from care_retriever.locations import local_model_dir, replace_folder
 from care_retriever.model_config import (  # re-exported: callers import these from here
@@ -41,6 +41,7 @@ from care_retriever.model_config import (  # re-exported: callers import these f
     TowerInfo,
 )
 from care_retriever.prompts import literal_template
+from care_retriever.towers import release
 from care_retriever.towers.modules import (
     DEFAULT_MAX_LENGTH,
     REMOTE_CODE_FLAG,
@@ -50,7 +51,7 @@ from care_retriever.towers.modules import (
     tower_native_dim,
     tower_output_dim,
 )
-from care_retriever.towers.tokenizer import ensure_eos_appended
+from care_retriever.towers.tokenizer import append_nothing, appended_tokens, ensure_eos_appended
 
 Load = Literal["both", "query", "document"]
 ROUTES: dict[str, tuple[str, ...]] = {
@@ -154,8 +155,12 @@ def resolve_attn_implementation(requested: str | None, device: str | torch.devic
     return requested
 
 
-def _assemble(modules: list[Module], device: torch.device, prompts: dict[str, str]) -> SentenceTransformer:
-    return SentenceTransformer(modules=[*modules, Normalize()], device=str(device), prompts=prompts)
+def _assemble(modules: list[Module], device: torch.device, config: CareConfig) -> SentenceTransformer:
+    # A tower that normalises before its Matryoshka cut carries its own Normalize: nothing renormalises after.
+    tail: list[Module] = [Normalize()] if config.normalize == "after_truncation" else []
+    return SentenceTransformer(
+        modules=[*modules, *tail], device=str(device), similarity_fn_name=config.similarity, prompts={}
+    )
 
 
 def _merge_lora(modules: list[Module]) -> None:
@@ -186,8 +191,8 @@ class AsymmetricEmbedder:
         self.device = resolve_device(device)
         self.query_modules = query_modules
         self.document_modules = document_modules
-        self._query_model = _assemble(query_modules, self.device, {}) if query_modules else None
-        self._document_model = _assemble(document_modules, self.device, {}) if document_modules else None
+        self._query_model = _assemble(query_modules, self.device, config) if query_modules else None
+        self._document_model = _assemble(document_modules, self.device, config) if document_modules else None
         for side, model in (("query", self._query_model), ("document", self._document_model)):
             if model is not None and model.get_embedding_dimension() != config.dim:
                 raise ModelError(
@@ -214,6 +219,7 @@ class AsymmetricEmbedder:
         trust_remote_code: bool = False,
         allow_pickled_weights: bool = False,
         preset: str | None = None,
+        convention: str | None = None,
     ) -> AsymmetricEmbedder:
         """Pair two pretrained towers (hub ids or folders); ``document_model=None`` is symmetric.
 
@@ -225,7 +231,15 @@ class AsymmetricEmbedder:
         own query prompt where its folder declares one, else the instruction form for decoder query towers
         and none for BERT towers. ``trust_remote_code`` lets a tower run code shipped with it (recorded per
         tower; every later load must pass it again); ``allow_pickled_weights`` reads ``pytorch_model.bin``.
+        ``convention="authors-release"``: the conventions of the authors' released models
+        (:mod:`care_retriever.towers.release`): [CLS] queries with their instruction format and table, a
+        document tokenizer that appends nothing (the last text token is pooled), normalisation at full width
+        before the cut, dot-product scores. A gte query tower saved in the original ``new`` format is read
+        natively as transformers' ``GteModel`` (its own code does not run under transformers 5).
         """
+        if convention not in (None, release.CONVENTION):
+            raise ModelError(f"Unknown convention {convention!r}. Available conventions: [{release.CONVENTION!r}]")
+        authors = convention == release.CONVENTION
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         read = functools.partial(
@@ -235,40 +249,120 @@ class AsymmetricEmbedder:
             trust_remote_code=trust_remote_code,
             allow_pickled_weights=allow_pickled_weights,
         )
-        q_tower = read(query_model)
-        q_pool = query_pooling or q_tower.pooling or ("last_token" if is_decoder(q_tower.transformer) else "cls")
-        if q_pool == "last_token":
+        q_tower = read(_readable_folder(query_model))
+        q_pool = query_pooling or ("cls" if authors else None) or q_tower.pooling
+        q_pool = q_pool or ("last_token" if is_decoder(q_tower.transformer) else "cls")
+        if q_pool == "last_token" and not authors:
             ensure_eos_appended(q_tower.transformer.tokenizer, query_model)
-        q_mods = q_tower.modules(q_pool)
+        q_mods = q_tower.modules(q_pool, normalize_first=authors)
         if document_model is None:
             d_tower, d_mods, d_pool = q_tower, q_mods, q_pool
             mode: Literal["asymmetric", "symmetric"] = "symmetric"
         else:
-            d_tower = read(document_model)
+            d_tower = read(_readable_folder(document_model))
             if document_adapter:
                 _attach_adapter(d_tower.transformer, document_adapter, merge_adapter, document_model)
-            d_pool = document_pooling or d_tower.pooling or "last_token"
-            if d_pool == "last_token" and ensure_eos_appended(d_tower.transformer.tokenizer, document_model):
+            d_pool = document_pooling or ("last_token" if authors else None) or d_tower.pooling or "last_token"
+            if authors:
+                if append_nothing(d_tower.transformer.tokenizer, document_model):
+                    logger.info("document tower tokenizer (%s) appends nothing, as the authors read it", document_model)
+            elif d_pool == "last_token" and ensure_eos_appended(d_tower.transformer.tokenizer, document_model):
                 logger.info("document tower tokenizer (%s) now appends its EOS token", document_model)
-            d_mods = d_tower.modules(d_pool, output_dim=tower_output_dim(q_mods))
+            d_mods = d_tower.modules(d_pool, output_dim=tower_output_dim(q_mods), normalize_first=authors)
             mode = "asymmetric"
+        instructions = dict(release.AUTHORS_INSTRUCTIONS) if authors else None
         if query_prompt_template == "auto":
             own = q_tower.prompts.get("query")
-            template = literal_template(own) if own else (QUERY_PROMPT_TEMPLATE if q_pool == "last_token" else None)
+            if authors:
+                template: str | None = release.AUTHORS_QUERY_TEMPLATE
+            else:
+                template = literal_template(own) if own else (QUERY_PROMPT_TEMPLATE if q_pool == "last_token" else None)
         else:
             template = query_prompt_template
+        if authors and default_instruction == DEFAULT_INSTRUCTION:
+            default_instruction = release.AUTHORS_INSTRUCTIONS["retrieval"]
         config = CareConfig(
             mode=mode,
             dim=tower_output_dim(q_mods),
-            query=TowerInfo(q_pool, tower_native_dim(q_mods), max_length, query_model, q_tower.remote_code),
+            query=TowerInfo(
+                q_pool,
+                tower_native_dim(q_mods),
+                max_length,
+                query_model,
+                q_tower.remote_code,
+                appended_tokens(q_tower.transformer.tokenizer),
+            ),
             document=TowerInfo(
-                d_pool, tower_native_dim(d_mods), max_length, document_model or query_model, d_tower.remote_code
+                d_pool,
+                tower_native_dim(d_mods),
+                max_length,
+                document_model or query_model,
+                d_tower.remote_code,
+                appended_tokens(d_tower.transformer.tokenizer),
             ),
             query_prompt_template=template,
             default_instruction=default_instruction if template and "{instruction}" in template else None,
             document_prompt=d_tower.prompts.get("document"),
             preset=preset,
+            normalize="before_truncation" if authors else "after_truncation",
+            similarity="dot" if authors else "cosine",
+            instructions=instructions,
+            convention=convention,
         )
+        return cls(config, q_mods, d_mods, device=dev)
+
+    @classmethod
+    def from_release(
+        cls,
+        model_name_or_path: str | os.PathLike[str],
+        load: Load = "both",
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = "auto",
+        trust_remote_code: bool = False,
+        allow_pickled_weights: bool = False,
+        attn_implementation: str | None = None,
+    ) -> AsymmetricEmbedder:
+        """Load a model in the authors' release layout (``query_encoder/`` + ``doc_encoder/``, a folder or hub id),
+        read exactly as the authors' inference code reads it (:mod:`care_retriever.towers.release`).
+
+        ``load="query"`` reads only the query tower (a search process); the document space's fingerprint then
+        comes from the document tower's file hashes. A model whose card declares a non-commercial licence says
+        so once, in one line.
+        """
+        if load not in ROUTES:
+            raise ModelError(f"Unknown load {load!r}. Available: {sorted(ROUTES)}")
+        name = str(model_name_or_path)
+        layout = release.find_release(name, need=ROUTES[load])
+        if layout is None:
+            raise ModelError(
+                f"{name}: not a model in the authors' layout "
+                f"(no {release.QUERY_FOLDER}/ and {release.DOCUMENT_FOLDER}/)"
+            )
+        release.say_licence(layout.root, name)
+        dev = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, dev)
+        attention = resolve_attn_implementation(attn_implementation, dev, torch_dtype)
+        read = functools.partial(
+            read_tower,
+            max_length=release.AUTHORS_MAX_LENGTH,
+            dtype=torch_dtype,
+            trust_remote_code=trust_remote_code,
+            allow_pickled_weights=allow_pickled_weights,
+            model_kwargs={"attn_implementation": attention} if attention else None,
+        )
+        config: CareConfig = release.release_care_config(layout)
+        q_tower = read(_readable_folder(str(layout.query), name))
+        q_mods = q_tower.modules("cls", output_dim=config.dim, normalize_first=True)
+        config.query.appended_tokens = appended_tokens(q_tower.transformer.tokenizer)
+        config.query.trust_remote_code = q_tower.remote_code
+        d_mods: list[Module] | None = None
+        if "document" in ROUTES[load]:
+            release.check_document_folder(layout.document, name)
+            d_tower = read(str(layout.document))
+            append_nothing(d_tower.transformer.tokenizer, f"{name}/{release.DOCUMENT_FOLDER}")
+            d_mods = d_tower.modules("last_token", output_dim=config.dim, normalize_first=True)
+            config.document.trust_remote_code = d_tower.remote_code
         return cls(config, q_mods, d_mods, device=dev)
 
     @classmethod
@@ -302,6 +396,16 @@ class AsymmetricEmbedder:
         if local is not None:
             name = str(local)  # "~" expanded: every later lookup sees the folder
         hub = hub_options(token=token, cache_folder=cache_folder, revision=revision)
+        if model_file(name, CONFIG_NAME, hub) is None and release.find_release(name, need=()) is not None:
+            return cls.from_release(
+                name,
+                load,
+                device=device,
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                allow_pickled_weights=allow_pickled_weights,
+                attn_implementation=attn_implementation,
+            )
         config = CareConfig.load(name, hub)
         router_path = model_file(name, Router.config_file_name, hub)
         if router_path is None:
@@ -388,7 +492,7 @@ class AsymmetricEmbedder:
         """
         if self.config.space_fingerprint is None:
             self.config.space_fingerprint = weights_fingerprint(self.document_modules or [], self.config.dim)
-        return space_fingerprint(self.config.space_fingerprint, self.config.document_prompt)
+        return self.config.document_space()
 
     def query_prompt(self, instruction: str | None = None) -> str | None:
         return self.config.query_prompt(instruction)
@@ -453,11 +557,13 @@ class AsymmetricEmbedder:
             raise ModelError("saving or training needs both towers; load the model with load='both'")
         router = Router.for_query_document(self.query_modules, self.document_modules, default_route="document")
         prompts = {"query": self.query_prompt() or "", "document": self.config.document_prompt or ""}
+        # Towers that normalise before the Matryoshka cut hold their own Normalize (nothing after the router).
+        tail: list[Module] = [Normalize()] if self.config.normalize == "after_truncation" else []
         return SentenceTransformer(
-            modules=[router, Normalize()],
+            modules=[router, *tail],
             device=str(self.device),
             prompts=prompts,
-            similarity_fn_name="cosine",
+            similarity_fn_name=self.config.similarity,
         )
 
     def save_pretrained(self, path: str | os.PathLike[str]) -> Path:
@@ -491,6 +597,14 @@ class AsymmetricEmbedder:
 
 
 # ---------------------------------------------------------------------- helpers
+def _readable_folder(name: str, source: str | None = None) -> str:
+    """``name``, or for a local gte tower in the original ``new`` format a folder transformers reads natively."""
+    local = Path(name).expanduser()
+    if local.is_dir() and release.is_new_format(local):
+        return str(release.native_gte_folder(local, source or name))
+    return name
+
+
 def is_decoder(transformer: Transformer) -> bool:
     """Whether the tower is a decoder (causal attention) rather than a bidirectional encoder."""
     config = transformer.auto_model.config

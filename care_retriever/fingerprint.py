@@ -44,17 +44,26 @@ def document_text_rule() -> tuple[str, ...]:
     return tuple(corpus.document_text(title, text) for title, text in _RULE_PROBES)
 
 
-def space_fingerprint(weights: str, document_prompt: str | None = None) -> str:
+def space_fingerprint(
+    weights: str, document_prompt: str | None = None, document_convention: dict[str, Any] | None = None
+) -> str:
     """The fingerprint of the space a model with weights fingerprint ``weights`` embeds documents into.
 
     ``document_prompt``: the text a pretrained document tower declares before every document (none for
     Qwen3-Embedding and CARE's own towers, so their fingerprints are unchanged); it is part of the space.
+    ``document_convention``: how the document tower turns text into a vector beyond its weights, where the
+    model records it (the token ids its tokenizer appends, normalisation before the Matryoshka cut, the
+    max length): two towers with the same weights and another end token or normalisation embed into
+    different spaces. Models saved before these were recorded pass None and keep their fingerprint.
     """
     rule = document_text_rule()
-    if rule == _FORMAT_1_RULE and not document_prompt:
+    convention = {k: v for k, v in (document_convention or {}).items() if v is not None}
+    if rule == _FORMAT_1_RULE and not document_prompt and not convention:
         return weights
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{weights};document_text={json.dumps(rule, ensure_ascii=False)}".encode())
     if document_prompt:
         digest.update(f";document_prompt={json.dumps(document_prompt, ensure_ascii=False)}".encode())
+    if convention:
+        digest.update(f";convention={json.dumps(convention, sort_keys=True, ensure_ascii=False)}".encode())
     return digest.hexdigest()

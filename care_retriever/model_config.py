@@ -28,8 +28,12 @@ __all__ = [
 ]
 
 CONFIG_NAME = "care_config.json"
-FORMAT_VERSION = 1
+# 2: a model whose towers normalise before the Matryoshka cut (``normalize: before_truncation``); an older
+# reader would renormalise after it and give other vectors, so such configs say they need this version.
+FORMAT_VERSION = 2
 DEFAULT_MAX_LENGTH = 512
+Normalization = Literal["after_truncation", "before_truncation"]
+Similarity = Literal["cosine", "dot"]
 
 
 @dataclass
@@ -40,6 +44,9 @@ class TowerInfo:
     base_model: str | None = None
     # The tower's model classes are code shipped with it (auto_map): every load must opt in again.
     trust_remote_code: bool = False
+    # The token ids the tower's tokenizer puts after every text (e.g. the EOS a last-token tower pools);
+    # part of the document space. None: not recorded (models saved before it was).
+    appended_tokens: list[int] | None = None
 
 
 @dataclass
@@ -59,25 +66,81 @@ class CareConfig:
     # space fingerprint stores compare is derived from it (AsymmetricEmbedder.space_fingerprint).
     space_fingerprint: str | None = None
     preset: str | None = None
-    format_version: int = FORMAT_VERSION
+    # "after_truncation": the tower's vector is cut to ``dim`` and then L2-normalised (unit vectors, cosine).
+    # "before_truncation": normalised at full width, then cut without renormalising (the authors' released
+    # models: document norms below 1, scores are dot products).
+    normalize: Normalization = "after_truncation"
+    similarity: Similarity = "cosine"
+    # Query instructions by task type ("retrieval", "rerank", "sts", ...); "retrieval" is the default.
+    instructions: dict[str, str] | None = None
+    # Whose conventions the model follows: None (this package's) or "authors-release".
+    convention: str | None = None
+    format_version: int = 1
     care_retriever_version: str = __version__
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, indent=2)
+        data = asdict(self)
+        # Readers older than the normalisation field would renormalise: such a model says it needs version 2.
+        data["format_version"] = 2 if self.normalize != "after_truncation" else 1
+        return json.dumps(data, ensure_ascii=False, indent=2)
+
+    def document_convention(self) -> dict[str, Any]:
+        """What sets the document space beside its weights (:func:`care_retriever.fingerprint.space_fingerprint`)."""
+        recorded = self.document.appended_tokens is not None
+        return {
+            "appended_tokens": self.document.appended_tokens,
+            "max_length": self.document.max_length if recorded else None,
+            "normalize": None if self.normalize == "after_truncation" else self.normalize,
+        }
+
+    def document_space(self) -> str:
+        """The space fingerprint stores compare: the document weights' fingerprint with the document-text rule,
+        the document prompt and the document convention. Needs :attr:`space_fingerprint` (set at save)."""
+        from care_retriever.fingerprint import space_fingerprint
+
+        if self.space_fingerprint is None:
+            raise ModelError("the model's document weights have no fingerprint yet (it is computed at save)")
+        return space_fingerprint(self.space_fingerprint, self.document_prompt, self.document_convention())
+
+    @property
+    def takes_instruction(self) -> bool:
+        """Whether the query prompt has an instruction slot (an instruction given to any other tower is an error)."""
+        return bool(self.query_prompt_template) and "{instruction}" in (self.query_prompt_template or "")
+
+    def task_instruction(self, task_type: str) -> str | None:
+        """The model's own instruction for a task type (its instruction table), else None."""
+        return (self.instructions or {}).get(task_type)
 
     def query_prompt(self, instruction: str | None = None) -> str | None:
-        """The text prepended to every query (None for towers that take no prompt)."""
+        """The text prepended to every query (None for towers that take no prompt).
+
+        An instruction given to a tower whose prompt has no instruction slot is an error, not dropped.
+        """
+        if instruction and not self.takes_instruction:
+            raise ModelError(
+                "this model's query tower takes no instruction (its query prompt has no {instruction} slot); "
+                "leave the instruction out"
+            )
         return fill_query_prompt(self.query_prompt_template, instruction or self.default_instruction)
 
     @classmethod
     def load(cls, model: str | os.PathLike[str], hub: dict[str, Any] | None = None) -> CareConfig:
-        """The ``care_config.json`` of a model folder or hub id: the one reader of that file.
+        """The ``care_config.json`` of a model folder or hub id: the one reader of that file; for a model in the
+        authors' release layout, the config its conventions give (:mod:`care_retriever.towers.release`).
 
         ``hub``: hub look-up options (revision, token, cache folder); offline mode is honoured either way.
         """
         path = model_file(model, CONFIG_NAME, hub)
         if path is None:
+            from care_retriever.towers import release
+
+            # The authors' release layout (query_encoder/ + doc_encoder/) has no care_config.json: its
+            # conventions are known, and read from its folders.
+            layout = release.find_release(str(model), need=("query",))
+            if layout is not None:
+                config: CareConfig = release.release_care_config(layout)
+                return config
             raise ModelError(
                 f"{model}: no {CONFIG_NAME}; not a CARE model (plain sentence-transformers models load with "
                 "care_retriever.baselines.SentenceTransformerEmbedder)"

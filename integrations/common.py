@@ -21,7 +21,6 @@ import numpy as np
 from care_retriever.corpus import Document
 from care_retriever.embedder_protocol import DocumentEncoder, QueryEncoder
 from care_retriever.errors import InputError, ModelError
-from care_retriever.fingerprint import space_fingerprint
 from care_retriever.locations import local_model_dir
 from care_retriever.model_config import CONFIG_NAME, CareConfig
 
@@ -43,7 +42,7 @@ def model_space(model: str) -> tuple[int, str, str]:
     if not config.space_fingerprint:
         raise ModelError(f"{model}/{CONFIG_NAME}: missing space_fingerprint")
     # The config keeps the weights fingerprint; the space also covers the document-text rule and prompt.
-    space = space_fingerprint(config.space_fingerprint, config.document_prompt)
+    space = config.document_space()
     return config.dim, space, config.document.base_model or model
 
 

@@ -133,12 +133,24 @@ def _fingerprint_before_one_definition(modules, dim: int, flatten: bool) -> str:
     return digest.hexdigest()
 
 
-def test_existing_models_keep_their_fingerprint(tiny_model_dir: Path) -> None:
+def _as_saved_before_conventions(model_dir: Path, tmp_path: Path) -> Path:
+    """A copy of ``model_dir`` whose config records no tokenizer conventions, as models saved before them."""
+    old_dir = tmp_path / "old-model"
+    shutil.copytree(model_dir, old_dir)
+    config = json.loads((old_dir / "care_config.json").read_text("utf-8"))
+    for side in ("query", "document"):
+        config[side].pop("appended_tokens", None)
+    (old_dir / "care_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return old_dir
+
+
+def test_existing_models_keep_their_fingerprint(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A store written before the fingerprint had one definition still opens with the same model."""
     from care_retriever.baselines import OneTowerEmbedder
     from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.integrations.common import model_space
 
+    tiny_model_dir = _as_saved_before_conventions(tiny_model_dir, tmp_path)
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
     saved = json.loads((tiny_model_dir / "care_config.json").read_text("utf-8"))["space_fingerprint"]
     old = _fingerprint_before_one_definition(embedder.document_modules, embedder.dim, flatten=False)
@@ -150,6 +162,24 @@ def test_existing_models_keep_their_fingerprint(tiny_model_dir: Path) -> None:
     assert one_tower.space_fingerprint == _fingerprint_before_one_definition(
         [one_tower.model], embedder.dim, flatten=True
     )
+
+
+def test_the_appended_end_token_and_normalisation_are_part_of_the_space(tiny_model_dir: Path) -> None:
+    """Two document towers with the same weights but another end token (or normalisation) embed differently:
+    their fingerprints differ, so a store written by one refuses the other."""
+    from care_retriever.model_config import CareConfig
+
+    config = CareConfig.load(tiny_model_dir)
+    assert config.document.appended_tokens  # the tiny decoder tower appends its EOS, recorded at init
+    base = config.document_space()
+    config.document.appended_tokens = [config.document.appended_tokens[0] + 1]
+    other_token = config.document_space()
+    config.document.appended_tokens = []
+    nothing = config.document_space()
+    assert len({base, other_token, nothing}) == 3
+    config = CareConfig.load(tiny_model_dir)
+    config.normalize = "before_truncation"
+    assert config.document_space() != base
 
 
 def test_a_document_text_rule_change_changes_every_fingerprint(

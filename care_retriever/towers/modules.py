@@ -151,17 +151,21 @@ class PretrainedTower:
     def remote_code(self) -> bool:
         return runs_remote_code(self.transformer.auto_model)
 
-    def modules(self, pooling: str, output_dim: int | None = None) -> list[Module]:
+    def modules(self, pooling: str, output_dim: int | None = None, *, normalize_first: bool = False) -> list[Module]:
         """``[transformer, pooling(, dense...)]`` plus a Matryoshka truncation to ``output_dim``.
 
         The folder's own pooling is kept when it is the one asked for, so its settings (e.g. whether
-        the prompt's tokens are pooled) stay as the folder declares them.
+        the prompt's tokens are pooled) stay as the folder declares them. ``normalize_first``: a
+        ``Normalize`` before the truncation (the tower normalises at full width, then is cut without
+        renormalising: the authors' released models).
         """
         if self.head and self.pooling == pooling:
             modules: list[Module] = [self.transformer, *self.head]
         else:
             modules = [self.transformer, Pooling(self.transformer.get_embedding_dimension(), pooling_mode(pooling))]
         native = tower_output_dim(modules)
+        if normalize_first:
+            modules.append(Normalize())
         if output_dim is not None and output_dim != native:
             modules.append(truncation_module(native, output_dim))
         return modules

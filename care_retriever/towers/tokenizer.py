@@ -123,6 +123,24 @@ def ensure_eos_appended(tokenizer: PreTrainedTokenizerBase | None, name: str = "
     return True
 
 
+def append_nothing(tokenizer: PreTrainedTokenizerBase | None, name: str = "the tower") -> bool:
+    """Make a tokenizer put nothing after a text; True if it had to be changed.
+
+    The authors' released document towers pool the last text token: their slow ``Qwen2Tokenizer`` ignores
+    ``add_eos_token``. transformers 5 reads the same folder with a tokenizer that may honour that flag (or
+    a post-processor may add a token), so whatever follows the text is removed here.
+    """
+    if tokenizer is None:
+        raise ModelError(f"{name}: the tower has no tokenizer")
+    if not appended_tokens(tokenizer):
+        return False
+    backend = tokenizer.backend_tokenizer
+    backend.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1", special_tokens=[])
+    if appended_tokens(tokenizer):
+        raise ModelError(f"{name}: its tokenizer keeps appending tokens after the text; cannot pool the last text")
+    return True
+
+
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:
     for text in texts:
         if text and not text.isspace():
