@@ -497,6 +497,11 @@ class AsymmetricEmbedder:
     def query_prompt(self, instruction: str | None = None) -> str | None:
         return self.config.query_prompt(instruction)
 
+    @property
+    def takes_instruction(self) -> bool:
+        """Whether the query prompt has an instruction slot (an instruction given otherwise is an error)."""
+        return self.config.takes_instruction
+
     # ------------------------------------------------------------------ encoding
     def embed_queries(
         self,

@@ -119,6 +119,10 @@ class ExportedQueryEmbedder:
     def query_prompt(self, instruction: str | None = None) -> str | None:
         return self.config.query_prompt(instruction)
 
+    @property
+    def takes_instruction(self) -> bool:
+        return self.config.takes_instruction
+
     # ------------------------------------------------------------------ encoding
     def features(self, texts: list[str]) -> dict[str, np.ndarray]:
         """Token ids, attention mask and token types of ``texts``, right-padded: the transformer's inputs."""

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from care_retriever.cli.options import TrustRemoteCode
-from care_retriever.errors import InputError, ModelError
+from care_retriever.errors import CareError, InputError, ModelError
 from care_retriever.index import IndexSettings
 from care_retriever.loading import quiet_transformers
 from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
 
 if TYPE_CHECKING:
+    from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.embedder_protocol import QueryEncoder
 
 
@@ -75,13 +76,36 @@ def init(
             "off by default: safetensors only."
         ),
     ] = False,
+    from_release: Annotated[
+        str | None,
+        typer.Option(
+            help="Convert a model in the authors' release layout (query_encoder/ + doc_encoder/; a folder or "
+            "hub id such as PhilipGAQ/CARE-0.3B-4B) into this package's format, keeping the authors' conventions."
+        ),
+    ] = None,
+    convention: Annotated[
+        str | None,
+        typer.Option(
+            help="With --query-model/--document-model: 'authors-release' reads the towers with the conventions "
+            "of the authors' released models (e.g. a base model plus the adapter their trainer saved)."
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
 ) -> None:
-    """Create a CARE model: from two pretrained towers, or from scratch with --preset."""
+    """Create a CARE model: from two pretrained towers, from scratch with --preset, or from a released model."""
     if out.exists() and any(out.iterdir()) and not force:
         raise InputError(f"{out}: exists and is not empty (use --force to replace it)")
     quiet_transformers()
-    if preset is not None:
+    if from_release is not None:
+        if preset or query_model or document_model or convention:
+            raise InputError("--from-release converts a released model as it is; drop the other tower options")
+        from care_retriever.embedder import AsymmetricEmbedder
+
+        typer.echo(f"Reading {from_release} in the authors' release layout ...", err=True)
+        embedder = AsymmetricEmbedder.from_release(
+            from_release, trust_remote_code=trust_remote_code, allow_pickled_weights=allow_pickled_weights
+        )
+    elif preset is not None:
         if query_model or document_model:
             raise InputError("use either --preset (from scratch) or --query-model/--document-model, not both")
         if not vocab_from:
@@ -116,9 +140,25 @@ def init(
             max_length=max_length,
             trust_remote_code=trust_remote_code,
             allow_pickled_weights=allow_pickled_weights,
+            convention=convention,
         )
+    check_encodes(embedder)  # a model that cannot encode is never written
     embedder.save_pretrained(out)
     typer.echo(f"Saved {embedder.mode} model to {out}: dim={embedder.dim}, document tower {embedder.document_dim} dims")
+
+
+def check_encodes(embedder: AsymmetricEmbedder) -> None:
+    """Both towers encode a text, or one line says which cannot (e.g. model code written for another transformers)."""
+    for side, encode in (("query", embedder.embed_queries), ("document", embedder.embed_documents)):
+        try:
+            encode(["高血压患者应低盐饮食 test"])
+        except CareError:
+            raise
+        except Exception as exc:  # whatever the tower's own code raises: said in one line, nothing written
+            reason = str(exc).splitlines()[0] if str(exc) else ""
+            raise ModelError(
+                f"the {side} tower cannot encode a text ({type(exc).__name__}: {reason}); nothing was written"
+            ) from exc
 
 
 def index(

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from care_retriever.evaluation.bm25 import BM25Model
+from care_retriever.evaluation.tasks import instruction_for
 from care_retriever.sparse.fusion import FusionConfig, fuse
 
 
@@ -54,7 +55,10 @@ class HybridModel:
         depth = max(self.fusion.candidates, top_k)
         docs = self.dense.embed_documents(corpus_texts, batch_size=doc_batch_size, show_progress=show_progress)
         vectors = self.dense.embed_queries(
-            queries, instruction=instruction, batch_size=query_batch_size, show_progress=show_progress
+            queries,
+            instruction=instruction_for(self.dense, instruction),
+            batch_size=query_batch_size,
+            show_progress=show_progress,
         )
         dense_scores, dense_idx = search(docs, vectors, depth)
         self.bm25.index(corpus_texts, show_progress=show_progress)

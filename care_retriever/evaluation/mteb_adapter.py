@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from care_retriever.evaluation.runner import TaskResult
-from care_retriever.evaluation.tasks import INSTRUCTIONS
+from care_retriever.evaluation.tasks import INSTRUCTIONS, instruction_for
 from care_retriever.loading import offline
 
 logger = logging.getLogger("care_retriever")
@@ -99,7 +99,9 @@ def make_encoder(embedder: Any, name: str, *, instruction: str | None = None, ba
             kind = _TYPES.get(task_metadata.type, "retrieval")
             if prompt_type == PromptType.query or kind == "sts":
                 return embedder.embed_queries(
-                    texts, instruction=instruction or INSTRUCTIONS[kind], batch_size=batch_size
+                    texts,
+                    instruction=instruction_for(embedder, instruction or INSTRUCTIONS[kind]),
+                    batch_size=batch_size,
                 )
             return embedder.embed_documents(texts, batch_size=max(1, batch_size // 2))
 

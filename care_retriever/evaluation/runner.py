@@ -1,8 +1,9 @@
 """Run a model on a task: encode, search, score.
 
 Dense retrieval embeds the corpus with ``embed_documents`` and the judged queries with
-``embed_queries(instruction=task.instruction)``, then searches exactly with a FAISS ``IndexFlatIP``
-(vectors are unit norm, so inner product is cosine) in query batches. Rerank scores each query's
+``embed_queries`` (with the task's instruction where the query tower takes one), then searches exactly
+with a FAISS ``IndexFlatIP`` (inner product: cosine for unit vectors, the dot product a model that cuts
+normalised vectors scores with) in query batches. Rerank scores each query's
 candidates; STS takes the cosine of the two sentences. BM25 goes through the same steps with its
 own index. Every phase is timed, so the harness reports its own overhead (everything except the
 model's forward passes and the search) next to the scores.
@@ -19,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 
 from care_retriever.evaluation import metrics as M
-from care_retriever.evaluation.tasks import RerankTask, RetrievalTask, STSTask, Task
+from care_retriever.evaluation.tasks import RerankTask, RetrievalTask, STSTask, Task, instruction_for
 
 SEARCH_BATCH = 1024
 StsEncode = Literal["query", "document", "cross"]
@@ -156,7 +157,7 @@ def _retrieval_run(
             sc, idx = model.retrieve(
                 task.corpus_texts,
                 texts,
-                instruction=task.instruction,
+                instruction=instruction_for(model, task.instruction),
                 top_k=top_k,
                 doc_batch_size=doc_batch_size,
                 query_batch_size=query_batch_size,
@@ -172,7 +173,10 @@ def _retrieval_run(
         with timer.phase("encode"):
             docs = model.embed_documents(task.corpus_texts, batch_size=doc_batch_size, show_progress=show_progress)
             queries = model.embed_queries(
-                texts, instruction=task.instruction, batch_size=query_batch_size, show_progress=show_progress
+                texts,
+                instruction=instruction_for(model, task.instruction),
+                batch_size=query_batch_size,
+                show_progress=show_progress,
             )
         with timer.phase("search"):
             sc, idx = exact_search(docs, queries, top_k)
@@ -241,7 +245,7 @@ def _rerank_run(
             docs = model.embed_documents(texts, batch_size=doc_batch_size, show_progress=show_progress)
             queries = model.embed_queries(
                 [r.query for r in task.rows],
-                instruction=task.instruction,
+                instruction=instruction_for(model, task.instruction),
                 batch_size=query_batch_size,
                 show_progress=show_progress,
             )
@@ -270,7 +274,10 @@ def _sts_cosines(
 
     def as_query(texts: list[str]) -> np.ndarray:
         return model.embed_queries(
-            texts, instruction=task.instruction, batch_size=query_batch_size, show_progress=show_progress
+            texts,
+            instruction=instruction_for(model, task.instruction),
+            batch_size=query_batch_size,
+            show_progress=show_progress,
         )
 
     def as_doc(texts: list[str]) -> np.ndarray:

@@ -36,6 +36,16 @@ INSTRUCTIONS: dict[str, str] = {
     "sts": "Retrieve semantically similar text.",
 }
 
+
+def instruction_for(model: Any, instruction: str | None) -> str | None:
+    """The task's query instruction where ``model``'s query prompt has an instruction slot, else None.
+
+    An instruction given to a query tower without one is an error (it would be silently dropped), so
+    evaluation, which always knows the task's instruction, passes it only to towers that take one.
+    """
+    return instruction if getattr(model, "takes_instruction", True) else None
+
+
 # Binary metrics (Recall, MRR, MAP) count a graded judgement as relevant from this level on. KUAKE-QTR
 # grades 0..3 and its README counts >= 2 as relevant; other tasks use the pytrec_eval default of 1.
 KNOWN_RELEVANCE_LEVELS: dict[str, int] = {"kuake-qtr-retrieval": 2}
