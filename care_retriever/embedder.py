@@ -466,6 +466,11 @@ class AsymmetricEmbedder:
         return self.config.mode
 
     @property
+    def similarity(self) -> str:
+        """What the model's scores are: ``cosine`` (unit vectors) or ``dot`` (normalised before the cut)."""
+        return self.config.similarity
+
+    @property
     def document_model_name(self) -> str:
         """The document tower's base model (hub id or folder), recorded in a store's manifest."""
         return self.config.document.base_model or ""

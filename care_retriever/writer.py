@@ -138,7 +138,13 @@ class DocumentStoreWriter:
     ) -> WriteReport:
         """Upsert ``documents``; with ``prune_ids_not_in``, also delete stored ids the input lacks."""
         embedder = self.embedder
-        self.store.prepare(embedder.dim, embedder.space_fingerprint, embedder.document_model_name, self.index_options)
+        self.store.prepare(
+            embedder.dim,
+            embedder.space_fingerprint,
+            embedder.document_model_name,
+            self.index_options,
+            metric=getattr(embedder, "similarity", "cosine"),
+        )
         if self.sparse:
             self.store.enable_sparse(show_progress=self.show_progress)
         report = WriteReport(store=self.store.describe())
@@ -207,7 +213,13 @@ class DocumentStoreWriter:
     def delete(self, ids: Sequence[str]) -> int:
         """Delete documents by id and publish the change."""
         embedder = self.embedder
-        self.store.prepare(embedder.dim, embedder.space_fingerprint, "", self.index_options)
+        self.store.prepare(
+            embedder.dim,
+            embedder.space_fingerprint,
+            "",
+            self.index_options,
+            metric=getattr(embedder, "similarity", "cosine"),
+        )
         removed = self.store.delete(list(ids))
         self.store.finalize()
         return removed

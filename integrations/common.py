@@ -46,6 +46,12 @@ def model_space(model: str) -> tuple[int, str, str]:
     return config.dim, space, config.document.base_model or model
 
 
+def model_metric(model: str) -> str:
+    """What a saved CARE model's scores are (``cosine`` or ``dot``), read from its config, no tower loaded."""
+    local = check_model_location(model)
+    return CareConfig.load(local if local is not None else model).similarity
+
+
 class TowerLoader:
     """Loads each tower of a CARE model on first use; thread-safe, each side built at most once."""
 

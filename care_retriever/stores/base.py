@@ -45,6 +45,15 @@ class Hit:
         return asdict(self)
 
 
+METRICS = ("cosine", "dot")
+
+
+def check_metric(metric: str) -> str:
+    if metric not in METRICS:
+        raise InputError(f"Unknown metric {metric!r}. Available metrics: {list(METRICS)}")
+    return metric
+
+
 @dataclass
 class Manifest:
     """Describes a store: who built it (model fingerprint), its width, metric, size and versions."""
@@ -141,8 +150,21 @@ class VectorStore(ABC):
         """The store spec, for messages."""
 
     @abstractmethod
-    def prepare(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
-        """Create the store, or check that an existing one matches; then accept writes."""
+    def prepare(
+        self,
+        dim: int,
+        space_fingerprint: str,
+        model_name: str,
+        index: dict[str, Any] | None = None,
+        *,
+        metric: str = "cosine",
+    ) -> None:
+        """Create the store, or check that an existing one matches; then accept writes.
+
+        ``metric``: what the model's scores are (:data:`METRICS`): ``cosine`` for unit vectors, ``dot`` for a
+        model whose document vectors are normalised before a Matryoshka cut (norms below 1; the authors'
+        released models). Recorded in the manifest; Qdrant compares vectors with it.
+        """
 
     @abstractmethod
     def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
@@ -246,6 +268,8 @@ class VectorStore(ABC):
         space_fingerprint: str | None = None,
         model_name: str = "",
         index: dict[str, Any] | None = None,
+        *,
+        metric: str | None = None,
     ) -> Iterator[VectorStore]:
         """One all-or-nothing write: ``upsert`` / ``delete`` inside, published on success, aborted on error.
 
@@ -257,7 +281,9 @@ class VectorStore(ABC):
                 raise StoreError(f"{self.describe()}: a new store needs dim and space_fingerprint for its first write")
             dim, space_fingerprint = manifest.dim, manifest.space_fingerprint
             model_name = model_name or manifest.model_name
-        self.begin(dim, space_fingerprint, model_name, index)
+        if metric is None:
+            metric = manifest.metric if manifest is not None else "cosine"
+        self.begin(dim, space_fingerprint, model_name, index, metric=metric)
         try:
             yield self
             self.finalize()
@@ -265,9 +291,17 @@ class VectorStore(ABC):
             self.abort()
             raise
 
-    def begin(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
+    def begin(
+        self,
+        dim: int,
+        space_fingerprint: str,
+        model_name: str,
+        index: dict[str, Any] | None = None,
+        *,
+        metric: str = "cosine",
+    ) -> None:
         """Start a :meth:`transaction` (by default a :meth:`prepare`)."""
-        self.prepare(dim, space_fingerprint, model_name, index)
+        self.prepare(dim, space_fingerprint, model_name, index, metric=metric)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files and connections."""

@@ -29,7 +29,15 @@ import numpy as np
 
 from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.stores.base import Filters, Hit, Manifest, VectorStore, default_versions, validate_filters
+from care_retriever.stores.base import (
+    Filters,
+    Hit,
+    Manifest,
+    VectorStore,
+    check_metric,
+    default_versions,
+    validate_filters,
+)
 
 logger = logging.getLogger("care_retriever")
 
@@ -177,7 +185,7 @@ def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def collection_options(dim: int, options: dict[str, Any]) -> dict[str, Any]:
+def collection_options(dim: int, options: dict[str, Any], *, metric: str = "cosine") -> dict[str, Any]:
     """``create_collection`` arguments for a collection sized for millions of documents.
 
     ``m`` / ``ef_construct``: the HNSW graph; ``on_disk``: the original vectors memory-mapped from disk;
@@ -203,7 +211,8 @@ def collection_options(dim: int, options: dict[str, Any]) -> dict[str, Any]:
         # server, and local mode keeps a vector's config, so the collection's info reports it either way.
         "vectors_config": models.VectorParams(
             size=dim,
-            distance=models.Distance.COSINE,
+            # cosine would renormalise the stored vectors: a model that scores by dot product gets DOT
+            distance=models.Distance.DOT if metric == "dot" else models.Distance.COSINE,
             on_disk=resolved.get("on_disk"),
             hnsw_config=models.HnswConfigDiff(**hnsw) if hnsw else None,
             quantization_config=quantization,
@@ -281,7 +290,15 @@ class QdrantStore(VectorStore):
     def describe(self) -> str:
         return f"qdrant:{redact(self.location)} (collection {self.collection})"
 
-    def prepare(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
+    def prepare(
+        self,
+        dim: int,
+        space_fingerprint: str,
+        model_name: str,
+        index: dict[str, Any] | None = None,
+        *,
+        metric: str = "cosine",
+    ) -> None:
         """Create the collection (with ``index`` options, see :func:`collection_options`) or check the existing one.
 
         Several indexing jobs may start at once against one server (shards of a corpus on many nodes):
@@ -297,7 +314,7 @@ class QdrantStore(VectorStore):
         import qdrant_client
 
         options = resolve_options(requested)
-        kwargs = collection_options(dim, options)
+        kwargs = collection_options(dim, options, metric=check_metric(metric))
         if local:
             self._warn_local_mode(given)
         from care_retriever.sparse.qdrant_sparse import vectors_config
@@ -308,6 +325,7 @@ class QdrantStore(VectorStore):
             dim=dim,
             space_fingerprint=space_fingerprint,
             model_name=model_name,
+            metric=metric,
             index=options,
             versions=default_versions(qdrant_client=getattr(qdrant_client, "__version__", "unknown")),
         )

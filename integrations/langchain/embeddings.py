@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from care_retriever.embedder_protocol import QueryEncoder
 from care_retriever.errors import InputError
-from care_retriever.integrations.common import TowerLoader, check_model_location, model_space
+from care_retriever.integrations.common import TowerLoader, check_model_location, model_metric, model_space
 
 
 class CareEmbeddings(BaseModel, Embeddings):
@@ -70,6 +70,11 @@ class CareEmbeddings(BaseModel, Embeddings):
     def space(self) -> tuple[int, str, str]:
         """``(dim, space fingerprint, document model)`` read from the model's config, no tower loaded."""
         return model_space(self.model)
+
+    @property
+    def metric(self) -> str:
+        """What the model's scores are (``cosine`` or ``dot``): a new store is created for it."""
+        return model_metric(self.model)
 
     def embed_query(self, text: str) -> list[float]:
         if not isinstance(text, str):

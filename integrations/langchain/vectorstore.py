@@ -96,7 +96,8 @@ class CareVectorStore(VectorStore):
             dim, fingerprint, model_name = int(vectors.shape[1]), UNKNOWN_FINGERPRINT, ""
         else:
             return  # a delete from a store that was never written: nothing to do
-        with self.store.transaction(dim, fingerprint, model_name, self.index_options) as store:
+        metric = self.embedding.metric if isinstance(self.embedding, CareEmbeddings) and not manifest else None
+        with self.store.transaction(dim, fingerprint, model_name, self.index_options, metric=metric) as store:
             if deletes:
                 store.delete(list(deletes))
             elif vectors is not None:

@@ -38,6 +38,7 @@ from care_retriever.stores.base import (
     Hit,
     Manifest,
     VectorStore,
+    check_metric,
     default_versions,
     validate_filters,
 )
@@ -191,8 +192,17 @@ class FaissStore(VectorStore):
             self._open(self.path)
 
     # ------------------------------------------------------------------ writing
-    def prepare(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
+    def prepare(
+        self,
+        dim: int,
+        space_fingerprint: str,
+        model_name: str,
+        index: dict[str, Any] | None = None,
+        *,
+        metric: str = "cosine",
+    ) -> None:
         options = checked_options(index)
+        check_metric(metric)
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
             self._check_same_quantization(index)
@@ -201,7 +211,7 @@ class FaissStore(VectorStore):
             if (self.staging / MANIFEST).exists():
                 self._resume_staging(dim, space_fingerprint)
             else:
-                self._new_staging(dim, space_fingerprint, model_name, options, index)
+                self._new_staging(dim, space_fingerprint, model_name, options, index, metric)
         except BaseException:
             self._writer_lock.release()
             raise
@@ -223,7 +233,15 @@ class FaissStore(VectorStore):
         """True while an interrupted bulk writer's checkpoint (a staging folder) waits to be resumed."""
         return (self.staging / MANIFEST).exists() and not self._writing
 
-    def begin(self, dim: int, space_fingerprint: str, model_name: str, index: dict[str, Any] | None = None) -> None:
+    def begin(
+        self,
+        dim: int,
+        space_fingerprint: str,
+        model_name: str,
+        index: dict[str, Any] | None = None,
+        *,
+        metric: str = "cosine",
+    ) -> None:
         """Start a :meth:`transaction`: in place on a published store, through a staging folder for a new one."""
         checked_options(index)
         if self.manifest is not None:
@@ -242,7 +260,7 @@ class FaissStore(VectorStore):
         except BaseException:
             self._writer_lock.release()
             raise
-        self.prepare(dim, space_fingerprint, model_name, index)
+        self.prepare(dim, space_fingerprint, model_name, index, metric=metric)
 
     def _begin_in_place(self) -> None:
         """Catch up with writes made by other processes since this one opened, then accept writes in place."""
@@ -288,6 +306,7 @@ class FaissStore(VectorStore):
         model_name: str,
         options: dict[str, Any],
         index: dict[str, Any] | None = None,
+        metric: str = "cosine",
     ) -> None:
         """Start a write: a copy of the published store (or an empty index); its manifest is written last."""
         files.empty_folder(self.staging)
@@ -315,6 +334,7 @@ class FaissStore(VectorStore):
                 dim=dim,
                 space_fingerprint=space_fingerprint,
                 model_name=model_name,
+                metric=metric,  # recorded; the index is inner product either way
                 index=options,
                 versions=default_versions(faiss=faiss.__version__),
             )
