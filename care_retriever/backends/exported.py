@@ -114,7 +114,7 @@ class ExportedQueryEmbedder:
     def space_fingerprint(self) -> str:
         if not self.config.space_fingerprint:
             raise ModelError(f"{self.route.model}: care_config.json has no space_fingerprint; re-save the model")
-        return self.config.space_fingerprint
+        return self.config.document_space()  # the one definition: the torch path compares the same value
 
     def query_prompt(self, instruction: str | None = None) -> str | None:
         return self.config.query_prompt(instruction)

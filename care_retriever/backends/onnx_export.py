@@ -25,6 +25,7 @@ from care_retriever.backends.layout import (
     ONNX_FILES,
     QUANTIZE,
     RECORD_NAME,
+    ROUTER_CONFIG,
     ExportRecord,
     QueryRoute,
     query_fingerprint,
@@ -78,9 +79,18 @@ def load_tower(
     folder = Path(model).expanduser()
     if not folder.is_dir():
         raise ModelError(f"export needs a local model folder; {model} is not one")
+    from care_retriever.towers import release
+
+    if release.find_release(str(folder), need=()) is not None and not (folder / ROUTER_CONFIG).is_file():
+        raise ModelError(
+            f"{folder}: a model in the authors' release layout exports once converted: "
+            f"care-retriever init OUT --from-release {folder}, then export OUT"
+        )
     route = query_route(folder)
     kinds = [route.types[m].rsplit(".", 1)[-1] for m in route.modules]
-    if kinds != ["Transformer", "Pooling"]:
+    # A Normalize in the route (a tower normalised before its cut, with nothing cut off the query side) is what
+    # the exported runtime does after pooling anyway.
+    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
         raise ModelError(f"{folder}: the query route is {kinds}; only Transformer -> Pooling towers export")
     fingerprint, stats = query_fingerprint(route)
     embedder = AsymmetricEmbedder.from_pretrained(
