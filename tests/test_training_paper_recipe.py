@@ -89,7 +89,7 @@ def test_paper_recipe_trains_every_stage_from_hub_format_towers_then_indexes_and
     recipe = paper_recipe(tmp_path / "paper.yaml", towers / "gte", towers / "qwen3")
     out = tmp_path / "run"
     with caplog.at_level("INFO", logger="care_retriever"):
-        code = train(recipe, out, shared_data)
+        code = train(recipe, out, shared_data, "--keep-stages")
     captured = capsys.readouterr()
     assert code == 0, captured.err
     state = json.loads((out / "run.json").read_text("utf-8"))
@@ -108,7 +108,7 @@ def test_paper_recipe_trains_every_stage_from_hub_format_towers_then_indexes_and
     for shard in (towers / "qwen3").glob("model-*.safetensors"):
         shards.update(load_file(str(shard)))
     init_doc = tower_weights(stages["init"], "document")
-    assert torch.equal(init_doc["embed_tokens.weight"], shards["model.embed_tokens.weight"].float())
+    assert torch.equal(init_doc["embed_tokens.weight"], shards["model.embed_tokens.weight"])  # saved in its bf16
     # the checkpoint's bf16 is recorded for the precision decision of every later stage and resume
     config = json.loads((out / "final" / "care_config.json").read_text("utf-8"))
     assert config["dim"] == 768 and config["document"]["native_dim"] == 1024
@@ -253,7 +253,7 @@ def test_paper_recipe_in_two_processes_shares_the_work_under_the_recipes_timeout
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("final model:") == 1, done.stdout
     state = json.loads((out / "run.json").read_text("utf-8"))
-    assert state["processes"] == {"world_size": 2, "timeout_seconds": 90.0}
+    assert state["processes"] == {"world_size": 2, "timeout_seconds": 90.0, "process_group": True}
     assert state["done"] == STAGES
     stage1 = next(r for r in state["reports"] if r["name"] == "stage1")
     cache = np.fromfile(stage1["teacher_cache"], dtype=np.float32).reshape(stage1["teacher_texts"], 768)

@@ -59,10 +59,12 @@ def recipe_timeout_seconds(defaults: dict[str, Any]) -> float:
 def start_process_group(timeout_seconds: float) -> float | None:
     """Create the process group (under torchrun) with ``timeout_seconds``; return the timeout in force.
 
-    None when one process trains. A group created earlier in this process keeps its timeout (torch
-    cannot change it), which is then what is returned.
+    None when one process trains outside a launcher. A single process started by torchrun (or
+    accelerate: ``LOCAL_RANK`` is set) gets a group too, as the trainer would create it (gloo on CPU),
+    so it is created here with the recipe's timeout, not the trainer's 1800 s. A group created earlier
+    in this process keeps its timeout (torch cannot change it), which is then what is returned.
     """
-    if world_size() <= 1:
+    if world_size() <= 1 and "LOCAL_RANK" not in os.environ:
         return None
     import torch
     from accelerate import PartialState

@@ -4,8 +4,8 @@ Everything a trainer does well (optimizer, schedule, gradient accumulation, bf16
 checkpointing, seeds, progress bars, DDP/DeepSpeed through accelerate/torchrun) comes from
 ``SentenceTransformerTrainer``. Two things are changed:
 
-- Checkpoints hold the full ``state_dict`` of the model being trained (safetensors) plus the run's
-  recipe fingerprint. The stock checkpoint writes a sentence-transformers folder, in which a peft
+- Checkpoints hold the trained parameters of the model (safetensors; :func:`trainable_state`) plus
+  the run's recipe fingerprint. The stock checkpoint writes a sentence-transformers folder, in which a peft
   adapter is saved *without* its base weights and points at the base model's original path; for a
   tower built from scratch that path was a temporary folder, so resuming would fail. Loading a
   checkpoint of another recipe is refused with a one-line error.
@@ -75,22 +75,72 @@ class CareTrainer(SentenceTransformerTrainer):
         return None
 
     def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
-        from safetensors.torch import save_model
+        from safetensors.torch import save_file
 
         target = Path(output_dir or self.args.output_dir or ".")  # build_arguments always sets output_dir
         target.mkdir(parents=True, exist_ok=True)
-        save_model(self.model, str(target / STATE_FILE))
+        save_file(trainable_state(self.model), str(target / STATE_FILE))
         (target / RUN_FILE).write_text(json.dumps({"fingerprint": self.care_fingerprint}))
         torch.save(self.args, target / "training_args.bin")
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        from safetensors.torch import load_model
+        from safetensors.torch import load_file
 
         folder = Path(resume_from_checkpoint)
         if not (folder / STATE_FILE).is_file():
             raise InputError(f"{folder}: not a care-retriever checkpoint (no {STATE_FILE})")
         check_fingerprint(folder, self.care_fingerprint)
-        load_model(model or self.model, str(folder / STATE_FILE), strict=True)
+        load_trainable_state(model or self.model, load_file(str(folder / STATE_FILE)), folder)
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint holds: the parameters the stage trains, each in its own storage.
+
+    The frozen rest (a LoRA stage's base tower, Stage I's teacher) is the stage's starting model, which
+    the run keeps on disk until the stage is done, so a checkpoint of a 4B LoRA stage is megabytes, not
+    16 GB. Each tensor is copied out of shared storage: transformers' weight conversion of some towers
+    (gte's fused qkv chunked into q/k/v) leaves parameters that are views of one larger storage, which
+    safetensors refuses to save ("found no suitable name to keep for saving").
+    """
+    return {
+        name: param.detach().to("cpu", copy=True).contiguous()
+        for name, param in model.named_parameters()
+        if param.requires_grad
+    }
+
+
+def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor], folder: Path) -> None:
+    """Copy a checkpoint's parameters into ``model`` (a checkpoint holding every weight loads too);
+    one missing trainable parameter or one name the model lacks is refused."""
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    missing = sorted(n for n, p in params.items() if p.requires_grad and n not in state)
+    unknown = sorted(n for n in state if n not in params and n not in buffers)
+    if missing or unknown:
+        what = f"lacks {missing[0]}" if missing else f"holds {unknown[0]}, which this model has no place for"
+        raise InputError(f"{folder}: checkpoint {what}; use a new --out")
+    model.load_state_dict(state, strict=False)
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Give a sentence-transformers model the ``activation_checkpointing_enable`` the trainer calls.
+
+    transformers 5 renamed ``gradient_checkpointing_enable``: the trainer calls the new name where a
+    model defines it and otherwise warns (``FutureWarning``) and calls the old one, which warns again.
+    ``SentenceTransformer`` defines only the old name; this forwards the new one to each tower's
+    transformers model (``PreTrainedModel.activation_checkpointing_enable``), which is what the old one did.
+    """
+    from sentence_transformers.sentence_transformer.modules import Transformer
+
+    def activation_checkpointing_enable(activation_checkpointing_kwargs=None, **kwargs: Any) -> None:
+        for module in model.modules():
+            if isinstance(module, Transformer):
+                module.auto_model.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs=activation_checkpointing_kwargs, **kwargs
+                )
+
+    if not hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable = activation_checkpointing_enable  # type: ignore[attr-defined]
 
 
 def check_fingerprint(folder: Path, fingerprint: str) -> None:
@@ -178,8 +228,7 @@ def build_arguments(
     }
     args.update(settings)
     if max_steps is not None:
-        args["max_steps"] = max_steps
-        args["save_strategy"] = "no"
+        args["max_steps"] = max_steps  # a dry run saves checkpoints as the real run does (one at its end)
     if not torch.cuda.is_available():
         args["use_cpu"] = True
         if args.get("fp16"):

@@ -93,6 +93,25 @@ def training_precision(
     return Precision(requested)
 
 
+def held_dtypes(
+    defaults: Mapping[str, Any], pretrained: Mapping[str, str | None], device: Any = None
+) -> dict[str, str]:
+    """The dtype each tower is held in while it trains: fp32 (mixed precision autocasts), except a
+    document tower pretrained in the half precision the run trains in on a GPU that computes it natively
+    (Qwen3-4B under ``bf16: true``): it is held, loaded and saved in that dtype, half the memory and
+    bytes. Its stages train it through LoRA (fp32 adapters) or keep it frozen. The query tower, trained
+    in full, keeps fp32 weights for the optimizer. ``defaults``: the recipe's ``bf16`` / ``fp16``."""
+    fp32 = {"query": "fp32", "document": "fp32"}
+    requested = requested_precision({key: defaults.get(key) for key in ("bf16", "fp16")})
+    half = {"bf16": "bfloat16", "fp16": "float16"}.get(requested)
+    capability = current_capability(device)
+    if capability is None or half is None or pretrained.get("document") != half:
+        return fp32
+    if requested == "bf16" and tuple(capability) < NATIVE_BF16_CAPABILITY:
+        return fp32  # refused by training_precision when the stage starts, with its one line
+    return {"query": "fp32", "document": requested}
+
+
 def current_capability(device: Any = None) -> tuple[int, int] | None:
     """The compute capability of the GPU training runs on; None on CPU (or ``--device cpu``)."""
     import torch

@@ -3,9 +3,11 @@
 Layout of ``OUT``::
 
     run.json              recipe name, fingerprint, finished stages, per-stage reports
-    stages/<name>/        the model after each stage (LoRA merged; ``init`` is the starting model)
+    stages/<name>/        the model after a stage (LoRA merged; ``init`` is the starting model), each
+                          tower in its own dtype (bf16 for a bf16 tower); kept while a stage still to
+                          train starts from it (resume), every one with ``keep_stages``
     models/<export>/      models a stage exports (ablation baselines, symmetric variants)
-    checkpoints/<name>/   trainer checkpoints of each stage (resume)
+    checkpoints/<name>/   trainer checkpoints of the unfinished stage (resume): its trained parameters
     logs/<name>.jsonl     loss / lr / epoch per logging step
     teacher_cache/        Stage I's memory-mapped teacher embeddings
     final/                the recipe's final model (``from_pretrained``, ``index``, ``search``, ``eval``)
@@ -17,23 +19,32 @@ an unfinished stage continues from its last checkpoint.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from care_retriever.errors import InputError, ModelError
+from care_retriever.errors import CareError, InputError, ModelError
 from care_retriever.training.pairs import PairSet, load_pairset, resolve_data_path, task_queries, without_queries
 from care_retriever.training.recipe import ModelSpec, Recipe, Stage0DocumentStage, StageSpec
 
 logger = logging.getLogger("care_retriever")
 RUN_FILE = "run.json"
 DRY_RUN_MAX_LENGTH = 64  # a dry run checks the wiring, not the capacity: short texts keep it minutes long
+# Stage types that leave the document tower as it was: its space fingerprint (a hash of every weight,
+# tens of seconds for a 4B tower) is carried over instead of computed again.
+DOCUMENT_FROZEN = frozenset({"stage0_query", "stage1_align", "distill", "mlm"})
+
+
+class DiskFullError(CareError):
+    """The disk filled up while a model was being written (the previous stage is left intact)."""
 
 
 @dataclass
@@ -96,15 +107,47 @@ def vocab_files(recipe: Recipe, data_dir: Path) -> list[Path]:
     return files
 
 
-def load_model(folder: str | Path, spec: ModelSpec, device: str | None):
-    """A saved CARE model (a stage's output, ``init``, a ``path`` or foundation), loaded for training:
-    fp32 weights (mixed precision autocasts), the recipe's ``trust_remote_code`` for towers that ship
-    their own code (every load needs it again: the saved folder records that the tower runs code)."""
+def load_model(folder: str | Path, spec: ModelSpec, device: str | None, defaults: dict[str, Any] | None = None):
+    """A saved CARE model (a stage's output, ``init``, a ``path`` or foundation), loaded for training in
+    the dtypes it trains in (:func:`~care_retriever.training.precision.held_dtypes`: fp32, except a bf16
+    document tower that a bf16 GPU run trains through LoRA), with the recipe's ``trust_remote_code`` for
+    towers that ship their own code (every load needs it again: the saved folder records that)."""
     from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY, held_dtypes
 
-    return AsymmetricEmbedder.from_pretrained(
-        folder, load="both", device=device, dtype="fp32", trust_remote_code=spec.trust_remote_code
+    recorded: dict[str, Any] = {}
+    with_config = Path(folder) / "care_config.json"
+    if with_config.is_file():
+        recorded = json.loads(with_config.read_text("utf-8")).get("extra", {}).get(PRETRAINED_DTYPE_KEY) or {}
+    held = held_dtypes(defaults or {}, recorded, device)
+    embedder = AsymmetricEmbedder.from_pretrained(
+        folder, load="both", device=device, dtype=held["document"], trust_remote_code=spec.trust_remote_code
     )
+    return hold_in(embedder, held)
+
+
+def hold_in(embedder, held: dict[str, str]):
+    """Cast each tower's transformer to the dtype ``held`` names for it (a no-op where it already is)."""
+    from care_retriever.embedder import resolve_dtype
+
+    for side, dtype in held.items():
+        cast_tower(embedder, side, resolve_dtype(dtype, embedder.device))
+    return embedder
+
+
+def tower_transformer(embedder, side: str):
+    from care_retriever.training.lora import transformer_of
+
+    return transformer_of(embedder.query_modules if side == "query" else embedder.document_modules).auto_model
+
+
+def cast_tower(embedder, side: str, dtype) -> Any:
+    """Cast one tower's transformer to ``dtype`` in place; returns the dtype it was held in."""
+    model = tower_transformer(embedder, side)
+    held = next(model.parameters()).dtype
+    if held != dtype:
+        model.to(dtype)
+    return held
 
 
 def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, device: str | None):
@@ -124,25 +167,30 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
             document_config=spec.document_config,
         )
     elif spec.path:
-        embedder = load_model(spec.path, spec, device)
+        embedder = load_model(spec.path, spec, device, recipe.defaults)
     elif spec.foundation:
-        embedder = load_model(foundation_dir(spec.foundation), spec, device)
+        embedder = load_model(foundation_dir(spec.foundation), spec, device, recipe.defaults)
     elif spec.query_model is None:
         raise InputError("model: give query_model (and document_model), path or foundation")
     else:
+        from care_retriever.training.precision import held_dtypes
+
+        # Loading rewrites the loaded configs' dtype: the checkpoints' own is read from their files and
+        # kept in care_config.json, so every later stage (and resume) knows Qwen3 is bf16.
+        pretrained = {
+            "query": tower_pretrained_dtype(spec.query_model),
+            "document": tower_pretrained_dtype(spec.document_model or spec.query_model),
+        }
+        held = held_dtypes(recipe.defaults, pretrained, device)
         embedder = AsymmetricEmbedder.from_towers(
             spec.query_model,
             spec.document_model,
             device=device,
-            dtype="fp32",
+            dtype=held["document"],
             trust_remote_code=spec.trust_remote_code,
         )
-        # Loading in fp32 rewrites the loaded configs' dtype: the checkpoints' own is read from their
-        # files and kept in care_config.json, so every later stage (and resume) knows Qwen3 is bf16.
-        embedder.config.extra[PRETRAINED_DTYPE_KEY] = {
-            "query": tower_pretrained_dtype(spec.query_model),
-            "document": tower_pretrained_dtype(spec.document_model or spec.query_model),
-        }
+        hold_in(embedder, held)
+        embedder.config.extra[PRETRAINED_DTYPE_KEY] = pretrained
     if spec.dim is not None and spec.dim != embedder.dim:
         raise ModelError(
             f"dimension mismatch: the recipe says model.dim {spec.dim}, the model's shared dim is {embedder.dim}"
@@ -153,6 +201,10 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
         embedder = set_pooling(embedder, "document", spec.document_pooling)
     if spec.max_length:
         set_max_length(embedder, spec.max_length)
+    if spec.query_prompt_template is not None:
+        from care_retriever.training.recipe import set_query_prompt_template
+
+        set_query_prompt_template(embedder, spec.query_prompt_template)
     return embedder
 
 
@@ -188,7 +240,7 @@ def export_model(embedder, kind: str, target: Path) -> Path:
     from care_retriever.embedder import AsymmetricEmbedder
 
     if kind == "asymmetric":
-        return embedder.save_pretrained(target)
+        return save_model(embedder, target)
     side = "query" if kind == "query-symmetric" else "document"
     modules = embedder.query_modules if side == "query" else embedder.document_modules
     info = getattr(embedder.config, side)
@@ -199,10 +251,109 @@ def export_model(embedder, kind: str, target: Path) -> Path:
         document=replace(info),
         query_prompt_template=embedder.config.query_prompt_template if side == "query" else None,
         default_instruction=embedder.config.default_instruction if side == "query" else None,
-        space_fingerprint=None,
+        # the document tower on both sides keeps its space; the query tower's is hashed (it is small)
+        space_fingerprint=embedder.config.space_fingerprint if side == "document" else None,
         extra={**embedder.config.extra, "exported_as": kind},
     )
-    return AsymmetricEmbedder(config, modules, modules, device=embedder.device).save_pretrained(target)
+    return save_model(AsymmetricEmbedder(config, modules, modules, device=embedder.device), target)
+
+
+def own_dtypes(embedder) -> dict[str, Any]:
+    """The dtype each tower is saved in: its pretrained checkpoint's (bf16 for Qwen3), else fp32."""
+    import torch
+
+    halves = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+    recorded = pretrained_dtypes(embedder)
+    return {side: halves.get(str(recorded.get(side)), torch.float32) for side in ("query", "document")}
+
+
+def save_model(embedder, path: str | Path, *, write: bool = True) -> Path:
+    """``embedder.save_pretrained``, with each tower written in its own dtype and the space fingerprint
+    hashed only when it is not known (:data:`DOCUMENT_FROZEN`: a stage that leaves the document tower
+    as it was keeps it; the runner clears it after any other stage).
+
+    The towers are rounded to their own dtype in memory as well (and cast back to the dtype they train
+    in), so the model in memory is the one on disk: a resumed run continues from exactly what an
+    uninterrupted run continues from, and the fingerprint hashes the weights that were written. Written
+    to a temporary folder renamed into place; a full disk leaves the folder as it was and says, in one
+    line, how much free space the model needs (:class:`DiskFullError`). ``write=False``: the rounding and
+    the fingerprint only, what the ranks that do not write do (they must hold what rank 0 wrote).
+    """
+    from care_retriever import __version__
+    from care_retriever.embedder import CONFIG_NAME
+    from care_retriever.locations import replace_folder
+    from care_retriever.towers.modules import lift_model_code
+
+    target = Path(path)
+    own = own_dtypes(embedder)
+    sides = [s for s in ("query", "document") if getattr(embedder, f"{s}_modules")]
+    same_tower = embedder.query_modules is embedder.document_modules
+    held = {side: cast_tower(embedder, side, own[side]) for side in sides[: 1 if same_tower else 2]}
+    tmp: Path | None = None
+    try:
+        _ = embedder.space_fingerprint  # hashed here only if unknown: cached in config.space_fingerprint
+        if not write:
+            return target
+        embedder.config.care_retriever_version = __version__
+        st = embedder.to_sentence_transformer()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        write_model(st, tmp)
+        for side, dtype in held.items():  # back in the dtypes it runs in: the card's example encodes
+            cast_tower(embedder, side, dtype)
+        held = {}
+        st._create_model_card(str(tmp))
+        lift_model_code(tmp)
+        (tmp / CONFIG_NAME).write_text(embedder.config.to_json(), encoding="utf-8")
+        replace_folder(tmp, target)
+        tmp = None
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        need = model_bytes(embedder, own)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp = None
+        free = shutil.disk_usage(target.parent).free
+        raise DiskFullError(
+            f"{target}: no space left on the device while saving the model; it needs about {_size(need)} "
+            f"free on {target.parent} ({_size(free)} free now); earlier stages are intact: free space, "
+            "then continue with --resume"
+        ) from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for side, dtype in held.items():
+            cast_tower(embedder, side, dtype)
+    return target
+
+
+def write_model(st, folder: Path) -> None:
+    """The write of a model's files (sentence-transformers' folder layout, its card written after the
+    towers are cast back: its usage example runs the model); a test makes it fail."""
+    st.save(str(folder), create_model_card=False)
+
+
+def model_bytes(embedder, own: dict[str, Any]) -> int:
+    """Bytes a saved model's weights take in their own dtypes (a shared tower counted once)."""
+    total = 0
+    towers = {"query": embedder.query_modules, "document": embedder.document_modules}
+    seen: set[int] = set()
+    for side, modules in towers.items():
+        for module in modules or []:
+            for param in module.parameters():
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    total += param.numel() * own[side].itemsize
+    return total
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n / 1024:.1f} GB" if n >= 1024 else f"{n:.1f} MB"
 
 
 @dataclass
@@ -331,7 +482,14 @@ def preload_datasets(recipe: Recipe, data_dir: Path) -> Callable[[str], PairSet]
     return load
 
 
-def start_run(recipe: Recipe, out: Path, state: RunState, data_dir: Path, device: str | None):
+def start_run(
+    recipe: Recipe,
+    out: Path,
+    state: RunState,
+    data_dir: Path,
+    device: str | None,
+    load: Callable[[str], PairSet] | None = None,
+):
     """The starting model: built (and saved as ``stages/init``) on a new run, loaded on a resume.
 
     Under torchrun every rank loads pretrained towers (or a saved model) itself, at the same time (a
@@ -343,23 +501,29 @@ def start_run(recipe: Recipe, out: Path, state: RunState, data_dir: Path, device
     from care_retriever.training.stages import matryoshka_dims
 
     if "init" in state.done:
-        return load_model(out / "stages" / "init", recipe.model, device)
+        return None  # a resume: each stage to train loads the stage it starts from (run_stages)
     if not is_main_process() and recipe.model.preset:
         wait_for_everyone()
         state.done = ["init"]
-        return load_model(out / "stages" / "init", recipe.model, device)
+        return load_model(out / "stages" / "init", recipe.model, device, recipe.defaults)
     started = time.perf_counter()
     embedder = initial_model(recipe.model, recipe, data_dir, recipe.seed, device)
     for stage in recipe.stages:  # dims are checked before the first write
         if isinstance(stage, Stage0DocumentStage):
             matryoshka_dims(stage.matryoshka_dims, embedder.dim, embedder.document_dim, f"stage {stage.name!r}")
+    if load is not None:  # rows' own query prompts (flag data) that the model or a stage cannot apply
+        from care_retriever.training.pairs import check_row_prompts
+
+        formats = {name: spec.format for name, spec in recipe.datasets.items()}
+        check_row_prompts(recipe.stages, formats, load, embedder.config.query_prompt_template)
     if not is_main_process():
+        save_model(embedder, out / "stages" / "init", write=False)  # rounded and fingerprinted as rank 0's
         wait_for_everyone()  # rank 0 has written stages/init
         state.done = ["init"]
         return embedder
     out.mkdir(parents=True, exist_ok=True)
     state.save(out)
-    embedder.save_pretrained(out / "stages" / "init")
+    save_model(embedder, out / "stages" / "init")
     state.extra["init_seconds"] = round(time.perf_counter() - started, 2)
     if recipe.model.foundation:
         state.extra["foundation"] = str(foundation_dir(recipe.model.foundation))
@@ -378,9 +542,11 @@ def run_stage(ctx: Any, stage: StageSpec, embedder: Any, state: RunState) -> Non
     started = time.perf_counter()
     seed_everything(ctx.seed)
     report = STAGES[stage.type](ctx, stage, embedder)
+    if stage.type not in DOCUMENT_FROZEN:
+        embedder.config.space_fingerprint = None  # the document tower changed: hashed once, at the save
     writer = is_main_process()  # under torchrun rank 0 writes; the ranks hold the same model
-    if writer:
-        embedder.save_pretrained(ctx.out / "stages" / stage.name)
+    # every rank rounds its towers to their saved dtypes and fingerprints them; rank 0 writes
+    save_model(embedder, ctx.out / "stages" / stage.name, write=writer)
     for name, kind in stage.export.items():
         target = ctx.out / "models" / name
         state.exports[name] = str(export_model(embedder, kind, target) if writer else target)
@@ -434,10 +600,17 @@ def selected_stages(recipe: Recipe, names: Sequence[str] | None) -> set[str]:
 
 
 def run_stages(
-    recipe: Recipe, ctx: Any, embedder: Any, state: RunState, device: str | None, selected: set[str]
+    recipe: Recipe,
+    ctx: Any,
+    embedder: Any,
+    state: RunState,
+    device: str | None,
+    selected: set[str],
+    keep_stages: bool = False,
 ) -> None:
-    """Each selected unfinished stage in order, from its ``from`` stage (default: the previous one)."""
-    in_memory: str | None = "init"  # the stage whose output the in-memory embedder is
+    """Each selected unfinished stage in order, from its ``from`` stage (default: the previous one);
+    after each, the saved stages no stage still to train starts from are deleted (not ``keep_stages``)."""
+    in_memory: str | None = "init" if embedder is not None else None  # the stage the in-memory model is
     sources = stage_sources(recipe)
     for stage in recipe.stages:
         source = sources[stage.name]
@@ -445,12 +618,42 @@ def run_stages(
             in_memory = None
             continue
         if in_memory != source:
-            embedder = load_model(ctx.out / "stages" / source, recipe.model, device)
+            embedder = None  # frees the previous model before the next one loads
+            embedder = load_model(ctx.out / "stages" / source, recipe.model, device, recipe.defaults)
             if recipe.model.max_length:
                 set_max_length(embedder, recipe.model.max_length)
+        if not ctx.pretrained_dtypes:
+            ctx.pretrained_dtypes = pretrained_dtypes(embedder)
         logger.info("stage %s (%s) starts from %s", stage.name, stage.type, source)
         run_stage(ctx, stage, embedder, state)
         in_memory = stage.name
+        if not keep_stages:
+            prune(recipe, ctx.out, state)
+
+
+def needed_stages(recipe: Recipe, state: RunState) -> set[str]:
+    """Saved stages a later step reads: the source of every stage not yet trained, and the final stage
+    until ``final`` is published."""
+    sources = stage_sources(recipe)
+    needed = {sources[name] for name in sources if name not in state.done}
+    if "final" not in state.extra and recipe.final_stage in state.done:
+        needed.add(recipe.final_stage)
+    return needed
+
+
+def prune(recipe: Recipe, out: Path, state: RunState) -> None:
+    """Delete what neither ``--resume`` nor the final model needs: saved stages no unfinished stage
+    starts from, and the checkpoints of finished stages (rank 0; the others hold the model in memory)."""
+    from care_retriever.training.engine import is_main_process
+
+    if not is_main_process():
+        return
+    needed = needed_stages(recipe, state)
+    for name in ["init", *stage_sources(recipe)]:
+        if name in state.done and name not in needed:
+            shutil.rmtree(out / "stages" / name, ignore_errors=True)
+        if name in state.done:
+            shutil.rmtree(out / "checkpoints" / name, ignore_errors=True)
 
 
 def publish_final(recipe: Recipe, out: Path, state: RunState) -> Path | None:
@@ -463,15 +666,25 @@ def publish_final(recipe: Recipe, out: Path, state: RunState) -> Path | None:
     final = out / "final"
     if not is_main_process():
         return final
+    source = out / "stages" / recipe.final_stage
+    if "final" in state.extra and final.is_dir() and not source.is_dir():
+        return final  # published by an earlier run, its stage folder since deleted
     tmp = out / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(out / "stages" / recipe.final_stage, tmp)
+    shutil.copytree(source, tmp, copy_function=_link_or_copy)  # hard links: no second copy on disk
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     state.extra["final"] = str(final)
     state.save(out)
     return final
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # a file system without hard links
+        shutil.copy2(src, dst)
 
 
 def run_recipe(
@@ -485,12 +698,15 @@ def run_recipe(
     device: str | None = None,
     show_progress: bool = True,
     stages: Sequence[str] | None = None,
+    keep_stages: bool = False,
 ) -> RunResult:
     """Train ``recipe`` into ``out``; the final model lands in ``out/final``.
 
     ``preset`` replaces the recipe's model by a from-scratch one of that preset (validating a
     paper-size recipe on CPU with the ``base`` preset); ``dry_run_steps`` trains N steps per stage;
-    ``stages`` trains only those stages and the ones they start from (the rest on a later resume).
+    ``stages`` trains only those stages and the ones they start from (the rest on a later resume);
+    ``keep_stages`` keeps every stage's saved model and checkpoints (by default only what ``--resume``
+    and the final model need stay: at most two saved stages at a time).
     """
     from care_retriever.training.distributed import recipe_timeout_seconds, start_process_group, world_size
     from care_retriever.training.engine import wait_for_everyone
@@ -508,11 +724,16 @@ def run_recipe(
     state = RunState.resumed(recipe, fingerprint, check_output(out, recipe, fingerprint, resume))
     if world_size() > 1:
         logger.info("%d processes, process group timeout %s s", world_size(), timeout)
-        state.extra["processes"] = {"world_size": world_size(), "timeout_seconds": timeout}
+    # Recorded always: the group's timeout as torch holds it, else (one process, no group) the recipe's.
+    state.extra["processes"] = {
+        "world_size": world_size(),
+        "timeout_seconds": timeout if timeout is not None else recipe_timeout_seconds(recipe.defaults),
+        "process_group": timeout is not None,
+    }
     wait_for_everyone()  # under torchrun every rank checks --out before rank 0 writes to it
     load = preload_datasets(recipe, data_dir)
     seed_everything(recipe.seed)
-    embedder = start_run(recipe, out, state, data_dir, device)
+    embedder = start_run(recipe, out, state, data_dir, device, load)
     ctx = StageContext(
         out=out,
         data_dir=data_dir,
@@ -524,11 +745,13 @@ def run_recipe(
         dry_run_steps=dry_run_steps,
         resume=resume,
         show_progress=show_progress,
-        pretrained_dtypes=pretrained_dtypes(embedder),
+        pretrained_dtypes=pretrained_dtypes(embedder) if embedder is not None else {},
         device=device,
     )
-    run_stages(recipe, ctx, embedder, state, device, selected)
+    run_stages(recipe, ctx, embedder, state, device, selected, keep_stages)
     final = publish_final(recipe, out, state)
+    if not keep_stages:
+        prune(recipe, out, state)
     return RunResult(out=out, final=final, reports=state.reports, exports=state.exports)
 
 

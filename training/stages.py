@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +36,12 @@ from care_retriever.training.engine import (
     JsonlLogCallback,
     bucket_by_length,
     build_arguments,
+    enable_activation_checkpointing,
     last_checkpoint,
     world_size,
 )
 from care_retriever.training.lora import LoraSpec, add_lora, merge_lora
-from care_retriever.training.pairs import Example, PairSet, unique
+from care_retriever.training.pairs import Example, PairSet, row_prompted, unique
 from care_retriever.training.quiet import quiet_trainer
 from care_retriever.training.recipe import (
     OWN_DEFAULT_KEYS,
@@ -192,6 +193,17 @@ def gather_examples(ctx: StageContext, stage: StageSpec, names: list[str] | None
     return limit_for_dry_run(ctx, stage, examples)
 
 
+def lora_on(embedder, lora: LoraSpec, seed: int) -> int:
+    """LoRA on the document tower. peft's ``get_peft_model`` reads the model's ``is_gradient_checkpointing``,
+    a property transformers 5 deprecated (``FutureWarning`` on every LoRA stage): that one warning is
+    silenced here, where peft reads it, until peft reads ``is_activation_checkpointing``."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return add_lora(embedder.document_modules, lora, seed=seed)
+
+
 def set_trainable(modules: list | None, flag: bool) -> None:
     for module in modules or []:
         for param in module.parameters():
@@ -284,6 +296,7 @@ def fit(
         max_steps=ctx.dry_run_steps,
     )
     args.disable_tqdm = not ctx.show_progress
+    enable_activation_checkpointing(model)  # the trainer's call by its transformers 5 name (no FutureWarning)
     trainer = CareTrainer(
         model=model,
         args=args,
@@ -351,7 +364,7 @@ def _pair_dataset(examples: list[Example], negatives: int = 0) -> Dataset:
 # ----------------------------------------------------------------------------- Stage 0
 def stage0_query(ctx: StageContext, stage: Stage0QueryStage, embedder) -> StageReport:
     """Symmetric InfoNCE fine-tuning of the query tower (document tower untouched)."""
-    examples = gather_examples(ctx, stage)
+    examples, anchor = row_prompted(gather_examples(ctx, stage), embedder.config)
     model = embedder.to_sentence_transformer()
     set_trainable(embedder.document_modules, False)
     set_trainable(embedder.query_modules, True)
@@ -364,7 +377,7 @@ def stage0_query(ctx: StageContext, stage: Stage0QueryStage, embedder) -> StageR
             _pair_dataset(examples),
             loss,
             router_mapping={"anchor": "query", "positive": "query"},
-            prompts=query_prompts(embedder, ["anchor"]),
+            prompts=query_prompts(embedder, anchor),
             examples=len(examples),
         )
     finally:
@@ -398,7 +411,7 @@ def stage0_document(ctx: StageContext, stage: Stage0DocumentStage, embedder) -> 
     examples = gather_examples(ctx, stage)
     lora = LoraSpec.from_options(stage.lora, where)
     if lora is not None:
-        trainable = add_lora(embedder.document_modules, lora, seed=ctx.seed)
+        trainable = lora_on(embedder, lora, ctx.seed)
         logger.info("%s: LoRA r=%d alpha=%d, %d trainable parameters", stage.name, lora.r, lora.alpha, trainable)
     # The tower before the Matryoshka truncation module: MatryoshkaLoss truncates itself.
     untruncated = []
@@ -467,6 +480,8 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder) -> StageR
             ctx.out / "teacher_cache",
             show_progress=ctx.show_progress,
             dtype=stage_dtype(ctx, stage),
+            fingerprint=embedder.space_fingerprint,  # the runner keeps it current (runner.py, tower_changed)
+            full_width=stage.mse_target == "sliced",
         )
         index = {t: i for i, t in enumerate(teacher_texts)}
         data = {
@@ -495,6 +510,7 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder) -> StageR
         lambda2=float(stage.lambda2),
         temperature=temperature(ctx, stage),
         gather_across_devices=gather_flag(ctx, stage),
+        mse_target=stage.mse_target,
     )
     # Queries get the query instruction (if the tower has one); documents fed to the query tower do not.
     # The teacher's texts get the document tower's own prompt, if it declares one (as when indexing).
@@ -527,7 +543,7 @@ def add_hard_negatives(
     spec = stage.hard_negatives
     num = int(spec.get("num", 1))
     if num <= 0:
-        return [Example(e.query, e.positive) for e in examples], 0
+        return [replace(e, negatives=[]) for e in examples], 0
     pool = unique([t for e in examples for t in (e.positive, *e.negatives)])
     mined: dict[str, list[str]] = {}
     if spec.get("mine", True):
@@ -562,7 +578,7 @@ def add_hard_negatives(
             candidate = rng.choice(pool)
             if candidate != e.positive and (candidate not in chosen or len(pool) <= num + 1):
                 chosen.append(candidate)
-        out.append(Example(e.query, e.positive, chosen))
+        out.append(replace(e, negatives=chosen))  # a row's own query prompt (flag data) stays with it
     return out, num
 
 
@@ -571,11 +587,12 @@ def stage2_joint(ctx: StageContext, stage: Stage2JointStage, embedder) -> StageR
     where = f"stage {stage.name!r}"
     examples = gather_examples(ctx, stage)
     examples, num = add_hard_negatives(ctx, stage, embedder, examples)
+    examples, anchor = row_prompted(examples, embedder.config)
     lora = LoraSpec.from_options(stage.lora, where)
     set_trainable(embedder.query_modules, True)
     freeze_truncation(embedder.document_modules)
     if lora is not None:
-        trainable = add_lora(embedder.document_modules, lora, seed=ctx.seed)
+        trainable = lora_on(embedder, lora, ctx.seed)
         logger.info(
             "%s: LoRA r=%d alpha=%d on the document tower, %d trainable", stage.name, lora.r, lora.alpha, trainable
         )
@@ -590,7 +607,7 @@ def stage2_joint(ctx: StageContext, stage: Stage2JointStage, embedder) -> StageR
             _pair_dataset(examples, num),
             loss,
             router_mapping=router,
-            prompts=query_prompts(embedder, ["anchor"], tuple(c for c, side in router.items() if side == "document")),
+            prompts=query_prompts(embedder, anchor, tuple(c for c, side in router.items() if side == "document")),
             examples=len(examples),
         )
     finally:
@@ -615,6 +632,7 @@ def distill(ctx: StageContext, stage: DistillStage, embedder) -> StageReport:
     vectors = embedder.embed_documents(texts, batch_size=64, show_progress=ctx.show_progress)
     row = {t: i for i, t in enumerate(texts)}
     scores = [[float(vectors[row[e.query]] @ vectors[row[c]]) for c in (e.positive, *e.negatives)] for e in examples]
+    examples, anchor = row_prompted(examples, embedder.config)  # after the teacher scores (raw texts)
     dataset = _pair_dataset(examples, num).add_column("label", scores)
     set_trainable(embedder.document_modules, False)
     set_trainable(embedder.query_modules, True)
@@ -629,7 +647,7 @@ def distill(ctx: StageContext, stage: DistillStage, embedder) -> StageReport:
             dataset,
             loss,
             router_mapping=router,
-            prompts=query_prompts(embedder, ["anchor"]),
+            prompts=query_prompts(embedder, anchor),
             examples=len(examples),
         )
     finally:

@@ -57,6 +57,8 @@ def build_teacher_cache(
     batch_size: int = 64,
     show_progress: bool = True,
     dtype: Any = None,
+    fingerprint: str | None = None,
+    full_width: bool = False,
 ) -> TeacherCache:
     """Return the memory-mapped document-tower embeddings of ``texts`` (row i = text i).
 
@@ -67,6 +69,13 @@ def build_teacher_cache(
     Under torchrun every rank calls this: each encodes its share of the texts (every ``world``-th of
     them in length order, so the shares cost the same) into a part file; rank 0 assembles the cache
     from the parts; every rank then maps the finished file.
+
+    ``full_width``: each row is the embedding normalised at the tower's native width, then sliced to the
+    shared dim (norm below 1: the CARE authors' MSE target) instead of the model's renormalised slice.
+
+    ``fingerprint``: the document space fingerprint of the tower as it is in memory, where the caller
+    knows it (the runner computes it once per tower state: hashing a 4B tower's weights takes tens of
+    seconds); None hashes the weights now.
     """
     from care_retriever.training.distributed import (
         PartWriter,
@@ -81,8 +90,8 @@ def build_teacher_cache(
     directory = Path(cache_dir)
     directory.mkdir(parents=True, exist_ok=True)
     max_length = int(embedder.document_model.max_seq_length or 0)
-    fingerprint = _fingerprint(embedder)
-    key = cache_key(fingerprint, max_length, texts)
+    fingerprint = fingerprint or _fingerprint(embedder)
+    key = cache_key(fingerprint + (";full-width" if full_width else ""), max_length, texts)
     data, meta = directory / f"{key}.f32", directory / f"{key}.json"
     shape = (len(texts), embedder.dim)
     # Every rank looks before any rank can write: the parts are assembled only after a barrier all pass.
@@ -109,7 +118,7 @@ def build_teacher_cache(
             idx = mine[start : start + 4096]
             rows = encode_texts(
                 model, [texts[i] for i in idx], prompt=embedder.config.document_prompt, batch_size=batch_size
-            )
+            )[:, : shape[1]]
             if out is not None:
                 out[idx] = rows
             elif part is not None and part.rows is not None:
@@ -146,6 +155,19 @@ def autocast(device: Any, dtype: Any) -> contextlib.AbstractContextManager:
     if dtype not in (torch.bfloat16, torch.float16):
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+def _full_width_model(embedder):
+    """The document tower without its Matryoshka truncation: its modules up to pooling, then ``Normalize``."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
+
+    modules = []
+    for module in embedder.document_modules:
+        modules.append(module)
+        if isinstance(module, Pooling):
+            break
+    return SentenceTransformer(modules=[*modules, Normalize()], device=str(embedder.device))
 
 
 def _fingerprint(embedder) -> str:

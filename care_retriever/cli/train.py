@@ -53,6 +53,12 @@ def train(
             help="Train only this stage and the stages it starts from (repeatable); --resume trains the rest later.",
         ),
     ] = None,
+    keep_stages: Annotated[
+        bool,
+        typer.Option(
+            help="Keep every stage's model in OUT/stages (default: only what --resume and the final model need)."
+        ),
+    ] = False,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Train a CARE model from a recipe; the final model is left in OUT/final."""
@@ -87,6 +93,7 @@ def train(
             device=device,
             show_progress=progress,
             stages=stage,
+            keep_stages=keep_stages,
         )
         if speaks:
             print_reports(result)

@@ -64,7 +64,16 @@ def check_spec(recorded: dict[str, Any] | None, where: str) -> None:
 
 @functools.cache  # once per process: setLogLevel alone costs ~1 ms a call (logging clears its caches)
 def _jieba():
-    import jieba
+    import warnings
+
+    # jieba 0.42 compiles with invalid escape sequences (SyntaxWarning; DeprecationWarning before Python
+    # 3.12) on the first import after installation, and imports pkg_resources (a deprecation warning):
+    # noise on every BM25 use, silenced for this import only.
+    with warnings.catch_warnings():
+        for category in (SyntaxWarning, DeprecationWarning):
+            warnings.filterwarnings("ignore", message=r"invalid escape sequence", category=category)
+        warnings.filterwarnings("ignore", message=r".*pkg_resources")
+        import jieba
 
     jieba.setLogLevel(logging.WARNING)
     jieba.initialize()
