@@ -13,6 +13,13 @@ Formats (``format:`` of a recipe data set):
 - ``alignment``: ``{text, side: query|document}`` (``care-retriever data alignment`` writes it).
 - ``text``: plain text (one per line) or JSONL with text fields: language-model pretraining, and
   Stage I alignment texts on the side (``queries`` or ``documents``) the stage lists the set under.
+- ``flag``: FlagEmbedding's fine-tuning JSONL, ``{query, pos: [str], neg: [str], prompt?, type?,
+  pos_scores?, neg_scores?}`` (the CARE authors' released data is in it): one example per positive, the row's
+  ``neg`` list its hard negatives (shuffled once per row, seeded by the line number: a stage that uses k of them
+  takes a random k, as FlagEmbedding samples ``train_group_size - 1`` of them). ``prompt`` is the row's query
+  instruction, put into the model's query prompt template in place of its default instruction
+  (:func:`with_row_prompts`); ``type``: see :data:`FLAG_TYPES`. Scores are checked and not used (FlagEmbedding
+  uses them only with ``knowledge_distillation``); other keys (``pos_id``) are ignored, as FlagEmbedding does.
 
 Why validate here: a training run that dies after an hour because of one empty text wastes the
 hour; every problem is reported before the first step as ``file:line: what is wrong``.
@@ -34,6 +41,11 @@ class Example:
     query: str
     positive: str
     negatives: list[str] = field(default_factory=list)
+    # ``flag`` rows: the row's query instruction (its ``prompt``), ``file:line`` of the row, and whether the
+    # instruction also goes before the positive and negatives (FlagEmbedding's symmetric_sts/clustering rows).
+    instruction: str | None = None
+    where: str | None = None
+    instruct_candidates: bool = False
 
 
 @dataclass
@@ -179,6 +191,160 @@ def read_qa(path: Path, *, with_description: bool = False) -> list[Example]:
     return examples
 
 
+# FlagEmbedding's ``type`` values (FlagEmbedding 1.3.3, ``AbsEmbedderSameDatasetTrainDataset``) and what a
+# ``flag`` row of that type is here. Row-level meaning is kept; FlagEmbedding's batch-level effects are not
+# (it halves the batch of a file whose type contains "symmetric" and draws each batch from one file; a stage
+# here mixes its data sets in every batch). Types that give rows fewer negatives than the others are refused:
+# every row of a stage gets the same number of negatives (``hard_negatives.num``).
+FLAG_TYPES: dict[str | None, str] = {
+    None: "asymmetric pairs",
+    "normal": "asymmetric pairs",
+    "symmetric_sts": "positives are query-side texts; the row's prompt also goes before the positive and negatives",
+    "symmetric_clustering": "positives are query-side texts; the row's prompt also goes before the positive "
+    "and negatives",
+}
+FLAG_REFUSED_TYPES = {
+    "only_1neg": "FlagEmbedding trains its rows with one negative (train_group_size 2)",
+    "symmetric_class": "FlagEmbedding trains its rows with only their own negatives (no repeats)",
+}
+FLAG_KEYS = {"query", "pos", "neg", "prompt", "type", "pos_scores", "neg_scores"}
+
+
+def _scores(row: dict[str, Any], key: str, texts: list[str], path: Path, lineno: int) -> None:
+    value = row.get(key)
+    if value is None:
+        return
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+        raise InputError(f"{at(path, lineno)}: {key!r} must be a list of numbers")
+    if len(value) != len(texts):
+        side = key.split("_")[0]
+        raise InputError(f"{at(path, lineno)}: {key!r} has {len(value)} scores for {len(texts)} texts in {side!r}")
+
+
+def read_flag(path: Path, *, use_prompt: bool = True) -> tuple[list[Example], bool]:
+    """FlagEmbedding JSONL rows -> examples (one per positive) and whether the file is symmetric (its ``type``)."""
+    import random
+
+    examples: list[Example] = []
+    kind: str | None = None
+    for lineno, row in iter_jsonl(path):
+        where = at(path, lineno)
+        query = _text(row, "query", path, lineno)
+        for key in ("pos", "neg"):
+            if key in row and not isinstance(row[key], list):
+                raise InputError(f"{where}: {key!r} must be a list of strings, got {type(row[key]).__name__}")
+        pos = _texts(row, "pos", path, lineno)
+        if not pos:
+            raise InputError(f"{where}: row has no positive (expected a non-empty 'pos' list)")
+        neg = _texts(row, "neg", path, lineno)
+        _scores(row, "pos_scores", pos, path, lineno)
+        _scores(row, "neg_scores", neg, path, lineno)
+        if "batch_size" in row:
+            raise InputError(
+                f"{where}: 'batch_size' (FlagEmbedding's batch size of the file) is not read here; "
+                "set per_device_train_batch_size in the stage's args"
+            )
+        prompt = _text(row, "prompt", path, lineno, required=False)
+        row_type = row.get("type")
+        if row_type is not None and not isinstance(row_type, str):
+            raise InputError(f"{where}: 'type' must be a string, got {type(row_type).__name__}")
+        if row_type in FLAG_REFUSED_TYPES:
+            raise InputError(
+                f"{where}: type {row_type!r} is not supported: {FLAG_REFUSED_TYPES[row_type]}, and a stage here "
+                "gives every row the same number of negatives (hard_negatives.num); keep the negatives wanted in "
+                "'neg' and drop 'type'"
+            )
+        if row_type not in FLAG_TYPES:
+            known = ", ".join(repr(t) for t in FLAG_TYPES if t)
+            raise InputError(f"{where}: type {row_type!r} unknown; known: {known} (or none)")
+        if not examples:
+            kind = row_type
+        elif row_type != kind:
+            raise InputError(
+                f"{where}: type {row_type!r} differs from the file's first row ({kind!r}); "
+                "one type per file (FlagEmbedding requires one type per batch)"
+            )
+        pos_set = set(pos)
+        negs = [n for n in unique(neg) if n not in pos_set]
+        random.Random(lineno).shuffle(negs)  # a random k of them wherever a stage takes the first k
+        instruction = prompt if use_prompt else None
+        candidates = instruction is not None and row_type in ("symmetric_sts", "symmetric_clustering")
+        examples.extend(
+            Example(query, p, list(negs), instruction=instruction, where=where, instruct_candidates=candidates)
+            for p in unique(pos)
+        )
+    return examples, bool(kind and "symmetric" in kind)
+
+
+def row_prompt_example(examples: list[Example]) -> Example | None:
+    """The first example carrying its own query instruction (a ``flag`` row's ``prompt``), if any."""
+    return next((e for e in examples if e.instruction is not None), None)
+
+
+# Stage types whose anchors are queries encoded by the query tower under its query prompt: there a row's own
+# instruction replaces the default one. Elsewhere (Stage 0 of the document tower, Stage I's texts) it cannot.
+ROW_PROMPT_STAGES = ("stage0_query", "stage2_joint", "distill")
+
+
+def check_row_prompts(stages: list[Any], formats: dict[str, str], load: Any, template: str | None) -> None:
+    """Refuse, naming the first such row, per-row prompts that a stage or the model cannot apply.
+
+    ``stages``: recipe stage specs; ``formats``: data set name -> format; ``load``: name -> :class:`PairSet`;
+    ``template``: the model's ``care_config.json`` ``query_prompt_template``.
+    """
+    for stage in stages:
+        alignment = getattr(stage, "alignment", None) or {}
+        names = list(stage.datasets) + [n for key in ("queries", "documents") for n in alignment.get(key, [])]
+        for name in unique(names):
+            if formats.get(name) != "flag":
+                continue
+            first = row_prompt_example(load(name).examples)
+            if first is None:
+                continue
+            if stage.type not in ROW_PROMPT_STAGES:
+                raise InputError(
+                    f"{first.where}: row has a 'prompt', which stage {stage.name!r} ({stage.type}) cannot apply per "
+                    f"row (only {', '.join(ROW_PROMPT_STAGES)} stages can); set use_prompt: false on data set "
+                    f"{name!r} to train without the rows' prompts"
+                )
+            if not template or "{instruction}" not in template:
+                raise InputError(
+                    f"{first.where}: row has a 'prompt', but the model's query tower takes no instruction "
+                    f"(care_config.json query_prompt_template {template!r} has no {{instruction}} slot); set "
+                    f"use_prompt: false on data set {name!r} to train without the rows' prompts"
+                )
+
+
+def row_prompted(examples: list[Example], config: Any) -> tuple[list[Example], list[str]]:
+    """``examples`` with their rows' own query prompts written in where any row has one (:func:`with_row_prompts`,
+    ``config``: the model's :class:`~care_retriever.model_config.CareConfig`), and the columns a stage still
+    gives the model's query prompt: ``["anchor"]``, or none once the prompts are in the texts."""
+    if row_prompt_example(examples) is None:
+        return examples, ["anchor"]
+    return with_row_prompts(examples, config.query_prompt_template, config.query_prompt()), []
+
+
+def with_row_prompts(examples: list[Example], template: str | None, default_prompt: str | None) -> list[Example]:
+    """The examples with their query prompt written into the query: a row's own instruction filled into
+    ``template``, ``default_prompt`` (the model's prompt, may be None) for the others; for FlagEmbedding's
+    symmetric_sts/clustering rows the row's prompt goes before the positive and negatives too. A stage that
+    trains these passes no query prompt for the anchor column (it is in the text; the same tokens as the
+    trainer's ``prompts`` give: no pooling here excludes prompt tokens)."""
+    from care_retriever.prompts import fill_query_prompt
+
+    out: list[Example] = []
+    for e in examples:
+        own = fill_query_prompt(template, e.instruction) if e.instruction is not None else None
+        prompt = own if own is not None else (default_prompt or "")
+        if e.instruct_candidates and own is not None:
+            out.append(
+                replace(e, query=prompt + e.query, positive=own + e.positive, negatives=[own + n for n in e.negatives])
+            )
+        else:
+            out.append(replace(e, query=prompt + e.query))
+    return out
+
+
 def read_alignment(path: Path) -> tuple[list[str], list[str]]:
     """``{text, side}`` rows -> (query-side texts, document-side texts)."""
     queries: list[str] = []
@@ -219,6 +385,8 @@ def load_pairset(spec: Any, data_dir: Path) -> PairSet:
     elif spec.format == "qa":
         examples = read_qa(path, with_description=spec.with_description)
         symmetric = False
+    elif spec.format == "flag":
+        examples, symmetric = read_flag(path, use_prompt=spec.use_prompt)
     elif spec.format == "alignment":
         queries, documents = read_alignment(path)
         return PairSet(

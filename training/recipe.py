@@ -31,12 +31,13 @@ from typing import Any
 
 from care_retriever.errors import InputError
 
-DATA_FORMATS = ("pairs", "qtr", "sts", "qa", "alignment", "text")
+DATA_FORMATS = ("pairs", "qtr", "sts", "qa", "alignment", "text", "flag")
 EXPORT_KINDS = ("asymmetric", "query-symmetric", "document-symmetric")
 # Keys of ``defaults`` that are ours; everything else is a training argument.
 OWN_DEFAULT_KEYS = {"temperature", "gather_across_devices", "length_buckets"}
 HARD_NEGATIVE_KEYS = {"num", "mine", "range_min", "range_max", "duplicate_threshold", "miner"}
 ALIGNMENT_KEYS = {"queries", "documents"}
+MSE_TARGETS = ("renormalised", "sliced")
 
 
 @dataclass
@@ -51,6 +52,7 @@ class DatasetSpec:
     min_score: float | None = None  # sts: pairs with score >= this are positives
     with_description: bool = False  # qa: append the patient's description to the question
     max_rows: int | None = None  # read at most this many examples (after filtering)
+    use_prompt: bool = True  # flag: a row's 'prompt' is its query instruction (false: rows get the model's default)
 
 
 MODEL_SOURCES = ("preset", "path", "foundation", "query_model")
@@ -81,6 +83,14 @@ class ModelSpec:
     # 0.485 vs 0.52 with last_token), so the bundled recipes keep the default.
     document_pooling: str | None = None
     trust_remote_code: bool = False
+    # The query prompt template kept in the model's care_config.json, e.g. the CARE authors' inference form
+    # "<instruct>{instruction}\n<query>" (a flag row's ``prompt`` fills the slot; other rows get the default
+    # instruction); None keeps the model's own.
+    query_prompt_template: str | None = None
+    # With query_model/document_model: "authors-release" reads the towers with the conventions of the CARE
+    # authors' released models (care_retriever.towers.release), e.g. a new query tower against a released
+    # ``doc_encoder``; a saved model (``path``) keeps its own conventions.
+    convention: str | None = None
 
 
 @dataclass
@@ -161,6 +171,10 @@ class Stage1AlignStage(EmbeddingStage):
     temperature: float | None = None
     gather_across_devices: bool | str | None = None
     teacher: str = "cached"  # "cached": the document tower runs once per text; "recompute": every step
+    # The MSE's teacher row: "renormalised" (the document embedding sliced to the shared dim, then normalised:
+    # the model's document vector) or "sliced" (normalised at the tower's full width, then sliced: the
+    # CARE authors' code, whose row is shorter than 1 by the weight of the dims cut off).
+    mse_target: str = "renormalised"
     # Caps of one side's alignment texts (a seeded sample), instead of max_examples: short query-side
     # texts are cheap steps, long document-side texts dear ones.
     max_query_texts: int | None = None
@@ -377,6 +391,23 @@ def _model(raw: Any, source: str) -> ModelSpec:
         )
     if spec.dim is not None and (not isinstance(spec.dim, int) or spec.dim < 1):
         raise InputError(f"{source}: model.dim must be a positive integer")
+    if spec.convention is not None:
+        from care_retriever.towers.release import CONVENTION
+
+        if spec.convention != CONVENTION:
+            raise InputError(f"{source}: model.convention must be {CONVENTION!r}, got {spec.convention!r}")
+        if not spec.query_model:
+            raise InputError(f"{source}: model.convention applies to query_model/document_model towers only")
+    template = spec.query_prompt_template
+    if template is not None and (not isinstance(template, str) or not template.strip()):
+        raise InputError(f"{source}: model.query_prompt_template must be a non-empty string")
+    if template is not None:
+        try:
+            template.format(instruction="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise InputError(
+                f"{source}: model.query_prompt_template {template!r}: its only slot may be {{instruction}} ({exc})"
+            ) from exc
     from care_retriever.towers.modules import POOLING_MODES
 
     for key in ("query_pooling", "document_pooling"):
@@ -465,6 +496,12 @@ def build_stage(
     values["export"] = export
     if values.get("teacher", "cached") not in ("cached", "recompute"):
         raise InputError(f"{where}: teacher must be 'cached' or 'recompute', got {values['teacher']!r}")
+    if values.get("mse_target", "renormalised") not in MSE_TARGETS:
+        raise InputError(f"{where}: mse_target must be one of {list(MSE_TARGETS)}, got {values['mse_target']!r}")
+    if values.get("mse_target") == "sliced" and values.get("teacher") == "recompute":
+        raise InputError(
+            f"{where}: mse_target: sliced needs teacher: cached (the cache keeps the full-width rows' slice)"
+        )
     for key in ("lambda1", "lambda2", "temperature", "mlm_probability", "kl_weight"):
         if values.get(key) is not None and (not isinstance(values[key], (int, float)) or values[key] < 0):
             raise InputError(f"{where}: {key} must be a non-negative number")
@@ -484,3 +521,16 @@ def build_stage(
 
         LoraSpec.from_options(values["lora"], where)  # validated here, built by the stage
     return cls(**{k: v for k, v in values.items() if v is not None or k in ("lora",)})
+
+
+def set_query_prompt_template(embedder: Any, template: str) -> None:
+    """Give ``embedder`` the recipe's ``model.query_prompt_template`` (kept in its saved care_config.json); a
+    template with an ``{instruction}`` slot gets the default instruction where the model has none."""
+    from care_retriever.prompts import DEFAULT_INSTRUCTION
+
+    config = embedder.config
+    config.query_prompt_template = template
+    if "{instruction}" in template:
+        config.default_instruction = config.default_instruction or DEFAULT_INSTRUCTION
+    else:
+        config.default_instruction = None

@@ -188,6 +188,7 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
             device=device,
             dtype=held["document"],
             trust_remote_code=spec.trust_remote_code,
+            convention=spec.convention,
         )
         hold_in(embedder, held)
         embedder.config.extra[PRETRAINED_DTYPE_KEY] = pretrained

@@ -239,18 +239,25 @@ def contrastive_loss(ctx: StageContext, stage: StageSpec, model):
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,
     )
+    from sentence_transformers.util import cos_sim, dot_score
 
     scale = 1.0 / temperature(ctx, stage)
+    # A model that scores by dot product (the authors' release convention: documents normalised at full
+    # width, then cut) trains on the scores it is searched with, as the authors' trainer does.
+    similarity = dot_score if getattr(model, "similarity_fn_name", None) == "dot" else cos_sim
     mini_batch = getattr(stage, "mini_batch_size", None)
     if mini_batch:
         return CachedMultipleNegativesRankingLoss(
             model,
             scale=scale,
+            similarity_fct=similarity,
             mini_batch_size=int(mini_batch),
             gather_across_devices=gather_flag(ctx, stage),
             show_progress_bar=False,
         )
-    return MultipleNegativesRankingLoss(model, scale=scale, gather_across_devices=gather_flag(ctx, stage))
+    return MultipleNegativesRankingLoss(
+        model, scale=scale, similarity_fct=similarity, gather_across_devices=gather_flag(ctx, stage)
+    )
 
 
 def query_prompts(embedder, columns: list[str], document_columns: tuple[str, ...] = ()) -> dict[str, str] | None:
@@ -511,6 +518,7 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder) -> StageR
         temperature=temperature(ctx, stage),
         gather_across_devices=gather_flag(ctx, stage),
         mse_target=stage.mse_target,
+        similarity=embedder.similarity,
     )
     # Queries get the query instruction (if the tower has one); documents fed to the query tower do not.
     # The teacher's texts get the document tower's own prompt, if it declares one (as when indexing).

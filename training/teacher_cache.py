@@ -104,7 +104,7 @@ def build_teacher_cache(
     # One process writes rows straight into the cache; several write their share into a part file each.
     part = PartWriter(directory, key, len(mine), shape[1]) if world_size() > 1 else None
     out = np.memmap(tmp, dtype=np.float32, mode="w+", shape=shape) if part is None else None
-    model = embedder.document_model
+    model = _full_width_model(embedder) if full_width else embedder.document_model
     was_training = model.training
     with (
         tqdm(

@@ -16,8 +16,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def alignment_mse(student: Tensor, teacher: Tensor) -> Tensor:
-    """Mean over rows of the squared L2 distance between unit-normalised ``student`` and ``teacher``."""
+def alignment_mse(student: Tensor, teacher: Tensor, *, normalise_teacher: bool = True) -> Tensor:
+    """Mean over rows of the squared L2 distance between unit-normalised ``student`` and ``teacher``.
+
+    ``normalise_teacher=False`` takes the teacher rows as given: the CARE authors' target, the document
+    embedding normalised at the tower's full width and then sliced to the query width. Its norm r is below 1,
+    so the term cannot go under ``(1 - r)^2`` for that row (a unit student pointing along it)."""
     s = F.normalize(student, dim=-1)
-    t = F.normalize(teacher.to(s.dtype), dim=-1)
+    t = teacher.to(s.dtype)
+    if normalise_teacher:
+        t = F.normalize(t, dim=-1)
     return (s - t).pow(2).sum(dim=-1).mean()

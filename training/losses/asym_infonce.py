@@ -24,6 +24,8 @@ def asym_infonce(
     document_embeddings: Tensor,
     temperature: float = 0.05,
     hard_negatives: Tensor | None = None,
+    *,
+    normalize_documents: bool = True,
 ) -> Tensor:
     """Mean Asym-InfoNCE over the batch.
 
@@ -34,11 +36,16 @@ def asym_infonce(
             documents were gathered across devices with the local batch first).
         temperature: tau; the logits are ``cos / tau``.
         hard_negatives: optional ``(k, d)`` extra negatives shared by every query.
+        normalize_documents: False takes the document rows as given (a dot-product model whose document
+            vectors were normalised at the tower's full width, then cut: the CARE authors' release), so the
+            logits are ``q . d / tau`` with ``|d| <= 1``.
     """
     q = F.normalize(query_embeddings, dim=-1)
-    d = F.normalize(document_embeddings.to(q.dtype), dim=-1)
+    d = document_embeddings.to(q.dtype)
     if hard_negatives is not None:
-        d = torch.cat([d, F.normalize(hard_negatives.to(q.dtype), dim=-1)], dim=0)
+        d = torch.cat([d, hard_negatives.to(q.dtype)], dim=0)
+    if normalize_documents:
+        d = F.normalize(d, dim=-1)
     logits = q @ d.T / temperature
     labels = torch.arange(q.shape[0], device=q.device)
     return F.cross_entropy(logits, labels)

@@ -41,8 +41,14 @@ class QueryAlignmentLoss(nn.Module):
         lambda2: float = 1.0,
         temperature: float = 0.05,
         gather_across_devices: bool = False,
+        mse_target: str = "renormalised",
+        similarity: str = "cosine",
     ) -> None:
         super().__init__()
+        # "dot": the model scores by dot product (documents normalised before the Matryoshka cut): the
+        # contrastive term takes the teacher rows as they are, as the authors' trainer does
+        self.similarity = similarity
+        self.mse_target = mse_target  # "sliced": the cache's rows are full-width normalised, then sliced
         self.model = model
         self.cache = cache
         self.lambda1 = lambda1
@@ -67,8 +73,8 @@ class QueryAlignmentLoss(nn.Module):
         student = self.model(features[0])["sentence_embedding"]
         teacher = self.teacher(features, labels, student.device)
         all_teacher = gather_rows(teacher) if self.gather_across_devices else teacher
-        contrastive = asym_infonce(student, all_teacher, self.temperature)
-        mse = alignment_mse(student, teacher)
+        contrastive = asym_infonce(student, all_teacher, self.temperature, normalize_documents=self.similarity != "dot")
+        mse = alignment_mse(student, teacher, normalise_teacher=self.mse_target != "sliced")
         self.last_components = {"asym_infonce": float(contrastive.detach()), "mse": float(mse.detach())}
         return self.lambda1 * contrastive + self.lambda2 * mse
 
@@ -78,6 +84,8 @@ class QueryAlignmentLoss(nn.Module):
             "lambda2": self.lambda2,
             "temperature": self.temperature,
             "teacher": "cached" if self.cache is not None else "recompute",
+            "mse_target": self.mse_target,
+            "similarity": self.similarity,
         }
 
 

@@ -1,0 +1,168 @@
+"""The ``authors`` recipe (the CARE authors' Stage I / Stage II script settings) dry-runs on CPU.
+
+``training/recipes/authors.yaml`` itself, with only its towers pointed at the offline hub-format towers of
+the ``paper`` recipe's test (``tests/hub_towers.py``: the GTE sentence-transformers folder, 768 wide, and a
+Qwen3 causal-LM checkpoint, 1024 wide, so the document tower is sliced), trains two steps per stage on
+small FlagEmbedding files this test writes in the authors' data layout (``stage1/``, ``stage2/``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from hub_towers import write_gte_sentence_transformer, write_qwen3_causal_lm
+from safetensors.torch import load_file
+
+from care_retriever.cli.main import main
+
+REPO = Path(__file__).resolve().parents[1]
+AUTHORS = REPO / "training" / "recipes" / "authors.yaml"
+SAMPLE_CORPUS = REPO / "care_retriever" / "data" / "sample" / "corpus.jsonl"
+RETRIEVAL = "Given a Chinese medical question, retrieve medical documents that answer the question."
+STS = "Retrieve semantically similar text."
+
+
+@pytest.fixture(scope="module")
+def towers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("authors-towers")
+    write_qwen3_causal_lm(root / "qwen3", hidden_size=1024, dtype=torch.bfloat16)
+    write_gte_sentence_transformer(root / "gte", hidden_size=768)
+    return root
+
+
+def jsonl(path: Path, rows: list[dict[str, object]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+
+
+def authors_data(root: Path) -> Path:
+    """Rows shaped like the authors' four sample files (short texts: the test is about the wiring)."""
+    texts = [json.loads(line)["text"][:24] for line in SAMPLE_CORPUS.read_text("utf-8").splitlines()]
+    texts = list(dict.fromkeys(texts))
+    queries, documents = texts[:16], texts[16:48]
+    jsonl(root / "stage1" / "stage1-query-align-q.jsonl", [{"query": q, "pos": [q], "neg": []} for q in queries])
+    jsonl(root / "stage1" / "stage1-query-align-doc.jsonl", [{"query": d, "pos": [d], "neg": []} for d in documents])
+    jsonl(
+        root / "stage2" / "stage2-medteb-retrieval.jsonl",
+        [
+            {"query": q, "pos": [documents[i]], "neg": documents[i + 1 : i + 16], "pos_id": i, "prompt": RETRIEVAL}
+            for i, q in enumerate(queries)
+        ],
+    )
+    jsonl(
+        root / "stage2" / "stage2-medteb-sts.jsonl",
+        [
+            {"query": q, "pos": [queries[(i + 1) % 16]], "neg": [queries[(i + k) % 16] for k in range(2, 9)]}
+            | {"prompt": STS, "type": "symmetric_sts"}
+            for i, q in enumerate(queries)
+        ],
+    )
+    return root
+
+
+def authors_recipe(target: Path, towers: Path, **model: object) -> Path:
+    recipe = yaml.safe_load(AUTHORS.read_text("utf-8"))
+    recipe["model"].update(query_model=str(towers / "gte"), document_model=str(towers / "qwen3"), **model)
+    recipe["model"] = {k: v for k, v in recipe["model"].items() if v is not None}
+    target.write_text(yaml.safe_dump(recipe, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return target
+
+
+def train(recipe: Path, out: Path, data: Path) -> int:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        args = ["train", "--recipe", str(recipe), "--out", str(out), "--data-dir", str(data), "--no-progress"]
+        return main([*args, "--dry-run-steps", "2"])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def weights(folder: Path, side: str) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / f"{side}_0_Transformer" / "model.safetensors"))
+
+
+def changed(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> int:
+    assert a.keys() <= b.keys()
+    return sum(not torch.equal(a[k].float(), b[k].float()) for k in a)
+
+
+def test_authors_recipe_dry_runs_both_stages_on_flag_data(towers: Path, tmp_path: Path, capsys) -> None:
+    from care_retriever.embedder import AsymmetricEmbedder
+
+    data = authors_data(tmp_path / "data")
+    out = tmp_path / "run"
+    code = train(authors_recipe(tmp_path / "authors.yaml", towers), out, data)
+    assert code == 0, capsys.readouterr().err
+    state = json.loads((out / "run.json").read_text("utf-8"))
+    assert state["done"] == ["init", "stage1", "stage2"]
+    reports = {r["name"]: r for r in state["reports"]}
+    assert reports["stage1"]["steps"] == 2 and reports["stage2"]["steps"] == 2
+    assert reports["stage2"]["hard_negatives"] == 7  # train_group_size 8
+    # Stage I trained the query tower, Stage II merged LoRA into the document tower: both differ from the
+    # checkpoints they started from (the paper recipe's test follows each stage's saved model)
+    final = out / "final"
+    assert changed(load_file(str(towers / "gte" / "model.safetensors")), weights(final, "query"))
+    shards: dict[str, torch.Tensor] = {}
+    for shard in (towers / "qwen3").glob("model-*.safetensors"):
+        shards.update({k.removeprefix("model."): v.float() for k, v in load_file(str(shard)).items()})
+    assert changed({k: v for k, v in shards.items() if "proj" in k}, weights(final, "document"))
+    config = json.loads((out / "final" / "care_config.json").read_text("utf-8"))
+    assert config["query_prompt_template"] == "<instruct>{instruction}\n<query>"
+    assert config["default_instruction"] == RETRIEVAL
+
+    # Stage I's MSE target (mse_target: sliced): the teacher normalised at its 1024 dims, then cut to 768,
+    # so each row points where the model's (renormalised) document vector points and is shorter than 1.
+    (meta,) = (out / "teacher_cache").glob("*.json")
+    shape = tuple(json.loads(meta.read_text("utf-8"))["shape"])
+    rows = np.array(np.memmap(meta.with_suffix(".f32"), dtype=np.float32, mode="r", shape=shape))
+    norms = np.linalg.norm(rows, axis=1)
+    assert shape[1] == 768 and np.all(norms < 0.99) and np.all(norms > 0.1)
+    init = AsymmetricEmbedder.from_towers(str(towers / "gte"), str(towers / "qwen3"), dtype="fp32")
+    init.document_model.max_seq_length = 64  # the dry run's cap (the cache was built under it)
+    lines = (data / "stage1" / "stage1-query-align-q.jsonl").read_text("utf-8").splitlines()
+    first = json.loads(lines[0])["query"]
+    vector = init.embed_documents([first])[0]
+    cosines = (rows / norms[:, None]) @ vector
+    assert cosines.max() > 0.9999
+
+
+def test_authors_recipe_with_a_tower_that_takes_no_instruction_is_refused_before_writing(
+    towers: Path, tmp_path: Path, capsys
+) -> None:
+    """Without the recipe's template the BERT query tower takes no instruction, so the rows' prompts
+    cannot be honoured: one line naming the first such row, and nothing written."""
+    data = authors_data(tmp_path / "data")
+    out = tmp_path / "run"
+    code = train(authors_recipe(tmp_path / "authors.yaml", towers, query_prompt_template=None), out, data)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"{data / 'stage2' / 'stage2-medteb-retrieval.jsonl'}:1: row has a 'prompt'" in err
+    assert "use_prompt: false" in err
+    assert not out.exists()
+
+
+def test_the_sliced_mse_target_is_taken_as_given_and_the_default_renormalises() -> None:
+    from care_retriever.training.losses import QueryAlignmentLoss, alignment_mse
+
+    student = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
+    teacher = torch.tensor([[0.3, 0.4], [0.0, 0.5]])  # norms 0.5: rows cut from unit vectors of a wider space
+    assert float(alignment_mse(student, teacher)) == pytest.approx((0.0 + 2.0) / 2)
+    # as given: |(0.6, 0.8) - (0.3, 0.4)|^2 = 0.25 and |(1, 0) - (0, 0.5)|^2 = 1.25
+    assert float(alignment_mse(student, teacher, normalise_teacher=False)) == pytest.approx((0.25 + 1.25) / 2)
+
+    class Rows(torch.nn.Module):
+        def forward(self, features):
+            return {"sentence_embedding": features["rows"]}
+
+    cache = teacher.numpy()
+    labels = torch.tensor([0, 1])
+    for target, mse in (("renormalised", 1.0), ("sliced", 0.75)):
+        loss = QueryAlignmentLoss(Rows(), cache, lambda1=0.0, lambda2=1.0, mse_target=target)
+        assert float(loss([{"rows": student}], labels)) == pytest.approx(mse)
+        assert loss.get_config_dict()["mse_target"] == target
