@@ -131,13 +131,14 @@ def test_eval_scores_equal_a_direct_computation(tiny_model_dir: Path, tasks: dic
 
     from care_retriever.baselines import load_embedder
     from care_retriever.evaluation.runner import evaluate
-    from care_retriever.evaluation.tasks import INSTRUCTIONS
+    from care_retriever.evaluation.tasks import INSTRUCTIONS, instruction_for
 
     model = load_embedder(str(tiny_model_dir))
     sts = load_task(tasks["sts"])
     result = evaluate(model, sts, model_name="tiny")
-    a = model.embed_queries(sts.sentence1, instruction=INSTRUCTIONS["sts"])
-    b = model.embed_queries(sts.sentence2, instruction=INSTRUCTIONS["sts"])
+    # the task's instruction where the query tower takes one (the tiny BERT tower takes none)
+    a = model.embed_queries(sts.sentence1, instruction=instruction_for(model, INSTRUCTIONS["sts"]))
+    b = model.embed_queries(sts.sentence2, instruction=instruction_for(model, INSTRUCTIONS["sts"]))
     cos = (a * b).sum(axis=1)
     from care_retriever.evaluation.runner import Timer, _retrieval_run, _sts_cosines
 
@@ -149,7 +150,9 @@ def test_eval_scores_equal_a_direct_computation(tiny_model_dir: Path, tasks: dic
     assert result.metrics["pearson"] == pytest.approx(stats.pearsonr(harness_cos, sts.scores).statistic, abs=1e-9)
     ret = load_task(tasks["retrieval"])
     docs = model.embed_documents(ret.corpus_texts)
-    queries = model.embed_queries([ret.queries[q] for q in ret.query_ids], instruction=ret.instruction)
+    queries = model.embed_queries(
+        [ret.queries[q] for q in ret.query_ids], instruction=instruction_for(model, ret.instruction)
+    )
     sims = queries @ docs.T
 
     run = _retrieval_run(model, ret, Timer(), top_k=3, query_batch_size=2, doc_batch_size=2, show_progress=False)

@@ -367,6 +367,8 @@ def release_care_config(layout: ReleaseLayout) -> Any:
     framework adapters, conversion) reads. The document tokenizer is read appending nothing."""
     from care_retriever.model_config import CareConfig, TowerInfo
 
+    if layout.document.is_dir():  # an adapter-only document tower is named before anything is read
+        check_document_folder(layout.document, layout.source)
     query_dim = _hidden_size(layout.query)
     if not query_dim:
         raise ModelError(f"{layout.source}: {QUERY_FOLDER}/config.json does not give the tower's hidden_size")
