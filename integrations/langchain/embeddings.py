@@ -28,7 +28,10 @@ class CareEmbeddings(BaseModel, Embeddings):
         embeddings.embed_query("血压高怎么办")          # query tower only is loaded
     """
 
-    model: str = Field(description="CARE model folder (or hub id) written by `care-retriever init` / training.")
+    model: str = Field(
+        description="CARE model folder or hub id: written by `care-retriever init` / training, or a model in the "
+        "authors' release layout (e.g. PhilipGAQ/CARE-0.3B-4B)."
+    )
     instruction: str | None = Field(default=None, description="Override the default query instruction.")
     device: str | None = Field(default=None, description="cpu | cuda | cuda:N (default: CUDA when available).")
     backend: str = Field(
