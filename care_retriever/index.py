@@ -86,20 +86,26 @@ class ShardedEncoder:
     """Rank 0's encoder: scatter texts over the ranks, encode this rank's slice, gather in order."""
 
     def __init__(
-        self, embedder: DocumentEncoder, group: Dist, batch_size: int, max_batch_tokens: int | None = None
+        self,
+        embedder: DocumentEncoder,
+        group: Dist,
+        batch_size: int | None,
+        max_batch_tokens: int | str | None = "auto",
     ) -> None:
-        from care_retriever.encoding import BatchLimits
+        from care_retriever.encoding import auto_batch_limits
 
         self.embedder = embedder
         self.group = group
-        self.limits = BatchLimits(batch_size, max_batch_tokens)  # halved on out-of-memory, then kept for the run
-        self.truncated = 0
+        # this rank's limits ("auto": from its own GPU's free memory); halved on out-of-memory, then kept for the run
+        self.limits = auto_batch_limits(getattr(embedder, "document_model", None), batch_size, max_batch_tokens)
+        self.stats: dict[str, int] = {}  # truncated, tokens, padded_tokens of the slices this rank encoded
+
+    @property
+    def truncated(self) -> int:
+        return self.stats.get("truncated", 0)
 
     def encode_slice(self, texts: list[str]) -> np.ndarray:
-        stats: dict[str, int] = {}
-        vectors = self.embedder.embed_documents(texts, limits=self.limits, stats=stats)
-        self.truncated += stats.get("truncated", 0)
-        return vectors
+        return self.embedder.embed_documents(texts, limits=self.limits, stats=self.stats)
 
     def __call__(self, texts: list[str]) -> np.ndarray:
         import numpy as np
@@ -127,18 +133,24 @@ class ShardedEncoder:
         return out
 
 
-def release_workers(group: Dist, own_truncated: int) -> int:
-    """Rank 0: release the workers (they wait in scatter for the next chunk); return the truncated count
-    summed over all ranks."""
+def release_workers(group: Dist, own: dict[str, int]) -> dict[str, int]:
+    """Rank 0: release the workers (they wait in scatter for the next chunk); return their encoding counts
+    (truncated, tokens, padded_tokens) summed over all ranks."""
     import torch.distributed as dist
 
     dist.scatter_object_list([None], [None] * group.world, src=0)
     counts: list[Any] = [None] * group.world
-    dist.gather_object(own_truncated, counts, dst=0)
-    return sum(int(c) for c in counts)
+    dist.gather_object(dict(own), counts, dst=0)
+    total: dict[str, int] = {}
+    for rank_counts in counts:
+        for key, value in (rank_counts or {}).items():
+            total[key] = total.get(key, 0) + int(value)
+    return total
 
 
-def serve_encoding(embedder: DocumentEncoder, group: Dist, batch_size: int, max_batch_tokens: int | None = None) -> int:
+def serve_encoding(
+    embedder: DocumentEncoder, group: Dist, batch_size: int | None, max_batch_tokens: int | str | None = "auto"
+) -> int:
     """A worker rank: encode the slices rank 0 scatters until it sends None; return the truncated count."""
     import torch.distributed as dist
 
@@ -147,13 +159,26 @@ def serve_encoding(embedder: DocumentEncoder, group: Dist, batch_size: int, max_
         mine: list[Any] = [None]
         dist.scatter_object_list(mine, None, src=0)
         if mine[0] is None:
-            dist.gather_object(encoder.truncated, None, dst=0)
+            dist.gather_object(dict(encoder.stats), None, dst=0)
             return encoder.truncated
         try:
             local: Any = encoder.encode_slice(mine[0])
         except Exception as exc:  # reported to rank 0, which raises it; a bare crash would hang the job
             local = _Failure(group.rank, f"{type(exc).__name__}: {exc}")
         dist.gather_object(local, None, dst=0)
+
+
+def parse_max_batch_tokens(value: str | int | None) -> int | str | None:
+    """``--max-batch-tokens``: ``auto``, ``none`` (no budget) or a number of tokens (checked by IndexSettings)."""
+    if value is None or isinstance(value, int):
+        return value
+    text = value.strip().lower()
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"--max-batch-tokens must be an integer >= 1, auto or none, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -164,8 +189,11 @@ class IndexSettings:
     corpus: Path
     store: str
     collection: str | None = None
-    batch_size: int = 16  # texts per forward pass at most
-    max_batch_tokens: int | None = None  # padded tokens per forward pass at most (None: batch_size alone)
+    batch_size: int | None = None  # texts per forward pass at most (None: 16 on CPU, 2048 on a GPU)
+    # padded tokens per forward pass at most: "auto" sizes it from the GPU's free memory (none on CPU); None: no
+    # budget, batch_size alone
+    max_batch_tokens: int | str | None = "auto"
+    sort_window: int = 65536  # documents sorted by length together (a window at a time, streaming)
     dtype: str = "auto"  # the document tower's precision (care_retriever.embedder.resolve_dtype)
     attn_implementation: str = "auto"  # care_retriever.embedder.resolve_attn_implementation
     chunk_size: int = 1024
@@ -197,10 +225,16 @@ class IndexSettings:
         from care_retriever.embedder import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES, DTYPES
         from care_retriever.stores.base import FAISS_INDEX_TYPES
 
-        if min(self.batch_size, self.chunk_size, self.checkpoint_every) < 1:
+        batch_size = 1 if self.batch_size is None else self.batch_size  # None: by device
+        if min(batch_size, self.chunk_size, self.checkpoint_every) < 1:
             raise InputError("--batch-size, --chunk-size and --checkpoint-every must be >= 1")
-        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
-            raise InputError(f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}")
+        if self.sort_window < 1:
+            raise InputError(f"--sort-window must be >= 1, got {self.sort_window}")
+        if self.max_batch_tokens != "auto" and self.max_batch_tokens is not None:
+            if not isinstance(self.max_batch_tokens, int) or isinstance(self.max_batch_tokens, bool):
+                raise InputError(f"--max-batch-tokens must be an integer >= 1 or auto, got {self.max_batch_tokens!r}")
+            if self.max_batch_tokens < 1:
+                raise InputError(f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}")
         if self.dtype not in ("auto", *DTYPES):
             raise InputError(f"Unknown --dtype {self.dtype!r}. Available: {list(DTYPE_CHOICES)}")
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
@@ -312,7 +346,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
 
     encoder: ShardedEncoder | None = None
     target = None
-    truncated_all_ranks = 0
+    counts_all_ranks: dict[str, int] = {}
     try:
         file = corpus_file(settings.corpus)
         # Validate the whole corpus before the first write, so bad input leaves the store untouched.
@@ -332,6 +366,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
             batch_size=settings.batch_size,
             max_batch_tokens=settings.max_batch_tokens,
             chunk_size=settings.chunk_size,
+            sort_window=settings.sort_window,
             checkpoint_every=settings.checkpoint_every,
             index_options=settings.index_options(),
             show_progress=settings.progress,
@@ -345,17 +380,20 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
         if target is not None:
             target.close()
         if group.active:  # also on error: a worker left waiting in scatter would hang the job
-            truncated_all_ranks = release_workers(group, encoder.truncated if encoder is not None else 0)
+            counts_all_ranks = release_workers(group, encoder.stats if encoder is not None else {})
     if encoder is not None:  # the writer counted nothing itself: every chunk went through the ranks
-        report.truncated += truncated_all_ranks
-        if truncated_all_ranks:
-            logger.warning(
-                "%d documents reached the document tower's max length and were truncated", truncated_all_ranks
-            )
+        report.truncated += counts_all_ranks.get("truncated", 0)
+        report.tokens += counts_all_ranks.get("tokens", 0)
+        report.padded_tokens += counts_all_ranks.get("padded_tokens", 0)
+        if report.truncated:
+            logger.warning("%d documents reached the document tower's max length and were truncated", report.truncated)
+    limits = encoder.limits if encoder is not None else writer.limits
     return {
         **report.to_dict(),
         "world_size": group.world,
         "backend": group.backend or "single-process",
+        "batch_size": limits.texts,  # as run (rank 0's; lowered where a batch ran out of memory)
+        "max_batch_tokens": limits.tokens,
         **tower_runtime(embedder),
     }
 

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from care_retriever.corpus import Document
 from care_retriever.embedder_protocol import DocumentEncoder
-from care_retriever.encoding import BatchLimits, check_unicode
+from care_retriever.encoding import DEFAULT_BATCH_TEXTS, BatchLimits, auto_batch_limits, check_unicode
 from care_retriever.errors import InputError, ModelError
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
@@ -51,6 +51,8 @@ class WriteReport:
     count: int = 0
     seconds: float = 0.0
     truncated: int = 0
+    tokens: int = 0  # the encoded documents' tokens (prompt and special tokens included)
+    padded_tokens: int = 0  # what the forward passes computed: with the padding of each batch
 
     @property
     def encoded(self) -> int:
@@ -60,8 +62,22 @@ class WriteReport:
     def docs_per_second(self) -> float:
         return self.encoded / self.seconds if self.seconds else 0.0
 
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def padding_ratio(self) -> float:
+        """Padded tokens per real token (1.0: no padding)."""
+        return self.padded_tokens / self.tokens if self.tokens else 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "docs_per_second": round(self.docs_per_second, 2)}
+        return {
+            **asdict(self),
+            "docs_per_second": round(self.docs_per_second, 2),
+            "tokens_per_second": round(self.tokens_per_second, 1),
+            "padding_ratio": round(self.padding_ratio, 4),
+        }
 
 
 def _chunks(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
@@ -105,9 +121,10 @@ class DocumentStoreWriter:
         store: str | VectorStore,
         *,
         collection: str | None = None,
-        batch_size: int = 16,
-        max_batch_tokens: int | None = None,
+        batch_size: int | None = None,
+        max_batch_tokens: int | str | None = "auto",
         chunk_size: int = 1024,
+        sort_window: int = 65536,
         checkpoint_every: int = 8192,
         index_options: dict[str, Any] | None = None,
         show_progress: bool = True,
@@ -118,9 +135,18 @@ class DocumentStoreWriter:
         self.embedder = embedder
         self.store = open_store(store, collection=collection)
         self.batch_size = batch_size
-        # texts and padded tokens per forward pass; halved on out-of-memory and kept lowered for the run
-        self.limits = BatchLimits(batch_size, max_batch_tokens)
+        self.max_batch_tokens = max_batch_tokens
+        # texts and padded tokens per forward pass; halved on out-of-memory and kept lowered for the run. "auto" and
+        # None are resolved once the first write starts (auto_batch_limits: from the GPU's free memory).
+        self.limits = BatchLimits(
+            batch_size or DEFAULT_BATCH_TEXTS, max_batch_tokens if isinstance(max_batch_tokens, int) else None
+        )
+        self._limits_resolved = False
         self.chunk_size = chunk_size
+        # documents sorted by length together (streaming, a window at a time): batches pad little over the input
+        self.sort_window = max(1, sort_window)
+        self._since_checkpoint = 0
+        self._first_slice = True
         self.checkpoint_every = checkpoint_every
         self.index_options = index_options
         self.show_progress = show_progress
@@ -147,11 +173,15 @@ class DocumentStoreWriter:
         )
         if self.sparse:
             self.store.enable_sparse(show_progress=self.show_progress)
+        self._resolve_limits()
         report = WriteReport(store=self.store.describe())
         seen: set[str] = set()
-        since_checkpoint = 0
         start = time.perf_counter()
         stats: dict[str, int] = {}
+        # Documents to encode, by id (the last of a repeated id wins), with whether the store held the id.
+        pending: dict[str, tuple[Document, bool]] = {}
+        self._since_checkpoint = 0
+        self._first_slice = True
         with (
             tqdm(
                 total=total,
@@ -168,29 +198,27 @@ class DocumentStoreWriter:
                 bar.update(len(raw) - len(chunk))
                 if prune_ids_not_in:
                     seen.update(d.id for d in chunk)
+                for doc in chunk:  # a newer version of a document still waiting replaces it
+                    if pending.pop(doc.id, None) is not None:
+                        bar.update(1)
                 stored = self.store.content_hashes([d.id for d in chunk])
                 todo = [d for d in chunk if stored.get(d.id) != d.content_hash()]
                 report.unchanged += len(chunk) - len(todo)
                 bar.update(len(chunk) - len(todo))
-                if todo:
-                    texts = [d.embedding_text() for d in todo]
-                    if tokenizer is not None:  # the chunk's BM25 tokens, computed while it encodes
-                        tokenizer.submit(texts)
-                    vectors = self._encode(texts, bar, stats)
-                    tokens = tokenizer.result() if tokenizer is not None else None
-                    self.store.upsert(todo, vectors, sparse_tokens=tokens)
-                    report.updated += sum(1 for d in todo if d.id in stored)
-                    report.added += sum(1 for d in todo if d.id not in stored)
-                    since_checkpoint += len(todo)
-                if since_checkpoint >= self.checkpoint_every:
-                    self.store.commit()
-                    since_checkpoint = 0
+                pending.update((d.id, (d, d.id in stored)) for d in todo)
+                if len(pending) >= self.sort_window:
+                    self._flush(list(pending.values()), report, bar, stats, tokenizer)
+                    pending.clear()
+            if pending:
+                self._flush(list(pending.values()), report, bar, stats, tokenizer)
         if prune_ids_not_in:
             report.deleted = self._prune(seen)
         self.store.finalize()
         report.seconds = time.perf_counter() - start
         report.count = self.store.count()
         report.truncated = stats.get("truncated", 0)
+        report.tokens = stats.get("tokens", 0)
+        report.padded_tokens = stats.get("padded_tokens", 0)
         if report.truncated:
             logger.warning(
                 "%d of %d encoded documents reached the document tower's max length and were truncated",
@@ -198,6 +226,62 @@ class DocumentStoreWriter:
                 report.encoded,
             )
         return report
+
+    def _resolve_limits(self) -> None:
+        """``max_batch_tokens="auto"``: a token budget sized from the free memory of the GPU the document tower is
+        on (none on CPU), and a larger text cap there (:func:`care_retriever.encoding.auto_batch_limits`)."""
+        if self._limits_resolved:
+            return
+        self._limits_resolved = True
+        model = getattr(self.embedder, "document_model", None)
+        resolved = auto_batch_limits(model, self.batch_size, self.max_batch_tokens)
+        self.limits.texts, self.limits.tokens = resolved.texts, resolved.tokens
+
+    def _flush(
+        self,
+        items: list[tuple[Document, bool]],
+        report: WriteReport,
+        bar: tqdm,
+        stats: dict[str, int],
+        tokenizer: BackgroundTokenizer | None,
+    ) -> None:
+        """Encode and upsert a window of documents, longest first (so a batch pads little over the whole window),
+        a slice at a time; the store is checkpointed every ``checkpoint_every`` documents. The run's first slice
+        keeps the input's order: a store that trains its index on its first vectors (IVF, quantization) trains on
+        the corpus's first documents, not on its longest."""
+        size = max(self.chunk_size, self.checkpoint_every)
+        if self._first_slice:
+            head, items = items[: self.chunk_size], items[self.chunk_size :]
+            self._first_slice = False
+            self._write_slice(head, report, bar, stats, tokenizer)
+        lengths = np.fromiter((len(doc.embedding_text()) for doc, _ in items), dtype=np.int64, count=len(items))
+        order = np.argsort(-lengths, kind="stable")
+        for begin in range(0, len(items), size):
+            self._write_slice([items[i] for i in order[begin : begin + size]], report, bar, stats, tokenizer)
+
+    def _write_slice(
+        self,
+        items: list[tuple[Document, bool]],
+        report: WriteReport,
+        bar: tqdm,
+        stats: dict[str, int],
+        tokenizer: BackgroundTokenizer | None,
+    ) -> None:
+        if not items:
+            return
+        todo = [doc for doc, _ in items]
+        texts = [d.embedding_text() for d in todo]
+        if tokenizer is not None:  # the slice's BM25 tokens, computed while it encodes
+            tokenizer.submit(texts)
+        vectors = self._encode(texts, bar, stats)
+        tokens = tokenizer.result() if tokenizer is not None else None
+        self.store.upsert(todo, vectors, sparse_tokens=tokens)
+        report.updated += sum(1 for _, held in items if held)
+        report.added += sum(1 for _, held in items if not held)
+        self._since_checkpoint += len(todo)
+        if self._since_checkpoint >= self.checkpoint_every:
+            self.store.commit()
+            self._since_checkpoint = 0
 
     def _encode(self, texts: list[str], bar: tqdm, stats: dict[str, int]) -> np.ndarray:
         if self.encoder is None:  # the embedder applies its document prompt, as embed_documents does anywhere

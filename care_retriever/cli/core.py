@@ -11,7 +11,7 @@ import typer
 
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import CareError, InputError, ModelError
-from care_retriever.index import IndexSettings
+from care_retriever.index import IndexSettings, parse_max_batch_tokens
 from care_retriever.loading import quiet_transformers
 from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
 
@@ -170,15 +170,23 @@ def index(
     ] = None,
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
     batch_size: Annotated[
-        int, typer.Option(help="Documents per forward pass at most (per rank under torchrun).")
-    ] = IndexSettings.batch_size,
-    max_batch_tokens: Annotated[
         int | None,
         typer.Option(
-            help="Also at most N padded tokens per forward pass (texts x the longest one's tokens): short "
-            "documents go many to a batch, long ones few (an LLM tower's memory stays flat). Default: none."
+            help="Documents per forward pass at most (per rank under torchrun). Default: 16 on CPU, 2048 on a GPU."
         ),
-    ] = IndexSettings.max_batch_tokens,
+    ] = IndexSettings.batch_size,
+    max_batch_tokens: Annotated[
+        str,
+        typer.Option(
+            help="auto | none | N: also at most N padded tokens per forward pass (texts x the longest one's tokens): "
+            "short documents go many to a batch, long ones few (an LLM tower's memory stays flat); a longer document "
+            "goes alone. auto: sized from the GPU's free memory (none on CPU)."
+        ),
+    ] = "auto",
+    sort_window: Annotated[
+        int,
+        typer.Option(help="Documents sorted by length together before batching (streamed a window at a time)."),
+    ] = IndexSettings.sort_window,
     dtype: Annotated[
         str,
         typer.Option(
@@ -272,7 +280,8 @@ def index(
         store=store,
         collection=collection,
         batch_size=batch_size,
-        max_batch_tokens=max_batch_tokens,
+        max_batch_tokens=parse_max_batch_tokens(max_batch_tokens),
+        sort_window=sort_window,
         dtype=dtype,
         attn_implementation=attn_implementation,
         chunk_size=chunk_size,

@@ -1,0 +1,199 @@
+"""Indexing batches: sorted by length over the whole input (a window of documents, not one chunk), the padding
+reported, a token budget smaller than one document, the background tokenising thread, and repeated ids across
+the chunks of one window."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from care_retriever.corpus import Document
+from care_retriever.embedder import AsymmetricEmbedder
+from care_retriever.encoding import BatchLimits, auto_batch_limits, encode_texts
+from care_retriever.stores.faiss import FaissStore
+from care_retriever.writer import DocumentStoreWriter
+from tests.conftest import run_cli
+
+CHARS = "高血压患者应低盐饮食规律服用降压药定期监测感冒多由病毒引起休息喝水糖尿病控制运动遵医嘱使用降糖药物"
+
+
+def mixed_documents(n: int = 256) -> list[Document]:
+    """Lengths cycle from 2 to 49 characters, so every chunk of 16 holds short and long documents."""
+    return [Document(id=f"d{i}", text=CHARS[(i * 5) % 10 :][: 2 + (i * 7) % 48] or CHARS[:2]) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def embedder(tiny_model_dir: Path) -> AsymmetricEmbedder:
+    return AsymmetricEmbedder.from_pretrained(tiny_model_dir, load="document", device="cpu")
+
+
+@contextmanager
+def forward_shapes(embedder: AsymmetricEmbedder) -> Iterator[list[tuple[int, int, int]]]:
+    """(texts, padded width, real tokens) of every forward pass of the document tower."""
+    shapes: list[tuple[int, int, int]] = []
+
+    def record(_module, args) -> None:
+        features = args[0]
+        shapes.append((*features["input_ids"].shape, int(features["attention_mask"].sum())))
+
+    handle = embedder.document_model[0].register_forward_pre_hook(record)
+    try:
+        yield shapes
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail instead of hanging: a batching loop that never moves on is an error here."""
+
+    def expired(*_args) -> None:
+        raise TimeoutError(f"still running after {seconds} s: the batching loop does not move on")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_batches_are_sorted_over_the_whole_input_not_per_chunk(embedder: AsymmetricEmbedder, tmp_path: Path) -> None:
+    """Chunks of 16 mixed-length documents: sorted per chunk, each batch of 16 pads to the chunk's longest (about
+    twice the real tokens); sorted over the window, a batch holds documents of one length."""
+    docs = mixed_documents()
+    writer = DocumentStoreWriter(
+        embedder, f"faiss:{tmp_path / 's'}", batch_size=16, chunk_size=16, checkpoint_every=64, show_progress=False
+    )
+    with forward_shapes(embedder) as shapes:
+        report = writer.write(docs)
+    writer.store.close()
+    padded = sum(n * width for n, width, _ in shapes)
+    real = sum(tokens for _, _, tokens in shapes)
+    assert report.added == len(docs) and sum(n for n, _, _ in shapes) == len(docs)
+    # the run's first chunk keeps the input's order (a store that trains on its first vectors sees the corpus's
+    # first documents); everything after it is sorted over the window
+    assert padded / real <= 1.25, (padded / real, shapes)
+    after_first = shapes[1:]
+    assert sum(n * w for n, w, _ in after_first) / sum(t for _, _, t in after_first) <= 1.1
+    assert (report.tokens, report.padded_tokens) == (real, padded)
+    assert report.padding_ratio == pytest.approx(padded / real)
+
+
+def test_window_sorted_vectors_are_the_documents_own(embedder: AsymmetricEmbedder, tmp_path: Path) -> None:
+    """Documents encoded out of input order, a window at a time, still get their own vectors (by id)."""
+    docs = mixed_documents(120)
+    writer = DocumentStoreWriter(
+        embedder, f"faiss:{tmp_path / 's'}", chunk_size=8, sort_window=50, checkpoint_every=20, show_progress=False
+    )
+    writer.write(docs)
+    writer.store.close()
+    store = FaissStore(tmp_path / "s")
+    expected = embedder.embed_documents([d.embedding_text() for d in docs], batch_size=1)
+    np.testing.assert_allclose(np.stack(store.vectors([d.id for d in docs])), expected, atol=1e-5)
+    assert store.count() == len(docs)
+
+
+def test_a_repeated_id_in_one_window_is_written_once_the_last_version(
+    embedder: AsymmetricEmbedder, tmp_path: Path
+) -> None:
+    docs = [*mixed_documents(40), Document(id="d3", text="最后的版本：高血压患者应低盐饮食")]
+    writer = DocumentStoreWriter(embedder, f"faiss:{tmp_path / 's'}", chunk_size=8, show_progress=False)
+    report = writer.write(docs)
+    writer.store.close()
+    store = FaissStore(tmp_path / "s")
+    assert store.count() == 40 and report.added == 40
+    (vector,) = store.vectors(["d3"])
+    np.testing.assert_allclose(vector, embedder.embed_documents(["最后的版本：高血压患者应低盐饮食"])[0], atol=1e-5)
+
+
+def test_a_budget_smaller_than_one_document_sends_it_alone(embedder: AsymmetricEmbedder) -> None:
+    texts = [d.text for d in mixed_documents(30)]
+    reference = encode_texts(embedder.document_model, texts, batch_size=1)
+    for prefetch in (False, True):
+        with forward_shapes(embedder) as shapes, deadline(60):
+            vectors = encode_texts(embedder.document_model, texts, batch_size=8, max_batch_tokens=1, prefetch=prefetch)
+        np.testing.assert_allclose(vectors, reference, atol=1e-5)
+        assert [n for n, _, _ in shapes] == [1] * len(texts)
+
+
+def test_index_with_a_budget_smaller_than_one_document(capsys, tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"_id": d.id, "text": d.text}, ensure_ascii=False) + "\n" for d in mixed_documents(24)),
+        encoding="utf-8",
+    )
+    args = ["--model", tiny_model_dir, "--corpus", corpus, "--store", f"faiss:{tmp_path / 's'}", "--no-progress"]
+    with deadline(120):
+        code, out, err = run_cli(capsys, "index", *args, "--max-batch-tokens", "1", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["added"] == 24 and report["max_batch_tokens"] == 1
+    # one document a pass: nothing padded
+    assert report["padded_tokens"] == report["tokens"] > 0 and report["padding_ratio"] == 1.0
+
+
+def test_index_json_reports_tokens_and_padding(capsys, tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"_id": d.id, "text": d.text}, ensure_ascii=False) + "\n" for d in mixed_documents(64)),
+        encoding="utf-8",
+    )
+    args = ["--model", tiny_model_dir, "--corpus", corpus, "--store", f"faiss:{tmp_path / 's'}", "--no-progress"]
+    code, out, err = run_cli(capsys, "index", *args, "--json", "--batch-size", "8")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["padded_tokens"] >= report["tokens"] > 64
+    assert report["padding_ratio"] == pytest.approx(report["padded_tokens"] / report["tokens"], abs=1e-4)
+    assert report["tokens_per_second"] > 0 and report["batch_size"] == 8
+    assert report["max_batch_tokens"] is None  # auto: no budget on CPU
+    code, _, err = run_cli(capsys, "index", *args, "--max-batch-tokens", "lots")
+    assert code == 2 and "--max-batch-tokens must be an integer >= 1, auto or none" in err
+
+
+def test_the_background_thread_gives_the_same_vectors_and_stops(embedder: AsymmetricEmbedder) -> None:
+    import threading
+
+    texts = [d.text for d in mixed_documents(200)]
+    reference = encode_texts(embedder.document_model, texts, batch_size=1)
+    stats: dict[str, int] = {}
+    vectors = encode_texts(embedder.document_model, texts, batch_size=16, prefetch=True, stats=stats)
+    np.testing.assert_allclose(vectors, reference, atol=1e-5)
+    assert stats["tokens"] <= stats["padded_tokens"] <= 1.1 * stats["tokens"]
+    assert not [t for t in threading.enumerate() if t.name == "care-encoding-prefetch"]
+
+
+def test_an_error_in_the_background_thread_reaches_the_caller(embedder: AsymmetricEmbedder, monkeypatch) -> None:
+    import threading
+
+    model = embedder.document_model
+    calls = {"n": 0}
+    original = model.preprocess
+
+    def failing(texts, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise RuntimeError("tokenizer broke")
+        return original(texts, **kwargs)
+
+    monkeypatch.setattr(model, "preprocess", failing)
+    texts = [d.text for d in mixed_documents(40)] * 60  # more than one group of texts
+    with pytest.raises(RuntimeError, match="tokenizer broke"):
+        encode_texts(model, texts, batch_size=16, prefetch=True)
+    assert not [t for t in threading.enumerate() if t.name == "care-encoding-prefetch" and t.is_alive()]
+
+
+def test_auto_limits_on_cpu_are_the_cpu_defaults(embedder: AsymmetricEmbedder) -> None:
+    """``auto`` measures a token budget on CUDA only (measure_token_budget; not testable without a GPU)."""
+    assert auto_batch_limits(embedder.document_model, None, "auto") == BatchLimits(16, None)
+    assert auto_batch_limits(embedder.document_model, 64, 500) == BatchLimits(64, 500)
+    assert auto_batch_limits(None, None, None) == BatchLimits(16, None)
+    assert torch.device(embedder.document_model.device).type == "cpu"
