@@ -134,9 +134,12 @@ def test_the_gte_query_tower_runs_natively_with_its_rope_scaling(embedders: dict
     )
 
 
-def test_the_release_is_a_model_everywhere_via_the_cli(capsys, release: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_release_is_a_model_everywhere_via_the_cli(
+    capsys, release: dict[str, Path], tmp_path: Path, kind: str
+) -> None:
     """index then search with the release folder as --model: the authors' scores and order."""
-    ref = reference("gte")
+    ref = reference(kind)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(
         "".join(json.dumps({"_id": f"d{i}", "text": t}, ensure_ascii=False) + "\n" for i, t in enumerate(DOCUMENTS)),
@@ -144,12 +147,12 @@ def test_the_release_is_a_model_everywhere_via_the_cli(capsys, release: dict[str
     )
     store = f"faiss:{tmp_path / 'store'}"
     code, _, err = run_cli(
-        capsys, "index", "--model", release["gte"], "--corpus", corpus, "--store", store, "--no-progress"
+        capsys, "index", "--model", release[kind], "--corpus", corpus, "--store", store, "--no-progress"
     )
     assert code == 0, err
     n = len(DOCUMENTS)
     code, out, err = run_cli(
-        capsys, "search", "--model", release["gte"], "--store", store, "--top-k", n, "--json", *QUERIES[:3]
+        capsys, "search", "--model", release[kind], "--store", store, "--top-k", n, "--json", *QUERIES[:3]
     )
     assert code == 0, err
     want = np.asarray(ref["scores_retrieval"])
@@ -279,3 +282,32 @@ def test_the_non_commercial_licence_is_said_once(caplog, release: dict[str, Path
         AsymmetricEmbedder.from_pretrained(folder, load="query")
     said = [r for r in caplog.records if "non-commercial" in r.getMessage()]
     assert len(said) == 1 and "cc-by-nc-sa-4.0" in said[0].getMessage()
+
+
+def test_init_writes_nothing_when_a_tower_cannot_encode(capsys, release: dict[str, Path], tmp_path: Path) -> None:
+    """A query tower whose own model code fails at its first forward (as gte's 'new' code does under
+    transformers 5) is refused at init, in one line, before anything is written."""
+    from tests.hub_towers import write_remote_code_encoder
+
+    query = write_remote_code_encoder(tmp_path / "remote")
+    code_file = query / "modeling_remote.py"
+    code_file.write_text(
+        code_file.read_text("utf-8").replace(
+            "        out = super().forward(*args, **kwargs)",
+            '        raise IndexError("index out of range in self")',
+        ),
+        encoding="utf-8",
+    )
+    out = tmp_path / "model"
+    code, _, err = run_cli(
+        capsys,
+        "init",
+        out,
+        "--query-model",
+        query,
+        "--document-model",
+        release["bert"] / "doc_encoder",
+        "--trust-remote-code",
+    )
+    assert code == 2 and one_error_line(err) and "query tower cannot encode a text" in err
+    assert not out.exists()
