@@ -85,8 +85,10 @@ def append_eos_processor(eos_token: str, eos_id: int) -> processors.TemplateProc
     )
 
 
-def appended_tokens(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def appended_tokens(tokenizer: PreTrainedTokenizerBase | None) -> list[int]:
     """The token ids the tokenizer's post-processor puts after every text (e.g. [SEP], ``<|endoftext|>``)."""
+    if tokenizer is None:
+        return []
     probe = "测试 test"
     plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
     full = tokenizer(probe)["input_ids"]
