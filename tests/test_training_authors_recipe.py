@@ -73,12 +73,12 @@ def authors_recipe(target: Path, towers: Path, **model: object) -> Path:
     return target
 
 
-def train(recipe: Path, out: Path, data: Path) -> int:
+def train(recipe: Path, out: Path, data: Path, steps: int = 2) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         args = ["train", "--recipe", str(recipe), "--out", str(out), "--data-dir", str(data), "--no-progress"]
-        return main([*args, "--dry-run-steps", "2"])
+        return main([*args, "--dry-run-steps", str(steps)])
     finally:
         torch.set_num_threads(threads)
 
@@ -166,3 +166,109 @@ def test_the_sliced_mse_target_is_taken_as_given_and_the_default_renormalises() 
         loss = QueryAlignmentLoss(Rows(), cache, lambda1=0.0, lambda2=1.0, mse_target=target)
         assert float(loss([{"rows": student}], labels)) == pytest.approx(mse)
         assert loss.get_config_dict()["mse_target"] == target
+
+
+# ----------------------------------------------------------------------------- from a released model
+RELEASE_FIXTURES = REPO / "tests" / "fixtures" / "release" / "make_release_fixtures.py"
+KEPT = {"normalize": "before_truncation", "similarity": "dot", "convention": "authors-release"}
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model in the authors' release layout (``query_encoder/`` + ``doc_encoder/``, BERT + Qwen3 1024 wide)."""
+    from tests.conftest import load_script
+
+    make = load_script(RELEASE_FIXTURES, "make_release_fixtures")
+    return make.build_release_fixture("bert", tmp_path_factory.mktemp("release") / "care")
+
+
+def spy_on_training_scores(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The score each contrastive loss of the run is built with (``cos_sim`` / ``dot_score`` / ``dot``)."""
+    import care_retriever.training.losses as losses
+    from care_retriever.training import stages
+
+    seen: list[str] = []
+    contrastive, alignment = stages.contrastive_loss, losses.QueryAlignmentLoss
+
+    def built(ctx, stage, model):
+        loss = contrastive(ctx, stage, model)
+        seen.append(loss.similarity_fct.__name__)
+        return loss
+
+    def aligned(*args, **kwargs):
+        seen.append(kwargs.get("similarity", "cosine"))
+        return alignment(*args, **kwargs)
+
+    monkeypatch.setattr(stages, "contrastive_loss", built)
+    monkeypatch.setattr(losses, "QueryAlignmentLoss", aligned)
+    return seen
+
+
+def continue_recipe(target: Path, model: dict[str, object], stages: list[dict[str, object]]) -> Path:
+    recipe = {
+        "name": "continue",
+        "model": model,
+        "datasets": {
+            "mine": {"path": "stage2/stage2-medteb-retrieval.jsonl", "format": "flag"},
+            "align": {"path": "stage1/stage1-query-align-q.jsonl", "format": "flag"},
+        },
+        "defaults": {"learning_rate": 1.0e-4, "per_device_train_batch_size": 4},
+        "stages": stages,
+    }
+    target.write_text(yaml.safe_dump(recipe, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return target
+
+
+STAGE2 = {
+    "name": "stage2",
+    "type": "stage2_joint",
+    "datasets": ["mine"],
+    "temperature": 0.02,
+    "lora": {"r": 8, "alpha": 16},
+    "hard_negatives": {"num": 2, "mine": False},
+}
+
+
+def test_stage2_continues_a_released_model_on_its_dot_scores_and_keeps_its_conventions(
+    released: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    from care_retriever.embedder import AsymmetricEmbedder
+
+    seen = spy_on_training_scores(monkeypatch)
+    data = authors_data(tmp_path / "data")  # the retrieval rows' prompts fill the release's instruction slot
+    recipe = continue_recipe(tmp_path / "continue.yaml", {"path": str(released)}, [STAGE2])
+    code = train(recipe, tmp_path / "run", data)
+    assert code == 0, capsys.readouterr().err
+    assert seen == ["dot_score"]
+    config = json.loads((tmp_path / "run" / "final" / "care_config.json").read_text("utf-8"))
+    assert {k: config[k] for k in KEPT} == KEPT
+    assert (
+        config["query_prompt_template"] == "<instruct>{instruction}\n<query>" and config["instructions"]["sts"] == STS
+    )
+    model = AsymmetricEmbedder.from_pretrained(tmp_path / "run" / "final", load="both", dtype="fp32")
+    norms = np.linalg.norm(model.embed_documents(["高血压患者应低盐饮食。", "感冒多休息"]), axis=1)
+    assert np.all(norms < 0.99)  # still normalised at full width, then cut
+
+
+def test_a_new_query_tower_aligns_to_a_released_document_tower(
+    released: Path, towers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    seen = spy_on_training_scores(monkeypatch)
+    data = authors_data(tmp_path / "data")
+    model = {
+        "query_model": str(towers / "gte"),
+        "document_model": str(released / "doc_encoder"),
+        "convention": "authors-release",
+    }
+    stage1 = {
+        "name": "stage1",
+        "type": "stage1_align",
+        "alignment": {"queries": ["align"], "documents": ["align"]},
+        "mse_target": "sliced",
+    }
+    code = train(continue_recipe(tmp_path / "new.yaml", model, [stage1]), tmp_path / "run", data)
+    assert code == 0, capsys.readouterr().err
+    assert seen == ["dot"]
+    config = json.loads((tmp_path / "run" / "final" / "care_config.json").read_text("utf-8"))
+    assert {k: config[k] for k in KEPT} == KEPT
+    assert config["query"]["base_model"] == str(towers / "gte")
