@@ -112,6 +112,14 @@ def _validated(chunk: list[Document]) -> list[Document]:
     return list(latest.values())
 
 
+def _trains_on_first_vectors(store: VectorStore, options: dict[str, Any] | None) -> bool:
+    """Whether ``store`` (a FAISS store with these index options) trains its index on the first vectors written."""
+    if not store.describe().startswith("faiss:"):
+        return False
+    options = options or {}
+    return options.get("type", "flat") in ("ivf", "ivfpq") or options.get("quantize") not in (None, "none")
+
+
 class DocumentStoreWriter:
     """Encode documents with the document tower and write them into a FAISS or Qdrant store."""
 
@@ -146,7 +154,7 @@ class DocumentStoreWriter:
         # documents sorted by length together (streaming, a window at a time): batches pad little over the input
         self.sort_window = max(1, sort_window)
         self._since_checkpoint = 0
-        self._first_slice = True
+        self._first_slice = False
         self.checkpoint_every = checkpoint_every
         self.index_options = index_options
         self.show_progress = show_progress
@@ -164,6 +172,11 @@ class DocumentStoreWriter:
     ) -> WriteReport:
         """Upsert ``documents``; with ``prune_ids_not_in``, also delete stored ids the input lacks."""
         embedder = self.embedder
+        # A new FAISS store that trains its index on its first vectors (IVF, quantization) gets the corpus's first
+        # documents first, not its longest (:meth:`_flush`).
+        self._first_slice = getattr(self.store, "manifest", None) is None and _trains_on_first_vectors(
+            self.store, self.index_options
+        )
         self.store.prepare(
             embedder.dim,
             embedder.space_fingerprint,
@@ -181,7 +194,6 @@ class DocumentStoreWriter:
         # Documents to encode, by id (the last of a repeated id wins), with whether the store held the id.
         pending: dict[str, tuple[Document, bool]] = {}
         self._since_checkpoint = 0
-        self._first_slice = True
         with (
             tqdm(
                 total=total,
@@ -246,9 +258,9 @@ class DocumentStoreWriter:
         tokenizer: BackgroundTokenizer | None,
     ) -> None:
         """Encode and upsert a window of documents, longest first (so a batch pads little over the whole window),
-        a slice at a time; the store is checkpointed every ``checkpoint_every`` documents. The run's first slice
-        keeps the input's order: a store that trains its index on its first vectors (IVF, quantization) trains on
-        the corpus's first documents, not on its longest."""
+        a slice at a time; the store is checkpointed every ``checkpoint_every`` documents. Where a new store trains
+        its index on its first vectors (IVF, quantization), the run's first ``chunk_size`` documents go first, as
+        read: it trains on the corpus's first documents, as before, not on its longest."""
         size = max(self.chunk_size, self.checkpoint_every)
         if self._first_slice:
             head, items = items[: self.chunk_size], items[self.chunk_size :]

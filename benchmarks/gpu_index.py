@@ -1,0 +1,354 @@
+"""Indexing at full speed: ``care-retriever index`` (the writer into FAISS) vs sentence-transformers'
+``encode_document`` on the same document tower and the same texts, side by side in one run.
+
+    python -m benchmarks.gpu_index                      # writes its section of docs/gpu.md
+    python -m benchmarks.gpu_index --limit 2000 --no-write --json
+
+The tower is built here, with no hub: on CUDA a real-size random Qwen3-4B-shaped decoder (36 layers, 2,560 wide,
+bf16, the ``base`` preset's 151,936-row embedding), on the CPU the ``tiny`` preset (fp32). The texts are the shared
+dev corpora: kuake-qtr's page titles and im-qa's doctor answers (``$CARE_SHARED_DATA``, default /work/shared/data;
+a corpus that is absent is skipped with a message; ``--corpus`` names others).
+
+Each side runs ``--rounds`` times, alternating, and keeps its best round. Reported per side: docs/s, tokens/s (the
+texts' own tokens), padding ratio (tokens computed / own tokens), MFU (the forward passes' FLOPs on the own tokens
+per second over a measured dense matmul: bf16 on a GPU, fp32 on the CPU), peak memory (GPU: allocated by torch;
+CPU: resident set growth), and the device that gave them. The ``index`` side is the writer into a fresh FAISS store
+(hashing, docstore and index writes included; the BM25 side off: it is not encoding) with the command's defaults
+(``--max-batch-tokens auto``) and the same ``--batch-size`` as sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("CARE_SHARED_DATA") or "/work/shared/data")
+CORPORA = {
+    "kuake-qtr titles": SHARED / "tasks" / "kuake-qtr-retrieval",
+    "im-qa answers": SHARED / "tasks" / "im-qa-retrieval",
+}
+DOC = REPO / "docs" / "gpu.md"
+# Qwen3-4B's decoder (config.json of Qwen/Qwen3-4B): what a GPU run builds at random
+QWEN3_4B = {
+    "hidden_size": 2560,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 9728,
+}
+
+
+# ------------------------------------------------------------------ the tower
+def build_embedder(device: str, vocab: list[Path], tower: str) -> Any:
+    """A CARE model with random weights on ``device``: ``qwen3-4b`` (real size) or ``tiny``."""
+    from care_retriever.towers.scratch import init_from_scratch
+
+    if tower == "qwen3-4b":
+        return init_from_scratch("base", vocab, device=device, document_config=QWEN3_4B)
+    return init_from_scratch("tiny", vocab, device=device)
+
+
+def flops_per_token(config: Any, mean_tokens: float) -> float:
+    """Forward FLOPs of one token through a decoder: 2 x the weights it multiplies (embeddings excluded) plus the
+    attention scores and values over a sequence of ``mean_tokens``."""
+    hidden = config.hidden_size
+    heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    inter, layers = config.intermediate_size, config.num_hidden_layers
+    per_layer = hidden * heads * head_dim + 2 * hidden * kv * head_dim + heads * head_dim * hidden + 3 * hidden * inter
+    attention = 2 * heads * head_dim * mean_tokens  # QK^T and AV, causal: half of 2 x 2 x heads x dim x length
+    return layers * (2 * per_layer + 2 * attention)
+
+
+def matmul_peak(device: str, dtype: Any) -> float:
+    """FLOP/s of a large dense matmul on ``device`` in ``dtype`` (the best of a few)."""
+    import torch
+
+    n = 8192 if device.startswith("cuda") else 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(5):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        sync(device)
+        best = min(best, (time.perf_counter() - start) / 4)
+    return 2 * n**3 / best
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class PeakMemory:
+    """Peak memory of what runs inside: torch's allocated bytes on CUDA, resident set growth on the CPU."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.peak = device, 0
+
+    def __enter__(self) -> PeakMemory:
+        import torch
+
+        if self.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+            self._base = torch.cuda.memory_allocated()
+        else:
+            import psutil
+
+            self._proc = psutil.Process()
+            self._base = self._proc.memory_info().rss
+            self._stop = threading.Event()
+            self._top = self._base
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            self._top = max(self._top, self._proc.memory_info().rss)
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        if self.device.startswith("cuda"):
+            self.peak = torch.cuda.max_memory_allocated() - self._base
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self._top, self._proc.memory_info().rss) - self._base
+
+
+# ------------------------------------------------------------------ the two sides
+def token_lengths(model: Any, texts: list[str], prompt: str | None) -> list[int]:
+    from care_retriever.encoding import sequence_lengths
+
+    lengths: list[int] = []
+    for start in range(0, len(texts), 1024):
+        lengths += sequence_lengths(model.preprocess(texts[start : start + 1024], prompt=prompt)).tolist()
+    return lengths
+
+
+def st_padding(texts: list[str], lengths: list[int], batch_size: int) -> int:
+    """Tokens sentence-transformers' batches compute: sorted by characters over the whole input, padded to each
+    batch's longest (its own ``_inference``)."""
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    return sum(
+        len(batch) * max(lengths[i] for i in batch)
+        for batch in (order[s : s + batch_size] for s in range(0, len(order), batch_size))
+    )
+
+
+def run_st(embedder: Any, texts: list[str], batch_size: int, device: str) -> dict[str, float]:
+    model = embedder.document_model
+    prompt = embedder.config.document_prompt
+    kwargs = {"prompt": prompt} if prompt else {}
+    with PeakMemory(device) as memory:
+        sync(device)
+        start = time.perf_counter()
+        model.encode_document(texts, batch_size=batch_size, normalize_embeddings=True, **kwargs)
+        sync(device)
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "peak_bytes": memory.peak}
+
+
+def run_index(embedder: Any, docs: list[Any], batch_size: int, device: str, folder: Path) -> dict[str, float]:
+    from care_retriever.writer import DocumentStoreWriter
+
+    writer = DocumentStoreWriter(embedder, f"faiss:{folder}", batch_size=batch_size, show_progress=False)
+    with PeakMemory(device) as memory:
+        sync(device)
+        report = writer.write(docs)
+        sync(device)
+    writer.store.close()
+    return {
+        "seconds": report.seconds,
+        "peak_bytes": memory.peak,
+        "tokens": report.tokens,
+        "padded_tokens": report.padded_tokens,
+        "max_batch_tokens": writer.limits.tokens,
+    }
+
+
+def measure(
+    embedder: Any, name: str, docs: list[Any], batch_size: int, rounds: int, device: str, peak: float, work: Path
+) -> dict[str, Any]:
+    texts = [d.embedding_text() for d in docs]
+    model = embedder.document_model
+    lengths = token_lengths(model, texts, embedder.config.document_prompt)
+    own = sum(lengths)
+    st_padded = st_padding(texts, lengths, batch_size)
+    config = model[0].auto_model.config
+    flops = flops_per_token(config, own / len(texts)) * own
+    run_st(embedder, texts[: min(len(texts), batch_size)], batch_size, device)  # warm-up both sides
+    run_index(embedder, docs[: min(len(docs), batch_size)], batch_size, device, work / f"{name}-warm")
+    st_runs, index_runs = [], []
+    for r in range(rounds):
+        st_runs.append(run_st(embedder, texts, batch_size, device))
+        index_runs.append(run_index(embedder, docs, batch_size, device, work / f"{name}-{r}"))
+
+    def side(runs: list[dict[str, float]], padded: int) -> dict[str, Any]:
+        best = min(runs, key=lambda run: run["seconds"])
+        return {
+            "docs_per_second": round(len(texts) / best["seconds"], 1),
+            "docs_per_second_rounds": [round(len(texts) / run["seconds"], 1) for run in runs],
+            "tokens_per_second": round(own / best["seconds"], 1),
+            "padding_ratio": round(padded / own, 3),
+            "mfu": round(flops / best["seconds"] / peak, 4),
+            "peak_mib": round(max(run["peak_bytes"] for run in runs) / 2**20, 1),
+        }
+
+    ours = side(index_runs, int(index_runs[-1]["padded_tokens"]))
+    ours["max_batch_tokens"] = index_runs[-1]["max_batch_tokens"]
+    theirs = side(st_runs, st_padded)
+    return {
+        "corpus": name,
+        "docs": len(texts),
+        "tokens_per_doc": round(own / len(texts), 1),
+        "batch_size": batch_size,
+        "index": ours,
+        "encode_document": theirs,
+        "ratio": round(ours["docs_per_second"] / theirs["docs_per_second"], 3),
+    }
+
+
+# ------------------------------------------------------------------ the report
+def describe_device(device: str) -> str:
+    import platform
+
+    import torch
+
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+    return (
+        f"CPU ({platform.processor() or platform.machine()}), {os.cpu_count()} cores, {torch.get_num_threads()} "
+        f"torch threads, torch {torch.__version__}"
+    )
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"### {result['device_kind']}: {result['device']}",
+        "",
+        f"Tower: {result['tower']} ({result['dtype']}, attention {result['attn_implementation']}). Matmul peak "
+        f"measured: {result['matmul_tflops']:.3f} TFLOP/s ({result['matmul_dtype']}). {result['date']}.",
+        f"Command: `{result['command']}`",
+        "",
+        "| corpus | docs | tokens/doc | batch | side | docs/s (best) | docs/s per round | tokens/s | padding | MFU "
+        "| peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        for label, key in (("`index`", "index"), ("`encode_document`", "encode_document")):
+            side = row[key]
+            budget = f" (budget {side['max_batch_tokens']})" if side.get("max_batch_tokens") else ""
+            lines.append(
+                f"| {row['corpus']} | {row['docs']:,} | {row['tokens_per_doc']} | {row['batch_size']} "
+                f"| {label}{budget} "
+                f"| {side['docs_per_second']:,.1f} | {', '.join(f'{v:,.1f}' for v in side['docs_per_second_rounds'])} "
+                f"| {side['tokens_per_second']:,.0f} | {side['padding_ratio']:.3f} | {side['mfu']:.2%} "
+                f"| {side['peak_mib']:,.1f} |"
+            )
+    lines.append("")
+    lines += [f"* {row['corpus']}: `index` / `encode_document` = **{row['ratio']:.3f}**" for row in result["rows"]]
+    for name in result["skipped"]:
+        lines.append(f"* {name}: skipped (corpus not found)")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(doc: Path, kind: str, text: str) -> None:
+    """Replace (or add) this device kind's section of ``doc`` between its markers, keeping the others."""
+    begin, end = f"<!-- gpu_index:{kind}:begin -->", f"<!-- gpu_index:{kind}:end -->"
+    block = f"{begin}\n{text}{end}"
+    current = doc.read_text(encoding="utf-8") if doc.is_file() else "# Indexing on GPUs\n\n"
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    if pattern.search(current):
+        updated = pattern.sub(lambda _m: block, current)
+    else:
+        updated = current.rstrip("\n") + "\n\n" + block + "\n"
+    doc.write_text(updated, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default=None, help="cuda | cpu (default: cuda where available)")
+    parser.add_argument("--tower", default="auto", choices=["auto", "tiny", "qwen3-4b"], help="auto: by device")
+    parser.add_argument("--corpus", action="append", type=Path, help="instead of the shared corpora (repeatable)")
+    parser.add_argument("--limit", type=int, default=None, help="at most N documents of each corpus")
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    parser.add_argument("--docs", type=Path, default=DOC, help="the doc whose section is written")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from care_retriever.corpus import read_corpus
+    from care_retriever.loading import quiet_transformers
+
+    quiet_transformers()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tower = args.tower if args.tower != "auto" else ("qwen3-4b" if device.startswith("cuda") else "tiny")
+    corpora = {p.name: p for p in args.corpus} if args.corpus else CORPORA
+    present = {name: path for name, path in corpora.items() if path.exists()}
+    skipped = [name for name in corpora if name not in present]
+    for name in skipped:
+        print(f"skipping {name}: {corpora[name]} not found (set CARE_SHARED_DATA or pass --corpus)", file=sys.stderr)
+    if not present:
+        print("gpu_index: no corpus found; nothing measured", file=sys.stderr)
+        return 0
+    loaded = {name: list(read_corpus(path, skip_invalid=True))[: args.limit] for name, path in present.items()}
+    vocab = [path / "corpus.jsonl" if path.is_dir() else path for path in present.values()]
+    embedder = build_embedder(device, vocab, tower)
+    model = embedder.document_model
+    dtype = next(model.parameters()).dtype
+    matmul_dtype = dtype if device.startswith("cuda") else torch.float32
+    peak = matmul_peak(device, matmul_dtype)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpu-index-") as tmp:
+        for name, docs in loaded.items():
+            rows.append(measure(embedder, name, docs, args.batch_size, args.rounds, device, peak, Path(tmp)))
+    config = model[0].auto_model.config
+    command = "python -m benchmarks.gpu_index " + shlex.join(argv if argv is not None else sys.argv[1:])
+    result = {
+        "device_kind": "cuda" if device.startswith("cuda") else "cpu",
+        "device": describe_device(device),
+        "tower": f"{tower} (random; {config.num_hidden_layers} layers, {config.hidden_size} wide, "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:,.1f}M parameters)",
+        "dtype": str(dtype).removeprefix("torch."),
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "matmul_tflops": peak / 1e12,
+        "matmul_dtype": str(matmul_dtype).removeprefix("torch."),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": command.strip(),
+        "rows": rows,
+        "skipped": skipped,
+    }
+    text = markdown(result)
+    print(json.dumps(result, ensure_ascii=False) if args.json else text)
+    if not args.no_write:
+        write_section(args.docs, result["device_kind"], text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""``python -m benchmarks.gpu_index`` on the CPU with the tiny tower, on a small slice: both sides measured on the
+same texts, the figures present and sane, the doc's section written between its markers (others kept), and a
+missing corpus skipped with a message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_index
+
+
+def test_the_benchmark_runs_both_sides_and_writes_its_section(
+    capsys, tmp_path: Path, small_corpus_path: Path, sample_corpus_path: Path
+) -> None:
+    doc = tmp_path / "gpu.md"
+    doc.write_text(
+        "# Indexing on GPUs\n\nprose kept\n\n<!-- gpu_index:cuda:begin -->\nH100 rows\n<!-- gpu_index:cuda:end -->\n"
+    )
+    args = ["--corpus", str(sample_corpus_path), "--corpus", str(tmp_path / "absent.jsonl"), "--limit", "60"]
+    code = gpu_index.main([*args, "--batch-size", "16", "--rounds", "1", "--docs", str(doc), "--json"])
+    assert code == 0
+    out, err = capsys.readouterr()
+    assert "skipping absent.jsonl" in err and "not found" in err
+    result = json.loads(out)
+    assert result["device_kind"] == "cpu" and result["tower"].startswith("tiny")
+    (row,) = result["rows"]
+    assert row["docs"] == 60 and row["batch_size"] == 16
+    for side in ("index", "encode_document"):
+        figures = row[side]
+        assert figures["docs_per_second"] > 0 and figures["tokens_per_second"] > 0
+        assert 1.0 <= figures["padding_ratio"] < 3 and 0 < figures["mfu"] < 1
+    assert row["ratio"] == pytest.approx(
+        row["index"]["docs_per_second"] / row["encode_document"]["docs_per_second"], rel=1e-2
+    )
+    text = doc.read_text()
+    assert "prose kept" in text and "H100 rows" in text  # another device's section is left as it was
+    assert text.count("<!-- gpu_index:cpu:begin -->") == 1 and "`encode_document`" in text
+    assert "absent.jsonl: skipped" in text
+
+
+def test_no_corpus_is_a_message_not_an_error(capsys, tmp_path: Path) -> None:
+    assert gpu_index.main(["--corpus", str(tmp_path / "none"), "--no-write"]) == 0
+    assert "no corpus found" in capsys.readouterr().err
+
+
+def test_flops_per_token_of_a_qwen3_4b_shape() -> None:
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(**gpu_index.QWEN3_4B)
+    # 36 layers of q/k/v/o and a 3-matrix MLP: about 3.6B multiplied weights, 2 FLOPs each
+    assert gpu_index.flops_per_token(config, 0) == pytest.approx(2 * 3.62e9, rel=0.02)
