@@ -295,19 +295,26 @@ def load_embedder(
         if name_or_path.endswith(suffix):
             base, tower = name_or_path[: -len(suffix)], side
     local = local_model_dir(base)
-    if local is not None and is_care_folder(local):
+    from care_retriever.towers import release
+
+    # a model in the authors' release layout (query_encoder/ + doc_encoder/, a folder or hub id) is a CARE model
+    is_release = not (local is not None and is_care_folder(local)) and release.find_release(base, need=()) is not None
+    if (local is not None and is_care_folder(local)) or is_release:
         quiet_transformers()
         from care_retriever.embedder import AsymmetricEmbedder
 
         embedder = AsymmetricEmbedder.from_pretrained(
-            local,
+            str(local) if local is not None else base,
             load=tower or load,
             device=device,
             trust_remote_code=trust_remote_code,
         )
         return OneTowerEmbedder(embedder, tower) if tower else embedder
     if tower:
-        raise ModelError(f"{base}: '#{tower}' selects a tower of a CARE model folder (one with care_config.json)")
+        raise ModelError(
+            f"{base}: '#{tower}' selects a tower of a CARE model (a folder with care_config.json, or the authors' "
+            "release layout)"
+        )
     quiet_transformers()
     return SentenceTransformerEmbedder(
         str(local) if local is not None else name_or_path, device=device, trust_remote_code=trust_remote_code

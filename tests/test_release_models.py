@@ -311,3 +311,22 @@ def test_init_writes_nothing_when_a_tower_cannot_encode(capsys, release: dict[st
     )
     assert code == 2 and one_error_line(err) and "query tower cannot encode a text" in err
     assert not out.exists()
+
+
+def test_eval_reads_the_release_as_a_care_model(capsys, release: dict[str, Path], tmp_path: Path) -> None:
+    """`eval --model F`: the release layout is evaluated as the authors read it (not as a sentence-transformers
+    folder): with each query's top document by the authors' scores judged relevant, nDCG@10 is 1."""
+    ref = reference("bert")
+    task = tmp_path / "release-task"
+    (task / "qrels").mkdir(parents=True)
+    rows = [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(DOCUMENTS)]
+    (task / "corpus.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    queries = [{"_id": f"q{i}", "text": q} for i, q in enumerate(QUERIES)]
+    (task / "queries.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in queries), "utf-8")
+    best = np.asarray(ref["scores_retrieval"]).argmax(axis=1)
+    (task / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{b}\t1\n" for i, b in enumerate(best)), "utf-8"
+    )
+    code, out, err = run_cli(capsys, "eval", "--model", release["bert"], "--task", task, "--json", "--no-progress")
+    assert code == 0, err
+    assert json.loads(out)["metrics"]["ndcg@10"] == pytest.approx(1.0)
