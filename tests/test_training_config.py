@@ -56,6 +56,7 @@ def run(raw: dict, out: Path, data_dir: Path, **kwargs):
     from care_retriever.training.recipe import parse_recipe
     from care_retriever.training.runner import run_recipe
 
+    kwargs.setdefault("keep_stages", True)  # the tests read the stages' models and checkpoints
     return run_recipe(parse_recipe(raw), out, data_dir, show_progress=False, **kwargs)
 
 

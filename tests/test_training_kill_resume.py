@@ -59,7 +59,7 @@ def recipe_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -
     return folder
 
 
-def train_command(recipe_dir: Path, out: Path) -> list[str]:
+def train_command(recipe_dir: Path, out: Path, *extra: str) -> list[str]:
     # Always with --resume: on a missing or empty --out it is a fresh run, so one command serves
     # the first start and every restart.
     return [
@@ -75,14 +75,15 @@ def train_command(recipe_dir: Path, out: Path) -> list[str]:
         str(out),
         "--resume",
         "--no-progress",
+        *extra,
     ]
 
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
-def run_to_end(recipe_dir: Path, out: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run(train_command(recipe_dir, out), env=ENV, capture_output=True, text=True, timeout=300)
+def run_to_end(recipe_dir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(train_command(recipe_dir, out, *extra), env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -129,7 +130,7 @@ def weights(model_dir: Path) -> dict[str, np.ndarray]:
 
 def test_sigkill_in_stage0_and_stage1_then_resume_equals_an_uninterrupted_run(recipe_dir: Path, tmp_path: Path):
     reference = tmp_path / "reference"  # missing: `train --resume` starts a fresh run there
-    run_to_end(recipe_dir, reference)
+    run_to_end(recipe_dir, reference, "--keep-stages")  # its init is compared below; the killed run prunes
 
     killed = tmp_path / "killed"
     killed.mkdir()  # empty: also a fresh run under --resume
@@ -157,7 +158,8 @@ def test_sigkill_in_stage0_and_stage1_then_resume_equals_an_uninterrupted_run(re
     assert got.keys() == want.keys()
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=0, atol=TOLERANCE, err_msg=key)
-    init = weights(killed / "stages" / "init")
+    assert not (killed / "stages" / "init").exists()  # nothing left to start from it
+    init = weights(reference / "stages" / "init")
     for tower in ("query_", "document_"):  # both towers trained: the comparison is not of untouched weights
         assert any(not np.array_equal(init[key], want[key]) for key in want if key.startswith(tower)), tower
 

@@ -76,7 +76,7 @@ def trained(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     from care_retriever.training.runner import run_recipe
 
     out = tmp_path_factory.mktemp("run") / "out"
-    result = run_recipe(load_recipe(recipe_file(data_dir)), out, data_dir, show_progress=False)
+    result = run_recipe(load_recipe(recipe_file(data_dir)), out, data_dir, show_progress=False, keep_stages=True)
     return result
 
 
@@ -186,7 +186,9 @@ def test_resume_continues_an_interrupted_stage_from_its_checkpoint(trained, data
     log.write_text("".join(line + "\n" for line in log.read_text().splitlines() if json.loads(line)["step"] <= 6))
     stage1_log = (out / "logs" / "stage1.jsonl").read_text()
 
-    result = run_recipe(load_recipe(recipe_file(data_dir)), out, data_dir, resume=True, show_progress=False)
+    result = run_recipe(
+        load_recipe(recipe_file(data_dir)), out, data_dir, resume=True, show_progress=False, keep_stages=True
+    )
 
     assert (out / "logs" / "stage1.jsonl").read_text() == stage1_log  # finished stages are not re-run
     steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
@@ -217,7 +219,7 @@ def test_score_distillation_baseline_from_a_saved_model(trained, data_dir: Path,
             }
         ],
     }
-    result = run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False)
+    result = run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False, keep_stages=True)
     report = result.reports[0]
     assert report["steps"] == 3 and report["hard_negatives"] == 2
     exported = AsymmetricEmbedder.from_pretrained(result.exports["score-distillation"])
@@ -250,7 +252,7 @@ def test_language_model_pretraining_trains_each_tower_in_place(data_dir: Path, t
             {"name": "clm", "type": "clm", "datasets": ["pairs"]},
         ],
     }
-    result = run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False)
+    result = run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False, keep_stages=True)
     reports = {r["name"]: r for r in result.reports}
     for name in ("mlm", "clm"):
         logs = [json.loads(line) for line in (result.out / "logs" / f"{name}.jsonl").read_text().splitlines()]
@@ -291,7 +293,7 @@ def test_clm_refuses_an_encoder_document_tower(trained, data_dir: Path, tmp_path
         "stages": [{"name": "clm", "type": "clm", "datasets": ["pairs"]}],
     }
     with pytest.raises(InputError, match="causal-LM pretraining needs a decoder document tower, got BertModel"):
-        run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False)
+        run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False, keep_stages=True)
 
 
 def test_stage1_aligns_unlabelled_texts_on_the_side_it_lists_them_with_a_cap_per_side(
@@ -349,7 +351,7 @@ def test_length_buckets_train_each_batch_from_one_bucket(data_dir: Path, tmp_pat
             {"name": "stage1", "type": "stage1_align", "alignment": {"queries": ["pairs"], "documents": ["pairs"]}},
         ],
     }
-    result = run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False)
+    result = run_recipe(parse_recipe(raw), tmp_path / "out", data_dir, show_progress=False, keep_stages=True)
     reports = {r["name"]: r for r in result.reports}
     rows = [json.loads(line) for line in (data_dir / "pairs.jsonl").read_text("utf-8").splitlines()]
     short_queries = len({r["query"] for r in rows if len(r["query"]) < 20})

@@ -274,3 +274,36 @@ def test_activation_checkpointing_is_enabled_without_deprecation_warnings(data_d
     model.activation_checkpointing_enable()
     towers = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
     assert towers and all(m.is_activation_checkpointing for m in towers)
+
+
+# ----------------------------------------------------------------------------- precision the towers are held in
+def test_a_bf16_document_tower_is_held_in_bf16_only_on_a_gpu_run_in_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    from care_retriever.training import precision
+
+    qwen3 = {"query": "float32", "document": "bfloat16"}
+    fp32 = {"query": "fp32", "document": "fp32"}
+    assert precision.held_dtypes({"bf16": True}, qwen3, "cpu") == fp32  # CPU trains in fp32
+    monkeypatch.setattr(precision, "current_capability", lambda device=None: (9, 0))
+    assert precision.held_dtypes({"bf16": True}, qwen3) == {"query": "fp32", "document": "bf16"}
+    assert precision.held_dtypes({}, qwen3) == fp32  # an fp32 run
+    assert precision.held_dtypes({"bf16": True}, {"query": "float32", "document": "float32"}) == fp32
+    monkeypatch.setattr(precision, "current_capability", lambda device=None: (7, 0))
+    assert precision.held_dtypes({"bf16": True}, qwen3) == fp32  # no native bf16: refused at the stage
+
+
+def test_a_saved_model_loads_each_tower_in_the_dtype_it_is_held_in(
+    towers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The query tower is read in fp32 from its own files, not through a bf16 round trip."""
+    from care_retriever.training import precision, runner
+    from care_retriever.training.recipe import ModelSpec
+
+    embedder, _ = gte_model(towers)
+    runner.save_model(embedder, tmp_path / "model")
+    saved = {k: v.clone() for k, v in runner.tower_transformer(embedder, "query").state_dict().items()}
+    monkeypatch.setattr(precision, "held_dtypes", lambda *a, **k: {"query": "fp32", "document": "bf16"})
+    loaded = runner.load_model(tmp_path / "model", ModelSpec(), None)
+    query, document = runner.tower_transformer(loaded, "query"), runner.tower_transformer(loaded, "document")
+    assert {p.dtype for p in document.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in query.parameters()} == {torch.float32}
+    assert all(torch.equal(query.state_dict()[k], v) for k, v in saved.items())

@@ -20,6 +20,7 @@ an unfinished stage continues from its last checkpoint.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
@@ -120,10 +121,14 @@ def load_model(folder: str | Path, spec: ModelSpec, device: str | None, defaults
     if with_config.is_file():
         recorded = json.loads(with_config.read_text("utf-8")).get("extra", {}).get(PRETRAINED_DTYPE_KEY) or {}
     held = held_dtypes(defaults or {}, recorded, device)
-    embedder = AsymmetricEmbedder.from_pretrained(
-        folder, load="both", device=device, dtype=held["document"], trust_remote_code=spec.trust_remote_code
+    load = functools.partial(
+        AsymmetricEmbedder.from_pretrained, folder, device=device, trust_remote_code=spec.trust_remote_code
     )
-    return hold_in(embedder, held)
+    if held["query"] == held["document"]:
+        return load(load="both", dtype=held["document"])
+    # each tower read from its files in its own dtype: a bf16 round trip would cut the fp32 query tower
+    query, document = load(load="query", dtype=held["query"]), load(load="document", dtype=held["document"])
+    return AsymmetricEmbedder(document.config, query.query_modules, document.document_modules, device=device)
 
 
 def hold_in(embedder, held: dict[str, str]):
@@ -181,16 +186,14 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
             "query": tower_pretrained_dtype(spec.query_model),
             "document": tower_pretrained_dtype(spec.document_model or spec.query_model),
         }
-        held = held_dtypes(recipe.defaults, pretrained, device)
         embedder = AsymmetricEmbedder.from_towers(
             spec.query_model,
             spec.document_model,
             device=device,
-            dtype=held["document"],
+            dtype="fp32",  # one dtype for both towers: the document tower is cast to its own below
             trust_remote_code=spec.trust_remote_code,
-            convention=spec.convention,
         )
-        hold_in(embedder, held)
+        hold_in(embedder, held_dtypes(recipe.defaults, pretrained, device))
         embedder.config.extra[PRETRAINED_DTYPE_KEY] = pretrained
     if spec.dim is not None and spec.dim != embedder.dim:
         raise ModelError(
@@ -242,7 +245,10 @@ def export_model(embedder, kind: str, target: Path) -> Path:
 
     if kind == "asymmetric":
         return save_model(embedder, target)
+    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY
+
     side = "query" if kind == "query-symmetric" else "document"
+    own = pretrained_dtypes(embedder).get(side)  # the exported tower is saved in its own dtype on both sides
     modules = embedder.query_modules if side == "query" else embedder.document_modules
     info = getattr(embedder.config, side)
     config = replace(
@@ -254,7 +260,7 @@ def export_model(embedder, kind: str, target: Path) -> Path:
         default_instruction=embedder.config.default_instruction if side == "query" else None,
         # the document tower on both sides keeps its space; the query tower's is hashed (it is small)
         space_fingerprint=embedder.config.space_fingerprint if side == "document" else None,
-        extra={**embedder.config.extra, "exported_as": kind},
+        extra={**embedder.config.extra, "exported_as": kind, PRETRAINED_DTYPE_KEY: {"query": own, "document": own}},
     )
     return save_model(AsymmetricEmbedder(config, modules, modules, device=embedder.device), target)
 
