@@ -10,6 +10,7 @@ per call instead of once per text.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections import deque
@@ -47,7 +48,11 @@ _LOCKS_GUARD = threading.Lock()
 
 def _tokenizer_lock(model: SentenceTransformer) -> threading.Lock:
     with _LOCKS_GUARD:
-        return _TOKENIZER_LOCKS.setdefault(id(model), threading.Lock())
+        return _tokenizer_lock_unguarded(model)
+
+
+def _tokenizer_lock_unguarded(model: SentenceTransformer) -> threading.Lock:
+    return _TOKENIZER_LOCKS.setdefault(id(model), threading.Lock())
 
 
 # Raised by the CUDA caching allocator; torch.OutOfMemoryError (torch >= 2.5) is the same class on CUDA builds.
@@ -193,6 +198,25 @@ class _Batch:
         return batch_cost(self.lengths, self.packed)
 
 
+_BACKENDS: dict[int, Any] = {}
+
+
+def _plain_backend(model: SentenceTransformer) -> Any:
+    """A copy of the tower's Rust tokenizer without padding or truncation, made once per tower and never changed
+    (the tokenizer's own keeps whatever padding and truncation its last call set)."""
+    with _LOCKS_GUARD:
+        if id(model) not in _BACKENDS:
+            backend = getattr(getattr(model, "tokenizer", None), "_tokenizer", None)
+            copy = None
+            if backend is not None and hasattr(backend, "to_str"):
+                with _tokenizer_lock_unguarded(model):
+                    copy = type(backend).from_str(backend.to_str())
+                copy.no_padding()
+                copy.no_truncation()
+            _BACKENDS[id(model)] = copy
+        return _BACKENDS[id(model)]
+
+
 class _Tokenised:
     """Texts tokenised a group at a time by the tower's own ``preprocess`` (prompt, special tokens, truncation as
     the tower does them) and kept unpadded per text, so any set of them is collated into a batch without
@@ -209,13 +233,34 @@ class _Tokenised:
         self.token_keys: set[str] = set()  # features with one value per token
         self.regroup = True
         self.packed = False
+        # The tokenizer's Rust backend called directly (ids only: no per-text Python objects, no padding), once it
+        # gave the tower's own ids for a whole group: None until checked.
+        self.fast: bool | None = None
+        self._backend: Any = None
+        self.limit = getattr(model, "max_seq_length", None)
 
     def preprocess(self, idx: Sequence[int]) -> dict[str, Any]:
         with self.lock:
             return self.model.preprocess([self.texts[i] for i in idx], prompt=self.prompt)
 
-    def add(self, idx: np.ndarray) -> np.ndarray:
-        """Tokenise the texts at ``idx``; return their token counts."""
+    def _backend_ids(self, idx: np.ndarray) -> list[list[int]] | None:
+        if self._backend is None:
+            self._backend = _plain_backend(self.model)
+            if self._backend is None:
+                return None
+        prompt = self.prompt or ""
+        return [e.ids for e in self._backend.encode_batch([prompt + self.texts[i] for i in idx])]
+
+    def add(self, idx: np.ndarray, more: bool = False) -> np.ndarray:
+        """Tokenise the texts at ``idx``; return their token counts. ``more``: other groups follow (worth checking
+        whether the backend can tokenise them)."""
+        if self.fast:
+            ids = self._backend_ids(idx)
+            lengths = np.fromiter((len(r) for r in ids or ()), dtype=np.int64, count=len(idx))
+            # a text that may have been truncated is tokenised by the tower itself (truncation as it does it)
+            if ids is not None and not (self.limit and (lengths >= self.limit).any()):
+                self.rows.update(zip(idx.tolist(), ids, strict=True))
+                return lengths
         features = self.preprocess(idx)
         lengths = sequence_lengths(features).numpy().astype(np.int64)
         if "cu_seq_lens_q" in features and "attention_mask" not in features:
@@ -250,7 +295,30 @@ class _Tokenised:
             row = {key: features[key][j, cut] for key in per_token}
             row.update({key: features[key][j] for key in per_text})
             self.rows[i] = row
+        if self.fast is None and more:
+            self.fast = self._backend_agrees(idx, per_token, per_text)
         return lengths
+
+    def _backend_ids_agree(self, idx: np.ndarray) -> bool:
+        ids = self._backend_ids(idx)
+        # texts the tower truncated are left out: a group holding one is tokenised by the tower (see add)
+        return ids is not None and all(
+            ids[j] == row.tolist()
+            for j, i in enumerate(idx.tolist())
+            if not (self.limit and len(row := self.rows[i]["input_ids"]) >= self.limit)
+        )
+
+    def _backend_agrees(self, idx: np.ndarray, per_token: list[str], per_text: list[str]) -> bool:
+        """Whether the backend's ids are the tower's own for this group (prompt, special tokens, no truncation
+        here), with nothing beside the ids and their mask to collate."""
+        if per_text or set(per_token) != {"input_ids", "attention_mask"}:
+            return False
+        if set(self.shared) - {"modality", "prompt_length"}:
+            return False
+        try:
+            return self._backend_ids_agree(idx)
+        except Exception:  # a backend that does not work this way: the tower's preprocess it is
+            return False
 
     def collate(self, idx: np.ndarray, lengths: np.ndarray, pin: bool) -> _Batch:
         if not self.regroup:
@@ -258,7 +326,28 @@ class _Tokenised:
         else:
             rows = [self.rows.pop(i) for i in idx.tolist()]
             features = dict(self.shared)
-            for key in rows[0]:
+            if all(isinstance(r, list) for r in rows):  # ids from the backend: padded here, in numpy
+                width = int(lengths.max())
+                ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
+                positions = np.arange(width)
+                if self.side == "left":
+                    for j, r in enumerate(rows):
+                        ids[j, width - len(r) :] = r
+                    mask = positions[None, :] >= (width - lengths)[:, None]
+                else:
+                    for j, r in enumerate(rows):
+                        ids[j, : len(r)] = r
+                    mask = positions[None, :] < lengths[:, None]
+                features["input_ids"] = torch.from_numpy(ids)
+                features["attention_mask"] = torch.from_numpy(mask.astype(np.int64))
+                rows = []
+            rows = [
+                {"input_ids": torch.tensor(r), "attention_mask": torch.ones(len(r), dtype=torch.int64)}
+                if isinstance(r, list)
+                else r
+                for r in rows
+            ]
+            for key in rows[0] if rows else ():
                 if key in self.token_keys:
                     pad = self.pad_id if key == "input_ids" else 0
                     features[key] = torch.nn.utils.rnn.pad_sequence(
@@ -294,7 +383,7 @@ def _planned_batches(
         group = order[pos:end]
         pos = end
         pool_idx = np.concatenate([pool_idx, group])
-        pool_len = np.concatenate([pool_len, tokens.add(group)])
+        pool_len = np.concatenate([pool_len, tokens.add(group, more=pos < n)])
         by_tokens = np.argsort(-pool_len, kind="stable")
         cuts = list(Batches(by_tokens, pool_len, limits, packed=tokens.packed))
         keep = cuts[-1] if pos < n else np.empty(0, dtype=np.int64)
@@ -439,7 +528,7 @@ def encode_texts(
     calls and report once (the index writer): ``truncated``, ``tokens`` (the texts' own), ``padded_tokens``
     (what the forward passes computed), ``batches``.
     ``prefetch``: tokenise the next batches in a background thread while the tower runs (default: where the
-    tower is not on the CPU, whose cores torch's threads already take).
+    tower is not on the CPU, or where torch's threads leave a CPU core free).
 
     Texts are taken longest first by characters and tokenised a group at a time; each group is sorted by its
     token counts before it is cut into batches, so a batch pads little. On CUDA the batches are pinned and
@@ -460,8 +549,8 @@ def encode_texts(
     model.eval()
     device = torch.device(model.device)
     on_cuda = device.type == "cuda"
-    if prefetch is None:
-        prefetch = device.type != "cpu"
+    if prefetch is None:  # on the CPU only where torch leaves a core free for it
+        prefetch = device.type != "cpu" or torch.get_num_threads() < (os.cpu_count() or 1)
     lock = _tokenizer_lock(model)
     chars = np.fromiter((len(t) for t in texts), dtype=np.int64, count=n)
     order = np.argsort(-chars, kind="stable")

@@ -103,8 +103,9 @@ def _validated(chunk: list[Document]) -> list[Document]:
             if not isinstance(value, str):
                 raise InputError(f"document {doc.id!r}: {name} must be a str, got {type(value).__name__}")
             check_unicode(value, f"document {doc.id!r} {name}")
-        try:
-            check_unicode(json.dumps(doc.metadata, ensure_ascii=False), f"document {doc.id!r} metadata")
+        try:  # (no metadata: nothing to check; this runs once per document)
+            if doc.metadata:
+                check_unicode(json.dumps(doc.metadata, ensure_ascii=False), f"document {doc.id!r} metadata")
         except TypeError as exc:
             raise InputError(f"document {doc.id!r}: metadata is not JSON-serialisable ({exc})") from exc
         latest.pop(doc.id, None)

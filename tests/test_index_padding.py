@@ -197,21 +197,41 @@ def test_the_background_thread_gives_the_same_vectors_and_stops(embedder: Asymme
 def test_an_error_in_the_background_thread_reaches_the_caller(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     import threading
 
-    model = embedder.document_model
-    calls = {"n": 0}
-    original = model.preprocess
+    from care_retriever import encoding
 
-    def failing(texts, **kwargs):
+    calls = {"n": 0}
+    original = encoding._Tokenised.add
+
+    def failing(self, idx, more=False):
         calls["n"] += 1
         if calls["n"] > 1:
             raise RuntimeError("tokenizer broke")
-        return original(texts, **kwargs)
+        return original(self, idx, more)
 
-    monkeypatch.setattr(model, "preprocess", failing)
-    texts = [d.text for d in mixed_documents(40)] * 60  # more than one group of texts
+    monkeypatch.setattr(encoding._Tokenised, "add", failing)
+    monkeypatch.setattr(encoding, "GROUP_TEXTS", 64)
+    texts = [d.text for d in mixed_documents(400)]
     with pytest.raises(RuntimeError, match="tokenizer broke"):
-        encode_texts(model, texts, batch_size=16, prefetch=True)
+        encode_texts(embedder.document_model, texts, batch_size=16, prefetch=True)
     assert not [t for t in threading.enumerate() if t.name == "care-encoding-prefetch" and t.is_alive()]
+
+
+def test_the_tokenizer_backend_gives_the_towers_own_batches(embedder: AsymmetricEmbedder, monkeypatch) -> None:
+    """After the first group, texts are tokenised by the Rust backend directly once it gave the tower's own ids
+    for that group; a text that may reach the max length goes through the tower's preprocess (its truncation)."""
+    from care_retriever import encoding
+
+    monkeypatch.setattr(encoding, "GROUP_TEXTS", 32)
+    model = embedder.document_model
+    texts = [d.text for d in mixed_documents(300)] + ["高血压" * 400]  # the last one is truncated
+    reference = encode_texts(model, texts, batch_size=1)  # one group at a time of one text: no backend
+    seen: list[bool | None] = []
+    original = encoding._Tokenised.collate
+    monkeypatch.setattr(encoding._Tokenised, "collate", lambda self, *a: seen.append(self.fast) or original(self, *a))
+    stats: dict[str, int] = {}
+    vectors = encode_texts(model, texts, batch_size=16, stats=stats)
+    np.testing.assert_allclose(vectors, reference, atol=1e-5)
+    assert seen[-1] is True and stats["truncated"] == 1
 
 
 def test_auto_limits_on_cpu_are_the_cpu_defaults(embedder: AsymmetricEmbedder) -> None:
