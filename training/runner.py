@@ -309,7 +309,7 @@ def save_model(embedder, path: str | Path, *, write: bool = True) -> Path:
         for side, dtype in held.items():  # back in the dtypes it runs in: the card's example encodes
             cast_tower(embedder, side, dtype)
         held = {}
-        st._create_model_card(str(tmp))
+        write_card(st, tmp)
         lift_model_code(tmp)
         (tmp / CONFIG_NAME).write_text(embedder.config.to_json(), encoding="utf-8")
         replace_folder(tmp, target)
@@ -339,6 +339,19 @@ def write_model(st, folder: Path) -> None:
     """The write of a model's files (sentence-transformers' folder layout, its card written after the
     towers are cast back: its usage example runs the model); a test makes it fail."""
     st.save(str(folder), create_model_card=False)
+
+
+def write_card(st, folder: Path) -> None:
+    """sentence-transformers' README.md for the model (what ``st.save`` writes); a card that cannot be
+    generated is skipped with a log line, as ``st.save`` skips it."""
+    from sentence_transformers.base.model_card import generate_model_card
+
+    try:
+        card = generate_model_card(st)
+    except Exception as exc:  # a model card is never worth failing a stage's save
+        logger.warning("model card of %s not written: %s", folder.name, exc)
+        return
+    (folder / "README.md").write_text(card, encoding="utf-8")
 
 
 def model_bytes(embedder, own: dict[str, Any]) -> int:
