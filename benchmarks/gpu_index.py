@@ -109,7 +109,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self._base = torch.cuda.memory_allocated()
         else:
-            import psutil
+            import psutil  # type: ignore[import-untyped]
 
             self._proc = psutil.Process()
             self._base = self._proc.memory_info().rss
@@ -167,7 +167,7 @@ def run_st(embedder: Any, texts: list[str], batch_size: int, device: str) -> dic
     return {"seconds": seconds, "peak_bytes": memory.peak}
 
 
-def run_index(embedder: Any, docs: list[Any], batch_size: int, device: str, folder: Path) -> dict[str, float]:
+def run_index(embedder: Any, docs: list[Any], batch_size: int, device: str, folder: Path) -> dict[str, Any]:
     from care_retriever.writer import DocumentStoreWriter
 
     writer = DocumentStoreWriter(embedder, f"faiss:{folder}", batch_size=batch_size, show_progress=False)
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             row[key]["mfu"] = round(row[key].pop("flops_per_second") / peak, 4)
     config = model[0].auto_model.config
     command = "python -m benchmarks.gpu_index " + shlex.join(argv if argv is not None else sys.argv[1:])
-    result = {
+    result: dict[str, Any] = {
         "device_kind": "cuda" if device.startswith("cuda") else "cpu",
         "device": describe_device(device),
         "tower": f"{tower} (random; {config.num_hidden_layers} layers, {config.hidden_size} wide, "

@@ -228,7 +228,8 @@ class _Tokenised:
         tokenizer = getattr(model, "tokenizer", None)
         self.side = getattr(tokenizer, "padding_side", "right") or "right"
         self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
-        self.rows: dict[int, dict[str, Any]] = {}  # input position -> {key: 1-D tensor | per-text value}
+        # input position -> {key: 1-D tensor | per-text value}, or the token ids from the backend
+        self.rows: dict[int, Any] = {}
         self.shared: dict[str, Any] = {}  # values of the whole batch (modality, prompt_length)
         self.token_keys: set[str] = set()  # features with one value per token
         self.regroup = True
@@ -239,7 +240,7 @@ class _Tokenised:
         self._backend: Any = None
         self.limit = getattr(model, "max_seq_length", None)
 
-    def preprocess(self, idx: Sequence[int]) -> dict[str, Any]:
+    def preprocess(self, idx: Sequence[int] | np.ndarray) -> dict[str, Any]:
         with self.lock:
             return self.model.preprocess([self.texts[i] for i in idx], prompt=self.prompt)
 
