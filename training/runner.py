@@ -192,6 +192,7 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
             device=device,
             dtype="fp32",  # one dtype for both towers: the document tower is cast to its own below
             trust_remote_code=spec.trust_remote_code,
+            convention=spec.convention,
         )
         hold_in(embedder, held_dtypes(recipe.defaults, pretrained, device))
         embedder.config.extra[PRETRAINED_DTYPE_KEY] = pretrained
