@@ -140,7 +140,7 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
                 )
 
     if not hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable = activation_checkpointing_enable  # type: ignore[attr-defined]
+        model.activation_checkpointing_enable = activation_checkpointing_enable  # type: ignore[assignment]
 
 
 def check_fingerprint(folder: Path, fingerprint: str) -> None:
