@@ -276,6 +276,16 @@ def is_care_folder(path: str | os.PathLike[str]) -> bool:
     return Path(path).is_dir() and (Path(path) / CONFIG_NAME).is_file()
 
 
+def is_care_model(name: str) -> bool:
+    """A CARE model: a folder with ``care_config.json``, or the authors' release layout (folder or hub id)."""
+    from care_retriever.towers import release
+
+    local = local_model_dir(name)
+    if local is not None and is_care_folder(local):
+        return True
+    return release.find_release(name, need=()) is not None
+
+
 def load_embedder(
     name_or_path: str,
     *,
@@ -295,11 +305,7 @@ def load_embedder(
         if name_or_path.endswith(suffix):
             base, tower = name_or_path[: -len(suffix)], side
     local = local_model_dir(base)
-    from care_retriever.towers import release
-
-    # a model in the authors' release layout (query_encoder/ + doc_encoder/, a folder or hub id) is a CARE model
-    is_release = not (local is not None and is_care_folder(local)) and release.find_release(base, need=()) is not None
-    if (local is not None and is_care_folder(local)) or is_release:
+    if is_care_model(base):  # care_config.json, or the authors' release layout (query_encoder/ + doc_encoder/)
         quiet_transformers()
         from care_retriever.embedder import AsymmetricEmbedder
 

@@ -330,3 +330,11 @@ def test_eval_reads_the_release_as_a_care_model(capsys, release: dict[str, Path]
     code, out, err = run_cli(capsys, "eval", "--model", release["bert"], "--task", task, "--json", "--no-progress")
     assert code == 0, err
     assert json.loads(out)["metrics"]["ndcg@10"] == pytest.approx(1.0)
+
+
+def test_the_release_layout_is_a_care_model_for_every_cli_model_option(release: dict[str, Path], tmp_path: Path) -> None:
+    """bench, eval and the other commands that tell CARE models from sentence-transformers models ask one function."""
+    from care_retriever.baselines import is_care_model
+
+    assert is_care_model(str(release["bert"]))
+    assert not is_care_model(str(release["bert"] / "query_encoder"))  # one tower of it is a plain transformers folder

@@ -44,14 +44,17 @@ def bench_command(
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Query QPS, p50/p99 at batch 1 and 32, indexing docs/s, search latency, memory: JSON, Markdown, plot."""
-    from care_retriever.baselines import is_care_folder
+    from care_retriever.baselines import is_care_model
     from care_retriever.evaluation import benchmark as B
     from care_retriever.evaluation.report import bench_markdown, plot_accuracy_vs_qps
 
     names: list[str] = []
     if model:
-        if not is_care_folder(model):
-            raise InputError(f"--model {model}: not a CARE model folder (no care_config.json); use --models")
+        if not is_care_model(model):
+            raise InputError(
+                f"--model {model}: not a CARE model (no care_config.json, not the authors' release layout); "
+                "use --models"
+            )
         names += [model] + ([f"{model}#query", f"{model}#document"] if symmetric else [])
     names += models or []
     if not names:
@@ -84,7 +87,7 @@ def bench_command(
 
         embedder = (
             load_embedder(first, device=device, load="query", trust_remote_code=trust_remote_code)
-            if is_care_folder(first)
+            if is_care_model(first)
             else load_embedder(first, device=device, trust_remote_code=trust_remote_code)
         )
         if isinstance(embedder, BM25Model):
