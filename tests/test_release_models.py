@@ -289,7 +289,9 @@ def test_init_writes_nothing_when_a_tower_cannot_encode(capsys, release: dict[st
     transformers 5) is refused at init, in one line, before anything is written."""
     from tests.hub_towers import write_remote_code_encoder
 
-    query = write_remote_code_encoder(tmp_path / "remote")
+    # a folder name of its own: transformers caches a local folder's model code by the folder's name (and a hash
+    # of its configuration), so another test's "remote" tower would import this failing code
+    query = write_remote_code_encoder(tmp_path / "failing_gte_like_tower")
     code_file = query / "modeling_remote.py"
     code_file.write_text(
         code_file.read_text("utf-8").replace(
