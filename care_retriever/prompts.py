@@ -9,7 +9,17 @@ that declares its own query prompt keeps it (:func:`literal_template`). CARE mod
 from __future__ import annotations
 
 QUERY_PROMPT_TEMPLATE = "Instruct: {instruction}\nQuery:"
-DEFAULT_INSTRUCTION = "Given a Chinese medical question, retrieve medical documents that answer the question."
+# The query instruction of each task type: the paper's Table 8, which is also the instruction table of the
+# authors' released code (their inference/asymmetric.py), where clustering has one too. Evaluation, the
+# default query instruction and the authors' convention all read this one table.
+TASK_INSTRUCTIONS: dict[str, str] = {
+    "retrieval": "Given a Chinese medical question, retrieve medical documents that answer the question.",
+    "rerank": "Based on a Chinese medical question, evaluate and rank the medical information that provide "
+    "answers to the question.",
+    "sts": "Retrieve semantically similar text.",
+    "clustering": "Identify the category of disease based on the medical text.",
+}
+DEFAULT_INSTRUCTION = TASK_INSTRUCTIONS["retrieval"]
 
 
 def fill_query_prompt(template: str | None, instruction: str | None) -> str | None:

@@ -334,7 +334,7 @@ def test_eval_reads_the_release_as_a_care_model(capsys, release: dict[str, Path]
     assert json.loads(out)["metrics"]["ndcg@10"] == pytest.approx(1.0)
 
 
-def test_the_release_layout_is_a_care_model_for_every_cli_model_option(release: dict[str, Path], tmp_path: Path) -> None:
+def test_the_release_layout_is_a_care_model_for_every_cli_model_option(release: dict[str, Path]) -> None:
     """bench, eval and the other commands that tell CARE models from sentence-transformers models ask one function."""
     from care_retriever.baselines import is_care_model
 

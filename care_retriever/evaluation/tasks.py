@@ -23,18 +23,14 @@ from typing import Any, Literal
 from care_retriever.corpus import document_text
 from care_retriever.errors import InputError, at
 from care_retriever.jsonl import iter_jsonl
+from care_retriever.prompts import TASK_INSTRUCTIONS
 
 TaskType = Literal["retrieval", "rerank", "sts"]
 TASK_TYPES: tuple[TaskType, ...] = ("retrieval", "rerank", "sts")
 TASK_META = "task.json"
 
-# Query instructions of the paper's Table 8, one per task type.
-INSTRUCTIONS: dict[str, str] = {
-    "retrieval": "Given a Chinese medical question, retrieve medical documents that answer the question.",
-    "rerank": "Based on a Chinese medical question, evaluate and rank the medical information that provide "
-    "answers to the question.",
-    "sts": "Retrieve semantically similar text.",
-}
+# Query instructions of the paper's Table 8, one per task type (the one table: care_retriever/prompts.py).
+INSTRUCTIONS: dict[str, str] = {kind: TASK_INSTRUCTIONS[kind] for kind in TASK_TYPES}
 
 
 def instruction_for(model: Any, instruction: str | None) -> str | None:

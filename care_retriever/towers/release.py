@@ -32,6 +32,7 @@ from typing import Any
 from care_retriever.errors import ModelError
 from care_retriever.loading import offline
 from care_retriever.locations import local_model_dir
+from care_retriever.prompts import TASK_INSTRUCTIONS
 
 logger = logging.getLogger("care_retriever")
 
@@ -42,13 +43,7 @@ CONVENTION = "authors-release"
 # The authors' query format (a prompt put before the text) and their instruction table, by this package's
 # task types. Facts of their published code, needed to give the vectors their models were trained with.
 AUTHORS_QUERY_TEMPLATE = "<instruct>{instruction}\n<query>"
-AUTHORS_INSTRUCTIONS: dict[str, str] = {
-    "retrieval": "Given a Chinese medical question, retrieve medical documents that answer the question.",
-    "rerank": "Based on a Chinese medical question, evaluate and rank the medical information that provide "
-    "answers to the question.",
-    "sts": "Retrieve semantically similar text.",
-    "clustering": "Identify the category of disease based on the medical text.",
-}
+AUTHORS_INSTRUCTIONS: dict[str, str] = TASK_INSTRUCTIONS  # their table is the paper's Table 8 (prompts.py)
 AUTHORS_MAX_LENGTH = 512
 AUTHORS_DIM = 768
 
