@@ -70,7 +70,7 @@ def test_bench_writes_json_table_and_plot(
 
 def test_bench_rejects_a_non_care_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--model", str(tmp_path), "--out", str(tmp_path / "b")]) == 2
-    assert "not a CARE model folder" in capsys.readouterr().err
+    assert "not a CARE model" in capsys.readouterr().err
 
 
 def test_peak_rss_of_a_child_process() -> None:
