@@ -270,17 +270,17 @@ class AsymmetricEmbedder:
                 logger.info("document tower tokenizer (%s) now appends its EOS token", document_model)
             d_mods = d_tower.modules(d_pool, output_dim=tower_output_dim(q_mods), normalize_first=authors)
             mode = "asymmetric"
-        instructions = dict(release.AUTHORS_INSTRUCTIONS) if authors else None
+        # the authors' conventions, as a release read as it is records them (its template is the "auto" one here)
+        conventions = release.authors_conventions() if authors else {}
         if query_prompt_template == "auto":
             own = q_tower.prompts.get("query")
-            if authors:
-                template: str | None = release.AUTHORS_QUERY_TEMPLATE
-            else:
-                template = literal_template(own) if own else (QUERY_PROMPT_TEMPLATE if q_pool == "last_token" else None)
+            template = conventions.get("query_prompt_template") or (
+                literal_template(own) if own else (QUERY_PROMPT_TEMPLATE if q_pool == "last_token" else None)
+            )
         else:
             template = query_prompt_template
-        if authors and default_instruction == DEFAULT_INSTRUCTION:
-            default_instruction = release.AUTHORS_INSTRUCTIONS["retrieval"]
+        conventions.pop("query_prompt_template", None)
+        conventions.pop("default_instruction", None)  # the argument's default is the same retrieval instruction
         config = CareConfig(
             mode=mode,
             dim=tower_output_dim(q_mods),
@@ -304,10 +304,7 @@ class AsymmetricEmbedder:
             default_instruction=default_instruction if template and "{instruction}" in template else None,
             document_prompt=d_tower.prompts.get("document"),
             preset=preset,
-            normalize="before_truncation" if authors else "after_truncation",
-            similarity="dot" if authors else "cosine",
-            instructions=instructions,
-            convention=convention,
+            **conventions,
         )
         return cls(config, q_mods, d_mods, device=dev)
 

@@ -356,6 +356,19 @@ def _hidden_size(folder: Path) -> int:
     return int(data.get("hidden_size") or data.get("text_config", {}).get("hidden_size") or 0)
 
 
+def authors_conventions() -> dict[str, Any]:
+    """The :class:`~care_retriever.model_config.CareConfig` fields that record the authors' conventions: one
+    definition for a release read as it is, a converted one, and towers paired with ``convention="authors-release"``."""
+    return {
+        "query_prompt_template": AUTHORS_QUERY_TEMPLATE,
+        "default_instruction": AUTHORS_INSTRUCTIONS["retrieval"],
+        "normalize": "before_truncation",
+        "similarity": "dot",
+        "instructions": dict(AUTHORS_INSTRUCTIONS),
+        "convention": CONVENTION,
+    }
+
+
 def release_care_config(layout: ReleaseLayout) -> Any:
     """The :class:`~care_retriever.model_config.CareConfig` of a release, read from its folders' configs alone
     (no tower loaded): the one description of the authors' conventions that every path (search, index, the
@@ -374,11 +387,6 @@ def release_care_config(layout: ReleaseLayout) -> Any:
         dim=dim,
         query=TowerInfo("cls", query_dim, AUTHORS_MAX_LENGTH, layout.source),
         document=TowerInfo("last_token", document_dim, AUTHORS_MAX_LENGTH, layout.source, appended_tokens=[]),
-        query_prompt_template=AUTHORS_QUERY_TEMPLATE,
-        default_instruction=AUTHORS_INSTRUCTIONS["retrieval"],
         space_fingerprint=release_fingerprint(layout, dim),
-        normalize="before_truncation",
-        similarity="dot",
-        instructions=dict(AUTHORS_INSTRUCTIONS),
-        convention=CONVENTION,
+        **authors_conventions(),
     )
