@@ -10,7 +10,6 @@ search process never materialises the document tower.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -45,11 +44,13 @@ from care_retriever.towers import release
 from care_retriever.towers.modules import (
     DEFAULT_MAX_LENGTH,
     REMOTE_CODE_FLAG,
+    PretrainedTower,
     lift_model_code,
     read_tower,
     refuse_pickled_weights,
     tower_native_dim,
     tower_output_dim,
+    tower_pretrained_dtype,
 )
 from care_retriever.towers.tokenizer import append_nothing, appended_tokens, ensure_eos_appended
 
@@ -75,7 +76,9 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "float16": torch.float16,
 }
-DTYPE_CHOICES = ("auto", "fp32", "bf16", "fp16")  # what the CLI offers; DTYPES also takes torch's long names
+# what the CLI offers; DTYPES also takes torch's long names. "saved": each tower in the dtype its own config.json
+# names (fp32 where it names none), whatever the device: what `init` writes, so a GPU does not decide a model's bytes
+DTYPE_CHOICES = ("auto", "saved", "fp32", "bf16", "fp16")
 
 
 def native_bf16(device: str | torch.device) -> bool:
@@ -94,27 +97,49 @@ def native_bf16(device: str | torch.device) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 8
 
 
-def auto_dtype(device: str | torch.device) -> torch.dtype:
-    """The precision ``dtype="auto"`` picks: bf16 on a GPU with native bf16, fp16 on an older GPU, fp32 elsewhere.
+def gpu_dtype(native: bool, pretrained: str | None = None) -> torch.dtype:
+    """The half precision a CUDA GPU runs a tower in: bf16 where the GPU computes it natively; on an older GPU fp16,
+    except for a tower pretrained in bf16 (Qwen3's ``config.json`` says ``bfloat16``), whose activations go beyond
+    fp16's largest value (65,504) and would come out inf: fp32 for that one."""
+    if native:
+        return torch.bfloat16
+    return torch.float32 if pretrained == "bfloat16" else torch.float16
+
+
+def auto_dtype(device: str | torch.device, pretrained: str | None = None) -> torch.dtype:
+    """The precision ``dtype="auto"`` picks: fp32 off CUDA, else :func:`gpu_dtype` (``pretrained``: the dtype the
+    tower's ``config.json`` names, see :func:`tower_pretrained_dtype`).
 
     Training and indexing call this one function, so both sides of a model agree on its precision.
     """
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.bfloat16 if native_bf16(device) else torch.float16
+        return gpu_dtype(native_bf16(device), pretrained)
     return torch.float32
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
-    """A torch dtype from ``auto`` (see :func:`auto_dtype`), a name in :data:`DTYPES`, or a torch dtype."""
+def resolve_dtype(
+    dtype: str | torch.dtype | None, device: str | torch.device, pretrained: str | None = None
+) -> torch.dtype:
+    """A torch dtype from ``auto`` (see :func:`auto_dtype`), ``saved`` (``pretrained``, fp32 when unknown), a name
+    in :data:`DTYPES`, or a torch dtype. fp16 for a tower pretrained in bf16 is refused in one line: it overflows."""
     if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        return auto_dtype(device)
-    try:
-        return DTYPES[str(dtype)]
-    except KeyError as exc:
-        raise ModelError(f"Unknown dtype {dtype!r}. Available dtypes: {['auto', *DTYPES]}") from exc
+        resolved = dtype
+    elif dtype in (None, "auto"):
+        return auto_dtype(device, pretrained)
+    elif dtype == "saved":
+        return DTYPES.get(str(pretrained), torch.float32)
+    else:
+        try:
+            resolved = DTYPES[str(dtype)]
+        except KeyError as exc:
+            raise ModelError(f"Unknown dtype {dtype!r}. Available dtypes: {[*DTYPE_CHOICES, *DTYPES]}") from exc
+    if resolved == torch.float16 and pretrained == "bfloat16":
+        raise ModelError(
+            "fp16: this tower was pretrained in bf16 and overflows fp16's range (inf vectors); use bf16 on a GPU "
+            "that computes it natively, or fp32"
+        )
+    return resolved
 
 
 ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "flash_attention_2", "eager")
@@ -241,14 +266,18 @@ class AsymmetricEmbedder:
             raise ModelError(f"Unknown convention {convention!r}. Available conventions: [{release.CONVENTION!r}]")
         authors = convention == release.CONVENTION
         dev = resolve_device(device)
-        torch_dtype = resolve_dtype(dtype, dev)
-        read = functools.partial(
-            read_tower,
-            max_length=max_length,
-            dtype=torch_dtype,
-            trust_remote_code=trust_remote_code,
-            allow_pickled_weights=allow_pickled_weights,
-        )
+
+        def read(
+            folder: str,
+        ) -> PretrainedTower:  # each tower in its own precision: dtype "auto"/"saved" read its config
+            return read_tower(
+                folder,
+                max_length=max_length,
+                dtype=resolve_dtype(dtype, dev, tower_pretrained_dtype(folder)),
+                trust_remote_code=trust_remote_code,
+                allow_pickled_weights=allow_pickled_weights,
+            )
+
         q_tower = read(_readable_folder(query_model))
         q_pool = query_pooling or ("cls" if authors else None) or q_tower.pooling
         q_pool = q_pool or ("last_token" if is_decoder(q_tower.transformer) else "cls")
@@ -338,16 +367,21 @@ class AsymmetricEmbedder:
             )
         release.say_licence(layout.root, name)
         dev = resolve_device(device)
-        torch_dtype = resolve_dtype(dtype, dev)
-        attention = resolve_attn_implementation(attn_implementation, dev, torch_dtype)
-        read = functools.partial(
-            read_tower,
-            max_length=release.AUTHORS_MAX_LENGTH,
-            dtype=torch_dtype,
-            trust_remote_code=trust_remote_code,
-            allow_pickled_weights=allow_pickled_weights,
-            model_kwargs={"attn_implementation": attention} if attention else None,
-        )
+
+        def read(
+            folder: str,
+        ) -> PretrainedTower:  # each tower in its own precision: dtype "auto"/"saved" read its config
+            torch_dtype = resolve_dtype(dtype, dev, tower_pretrained_dtype(folder))
+            attention = resolve_attn_implementation(attn_implementation, dev, torch_dtype)
+            return read_tower(
+                folder,
+                max_length=release.AUTHORS_MAX_LENGTH,
+                dtype=torch_dtype,
+                trust_remote_code=trust_remote_code,
+                allow_pickled_weights=allow_pickled_weights,
+                model_kwargs={"attn_implementation": attention} if attention else None,
+            )
+
         config: CareConfig = release.release_care_config(layout)
         q_tower = read(_readable_folder(str(layout.query), name))
         q_mods = q_tower.modules("cls", output_dim=config.dim, normalize_first=True)
@@ -409,8 +443,6 @@ class AsymmetricEmbedder:
             raise ModelError(f"{name}: missing {Router.config_file_name}; the model folder is incomplete")
         router = json.loads(Path(router_path).read_text("utf-8"))
         dev = resolve_device(device)
-        torch_dtype = resolve_dtype(dtype, dev)
-        attention = resolve_attn_implementation(attn_implementation, dev, torch_dtype)
         loaded: dict[str, Module] = {}
         routes: dict[str, list[Module]] = {}
         for route in ROUTES[load]:
@@ -427,6 +459,12 @@ class AsymmetricEmbedder:
             modules = []
             for module_id in router["structure"][route]:
                 if module_id not in loaded:
+                    # each tower in its own precision: "auto" keeps a bf16-pretrained tower off fp16
+                    saved = model_file(name, f"{module_id}/config.json", hub)
+                    torch_dtype = resolve_dtype(
+                        dtype, dev, tower_pretrained_dtype(str(Path(saved).parent)) if saved else None
+                    )
+                    attention = resolve_attn_implementation(attn_implementation, dev, torch_dtype)
                     loaded[module_id] = _load_module(
                         name,
                         module_id,

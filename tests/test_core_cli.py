@@ -202,3 +202,27 @@ def test_an_error_is_one_line_and_keeps_its_cause_for_debugging(
     with pytest.raises(ModelError) as raised:
         main(["export", "--model", str(model)])
     assert isinstance(raised.value.__cause__, KeyError)
+
+
+def test_init_writes_each_tower_in_its_own_dtype(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A model written by init keeps each tower's own precision, whatever the device: a Qwen3 document tower
+    saved in bf16 stays bf16 (half the bytes; on a GPU, init used to load both towers in bf16 and wrote the query
+    tower in bf16, on a CPU it wrote the 4B tower in fp32), a BERT query tower saved in fp32 stays fp32."""
+    import torch
+    from safetensors import safe_open
+
+    from tests.hub_towers import write_bert_sentence_transformer, write_qwen3_causal_lm
+
+    query = write_bert_sentence_transformer(tmp_path / "bert_fp32_query_tower")
+    document = write_qwen3_causal_lm(tmp_path / "qwen3_bf16_document_tower", dtype=torch.bfloat16)
+    out = tmp_path / "model"
+    code, _, err = run(capsys, "init", out, "--query-model", query, "--document-model", document)
+    assert code == 0, err
+    router = json.loads((out / "router_config.json").read_text("utf-8"))
+    dtypes: dict[str, set[str]] = {}
+    for route, modules in router["structure"].items():
+        for module_id in modules:
+            for weights in (out / module_id).glob("*.safetensors"):
+                with safe_open(str(weights), "pt") as f:
+                    dtypes.setdefault(route, set()).update(str(f.get_slice(k).get_dtype()) for k in f.keys())  # noqa: SIM118
+    assert dtypes == {"query": {"F32"}, "document": {"BF16"}}

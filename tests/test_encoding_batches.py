@@ -17,7 +17,13 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Module
 
-from care_retriever.embedder import AsymmetricEmbedder, auto_dtype, resolve_attn_implementation, resolve_dtype
+from care_retriever.embedder import (
+    AsymmetricEmbedder,
+    auto_dtype,
+    gpu_dtype,
+    resolve_attn_implementation,
+    resolve_dtype,
+)
 from care_retriever.encoding import Batches, BatchLimits, encode_texts, sequence_lengths
 from care_retriever.errors import InputError, ModelError
 
@@ -141,8 +147,29 @@ def test_auto_dtype_is_fp32_on_cpu_and_names_resolve() -> None:
     assert resolve_dtype(None, "cpu") == torch.float32
     assert [resolve_dtype(n, "cpu") for n in ("fp32", "bf16", "fp16")] == [torch.float32, torch.bfloat16, torch.float16]
     assert resolve_dtype("bfloat16", "cpu") == torch.bfloat16
-    with pytest.raises(ModelError, match=r"Unknown dtype 'half'. Available dtypes: \['auto', 'fp32'"):
+    with pytest.raises(ModelError, match=r"Unknown dtype 'half'. Available dtypes: \['auto', 'saved', 'fp32'"):
         resolve_dtype("half", "cpu")
+
+
+def test_a_gpu_without_bf16_runs_fp16_only_for_towers_that_allow_it() -> None:
+    # native bf16 (Ampere on): bf16 whatever the tower
+    assert gpu_dtype(True, "bfloat16") == gpu_dtype(True, "float32") == gpu_dtype(True, None) == torch.bfloat16
+    # an older GPU (V100, T4): fp16 for a tower saved in fp32 or fp16, fp32 for one pretrained in bf16 (Qwen3),
+    # whose activations would overflow fp16 to inf
+    assert gpu_dtype(False, "float32") == gpu_dtype(False, None) == gpu_dtype(False, "float16") == torch.float16
+    assert gpu_dtype(False, "bfloat16") == torch.float32
+    # asked for explicitly, fp16 for a bf16-pretrained tower is one line, on any device
+    with pytest.raises(ModelError, match="pretrained in bf16 and overflows fp16") as info:
+        resolve_dtype("fp16", "cpu", "bfloat16")
+    assert "\n" not in str(info.value)
+    assert resolve_dtype("fp16", "cpu", "float32") == torch.float16
+
+
+def test_saved_dtype_is_the_towers_own_whatever_the_device() -> None:
+    for device in ("cpu", "cuda"):  # "saved" never asks the device
+        assert resolve_dtype("saved", device, "bfloat16") == torch.bfloat16
+        assert resolve_dtype("saved", device, "float32") == torch.float32
+        assert resolve_dtype("saved", device, None) == torch.float32
 
 
 def test_attention_choice_on_cpu() -> None:

@@ -4,7 +4,8 @@ pretrained in bf16, fp32 on CPU.
 A recipe asks with the trainer's own flags (``bf16: true`` / ``fp16: true`` in ``defaults`` or a stage's
 ``args``); :func:`training_precision` turns that request, the GPU's compute capability and the towers'
 pretraining dtypes into what the trainer is given. It takes no torch state, so every branch is tested
-without a GPU; :func:`current_capability` and :func:`tower_pretrained_dtype` read the inputs of a real run.
+without a GPU; :func:`current_capability` and :func:`care_retriever.towers.modules.tower_pretrained_dtype` read
+the inputs of a real run.
 
 Why fp16 is never used for a bf16-pretrained tower: fp16's largest value is 65,504, bf16's is fp32's. A
 decoder pretrained in bf16 (Qwen3's ``config.json`` says ``bfloat16``) has activations beyond fp16's range;
@@ -15,11 +16,9 @@ where a bf16 step runs on fp32 units, slower than fp32 itself.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from care_retriever.errors import InputError
@@ -121,30 +120,3 @@ def current_capability(device: Any = None) -> tuple[int, int] | None:
     if torch.version.hip:  # ROCm GPUs report their GCN architecture; every one torch supports has bf16
         return NATIVE_BF16_CAPABILITY
     return tuple(torch.cuda.get_device_capability())  # type: ignore[return-value]
-
-
-def tower_pretrained_dtype(name_or_path: str) -> str | None:
-    """The dtype a tower's ``config.json`` names (``dtype``, or transformers 4's ``torch_dtype``); None if unknown.
-
-    Read from the file, not from a loaded model: loading in fp32 rewrites the loaded config's dtype.
-    A sentence-transformers folder keeps the transformer's config in its Transformer module's path.
-    """
-    from transformers import PretrainedConfig
-    from transformers.utils import cached_file
-
-    subfolder = ""
-    try:
-        modules = cached_file(name_or_path, "modules.json", _raise_exceptions_for_missing_entries=False)
-    except (OSError, ValueError):  # ValueError: not a folder and not a valid hub id
-        modules = None
-    if modules:
-        for module in json.loads(Path(modules).read_text("utf-8")):
-            if str(module.get("type", "")).endswith("Transformer"):
-                subfolder = module.get("path", "")
-                break
-    try:
-        config, _ = PretrainedConfig.get_config_dict(name_or_path, subfolder=subfolder)
-    except (OSError, ValueError):
-        return None
-    dtype = config.get("dtype") or config.get("torch_dtype")
-    return str(dtype).removeprefix("torch.") if dtype else None

@@ -157,7 +157,8 @@ def cast_tower(embedder, side: str, dtype) -> Any:
 
 def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, device: str | None):
     from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY, tower_pretrained_dtype
+    from care_retriever.towers.modules import tower_pretrained_dtype
+    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY
 
     if spec.preset:
         from care_retriever.towers.scratch import init_from_scratch
@@ -779,7 +780,8 @@ def run_recipe(
 def pretrained_dtypes(embedder) -> dict[str, str | None]:
     """Each tower's pretraining dtype: recorded at init (care_config.json), else read from the
     checkpoint the tower was built from (a CARE folder saved outside training); None if unknown."""
-    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY, tower_pretrained_dtype
+    from care_retriever.towers.modules import tower_pretrained_dtype
+    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY
 
     recorded = embedder.config.extra.get(PRETRAINED_DTYPE_KEY)
     if isinstance(recorded, dict):

@@ -103,7 +103,10 @@ def init(
 
         typer.echo(f"Reading {from_release} in the authors' release layout ...", err=True)
         embedder = AsymmetricEmbedder.from_release(
-            from_release, trust_remote_code=trust_remote_code, allow_pickled_weights=allow_pickled_weights
+            from_release,
+            dtype="saved",  # each tower in its own dtype, whatever the device (a GPU would make both bf16)
+            trust_remote_code=trust_remote_code,
+            allow_pickled_weights=allow_pickled_weights,
         )
     elif preset is not None:
         if query_model or document_model:
@@ -138,6 +141,7 @@ def init(
             document_pooling=document_pooling,
             document_adapter=document_adapter,
             max_length=max_length,
+            dtype="saved",  # each tower in its own dtype, whatever the device (a GPU would make both bf16)
             trust_remote_code=trust_remote_code,
             allow_pickled_weights=allow_pickled_weights,
             convention=convention,
@@ -190,7 +194,8 @@ def index(
     dtype: Annotated[
         str,
         typer.Option(
-            help="Document tower precision: auto (bf16 on GPUs with native bf16, else fp16; fp32 on CPU) "
+            help="Document tower precision: auto (bf16 on GPUs with native bf16; on older GPUs fp16, or fp32 for a "
+            "tower pretrained in bf16, which overflows fp16; fp32 on CPU) | saved (the tower's own) "
             "| fp32 | bf16 | fp16."
         ),
     ] = IndexSettings.dtype,

@@ -278,3 +278,30 @@ def tower_native_dim(modules: list[Module]) -> int:
         if isinstance(module, Pooling):
             return module.get_embedding_dimension()
     raise ModelError("tower has no Pooling module")
+
+
+def tower_pretrained_dtype(name_or_path: str) -> str | None:
+    """The dtype a tower's ``config.json`` names (``dtype``, or transformers 4's ``torch_dtype``); None if unknown.
+
+    Read from the file, not from a loaded model: loading in fp32 rewrites the loaded config's dtype.
+    A sentence-transformers folder keeps the transformer's config in its Transformer module's path.
+    """
+    from transformers import PretrainedConfig
+    from transformers.utils import cached_file
+
+    subfolder = ""
+    try:
+        modules = cached_file(name_or_path, "modules.json", _raise_exceptions_for_missing_entries=False)
+    except (OSError, ValueError):  # ValueError: not a folder and not a valid hub id
+        modules = None
+    if modules:
+        for module in json.loads(Path(modules).read_text("utf-8")):
+            if str(module.get("type", "")).endswith("Transformer"):
+                subfolder = module.get("path", "")
+                break
+    try:
+        config, _ = PretrainedConfig.get_config_dict(name_or_path, subfolder=subfolder)
+    except (OSError, ValueError):
+        return None
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return str(dtype).removeprefix("torch.") if dtype else None
