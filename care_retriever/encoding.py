@@ -13,6 +13,7 @@ import logging
 import os
 import queue
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -198,14 +199,19 @@ class _Batch:
         return batch_cost(self.lengths, self.packed)
 
 
-_BACKENDS: dict[int, Any] = {}
+# Per tower (weakly held: a tower freed and another built at its address gets neither): the plain backend copy,
+# and per prompt whether that backend gave the tower's own ids (checked on the first call's first group; later calls
+# trust the verdict, as a call's later groups do, instead of tokenising a group twice per call: the index writer
+# calls once per slice).
+_BACKENDS: weakref.WeakKeyDictionary[SentenceTransformer, Any] = weakref.WeakKeyDictionary()
+_FAST_VERDICTS: weakref.WeakKeyDictionary[SentenceTransformer, dict[str | None, bool]] = weakref.WeakKeyDictionary()
 
 
 def _plain_backend(model: SentenceTransformer) -> Any:
     """A copy of the tower's Rust tokenizer without padding or truncation, made once per tower and never changed
     (the tokenizer's own keeps whatever padding and truncation its last call set)."""
     with _LOCKS_GUARD:
-        if id(model) not in _BACKENDS:
+        if model not in _BACKENDS:
             backend = getattr(getattr(model, "tokenizer", None), "_tokenizer", None)
             copy = None
             if backend is not None and hasattr(backend, "to_str"):
@@ -213,8 +219,8 @@ def _plain_backend(model: SentenceTransformer) -> Any:
                     copy = type(backend).from_str(backend.to_str())
                 copy.no_padding()
                 copy.no_truncation()
-            _BACKENDS[id(model)] = copy
-        return _BACKENDS[id(model)]
+            _BACKENDS[model] = copy
+        return _BACKENDS[model]
 
 
 class _Tokenised:
@@ -236,7 +242,8 @@ class _Tokenised:
         self.packed = False
         # The tokenizer's Rust backend called directly (ids only: no per-text Python objects, no padding), once it
         # gave the tower's own ids for a whole group: None until checked.
-        self.fast: bool | None = None
+        with _LOCKS_GUARD:
+            self.fast: bool | None = _FAST_VERDICTS.get(model, {}).get(prompt)
         self._backend: Any = None
         self.limit = getattr(model, "max_seq_length", None)
 
@@ -298,6 +305,8 @@ class _Tokenised:
             self.rows[i] = row
         if self.fast is None and more:
             self.fast = self._backend_agrees(idx, per_token, per_text)
+            with _LOCKS_GUARD:
+                _FAST_VERDICTS.setdefault(self.model, {})[self.prompt] = self.fast
         return lengths
 
     def _backend_ids_agree(self, idx: np.ndarray) -> bool:

@@ -10,6 +10,10 @@ With ``sparse`` and the document tower on a GPU, each chunk's BM25 tokens are co
 while the chunk encodes (:mod:`care_retriever.sparse.background`); either way they are inserted with the
 chunk's documents, in the same transaction.
 
+A FAISS store's writes (docstore rows, their content hashes, the index add, the checkpoint) run on a thread of
+their own, in order, while the next slice encodes (:class:`_StoreWrites`); a write's error is raised in the
+calling thread as it was raised, and nothing after it is written or checkpointed.
+
 Encoding is pluggable (``encoder=``): :mod:`care_retriever.index` passes one that scatters each chunk
 over the ranks of a torch.distributed job, so checkpointing, resume and skipping stay in one place.
 """
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
@@ -121,6 +127,59 @@ def _trains_on_first_vectors(store: VectorStore, options: dict[str, Any] | None)
     return options.get("type", "flat") in ("ivf", "ivfpq") or options.get("quantize") not in (None, "none")
 
 
+class _StoreWrites:
+    """A window's slices written to the store on a thread of their own, in order, while the calling thread encodes
+    the next slice: the store side (docstore rows and their content hashes, the index add, the checkpoint) overlaps
+    encoding instead of following it. At most ``depth`` encoded slices wait (their vectors held), beside the one being
+    written.
+
+    A checkpoint still follows the upsert it covers, on the same thread, so it records only what is written. The
+    first error stops the writes (nothing after it is upserted or checkpointed, as when the loop ran inline) and is
+    raised in the calling thread, the same exception, at the next :meth:`submit` or at :meth:`finish`."""
+
+    _END = None
+
+    def __init__(self, store: VectorStore, depth: int = 1) -> None:
+        self.store = store
+        self._queue: queue.Queue[tuple[list[Document], np.ndarray, Sequence[list[str]] | None, bool] | None] = (
+            queue.Queue(maxsize=max(1, depth))
+        )
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="care-store-writes", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not self._END:
+            if self._error is not None:  # after an error nothing more is written (the caller raises it)
+                continue
+            documents, vectors, tokens, checkpoint = item
+            try:
+                self.store.upsert(documents, vectors, sparse_tokens=tokens)
+                if checkpoint:
+                    self.store.commit()
+            except BaseException as exc:  # raised in the calling thread
+                self._error = exc
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def submit(
+        self, documents: list[Document], vectors: np.ndarray, tokens: Sequence[list[str]] | None, checkpoint: bool
+    ) -> None:
+        """Queue one slice's upsert (then a checkpoint); blocks while ``depth`` slices already wait."""
+        self._raise_error()
+        self._queue.put((documents, vectors, tokens, checkpoint))
+
+    def finish(self, raise_error: bool = True) -> None:
+        """Wait for every queued write; raise the first error (``raise_error``: not while the caller already
+        raises one of its own, which goes on instead)."""
+        self._queue.put(self._END)
+        self._thread.join()
+        if raise_error:
+            self._raise_error()
+
+
 class DocumentStoreWriter:
     """Encode documents with the document tower and write them into a FAISS or Qdrant store."""
 
@@ -140,6 +199,7 @@ class DocumentStoreWriter:
         encoder: Encoder | None = None,
         sparse: bool = False,
         background_tokenizer: bool | None = None,
+        overlap_writes: bool | None = None,
     ) -> None:
         self.embedder = embedder
         self.store = open_store(store, collection=collection)
@@ -167,6 +227,13 @@ class DocumentStoreWriter:
         if background_tokenizer is None:
             background_tokenizer = str(getattr(embedder, "device", "cpu")).split(":")[0] not in ("cpu", "")
         self.background_tokenizer = background_tokenizer
+        # Store writes on a thread of their own while the next slice encodes (_StoreWrites). None: for a FAISS store,
+        # whose writes (hashing, docstore rows, index add) took about a quarter of a CPU run's time on the calling
+        # thread; its docstore connection is shared across threads. Local Qdrant's SQLite may refuse another thread.
+        if overlap_writes is None:
+            overlap_writes = self.store.describe().startswith("faiss:")
+        self.overlap_writes = overlap_writes
+        self._writes: _StoreWrites | None = None
 
     def write(
         self, documents: Iterable[Document], *, total: int | None = None, prune_ids_not_in: bool = False
@@ -261,16 +328,30 @@ class DocumentStoreWriter:
         """Encode and upsert a window of documents, longest first (so a batch pads little over the whole window),
         a slice at a time; the store is checkpointed every ``checkpoint_every`` documents. Where a new store trains
         its index on its first vectors (IVF, quantization), the run's first ``chunk_size`` documents go first, as
-        read: it trains on the corpus's first documents, as before, not on its longest."""
+        read: it trains on the corpus's first documents, as before, not on its longest. With ``overlap_writes`` a
+        slice is written while the next one encodes, and every write is done (or its error raised) on return."""
         size = max(self.chunk_size, self.checkpoint_every)
-        if self._first_slice:
-            head, items = items[: self.chunk_size], items[self.chunk_size :]
-            self._first_slice = False
-            self._write_slice(head, report, bar, stats, tokenizer)
-        lengths = np.fromiter((len(doc.embedding_text()) for doc, _ in items), dtype=np.int64, count=len(items))
-        order = np.argsort(-lengths, kind="stable")
-        for begin in range(0, len(items), size):
-            self._write_slice([items[i] for i in order[begin : begin + size]], report, bar, stats, tokenizer)
+        # The window's writes are all done before it returns: the next chunks' content hashes are read after them.
+        self._writes = _StoreWrites(self.store) if self.overlap_writes else None
+        try:
+            if self._first_slice:
+                head, items = items[: self.chunk_size], items[self.chunk_size :]
+                self._first_slice = False
+                self._write_slice(head, report, bar, stats, tokenizer)
+            lengths = np.fromiter((len(doc.embedding_text()) for doc, _ in items), dtype=np.int64, count=len(items))
+            order = np.argsort(-lengths, kind="stable")
+            for begin in range(0, len(items), size):
+                self._write_slice([items[i] for i in order[begin : begin + size]], report, bar, stats, tokenizer)
+        except BaseException:
+            # the slices already encoded are still written (as when each was written before the next encoded); the
+            # caller's error goes on
+            if self._writes is not None:
+                self._writes.finish(raise_error=False)
+            raise
+        finally:
+            writes, self._writes = self._writes, None
+        if writes is not None:
+            writes.finish()
 
     def _write_slice(
         self,
@@ -288,18 +369,24 @@ class DocumentStoreWriter:
             tokenizer.submit(texts)
         vectors = self._encode(texts, bar, stats)
         tokens = tokenizer.result() if tokenizer is not None else None
-        self.store.upsert(todo, vectors, sparse_tokens=tokens)
+        self._since_checkpoint += len(todo)
+        checkpoint = self._since_checkpoint >= self.checkpoint_every
+        if checkpoint:
+            self._since_checkpoint = 0
+        if self._writes is not None:
+            self._writes.submit(todo, vectors, tokens, checkpoint)
+        else:
+            self.store.upsert(todo, vectors, sparse_tokens=tokens)
+            if checkpoint:
+                self.store.commit()
         report.updated += sum(1 for _, held in items if held)
         report.added += sum(1 for _, held in items if not held)
-        self._since_checkpoint += len(todo)
-        if self._since_checkpoint >= self.checkpoint_every:
-            self.store.commit()
-            self._since_checkpoint = 0
 
     def _encode(self, texts: list[str], bar: tqdm, stats: dict[str, int]) -> np.ndarray:
         if self.encoder is None:  # the embedder applies its document prompt, as embed_documents does anywhere
             return self.embedder.embed_documents(texts, limits=self.limits, progress=bar, stats=stats)
-        vectors = np.asarray(self.encoder(texts), dtype=np.float32)
+        # a copy: the store writes it on another thread while the encoder may reuse its buffer for the next slice
+        vectors = np.array(self.encoder(texts), dtype=np.float32)
         if vectors.shape != (len(texts), self.embedder.dim):
             raise ModelError(
                 f"encoder returned shape {vectors.shape} for {len(texts)} texts of a {self.embedder.dim}-dim model"

@@ -240,3 +240,23 @@ def test_auto_limits_on_cpu_are_the_cpu_defaults(embedder: AsymmetricEmbedder) -
     assert auto_batch_limits(embedder.document_model, 64, 500) == BatchLimits(64, 500)
     assert auto_batch_limits(None, None, None) == BatchLimits(16, None)
     assert torch.device(embedder.document_model.device).type == "cpu"
+
+
+def test_the_backend_verdict_holds_for_the_towers_later_calls(embedder: AsymmetricEmbedder, monkeypatch) -> None:
+    """The index writer encodes a slice per call: once the backend gave the tower's own ids for a prompt, later calls
+    with it tokenise with the backend from their first group instead of tokenising that group twice."""
+    from care_retriever import encoding
+
+    monkeypatch.setattr(encoding, "GROUP_TEXTS", 32)
+    model = embedder.document_model
+    texts = [d.text for d in mixed_documents(100)]
+    reference = encode_texts(model, texts, batch_size=1)
+    assert encoding._FAST_VERDICTS[model][None] is True
+    calls: list[int] = []
+    original = encoding._Tokenised.preprocess
+    monkeypatch.setattr(
+        encoding._Tokenised, "preprocess", lambda self, idx: calls.append(len(idx)) or original(self, idx)
+    )
+    vectors = encode_texts(model, texts, batch_size=16)
+    np.testing.assert_allclose(vectors, reference, atol=1e-5)
+    assert calls == []  # no group through the tower's preprocess: none holds a text that may be truncated
