@@ -259,3 +259,34 @@ def test_paper_recipe_in_two_processes_shares_the_work_under_the_recipes_timeout
     cache = np.fromfile(stage1["teacher_cache"], dtype=np.float32).reshape(stage1["teacher_texts"], 768)
     np.testing.assert_allclose(np.linalg.norm(cache, axis=1), 1.0, rtol=1e-4)  # both ranks' rows are there
     assert not list((out / "teacher_cache").glob(".*")) and not list(out.glob(".exchange*"))  # parts removed
+
+
+def test_every_frozen_tower_encoding_in_training_runs_under_the_stage_autocast() -> None:
+    """A frozen tower's encodings (teacher scores, mined negatives, the teacher cache) run as the tower runs in
+    training: under the stage's autocast. An ``embed_documents`` / ``embed_queries`` call outside ``with
+    autocast(...)`` ran a bf16 recipe's frozen tower in fp32 on a GPU, several times slower."""
+    import ast
+
+    exempt = {"quickstart.py"}  # scores the trained model as a user would load it, after training
+    found = []
+    for path in sorted((REPO / "training").rglob("*.py")):
+        if path.name in exempt:
+            continue
+        tree = ast.parse(path.read_text("utf-8"))
+        guarded: set[int] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.With) and any(
+                isinstance(item.context_expr, ast.Call)
+                and getattr(item.context_expr.func, "id", getattr(item.context_expr.func, "attr", "")) == "autocast"
+                for item in node.items
+            ):
+                guarded.update(id(inner) for inner in ast.walk(node))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("embed_documents", "embed_queries")
+                and id(node) not in guarded
+            ):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, f"frozen-tower encodings outside the stage's autocast: {found}"

@@ -52,6 +52,7 @@ from care_retriever.training.recipe import (
     Stage2JointStage,
     StageSpec,
 )
+from care_retriever.training.teacher_cache import autocast
 
 logger = logging.getLogger("care_retriever")
 DEFAULT_TEMPERATURE = 0.05
@@ -637,7 +638,8 @@ def distill(ctx: StageContext, stage: DistillStage, embedder) -> StageReport:
     if num < 1:
         raise InputError(f"stage {stage.name!r}: score distillation needs hard_negatives.num >= 1")
     texts = unique([t for e in examples for t in (e.query, e.positive, *e.negatives)])
-    vectors = embedder.embed_documents(texts, batch_size=64, show_progress=ctx.show_progress)
+    with autocast(embedder.device, stage_dtype(ctx, stage)):  # the frozen tower as it runs in training
+        vectors = embedder.embed_documents(texts, batch_size=64, show_progress=ctx.show_progress)
     row = {t: i for i, t in enumerate(texts)}
     scores = [[float(vectors[row[e.query]] @ vectors[row[c]]) for c in (e.positive, *e.negatives)] for e in examples]
     examples, anchor = row_prompted(examples, embedder.config)  # after the teacher scores (raw texts)
