@@ -54,7 +54,7 @@ def sample_queries(n: int) -> list[str]:
 
 
 def sample_documents(n: int) -> list:
-    from care_retriever.corpus import read_corpus
+    from care_retriever.indexing.corpus import read_corpus
 
     docs = []
     for doc in read_corpus(SAMPLE / "corpus.jsonl"):

@@ -22,8 +22,8 @@ TARGET = 0.95
 def run(preset: str = "base", n_docs: int = 48, batch_size: int = 16, rounds: int = 2) -> tuple[str, bool]:
     from sentence_transformers import SentenceTransformer
 
-    from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.evaluation import speed
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     folder = model_dir(preset)
     docs = sample_documents(n_docs)

@@ -23,7 +23,7 @@ TARGET = 1.15
 def run(preset: str = "base", n_queries: int = 40, rounds: int = 5) -> tuple[str, bool]:
     import torch
 
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     embedder = AsymmetricEmbedder.from_pretrained(model_dir(preset), load="query")
     st = embedder.query_model

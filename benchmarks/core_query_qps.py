@@ -16,8 +16,8 @@ from benchmarks.core_common import machine_line, model_dir, sample_queries, tabl
 
 
 def run(preset: str = "base", n_queries: int = 64) -> tuple[str, bool]:
-    from care_retriever.baselines import load_embedder
     from care_retriever.evaluation import speed
+    from care_retriever.model.baselines import load_embedder
 
     folder = model_dir(preset)
     queries = sample_queries(n_queries)

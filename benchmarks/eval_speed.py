@@ -55,8 +55,8 @@ def run(preset: str = "mini") -> tuple[str, bool]:
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     timing = row["timing"]
 
-    from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.evaluation.tasks import load_task
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     embedder = AsymmetricEmbedder.from_pretrained(model, load="document")
     task = load_task(TASK)

@@ -52,7 +52,7 @@ QWEN3_4B = {
 # ------------------------------------------------------------------ the tower
 def build_embedder(device: str, vocab: list[Path], tower: str) -> Any:
     """A CARE model with random weights on ``device``: ``qwen3-4b`` (real size) or ``tiny``."""
-    from care_retriever.towers.scratch import init_from_scratch
+    from care_retriever.model.towers.scratch import init_from_scratch
 
     if tower == "qwen3-4b":
         return init_from_scratch("base", vocab, device=device, document_config=QWEN3_4B)
@@ -136,7 +136,7 @@ class PeakMemory:
 
 # ------------------------------------------------------------------ the two sides
 def token_lengths(model: Any, texts: list[str], prompt: str | None) -> list[int]:
-    from care_retriever.encoding import sequence_lengths
+    from care_retriever.model.encoding import sequence_lengths
 
     lengths: list[int] = []
     for start in range(0, len(texts), 1024):
@@ -168,7 +168,7 @@ def run_st(embedder: Any, texts: list[str], batch_size: int, device: str) -> dic
 
 
 def run_index(embedder: Any, docs: list[Any], batch_size: int, device: str, folder: Path) -> dict[str, Any]:
-    from care_retriever.writer import DocumentStoreWriter
+    from care_retriever.indexing.writer import DocumentStoreWriter
 
     writer = DocumentStoreWriter(embedder, f"faiss:{folder}", batch_size=batch_size, show_progress=False)
     with PeakMemory(device) as memory:
@@ -310,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from care_retriever.corpus import read_corpus
-    from care_retriever.loading import quiet_transformers
+    from care_retriever.indexing.corpus import read_corpus
+    from care_retriever.model.loading import quiet_transformers
 
     quiet_transformers()
     if args.threads:

@@ -21,12 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from care_retriever.corpus import Document
-from care_retriever.embedder import AsymmetricEmbedder
 from care_retriever.evaluation.tasks import load_task
-from care_retriever.retriever import CareRetriever
+from care_retriever.indexing.corpus import Document
+from care_retriever.indexing.writer import DocumentStoreWriter
+from care_retriever.model.embedder import AsymmetricEmbedder
+from care_retriever.search.retriever import CareRetriever
 from care_retriever.stores import open_store
-from care_retriever.writer import DocumentStoreWriter
 
 
 def index_seconds(embedder, docs, spec: str, sparse: bool) -> float:

@@ -23,10 +23,10 @@ from pathlib import Path
 
 
 def worker(model: str, corpus: str, background: bool, store: str) -> dict[str, float]:
-    from care_retriever.corpus import corpus_file, read_corpus
-    from care_retriever.index import IndexSettings, load_document_tower
+    from care_retriever.indexing.corpus import corpus_file, read_corpus
+    from care_retriever.indexing.distributed import IndexSettings, load_document_tower
+    from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.sparse.background import BackgroundTokenizer
-    from care_retriever.writer import DocumentStoreWriter
 
     phases = {"encode_s": 0.0, "wait_tokens_s": 0.0, "upsert_s": 0.0}
 

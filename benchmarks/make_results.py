@@ -36,12 +36,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def run_evals(models: list[str], tasks_dir: Path, hybrid: bool = False) -> list[dict]:
     """Every model on every dev task; with ``hybrid``, each dense model fused with BM25 (the default
     fusion of ``care-retriever search --mode hybrid``) on the retrieval tasks too, as its own row."""
-    from care_retriever.baselines import load_embedder
     from care_retriever.cli.eval import display_name
     from care_retriever.evaluation.hybrid import HybridModel, mode_label
     from care_retriever.evaluation.runner import Timer, evaluate
     from care_retriever.evaluation.suites import resolve_suite
     from care_retriever.evaluation.tasks import load_task
+    from care_retriever.model.baselines import load_embedder
     from care_retriever.sparse.fusion import FusionConfig
 
     tasks = [load_task(p) for p in resolve_suite("all", tasks_dir)]
@@ -67,10 +67,10 @@ def run_evals(models: list[str], tasks_dir: Path, hybrid: bool = False) -> list[
 
 def query_speed(models: list[str], queries_file: Path, n: int) -> dict[str, dict]:
     """Batch-1 and batch-32 query encoding speed of each dense model, by display name."""
-    from care_retriever.baselines import load_embedder
     from care_retriever.cli.eval import display_name
     from care_retriever.evaluation import speed
     from care_retriever.evaluation.benchmark import read_texts, tower_params
+    from care_retriever.model.baselines import load_embedder
 
     queries = read_texts(queries_file, n)
     out = {}

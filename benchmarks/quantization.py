@@ -63,7 +63,7 @@ def dir_bytes(folder: Path) -> int:
 
 def build_store(folder: Path, vectors: np.ndarray, options: dict[str, Any], fingerprint: str) -> float:
     """Write ``vectors`` (ids = row numbers) into a new FAISS store; seconds taken, publish included."""
-    from care_retriever.corpus import Document
+    from care_retriever.indexing.corpus import Document
     from care_retriever.stores.faiss import FaissStore
 
     start = time.perf_counter()
@@ -207,7 +207,7 @@ def run_synthetic(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- dev tasks
 def read_task(folder: Path) -> tuple[list[Any], dict[str, str], dict[str, dict[str, int]]]:
-    from care_retriever.corpus import read_corpus
+    from care_retriever.indexing.corpus import read_corpus
 
     docs = list(read_corpus(folder / "corpus.jsonl", skip_invalid=True))  # a few titles are empty
     queries = {}
@@ -240,8 +240,8 @@ def task_scores(
 
 
 def build_model(args: argparse.Namespace, texts: list[str], out: Path) -> Any:
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.towers.scratch import build_random_towers
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.towers.scratch import build_random_towers
 
     overrides = {"num_hidden_layers": args.document_layers} if args.document_layers else None
     q_dir, d_dir = build_random_towers(args.preset, texts, out, seed=args.seed, document_config=overrides)
@@ -300,7 +300,7 @@ def score_settings(
 ) -> list[dict[str, Any]]:
     """One store per setting over the same vectors: nDCG@10 and overlap@10 with the exact ranking, and the
     overlap at each search-time oversample of ``--oversample-sweep``."""
-    from care_retriever.corpus import Document
+    from care_retriever.indexing.corpus import Document
     from care_retriever.stores.faiss import FaissStore
 
     docs, queries, qrels = task
@@ -365,7 +365,7 @@ def run_model(args: argparse.Namespace, tmp: Path, loaded: dict[str, Any], path:
     """The dev tasks with a saved CARE model: its document tower encodes the corpus, its query tower the queries."""
     import hashlib
 
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     embedder = AsymmetricEmbedder.from_pretrained(path, dtype="fp32")
     out: dict[str, Any] = {

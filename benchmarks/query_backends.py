@@ -80,7 +80,7 @@ def ensure_exports(model: Path) -> list[str]:
 
 def export_variants(model: Path) -> dict[str, tuple[str, dict[str, str]]]:
     """Row name -> (backend, file option) for every exported file of ``model``."""
-    from care_retriever.backends.layout import BACKEND_FILES, find_export
+    from care_retriever.search.backends.layout import BACKEND_FILES, find_export
 
     out: dict[str, tuple[str, dict[str, str]]] = {}
     for backend, option in (("onnx", "onnx_file"), ("openvino", "openvino_file")):
@@ -96,8 +96,8 @@ def export_variants(model: Path) -> dict[str, tuple[str, dict[str, str]]]:
 
 def load_variants(model: Path, store: str) -> dict[str, Any]:
     """Retrievers over the same store, one per backend and file, each through ``CareRetriever``."""
-    from care_retriever.backends import load_query_embedder
-    from care_retriever.retriever import CareRetriever
+    from care_retriever.search.backends import load_query_embedder
+    from care_retriever.search.retriever import CareRetriever
 
     variants = {"torch fp32": load_query_embedder(model, "torch", device="cpu")}
     for name, (backend, option) in export_variants(model).items():
@@ -208,10 +208,10 @@ def ndcg_rows(model: Path, n_queries: int | None, documents: str, export: bool) 
     """nDCG@10 on kuake-qtr-retrieval: the torch query tower vs each export, same document vectors."""
     import numpy as np
 
-    from care_retriever.backends import load_query_embedder
-    from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.evaluation.metrics import retrieval_metrics
     from care_retriever.evaluation.tasks import load_task
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.search.backends import load_query_embedder
 
     task = load_task(SHARED_TASKS / "kuake-qtr-retrieval")
     for backend in ["onnx", *(["openvino"] if openvino_installed() else [])] if export else []:

@@ -68,7 +68,7 @@ def compare(embedder: Any, reference: dict[str, Any], fixture: dict[str, Any], *
 
 
 def measure() -> dict[str, Any]:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     reference = json.loads((FIXTURES / "reference.json").read_text("utf-8"))
     make = _fixture_builder()

@@ -51,9 +51,9 @@ def build_model(query_preset: str, document_preset: str, out: Path, document_lay
     ``document_layers`` (if > 0) replaces the document preset's depth."""
     from dataclasses import replace
 
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.towers.presets import PRESETS
-    from care_retriever.towers.scratch import build_random_towers, iter_vocab_texts
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.towers.presets import PRESETS
+    from care_retriever.model.towers.scratch import build_random_towers, iter_vocab_texts
 
     if document_layers:
         base = PRESETS[document_preset]
@@ -83,14 +83,14 @@ def sample_pairs(folder: Path) -> Path:
 def worker(config: str, model: Path, folder: Path, steps: int, batch: int, max_length: int) -> dict:
     import torch
 
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.training.pairs import load_pairset
     from care_retriever.training.recipe import DatasetSpec, build_stage
     from care_retriever.training.runner import set_max_length
     from care_retriever.training.stages import STAGES, StageContext
 
     embedder = AsymmetricEmbedder.from_pretrained(model, dtype="fp32")
-    set_max_length(embedder, max_length)
+    embedder = set_max_length(embedder, max_length)
     spec = DatasetSpec(name="pairs", path=str(sample_pairs(folder)), format="pairs")
     pairset = load_pairset(spec, folder)
     kind = {"stage0-query": "stage0_query", "stage0-document": "stage0_document", "stage2": "stage2_joint"}.get(
@@ -151,7 +151,7 @@ def parameter_counts(model: Path) -> dict[str, int]:
     """All parameters of each tower, and those outside embedding tables (what per-token compute scales with)."""
     import torch
 
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     embedder = AsymmetricEmbedder.from_pretrained(model)
     counts = {}

@@ -1,6 +1,8 @@
 """care-retriever: CARE, the Chinese medical Asymmetric REtriever.
 
-Data path: corpus -> document tower -> store <- query tower <- query.
+Data path: corpus -> document tower -> store <- query tower <- query; in the folders: ``indexing/`` (corpus,
+writer) -> ``model/`` (towers, embedder) -> ``stores/`` <- ``search/`` (retriever, server, exported query towers)
+(docs/architecture.md).
 Heavy submodules load on first use so ``import care_retriever`` stays cheap and never imports a
 framework (haystack, langchain, qdrant).
 """
@@ -10,18 +12,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from care_retriever import old_paths
+
 __version__ = "0.1.0"
+old_paths.install()  # module paths of earlier releases (care_retriever.embedder, ...) keep working, with a warning
 
 _LAZY = {
-    "AsymmetricEmbedder": "care_retriever.embedder",
-    "CareConfig": "care_retriever.model_config",  # torch-free: read by search hosts that never import torch
-    "QueryEncoder": "care_retriever.embedder_protocol",
-    "DocumentEncoder": "care_retriever.embedder_protocol",
-    "DocumentStoreWriter": "care_retriever.writer",
-    "CareRetriever": "care_retriever.retriever",
+    "AsymmetricEmbedder": "care_retriever.model.embedder",
+    "CareConfig": "care_retriever.model.config",  # torch-free: read by search hosts that never import torch
+    "QueryEncoder": "care_retriever.model.protocols",
+    "DocumentEncoder": "care_retriever.model.protocols",
+    "DocumentStoreWriter": "care_retriever.indexing.writer",
+    "CareRetriever": "care_retriever.search.retriever",
     "Hit": "care_retriever.stores.base",
-    "Document": "care_retriever.corpus",
-    "read_corpus": "care_retriever.corpus",
+    "Document": "care_retriever.indexing.corpus",
+    "read_corpus": "care_retriever.indexing.corpus",
     "open_store": "care_retriever.stores",
     "CareError": "care_retriever.errors",
 }
@@ -42,15 +47,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from care_retriever.corpus import Document, read_corpus
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.embedder_protocol import DocumentEncoder, QueryEncoder
     from care_retriever.errors import CareError
-    from care_retriever.model_config import CareConfig
-    from care_retriever.retriever import CareRetriever
+    from care_retriever.indexing.corpus import Document, read_corpus
+    from care_retriever.indexing.writer import DocumentStoreWriter
+    from care_retriever.model.config import CareConfig
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.protocols import DocumentEncoder, QueryEncoder
+    from care_retriever.search.retriever import CareRetriever
     from care_retriever.stores import open_store
     from care_retriever.stores.base import Hit
-    from care_retriever.writer import DocumentStoreWriter
 
 
 def __getattr__(name: str) -> Any:

@@ -201,7 +201,7 @@ def stage0_data_rows(
 
 def tower_parameters(model_dir: Path) -> int:
     """Parameters of a symmetric export's tower (its query route: the same tower as its document route)."""
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.training.lora import transformer_of
 
     embedder = AsymmetricEmbedder.from_pretrained(str(model_dir), load="query")

@@ -99,9 +99,9 @@ def score(model_dir: Path, data_dir: Path, cache: Path) -> dict[str, float]:
     if cache.is_file():
         return json.loads(cache.read_text("utf-8"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from care_retriever.baselines import load_embedder
     from care_retriever.evaluation.runner import evaluate
     from care_retriever.evaluation.tasks import load_task
+    from care_retriever.model.baselines import load_embedder
 
     embedder = load_embedder(str(model_dir))
     scores = {}

@@ -176,10 +176,10 @@ def score_run(run: Path, data_dir: Path, rescore: bool = False) -> tuple[dict, b
     if not missing:
         return entry, False
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from care_retriever.baselines import load_embedder
     from care_retriever.evaluation.hybrid import HybridModel
     from care_retriever.evaluation.runner import evaluate
     from care_retriever.evaluation.tasks import load_task
+    from care_retriever.model.baselines import load_embedder
 
     tasks = {name: load_task(data_dir / "tasks" / name) for name in TASKS}
     speed_queries = [tasks[KUAKE_RETRIEVAL].queries[q] for q in tasks[KUAKE_RETRIEVAL].query_ids][:200]

@@ -3,7 +3,7 @@
 Both adapters need the same few things: where a model is and what space it embeds into (read
 from ``care_config.json`` without building a tower), each tower loaded only when its side is first
 used (a search process never builds the document tower), and one mapping between a framework's
-``(text, metadata)`` and the core :class:`~care_retriever.corpus.Document` (``title`` is a column
+``(text, metadata)`` and the core :class:`~care_retriever.indexing.corpus.Document` (``title`` is a column
 of the core store, a metadata key in the frameworks).
 """
 
@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from care_retriever.corpus import Document
-from care_retriever.embedder_protocol import DocumentEncoder, QueryEncoder
 from care_retriever.errors import InputError, ModelError
-from care_retriever.locations import local_model_dir
-from care_retriever.model_config import CONFIG_NAME, CareConfig
+from care_retriever.indexing.corpus import Document
+from care_retriever.model.config import CONFIG_NAME, CareConfig
+from care_retriever.model.loading import local_model_dir
+from care_retriever.model.protocols import DocumentEncoder, QueryEncoder
+from care_retriever.stores.config import FaissIndexConfig, QdrantCollectionConfig
 
 # Fingerprint recorded for stores written from vectors of an unknown model: `care-retriever search`
 # then refuses them with "built with another model" instead of returning meaningless hits.
@@ -31,7 +32,7 @@ UNKNOWN_FINGERPRINT = "unknown"
 
 def check_model_location(model: str) -> Path | None:
     """Fail early, in one line, when a local-looking model path does not exist (``org/name`` may be a hub id);
-    return the local folder, or None for a hub id (:func:`care_retriever.locations.local_model_dir`)."""
+    return the local folder, or None for a hub id (:func:`care_retriever.model.loading.local_model_dir`)."""
     return local_model_dir(model)
 
 
@@ -68,7 +69,7 @@ class TowerLoader:
             raise ModelError("pass a CARE model folder (model=...) or a loaded AsymmetricEmbedder (embedder=...)")
         self.model = model
         self.device = device
-        # auto | torch | onnx | openvino (care_retriever.backends); the document tower always runs on torch
+        # auto | torch | onnx | openvino (care_retriever.search.backends); the document tower always runs on torch
         self.query_backend = query_backend
         self.trust_remote_code = trust_remote_code  # a tower whose model code ships with it needs it at load
         self._query: QueryEncoder | None = None
@@ -89,12 +90,13 @@ class TowerLoader:
         return self.model
 
     def query(self) -> QueryEncoder:
-        """The query side, loaded if needed on the chosen backend (``care_retriever.backends.load_query_embedder``)."""
+        """The query side, loaded if needed on the chosen backend
+        (``care_retriever.search.backends.load_query_embedder``)."""
         if self._query is not None:  # no lock once loaded: a document tower loading meanwhile does not stall queries
             return self._query
         with self._lock:
             if self._query is None:
-                from care_retriever.backends import load_query_embedder
+                from care_retriever.search.backends import load_query_embedder
 
                 self._query = load_query_embedder(
                     self._source("query"),
@@ -110,7 +112,7 @@ class TowerLoader:
             return self._document
         with self._lock:
             if self._document is None:
-                from care_retriever.embedder import AsymmetricEmbedder
+                from care_retriever.model.embedder import AsymmetricEmbedder
 
                 self._document = AsymmetricEmbedder.from_pretrained(
                     self._source("document"),
@@ -191,30 +193,29 @@ QDRANT_ONLY_OPTIONS = (
 )
 
 
-def check_index_options(backend: str, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A framework object's ``index_options``, checked when it is built rather than at its first write.
+def check_index_options(
+    backend: str, options: Mapping[str, Any] | None
+) -> FaissIndexConfig | QdrantCollectionConfig | None:
+    """A framework object's ``index_options`` as the store's config, read once when the object is built rather than
+    at its first write (the config class checks it: the same one-line error as ``care-retriever index``).
 
     FAISS: ``type``, ``quantize`` (none | sq8 | binary | pq), ``oversample``, ``m``, ``ef_construction``,
-    ``ef_search``, ``nlist``, ``nprobe``, ``pq_m``; Qdrant: ``quantize`` (none | sq8 | binary), ``oversample``,
-    ``always_ram``, ``on_disk``, ``on_disk_payload``, ``shards``, ``replicas``, ``m``, ``ef_construct``
-    (docs/scale.md). One line for a setting the store does not have, an unknown quantization or a bad value.
+    ``ef_search``, ``nlist``, ``nprobe``, ``pq_m``, ``pq_bits``; Qdrant: ``quantize`` (none | sq8 | binary),
+    ``oversample``, ``always_ram``, ``on_disk``, ``on_disk_payload``, ``shards``, ``replicas``, ``m``,
+    ``ef_construct`` (docs/scale.md). One line for a setting the store does not have, an unknown quantization or a
+    bad value.
     """
     if options is None:
         return None
     if not isinstance(options, Mapping):
         raise InputError(f"index_options must be a dict of store settings, got {type(options).__name__}")
-    options = dict(options)
     if backend == "qdrant":
-        from care_retriever.stores.qdrant_store import normalize_options
-
-        normalize_options(options)
-    elif backend == "faiss":
-        misplaced = sorted(set(options) & set(QDRANT_ONLY_OPTIONS))
-        if misplaced:
-            raise InputError(
-                f"index_options {misplaced} are Qdrant collection settings; a FAISS store has none of them"
-            )
-        from care_retriever.stores.faiss import checked_options
-
-        checked_options(options)  # the store's own check of type, quantize and oversample
-    return options
+        return QdrantCollectionConfig.from_manifest(options)
+    misplaced = sorted(set(options) & set(QDRANT_ONLY_OPTIONS))
+    if misplaced:
+        raise InputError(f"index_options {misplaced} are Qdrant collection settings; a FAISS store has none of them")
+    known = FaissIndexConfig.manifest_keys()
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InputError(f"Unknown FAISS index_options {unknown}. Available: {known}")
+    return FaissIndexConfig.from_manifest(options)

@@ -41,7 +41,7 @@ def _run(tmp_path: Path, task_root: Path, model: Path, settings: str, sweep: str
 
 def _exact_ndcg(model: Path, task: Path) -> float:
     """nDCG@10 of exact inner-product search, computed here without the store."""
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     docs, queries, qrels = quantization.read_task(task)
     embedder = AsymmetricEmbedder.from_pretrained(model, dtype="fp32")

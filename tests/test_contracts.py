@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from care_retriever import corpus
-from care_retriever.corpus import Document, document_text, read_corpus
 from care_retriever.errors import ModelError, StoreError
+from care_retriever.indexing import corpus
+from care_retriever.indexing.corpus import Document, document_text, read_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = [REPO / "care_retriever", REPO / "integrations", REPO / "training"]
@@ -104,7 +104,7 @@ def test_no_copy_of_the_document_text_rule() -> None:
     """``f"{title}\\n{text}"`` is written once, in corpus.py; every other place calls document_text."""
     copies = []
     for path in _sources():
-        if path == REPO / "care_retriever" / "corpus.py":
+        if path == REPO / "care_retriever" / "indexing" / "corpus.py":
             continue
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):
             if isinstance(node, ast.JoinedStr):
@@ -117,7 +117,7 @@ def test_no_copy_of_the_document_text_rule() -> None:
                         and middle.value == "\n"
                     ):
                         copies.append(f"{path.relative_to(REPO)}:{node.lineno}")
-    assert not copies, f"copies of the document text rule (use care_retriever.corpus.document_text): {copies}"
+    assert not copies, f"copies of the document text rule (use care_retriever.indexing.corpus.document_text): {copies}"
 
 
 # ---------------------------------------------------------------------- fingerprint
@@ -146,17 +146,16 @@ def _as_saved_before_conventions(model_dir: Path, tmp_path: Path) -> Path:
 
 def test_existing_models_keep_their_fingerprint(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A store written before the fingerprint had one definition still opens with the same model."""
-    from care_retriever.baselines import OneTowerEmbedder
-    from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.integrations.common import model_space
+    from care_retriever.model.baselines import OneTowerEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     tiny_model_dir = _as_saved_before_conventions(tiny_model_dir, tmp_path)
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
     saved = json.loads((tiny_model_dir / "care_config.json").read_text("utf-8"))["space_fingerprint"]
     old = _fingerprint_before_one_definition(embedder.document_modules, embedder.dim, flatten=False)
     assert embedder.space_fingerprint == saved == old
-    embedder.config.space_fingerprint = None  # recomputed from the weights
-    assert embedder.space_fingerprint == old
+    assert embedder.document_space(embedder.hash_document_weights()) == old  # hashed again from the weights
     assert model_space(str(tiny_model_dir))[1] == old
     one_tower = OneTowerEmbedder(embedder, "document")
     assert one_tower.space_fingerprint == _fingerprint_before_one_definition(
@@ -167,7 +166,7 @@ def test_existing_models_keep_their_fingerprint(tiny_model_dir: Path, tmp_path: 
 def test_the_appended_end_token_and_normalisation_are_part_of_the_space(tiny_model_dir: Path) -> None:
     """Two document towers with the same weights but another end token (or normalisation) embed differently:
     their fingerprints differ, so a store written by one refuses the other."""
-    from care_retriever.model_config import CareConfig
+    from care_retriever.model.config import CareConfig
 
     config = CareConfig.load(tiny_model_dir)
     assert config.document.appended_tokens  # the tiny decoder tower appends its EOS, recorded at init
@@ -185,10 +184,10 @@ def test_the_appended_end_token_and_normalisation_are_part_of_the_space(tiny_mod
 def test_a_document_text_rule_change_changes_every_fingerprint(
     monkeypatch, tiny_model_dir: Path, small_corpus_path: Path, tmp_path: Path
 ) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.integrations.common import model_space
-    from care_retriever.retriever import CareRetriever
-    from care_retriever.writer import DocumentStoreWriter
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.search.retriever import CareRetriever
 
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
     store = f"faiss:{tmp_path / 'store'}"
@@ -207,11 +206,11 @@ def test_a_document_text_rule_change_changes_every_fingerprint(
 
 # ---------------------------------------------------------------------- query prompt
 def test_every_embedder_fills_the_one_query_prompt(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from care_retriever import baselines
-    from care_retriever import embedder as embedder_module
-    from care_retriever.baselines import OneTowerEmbedder, SentenceTransformerEmbedder
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt
+    from care_retriever.model import baselines
+    from care_retriever.model import embedder as embedder_module
+    from care_retriever.model.baselines import OneTowerEmbedder, SentenceTransformerEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt
 
     care = AsymmetricEmbedder.from_pretrained(tiny_model_dir, load="query")
     care.config.query_prompt_template = QUERY_PROMPT_TEMPLATE  # what from_towers gives a decoder query tower
@@ -232,15 +231,15 @@ def test_every_embedder_fills_the_one_query_prompt(tiny_model_dir: Path, tmp_pat
 
 def test_the_query_template_is_written_once() -> None:
     holders = [str(p.relative_to(REPO)) for p in _sources() if "Instruct: {instruction}" in p.read_text("utf-8")]
-    assert holders == ["care_retriever/prompts.py"]
+    assert holders == ["care_retriever/model/prompts.py"]
 
 
 # ---------------------------------------------------------------------- local paths
 @pytest.mark.parametrize("name", ["./no-such-model", "no-such/model/dir", "~/no-such-care-model", "C:\\models\\m"])
 def test_every_loader_refuses_a_missing_local_path_alike(name: str) -> None:
-    from care_retriever.baselines import load_embedder
-    from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.integrations.common import check_model_location, model_space
+    from care_retriever.model.baselines import load_embedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     loaders = {
         "AsymmetricEmbedder.from_pretrained": lambda: AsymmetricEmbedder.from_pretrained(name),
@@ -255,7 +254,7 @@ def test_every_loader_refuses_a_missing_local_path_alike(name: str) -> None:
 
 
 def test_hub_ids_are_not_local_paths() -> None:
-    from care_retriever.locations import local_model_dir, looks_local
+    from care_retriever.model.loading import local_model_dir, looks_local
 
     for hub_id in ("BAAI/bge-small-zh-v1.5", "Qwen/Qwen3-Embedding-0.6B", "bert-base-chinese"):
         assert not looks_local(hub_id) and local_model_dir(hub_id) is None
@@ -264,9 +263,9 @@ def test_hub_ids_are_not_local_paths() -> None:
 
 
 def test_every_loader_expands_home(monkeypatch, tiny_model_dir: Path, tmp_path: Path) -> None:
-    from care_retriever.baselines import load_embedder
-    from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.integrations.common import model_space
+    from care_retriever.model.baselines import load_embedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     monkeypatch.setenv("HOME", str(tmp_path))
     shutil.copytree(tiny_model_dir, tmp_path / "models" / "tiny")
@@ -279,7 +278,7 @@ def test_every_loader_expands_home(monkeypatch, tiny_model_dir: Path, tmp_path: 
 
 # ---------------------------------------------------------------------- SQL IN chunking
 def test_in_chunks_covers_every_value_within_the_parameter_limit() -> None:
-    from care_retriever.sql import MAX_IN_PARAMS, in_chunks
+    from care_retriever.sparse.sqlite_bm25 import MAX_IN_PARAMS, in_chunks
 
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE t (id TEXT PRIMARY KEY)")
@@ -297,25 +296,26 @@ def test_in_chunks_covers_every_value_within_the_parameter_limit() -> None:
 
 
 def test_no_hand_rolled_in_list_outside_the_stores() -> None:
-    """Outside care_retriever/stores/ (whose loops are the stores' own), IN lists come from care_retriever.sql."""
+    """Outside care_retriever/stores/ (whose loops are the stores' own), IN lists come from
+    care_retriever.sparse.sqlite_bm25."""
     loops = [
         str(p.relative_to(REPO))
         for p in _sources(skip=("stores",))
-        if p.name != "sql.py" and '",".join("?"' in p.read_text("utf-8")
+        if p.name != "sqlite_bm25.py" and '",".join("?"' in p.read_text("utf-8")
     ]
-    assert not loops, f"use care_retriever.sql.in_chunks: {loops}"
+    assert not loops, f"use care_retriever.sparse.sqlite_bm25.in_chunks: {loops}"
 
 
 # ---------------------------------------------------------------------- Embedder protocol
 def test_every_dense_model_is_an_embedder(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from care_retriever.baselines import OneTowerEmbedder, SentenceTransformerEmbedder
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.embedder_protocol import Embedder
     from care_retriever.evaluation.benchmark import tower_params
     from care_retriever.evaluation.bm25 import BM25Model
     from care_retriever.evaluation.speed import count_parameters
+    from care_retriever.indexing.writer import DocumentStoreWriter
+    from care_retriever.model.baselines import OneTowerEmbedder, SentenceTransformerEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.protocols import Embedder
     from care_retriever.stores import open_store
-    from care_retriever.writer import DocumentStoreWriter
 
     care = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
     care.query_model.save(str(tmp_path / "st"))
@@ -348,11 +348,11 @@ def test_embedders_are_typed_not_probed() -> None:
         for node in ast.walk(ast.parse(p.read_text("utf-8")))
         if isinstance(node, ast.ClassDef) and node.name == "Embedder"
     ]
-    assert definitions == ["care_retriever/embedder_protocol.py"]
+    assert definitions == ["care_retriever/model/protocols.py"]
     for rel in (
-        "care_retriever/writer.py",
-        "care_retriever/retriever.py",
-        "care_retriever/index.py",
+        "care_retriever/indexing/writer.py",
+        "care_retriever/search/retriever.py",
+        "care_retriever/indexing/distributed.py",
         "care_retriever/evaluation/benchmark.py",
     ):
         tree = ast.parse((REPO / rel).read_text("utf-8"))

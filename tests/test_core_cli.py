@@ -131,11 +131,11 @@ def test_search_filters(capsys, cli_model: Path, small_corpus_path: Path, tmp_pa
         ),
         (
             ["index", "--model", "{model}", "--corpus", "{corpus}", "--store", "faiss:{tmp}/s", "--index-type", "lsh"],
-            "Available index types: ['flat', 'hnsw', 'ivf', 'ivfpq']",
+            "Unknown FAISS index type 'lsh'. Available: ['flat', 'hnsw', 'ivf', 'ivfpq']",
         ),
         (
             ["index", "--model", "{model}", "--corpus", "{corpus}", "--store", "faiss:{tmp}/s", "--nprobe", "0"],
-            "must be >= 1",
+            "nprobe (--nprobe) must be an integer >= 1, got 0",
         ),
         (["search", "--model", "{model}", "--store", "faiss:{tmp}/none", "q"], "does not exist"),
         (["serve", "--model", "{model}", "--store", "faiss:{tmp}/none", "--threads", "0"], "--threads must be >= 1"),
@@ -224,5 +224,5 @@ def test_init_writes_each_tower_in_its_own_dtype(capsys: pytest.CaptureFixture[s
         for module_id in modules:
             for weights in (out / module_id).glob("*.safetensors"):
                 with safe_open(str(weights), "pt") as f:
-                    dtypes.setdefault(route, set()).update(str(f.get_slice(k).get_dtype()) for k in f.keys())  # noqa: SIM118
+                    dtypes.setdefault(route, set()).update(str(f.get_slice(k).get_dtype()) for k in f.keys())  # noqa: SIM118 (a safetensors file, not a dict)
     assert dtypes == {"query": {"F32"}, "document": {"BF16"}}

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
-from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
+from care_retriever.indexing.corpus import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import DOCSTORE, INDEX, MANIFEST
 
@@ -156,7 +156,7 @@ def test_approximate_faiss_indexes(embedder, docs, tmp_path: Path, options: dict
 
 
 def test_store_refuses_another_model(embedder, docs, tmp_path: Path, small_corpus_path: Path) -> None:
-    from care_retriever.towers.scratch import init_from_scratch
+    from care_retriever.model.towers.scratch import init_from_scratch
 
     DocumentStoreWriter(embedder, f"faiss:{tmp_path / 's'}", show_progress=False).write(docs)
     other = init_from_scratch("tiny", [small_corpus_path], seed=1)

@@ -17,15 +17,15 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Module
 
-from care_retriever.embedder import (
+from care_retriever.errors import InputError, ModelError
+from care_retriever.model.embedder import (
     AsymmetricEmbedder,
     auto_dtype,
     gpu_dtype,
     resolve_attn_implementation,
     resolve_dtype,
 )
-from care_retriever.encoding import Batches, BatchLimits, encode_texts, sequence_lengths
-from care_retriever.errors import InputError, ModelError
+from care_retriever.model.encoding import Batches, BatchLimits, encode_texts, sequence_lengths
 
 # Texts of many lengths (1 to 60 characters), in no length order.
 CHARS = "高血压患者应低盐饮食规律服用降压药定期监测感冒多由病毒引起休息喝水糖尿病控制运动"
@@ -190,7 +190,7 @@ def test_the_attention_implementation_reaches_the_loaded_tower(tiny_model_dir: P
 
 
 def test_auto_takes_flash_attention_only_on_cuda_in_half_precision(monkeypatch: pytest.MonkeyPatch) -> None:
-    import care_retriever.embedder as embedder_module
+    import care_retriever.model.embedder as embedder_module
 
     # the flash_attn package is not installed on CI machines: its presence is what is stood in for here
     monkeypatch.setattr(embedder_module, "flash_attn_installed", lambda: True)
@@ -228,3 +228,18 @@ def test_lengths_of_padded_and_of_flattened_batches(tower: SentenceTransformer) 
     expected = [len(row) for row in ids]
     assert sequence_lengths(tower.preprocess(texts)).tolist() == expected
     assert sequence_lengths(flat).tolist() == expected
+
+
+def test_the_dtypes_the_index_options_take_are_the_ones_the_embedder_resolves() -> None:
+    """``index --dtype`` is checked (torch-free) by EncodeConfig against the names the embedder resolves: every
+    one of them, ``saved`` included, and nothing else."""
+    from care_retriever.indexing.config import EncodeConfig
+    from care_retriever.model.embedder import DTYPES
+    from care_retriever.model.loading import DTYPE_NAMES
+
+    assert set(DTYPE_NAMES) - {"auto", "saved"} == set(DTYPES)
+    for name in DTYPE_NAMES:
+        assert EncodeConfig(dtype=name).dtype == name
+        resolve_dtype(name, "cpu")  # every name the config takes resolves
+    with pytest.raises(InputError, match=r"Unknown --dtype 'half'. Available: \['auto', 'saved'"):
+        EncodeConfig(dtype="half")

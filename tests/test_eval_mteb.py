@@ -23,7 +23,7 @@ def test_mock_tasks_run_through_mteb_with_the_care_encoder(tiny_model_dir: Path)
     from mteb.mocks.mock_tasks.reranking import MockRerankingTask
     from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask
 
-    from care_retriever.baselines import load_embedder
+    from care_retriever.model.baselines import load_embedder
 
     embedder = load_embedder(str(tiny_model_dir))
     results = run_mteb_tasks(

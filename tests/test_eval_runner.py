@@ -129,9 +129,9 @@ def test_eval_scores_equal_a_direct_computation(tiny_model_dir: Path, tasks: dic
     """The harness adds nothing to the model's numbers: recompute STS and a retrieval ranking by hand."""
     from scipy import stats
 
-    from care_retriever.baselines import load_embedder
     from care_retriever.evaluation.runner import evaluate
     from care_retriever.evaluation.tasks import INSTRUCTIONS, instruction_for
+    from care_retriever.model.baselines import load_embedder
 
     model = load_embedder(str(tiny_model_dir))
     sts = load_task(tasks["sts"])
@@ -199,8 +199,8 @@ def test_bm25_ranks_lexical_matches_first(tasks: dict[str, Path]) -> None:
 
 def test_sentence_transformer_baseline(tiny_model_dir: Path, tasks: dict[str, Path]) -> None:
     """A plain sentence-transformers folder (the CARE folder read by ST itself) through the same path."""
-    from care_retriever.baselines import SentenceTransformerEmbedder, load_embedder
     from care_retriever.evaluation.runner import evaluate
+    from care_retriever.model.baselines import SentenceTransformerEmbedder, load_embedder
 
     st = SentenceTransformerEmbedder(str(tiny_model_dir))
     care = load_embedder(str(tiny_model_dir))

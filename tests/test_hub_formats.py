@@ -27,9 +27,9 @@ from hub_towers import (
 )
 from sentence_transformers import SentenceTransformer
 
-from care_retriever.embedder import AsymmetricEmbedder
 from care_retriever.errors import ModelError
-from care_retriever.towers.tokenizer import appended_tokens, ensure_eos_appended
+from care_retriever.model.embedder import AsymmetricEmbedder
+from care_retriever.model.towers.tokenizer import appended_tokens, ensure_eos_appended
 
 TEXTS = [
     "高血压患者平时饮食需要注意什么？",
@@ -298,8 +298,8 @@ def test_a_declared_document_prompt_is_part_of_indexing_training_and_the_space(h
 
 def test_the_index_writer_encodes_documents_with_the_declared_document_prompt(hub: Path, tmp_path: Path) -> None:
     """The writer encodes through the embedder's embed_documents: each stored vector is that document's row."""
-    from care_retriever.corpus import Document
-    from care_retriever.writer import DocumentStoreWriter
+    from care_retriever.indexing.corpus import Document
+    from care_retriever.indexing.writer import DocumentStoreWriter
 
     folder = write_qwen3_embedding(tmp_path / "prompted", document_prompt="文档：")
     care = AsymmetricEmbedder.from_towers(str(hub / "bert"), str(folder), device="cpu")

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from care_retriever.cli.main import main
-from care_retriever.corpus import Document
 from care_retriever.errors import StoreError
-from care_retriever.retriever import CareRetriever
+from care_retriever.indexing.corpus import Document
+from care_retriever.indexing.writer import DocumentStoreWriter
+from care_retriever.search.retriever import CareRetriever
 from care_retriever.sparse import FusionConfig
 from care_retriever.sparse.fusion import fuse, rrf
-from care_retriever.writer import DocumentStoreWriter
 from tests.conftest import MEDICAL_TEXTS
 
 QUERIES = ["高血压吃什么药", "宝宝发烧怎么办", "拉肚子脱水", "失眠 咖啡"]
@@ -25,7 +25,7 @@ DOCS = [
 
 @pytest.fixture(scope="module")
 def embedder(tiny_model_dir: Path):
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     return AsymmetricEmbedder.from_pretrained(str(tiny_model_dir))
 

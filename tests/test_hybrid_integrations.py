@@ -119,8 +119,8 @@ def test_server_mode_field_matches_cli(capsys, tiny_model_dir: Path, hybrid_stor
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from care_retriever.retriever import CareRetriever
-    from care_retriever.server import create_app
+    from care_retriever.search.retriever import CareRetriever
+    from care_retriever.search.server import create_app
 
     retriever = CareRetriever.from_pretrained(str(tiny_model_dir), hybrid_store)
     client = TestClient(create_app(retriever))

@@ -1,10 +1,12 @@
-"""The installed packages' module-level imports form no cycle.
+"""The installed packages' imports form no circle, counting the imports inside functions.
 
-A cycle makes a module's names depend on which module of the circle was imported first, and ties
-the torch-free search path (``care_retriever.backends``) to the modules that import torch. Imports
-inside functions (deliberately lazy) and under ``if TYPE_CHECKING:`` (never executed) are not edges.
-Importing ``a.b.c`` also runs ``a/b/__init__.py``; that implicit parent edge is not counted either,
-or every package whose ``__init__`` imports its own submodules would be a cycle.
+A circle makes a module's names depend on which module of the circle was imported first, ties the torch-free
+search path to the modules that import torch, and (through a lazy import inside a function) hides a dependency
+a reader would not guess from the module's head. So every import counts: at module level, inside functions and
+methods, and ``importlib.import_module`` by name (a module calling it has an edge to every package module whose
+full name it holds as a string). Not edges: imports under ``if TYPE_CHECKING:`` (never executed), the implicit
+import of a parent package (importing ``a.b.c`` runs ``a/b/__init__.py``; counting it would make every package
+whose ``__init__`` imports its own submodules a circle), and the lazy imports on purpose in :data:`LAZY_ON_PURPOSE`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
+# (module, function) whose imports are lazy on purpose, with why. Only for heavy dependencies kept off a light
+# import: ``import care_retriever`` stays torch-free, its public names loading their module on first use.
+LAZY_ON_PURPOSE = {
+    ("care_retriever", "__getattr__"): "the package's public names, loaded on first use",
+    # the old module paths of earlier releases: a moved module is imported only when code imports its old path
+    ("care_retriever.old_paths", "create_module"): "an old path's module, loaded when imported by its old path",
+}
 
 
 def package_modules() -> dict[str, Path]:
@@ -40,32 +49,49 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _module_level_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
-    """Import statements that run when the module is imported: not in functions or classes' methods,
-    not under ``if TYPE_CHECKING``; inside ``try`` / ``if`` / ``with`` blocks they count."""
+def _imports(module: str, tree: ast.Module, names: set[str]) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement the module can execute (module level, functions, methods), and an ``Import``
+    of each package module it names as a string if it calls ``import_module``."""
     found: list[ast.Import | ast.ImportFrom] = []
-    for node in body:
+    strings: set[str] = set()
+    calls_import_module = False
+
+    def walk(node: ast.AST, function: str | None) -> None:
+        nonlocal calls_import_module
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                walk(child, function)
+            return
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if (module, node.name) in LAZY_ON_PURPOSE:
+                return
+            function = node.name
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
-        elif isinstance(node, ast.If):
-            found += _module_level_imports(node.orelse)
-            if not _is_type_checking(node.test):
-                found += _module_level_imports(node.body)
-        elif isinstance(node, ast.Try):
-            for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
-                found += _module_level_imports(block)
-        elif isinstance(node, (ast.With, ast.ClassDef)):
-            found += _module_level_imports(node.body)
+        elif isinstance(node, ast.Call):
+            called = node.func
+            if (isinstance(called, ast.Attribute) and called.attr == "import_module") or (
+                isinstance(called, ast.Name) and called.id == "import_module"
+            ):
+                calls_import_module = True
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+            strings.add(node.value)
+        for child in ast.iter_child_nodes(node):
+            walk(child, function)
+
+    walk(tree, None)
+    if calls_import_module:
+        found += [ast.Import(names=[ast.alias(name=name)]) for name in sorted(strings)]
     return found
 
 
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the package modules its module-level imports name."""
+    """Module -> the package modules its imports name."""
     graph: dict[str, set[str]] = {}
     for name, file in modules.items():
         package = name if file.name == "__init__.py" else name.rpartition(".")[0]
         edges: set[str] = set()
-        for node in _module_level_imports(ast.parse(file.read_text("utf-8"), str(file)).body):
+        for node in _imports(name, ast.parse(file.read_text("utf-8"), str(file)), set(modules)):
             if isinstance(node, ast.Import):
                 edges.update(alias.name for alias in node.names)
                 continue
@@ -104,15 +130,20 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_walk_sees_every_package_and_their_imports() -> None:
     modules = package_modules()
-    assert {"care_retriever.retriever", "care_retriever.integrations.common", "care_retriever.training.recipe"} <= set(
-        modules
-    )
+    assert {
+        "care_retriever.search.retriever",
+        "care_retriever.integrations.common",
+        "care_retriever.training.recipe",
+    } <= set(modules)
     graph = import_graph(modules)
     assert "care_retriever.stores.base" in graph["care_retriever.sparse.hybrid"]  # from X import name
-    assert "care_retriever.backends.layout" in graph["care_retriever.backends"]
-    # lazy (inside a function) and TYPE_CHECKING imports are not edges
-    assert "care_retriever.embedder" not in graph["care_retriever.backends"]
-    assert "care_retriever.embedder_protocol" not in graph["care_retriever.backends"]
+    assert "care_retriever.search.backends.layout" in graph["care_retriever.search.backends"]
+    # imports inside functions are edges (the CLI imports each command's work when it runs)
+    assert "care_retriever.search.retriever" in graph["care_retriever.cli.core"]
+    # importlib by name: the CLI's command modules
+    assert "care_retriever.cli.core" in graph["care_retriever.cli.main"]
+    # TYPE_CHECKING imports are not edges
+    assert "care_retriever.model.protocols" not in graph["care_retriever.search.backends"]
 
 
 def test_find_cycle_reports_a_circle() -> None:
@@ -120,6 +151,6 @@ def test_find_cycle_reports_a_circle() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_module_level_imports_are_acyclic() -> None:
+def test_imports_are_acyclic() -> None:
     cycle = find_cycle(import_graph(package_modules()))
-    assert cycle is None, "module-level import cycle: " + " -> ".join(cycle or [])
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])

@@ -63,9 +63,9 @@ def _corpus(path: Path, n: int = 40) -> Path:
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        (["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
-        (["--pq-m", "0"], "--pq-m must be >= 1"),
-        (["--index-type", "lsh"], "Available index types: ['flat', 'hnsw', 'ivf', 'ivfpq']"),
+        (["--checkpoint-every", "0"], "--checkpoint-every must be an integer >= 1, got 0"),
+        (["--pq-m", "0"], "FAISS index option pq_m (--pq-m) must be an integer >= 1, got 0"),
+        (["--index-type", "lsh"], "Unknown FAISS index type 'lsh'. Available: ['flat', 'hnsw', 'ivf', 'ivfpq']"),
         (["--backend", "mpi"], "Available backends: ['auto', 'nccl', 'gloo']"),
     ],
 )
@@ -132,7 +132,7 @@ def _state(folder: Path, queries: np.ndarray) -> tuple[dict, list, list]:
 
 @pytest.mark.slow
 def test_torchrun_world_of_one_equals_the_cli(capsys, tiny_model_dir: Path, tmp_path: Path) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     corpus = _corpus(tmp_path / "corpus.jsonl")
     options = [

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from care_retriever.corpus import Document
-from care_retriever.embedder import AsymmetricEmbedder
-from care_retriever.encoding import BatchLimits, auto_batch_limits, encode_texts
+from care_retriever.indexing.corpus import Document
+from care_retriever.indexing.writer import DocumentStoreWriter
+from care_retriever.model.embedder import AsymmetricEmbedder
+from care_retriever.model.encoding import BatchLimits, auto_batch_limits, encode_texts
 from care_retriever.stores.faiss import FaissStore
-from care_retriever.writer import DocumentStoreWriter
 from tests.conftest import run_cli
 
 CHARS = "高血压患者应低盐饮食规律服用降压药定期监测感冒多由病毒引起休息喝水糖尿病控制运动遵医嘱使用降糖药物"
@@ -197,7 +197,7 @@ def test_the_background_thread_gives_the_same_vectors_and_stops(embedder: Asymme
 def test_an_error_in_the_background_thread_reaches_the_caller(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     import threading
 
-    from care_retriever import encoding
+    from care_retriever.model import encoding
 
     calls = {"n": 0}
     original = encoding._Tokenised.add
@@ -219,7 +219,7 @@ def test_an_error_in_the_background_thread_reaches_the_caller(embedder: Asymmetr
 def test_the_tokenizer_backend_gives_the_towers_own_batches(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     """After the first group, texts are tokenised by the Rust backend directly once it gave the tower's own ids
     for that group; a text that may reach the max length goes through the tower's preprocess (its truncation)."""
-    from care_retriever import encoding
+    from care_retriever.model import encoding
 
     monkeypatch.setattr(encoding, "GROUP_TEXTS", 32)
     model = embedder.document_model
@@ -245,7 +245,7 @@ def test_auto_limits_on_cpu_are_the_cpu_defaults(embedder: AsymmetricEmbedder) -
 def test_the_backend_verdict_holds_for_the_towers_later_calls(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     """The index writer encodes a slice per call: once the backend gave the tower's own ids for a prompt, later calls
     with it tokenise with the backend from their first group instead of tokenising that group twice."""
-    from care_retriever import encoding
+    from care_retriever.model import encoding
 
     monkeypatch.setattr(encoding, "GROUP_TEXTS", 32)
     model = embedder.document_model

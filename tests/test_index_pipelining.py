@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from care_retriever.corpus import Document
-from care_retriever.embedder import AsymmetricEmbedder
 from care_retriever.errors import ModelError, StoreError
+from care_retriever.indexing.corpus import Document
+from care_retriever.indexing.writer import DocumentStoreWriter
+from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.stores.faiss import FaissStore, index_ids
-from care_retriever.writer import DocumentStoreWriter
 
 CHARS = "高血压患者应低盐饮食规律服用降压药定期监测感冒多由病毒引起休息喝水糖尿病控制运动遵医嘱使用降糖药物"
 # slices of 50 documents, each checkpointed: six slices for 300 documents

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from care_retriever.corpus import read_corpus
-from care_retriever.embedder import AsymmetricEmbedder
+from care_retriever.indexing.corpus import read_corpus
+from care_retriever.indexing.writer import DocumentStoreWriter
+from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.sparse.tokenizer import tokenize
-from care_retriever.writer import DocumentStoreWriter
 from tests.conftest import MEDICAL_TEXTS, run_cli
 
 TEXTS = [f"{title}{i}：{text}" for i in range(1000) for _, title, text in MEDICAL_TEXTS]
@@ -27,7 +27,7 @@ TEXTS = [f"{title}{i}：{text}" for i in range(1000) for _, title, text in MEDIC
     [
         ("--dtype", "half", "['auto', 'saved', 'fp32', 'bf16', 'fp16']"),
         ("--attn-implementation", "flash", "['auto', 'sdpa', 'flash_attention_2', 'eager']"),
-        ("--max-batch-tokens", "0", "must be >= 1"),
+        ("--max-batch-tokens", "0", "must be an integer >= 1"),
     ],
 )
 def test_a_bad_option_is_one_line_before_any_work(

@@ -19,15 +19,15 @@ from haystack.core.errors import DeserializationError
 from haystack.document_stores.in_memory import InMemoryDocumentStore
 
 from care_retriever.cli.main import main as cli
-from care_retriever.corpus import read_corpus
-from care_retriever.embedder import AsymmetricEmbedder
 from care_retriever.errors import InputError, ModelError, StoreError
+from care_retriever.indexing.corpus import read_corpus
 from care_retriever.integrations.haystack import (
     CareDocumentEmbedder,
     CareFaissDocumentStore,
     CareFaissEmbeddingRetriever,
     CareTextEmbedder,
 )
+from care_retriever.model.embedder import AsymmetricEmbedder
 
 ALLOWED = ["care_retriever.integrations.haystack"]
 QUERIES = ["血压高怎么办", "宝宝发烧怎么办", "睡不着觉"]

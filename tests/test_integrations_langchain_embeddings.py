@@ -15,10 +15,10 @@ from langchain_tests.integration_tests import EmbeddingsIntegrationTests, Retrie
 from langchain_tests.unit_tests import EmbeddingsUnitTests
 
 from care_retriever.cli.main import main as cli
-from care_retriever.corpus import read_corpus
-from care_retriever.embedder import AsymmetricEmbedder
 from care_retriever.errors import InputError, ModelError
+from care_retriever.indexing.corpus import read_corpus
 from care_retriever.integrations.langchain import CareEmbeddings
+from care_retriever.model.embedder import AsymmetricEmbedder
 
 QUERIES = ["血压高怎么办", "宝宝发烧怎么办", "睡不着觉"]
 

@@ -17,15 +17,15 @@ import numpy as np
 import openvino  # noqa: F401
 import pytest
 
-from care_retriever.backends import load_query_embedder, resolve_backend
-from care_retriever.backends.layout import (
+from care_retriever.cli.main import main
+from care_retriever.search.backends import load_query_embedder, resolve_backend
+from care_retriever.search.backends.layout import (
     OPENVINO_FP32,
     OPENVINO_INT8,
     RECORD_NAME,
     query_fingerprint,
     query_route,
 )
-from care_retriever.cli.main import main
 from tests.conftest import BACKEND_QUERIES as QUERIES
 from tests.conftest import exported_tiny_model, indexed_store, run_cli
 
@@ -121,7 +121,7 @@ def test_cli_search_on_openvino_never_imports_torch(ov_model: Path, ov_store: st
 
 
 def test_retriever_from_pretrained_takes_openvino(ov_model: Path, ov_store: str) -> None:
-    from care_retriever.retriever import CareRetriever
+    from care_retriever.search.retriever import CareRetriever
 
     retriever = CareRetriever.from_pretrained(str(ov_model), ov_store, backend="openvino")
     assert type(retriever.embedder).__name__ == "OpenVinoQueryEmbedder"
@@ -141,7 +141,7 @@ def test_openvino_without_export_names_the_export_command(tiny_model_dir: Path, 
 def test_openvino_export_of_another_query_tower_is_refused(
     ov_model: Path, tmp_path: Path, ov_store: str, capsys
 ) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     other = AsymmetricEmbedder.from_pretrained(ov_model, load="both", device="cpu")
     for param in other.query_modules[0].parameters():

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from qdrant_client import QdrantClient, models
 
-from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
+from care_retriever.indexing.corpus import Document
 from care_retriever.sparse import FusionConfig
-from care_retriever.stores.qdrant_store import MANIFEST_KEY, QdrantStore, normalize_options
+from care_retriever.stores.config import QdrantCollectionConfig
+from care_retriever.stores.qdrant_store import MANIFEST_KEY, QdrantStore
 
 # The server-located store runs on the local engine, which says once that it ignores these (what is tested here is
 # that the requests carrying them are valid and give the exact results).
@@ -242,8 +243,9 @@ def test_verify_compares_the_collection_with_its_manifest() -> None:
 
 def test_normalized_names_round_trip() -> None:
     given = {"quantization": "int8", "shard_number": 2, "replication_factor": 3, "on_disk": False}
-    assert normalize_options(given) == {"type": "hnsw", "quantize": "sq8", "shards": 2, "replicas": 3, "on_disk": False}
-    assert normalize_options(normalize_options(given)) == normalize_options(given)
+    recorded = QdrantCollectionConfig.from_manifest(given).to_manifest()
+    assert recorded == {"type": "hnsw", "quantize": "sq8", "shards": 2, "replicas": 3, "on_disk": False}
+    assert QdrantCollectionConfig.from_manifest(recorded).to_manifest() == recorded
 
 
 # ---------------------------------------------------------------------- the CLI

@@ -14,16 +14,16 @@ import onnx
 import onnxruntime  # noqa: F401
 import pytest
 
-from care_retriever.backends import load_query_embedder, resolve_backend
-from care_retriever.backends.layout import (
+from care_retriever.cli.main import main
+from care_retriever.errors import ModelError
+from care_retriever.search.backends import load_query_embedder, resolve_backend
+from care_retriever.search.backends.layout import (
     ONNX_FP32,
     ONNX_INT8,
     RECORD_NAME,
     query_fingerprint,
     query_route,
 )
-from care_retriever.cli.main import main
-from care_retriever.errors import ModelError
 from tests.conftest import BACKEND_QUERIES as QUERIES
 from tests.conftest import exported_tiny_model, indexed_store, run_cli
 
@@ -135,7 +135,7 @@ def test_cli_search_on_onnx_never_imports_torch(exported: Path, store: str, caps
 
 
 def test_retriever_from_pretrained_takes_backend(exported: Path, store: str) -> None:
-    from care_retriever.retriever import CareRetriever
+    from care_retriever.search.retriever import CareRetriever
 
     onnx = CareRetriever.from_pretrained(str(exported), store, backend="onnx")
     torch_side = CareRetriever.from_pretrained(str(exported), store, backend="torch", device="cpu")
@@ -154,7 +154,7 @@ def test_onnx_without_export_names_the_export_command(tiny_model_dir: Path, stor
 
 
 def test_export_of_another_query_tower_is_refused(exported: Path, tmp_path: Path, store: str, capsys) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     other = AsymmetricEmbedder.from_pretrained(exported, load="both", device="cpu")
     for param in other.query_modules[0].parameters():
@@ -199,7 +199,7 @@ def test_export_bad_options_are_one_line_errors(exported: Path, capsys) -> None:
 
 
 def test_decoder_query_tower_stays_on_torch(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     pair = AsymmetricEmbedder.from_pretrained(tiny_model_dir, load="document", device="cpu")
     pair.document_modules[0].save(str(tmp_path / "decoder"))

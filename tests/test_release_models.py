@@ -43,7 +43,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def embedders(release: dict[str, Path]) -> dict:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     return {kind: AsymmetricEmbedder.from_pretrained(release[kind]) for kind in KINDS}
 
@@ -122,7 +122,7 @@ def test_the_gte_query_tower_runs_natively_with_its_rope_scaling(embedders: dict
     """No remote code: transformers' GteModel, with the NTK scaling carried over (dropped, the vectors differ)."""
     from transformers import GteModel
 
-    from care_retriever.towers.release import gte_config_from_new
+    from care_retriever.model.towers.release import gte_config_from_new
 
     model = embedders["gte"].query_modules[0].auto_model
     assert isinstance(model, GteModel)
@@ -165,9 +165,9 @@ def test_the_release_is_a_model_everywhere_via_the_cli(
 
 def test_qdrant_scores_release_vectors_by_dot_product(embedders: dict, tmp_path: Path) -> None:
     """Qdrant's cosine would renormalise the cut document vectors; the store is created with DOT."""
-    from care_retriever.corpus import Document
-    from care_retriever.retriever import CareRetriever
-    from care_retriever.writer import DocumentStoreWriter
+    from care_retriever.indexing.corpus import Document
+    from care_retriever.indexing.writer import DocumentStoreWriter
+    from care_retriever.search.retriever import CareRetriever
 
     ref = reference("bert")
     spec = f"qdrant:{tmp_path / 'qdrant'}"
@@ -189,7 +189,7 @@ def test_converted_model_keeps_the_conventions(
     """init --from-release writes this package's format; it and plain sentence-transformers give the same vectors."""
     from sentence_transformers import SentenceTransformer
 
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     out = tmp_path / "converted"
     code, _, err = run_cli(capsys, "init", out, "--from-release", release["bert"])
@@ -247,11 +247,11 @@ def test_a_gte_config_the_native_model_cannot_reproduce_is_refused(
 
 def test_a_store_of_another_convention_refuses_the_release(capsys, release: dict[str, Path], tmp_path: Path) -> None:
     """The same towers read with this package's own convention (EOS appended, renormalised) write another space."""
-    from care_retriever.corpus import Document
-    from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.errors import StoreError
-    from care_retriever.retriever import CareRetriever
-    from care_retriever.writer import DocumentStoreWriter
+    from care_retriever.indexing.corpus import Document
+    from care_retriever.indexing.writer import DocumentStoreWriter
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.search.retriever import CareRetriever
 
     own = AsymmetricEmbedder.from_towers(
         str(release["bert"] / "query_encoder"), str(release["bert"] / "doc_encoder"), default_instruction=""
@@ -263,7 +263,7 @@ def test_a_store_of_another_convention_refuses_the_release(capsys, release: dict
 
 
 def test_an_instruction_to_a_tower_without_a_slot_is_an_error(release: dict[str, Path]) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     own = AsymmetricEmbedder.from_towers(str(release["bert"] / "query_encoder"), str(release["bert"] / "doc_encoder"))
     assert not own.takes_instruction
@@ -272,7 +272,7 @@ def test_an_instruction_to_a_tower_without_a_slot_is_an_error(release: dict[str,
 
 
 def test_the_non_commercial_licence_is_said_once(caplog, release: dict[str, Path], tmp_path: Path) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     folder = tmp_path / "licensed"
     shutil.copytree(release["bert"], folder)
@@ -336,7 +336,7 @@ def test_eval_reads_the_release_as_a_care_model(capsys, release: dict[str, Path]
 
 def test_the_release_layout_is_a_care_model_for_every_cli_model_option(release: dict[str, Path]) -> None:
     """bench, eval and the other commands that tell CARE models from sentence-transformers models ask one function."""
-    from care_retriever.baselines import is_care_model
+    from care_retriever.model.baselines import is_care_model
 
     assert is_care_model(str(release["bert"]))
     assert not is_care_model(str(release["bert"] / "query_encoder"))  # one tower of it is a plain transformers folder

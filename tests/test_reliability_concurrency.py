@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter
-from care_retriever.corpus import Document
+from care_retriever.indexing.corpus import Document
 
 WORDS = [
     "高血压",

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
-from care_retriever.corpus import Document
 from care_retriever.errors import CareError, InputError, ModelError
+from care_retriever.indexing.corpus import Document
 
 SETTINGS = settings(
     max_examples=30,
@@ -208,7 +208,7 @@ BODIES = st.one_of(
 def test_the_service_answers_any_json_body_without_a_5xx(retriever, body) -> None:
     from fastapi.testclient import TestClient
 
-    from care_retriever.server import ServiceLimits, create_app
+    from care_retriever.search.server import ServiceLimits, create_app
 
     client = TestClient(create_app(retriever, ServiceLimits(max_top_k=10)), raise_server_exceptions=False)
     response = client.post(

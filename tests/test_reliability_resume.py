@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
+from care_retriever.indexing.writer import WriteReport
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import MANIFEST, FaissStore, index_ids
 from care_retriever.stores.qdrant_store import QdrantStore, dense_vector
-from care_retriever.writer import WriteReport
 
 pytestmark = pytest.mark.slow
 

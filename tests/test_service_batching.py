@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
-from care_retriever.server import ServiceLimits, create_app
+from care_retriever.search.server import ServiceLimits, create_app
 
 SAMPLE = Path(__file__).resolve().parents[1] / "care_retriever" / "data" / "sample"
 TOKEN = "care-token-5c1d0e9b"

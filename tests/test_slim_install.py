@@ -1,4 +1,4 @@
-"""The slim install (care_retriever/backends/slim.py): a fresh venv without torch searches and serves an
+"""The slim install (care_retriever/search/backends/slim.py): a fresh venv without torch searches and serves an
 ONNX export with the same hits as the torch path, and torch-only commands fail in one line.
 
 The venv gets the wheel with ``--no-deps`` and then exactly the ``serve-slim`` extra's list as the
@@ -69,7 +69,7 @@ def slim_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = env_dir / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile"]
     assert _run([*pip, "--no-deps", wheel]).returncode == 0
-    listed = _run([python, "-m", "care_retriever.backends.slim"], cwd=root)
+    listed = _run([python, "-m", "care_retriever.search.backends.slim"], cwd=root)
     assert listed.returncode == 0, listed.stderr
     requirements = listed.stdout.split()
     assert "onnxruntime>=1.20" in requirements and not [r for r in requirements if r.startswith("torch")]

@@ -93,7 +93,7 @@ def changed(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> int:
 
 
 def test_authors_recipe_dry_runs_both_stages_on_flag_data(towers: Path, tmp_path: Path, capsys) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     data = authors_data(tmp_path / "data")
     out = tmp_path / "run"
@@ -232,7 +232,7 @@ STAGE2 = {
 def test_stage2_continues_a_released_model_on_its_dot_scores_and_keeps_its_conventions(
     released: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     seen = spy_on_training_scores(monkeypatch)
     data = authors_data(tmp_path / "data")  # the retrieval rows' prompts fill the release's instruction slot

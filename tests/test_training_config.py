@@ -169,7 +169,7 @@ def test_pretraining_checkpoints_carry_the_fingerprint_and_another_recipe_is_ref
 
 
 def test_pretraining_reports_each_towers_compute(pretrained, data_dir: Path) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.training.pretraining import compute_ratio
 
     reports = {r["name"]: r for r in pretrained.reports}
@@ -191,7 +191,7 @@ def test_pretraining_reports_each_towers_compute(pretrained, data_dir: Path) -> 
 def test_a_recipe_starts_from_a_foundation_run(pretrained, data_dir: Path, tmp_path: Path) -> None:
     import torch
 
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     raw = {
         "name": "on-foundation",

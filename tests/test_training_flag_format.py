@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from care_retriever.errors import InputError
-from care_retriever.model_config import CareConfig
+from care_retriever.model.config import CareConfig
 from care_retriever.training.pairs import (
     check_row_prompts,
     load_pairset,
@@ -35,7 +35,7 @@ def write(path: Path, rows: list[object]) -> Path:
 
 
 def config(template: str | None) -> CareConfig:
-    from care_retriever.model_config import TowerInfo
+    from care_retriever.model.config import TowerInfo
 
     default = RETRIEVAL if template and "{instruction}" in template else None
     return CareConfig(

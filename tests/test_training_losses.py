@@ -44,7 +44,7 @@ def test_query_alignment_loss_cached_equals_recomputed(tiny_model_dir) -> None:
     """The same batch through the cached teacher and the recomputed teacher gives the same loss."""
     from sentence_transformers.util import batch_to_device
 
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.training.losses import QueryAlignmentLoss, alignment_mse, asym_infonce
 
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)

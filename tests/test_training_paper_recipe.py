@@ -206,7 +206,7 @@ def test_bf16_on_a_gpu_that_only_emulates_it_is_refused() -> None:
 
 
 def test_a_towers_pretraining_dtype_is_read_from_its_checkpoint(towers: Path) -> None:
-    from care_retriever.towers.modules import tower_pretrained_dtype
+    from care_retriever.model.towers.modules import tower_pretrained_dtype
 
     assert tower_pretrained_dtype(str(towers / "qwen3")) == "bfloat16"  # as Qwen3-4B's config.json says
     assert tower_pretrained_dtype(str(towers / "gte")) == "float32"  # a sentence-transformers folder

@@ -82,7 +82,7 @@ def trained(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 def agreement(model_dir: Path, texts: list[str]) -> float:
     """Mean cosine between the query tower's and the document tower's embedding of the same text."""
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     embedder = AsymmetricEmbedder.from_pretrained(model_dir)
     q = embedder.embed_queries(texts)
@@ -120,7 +120,7 @@ def test_stage1_raises_query_document_agreement(trained, data_dir: Path) -> None
 def test_final_model_is_the_last_stage_and_loads(trained, data_dir: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     final = AsymmetricEmbedder.from_pretrained(trained.final)
     last = AsymmetricEmbedder.from_pretrained(trained.out / "stages" / "stage2")
@@ -144,7 +144,7 @@ def test_final_model_is_the_last_stage_and_loads(trained, data_dir: Path) -> Non
 
 
 def test_stage1_reads_a_memory_mapped_teacher_cache_that_is_reused(trained, data_dir: Path) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.training.teacher_cache import build_teacher_cache
 
     report = next(r for r in trained.reports if r["name"] == "stage1")
@@ -200,7 +200,7 @@ def test_resume_continues_an_interrupted_stage_from_its_checkpoint(trained, data
 
 def test_score_distillation_baseline_from_a_saved_model(trained, data_dir: Path, tmp_path: Path) -> None:
     """Table 7's baseline: the query tower distils the document tower's scores; exported symmetric."""
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.training.recipe import parse_recipe
     from care_retriever.training.runner import run_recipe
 
@@ -233,7 +233,7 @@ def test_language_model_pretraining_trains_each_tower_in_place(data_dir: Path, t
     the LM heads are discarded: each saved tower keeps its architecture, with new weights."""
     import torch
 
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.training.recipe import parse_recipe
     from care_retriever.training.runner import run_recipe
 
@@ -279,8 +279,8 @@ def test_language_model_pretraining_trains_each_tower_in_place(data_dir: Path, t
 
 
 def test_clm_refuses_an_encoder_document_tower(trained, data_dir: Path, tmp_path: Path) -> None:
-    from care_retriever.embedder import AsymmetricEmbedder
     from care_retriever.errors import InputError
+    from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.training.recipe import parse_recipe
     from care_retriever.training.runner import export_model, run_recipe
 

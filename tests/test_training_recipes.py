@@ -120,8 +120,8 @@ def test_miniature_ablations_dry_run_on_shared_data(shared_data: Path, tmp_path:
 def test_document_pooling_replaces_the_decoder_pooling_and_is_saved(tiny_model_dir: Path, tmp_path: Path) -> None:
     import numpy as np
 
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.towers.modules import tower_pooling
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.towers.modules import tower_pooling
     from care_retriever.training.runner import set_pooling
 
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)

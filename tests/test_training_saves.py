@@ -72,7 +72,7 @@ def run(raw: dict, out: Path, data_dir: Path, **kwargs):
 
 # ----------------------------------------------------------------------------- checkpoints
 def gte_model(towers: Path):
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     embedder = AsymmetricEmbedder.from_towers(str(towers / "gte"), str(towers / "qwen3"), dtype="fp32")
     return embedder, embedder.to_sentence_transformer()
@@ -140,7 +140,7 @@ def test_a_run_keeps_only_what_resume_and_the_final_model_need(data_dir: Path, t
 def test_stages_save_each_tower_in_its_own_dtype_and_hash_the_document_tower_once_per_state(
     towers: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import care_retriever.embedder as embedder_module
+    import care_retriever.model.embedder as embedder_module
 
     hashed: list[int] = []
     original = embedder_module.weights_fingerprint
@@ -177,7 +177,7 @@ def test_a_full_disk_while_saving_a_stage_is_one_line_and_the_previous_stage_is_
     import yaml
 
     from care_retriever.cli.main import main
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.training import runner
 
     original = runner.write_model
@@ -267,7 +267,7 @@ def test_activation_checkpointing_is_enabled_without_deprecation_warnings(data_d
     messages = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
     assert not [m for m in messages if "checkpointing" in m], messages
 
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
     model = AsymmetricEmbedder.from_pretrained(tmp_path / "run" / "final").to_sentence_transformer()
     enable_activation_checkpointing(model)

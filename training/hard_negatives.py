@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from care_retriever.errors import InputError
+
+if TYPE_CHECKING:
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
 
 def mine_negative_indices(
@@ -70,7 +73,7 @@ def mine_negative_indices(
 
 
 def mine_for_queries(
-    embedder,
+    embedder: AsymmetricEmbedder,
     positives: Mapping[str, set[str]],
     pool: list[str],
     *,

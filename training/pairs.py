@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from care_retriever.errors import InputError, at
-from care_retriever.jsonl import iter_jsonl as read_jsonl
+from care_retriever.indexing.corpus import iter_jsonl as read_jsonl
 
 
 @dataclass
@@ -317,7 +317,7 @@ def check_row_prompts(stages: list[Any], formats: dict[str, str], load: Any, tem
 
 def row_prompted(examples: list[Example], config: Any) -> tuple[list[Example], list[str]]:
     """``examples`` with their rows' own query prompts written in where any row has one (:func:`with_row_prompts`,
-    ``config``: the model's :class:`~care_retriever.model_config.CareConfig`), and the columns a stage still
+    ``config``: the model's :class:`~care_retriever.model.config.CareConfig`), and the columns a stage still
     gives the model's query prompt: ``["anchor"]``, or none once the prompts are in the texts."""
     if row_prompt_example(examples) is None:
         return examples, ["anchor"]
@@ -330,7 +330,7 @@ def with_row_prompts(examples: list[Example], template: str | None, default_prom
     symmetric_sts/clustering rows the row's prompt goes before the positive and negatives too. A stage that
     trains these passes no query prompt for the anchor column (it is in the text; the same tokens as the
     trainer's ``prompts`` give: no pooling here excludes prompt tokens)."""
-    from care_retriever.prompts import fill_query_prompt
+    from care_retriever.model.prompts import fill_query_prompt
 
     out: list[Example] = []
     for e in examples:
@@ -360,7 +360,7 @@ def read_alignment(path: Path) -> tuple[list[str], list[str]]:
 
 def read_texts(path: Path) -> list[str]:
     """Raw texts for MLM: JSONL text-like fields, or plain lines."""
-    from care_retriever.towers.scratch import iter_vocab_texts
+    from care_retriever.model.towers.scratch import iter_vocab_texts
 
     if not path.is_file():
         raise InputError(f"training file not found: {path}")

@@ -4,7 +4,7 @@ pretrained in bf16, fp32 on CPU.
 A recipe asks with the trainer's own flags (``bf16: true`` / ``fp16: true`` in ``defaults`` or a stage's
 ``args``); :func:`training_precision` turns that request, the GPU's compute capability and the towers'
 pretraining dtypes into what the trainer is given. It takes no torch state, so every branch is tested
-without a GPU; :func:`current_capability` and :func:`care_retriever.towers.modules.tower_pretrained_dtype` read
+without a GPU; :func:`current_capability` and :func:`care_retriever.model.towers.modules.tower_pretrained_dtype` read
 the inputs of a real run.
 
 Why fp16 is never used for a bf16-pretrained tower: fp16's largest value is 65,504, bf16's is fp32's. A

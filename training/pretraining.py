@@ -14,15 +14,27 @@ is discarded afterwards) and trains it with the Hugging Face ``Trainer`` and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from care_retriever.embedder import is_decoder
 from care_retriever.errors import InputError
-from care_retriever.training.lora import transformer_of
+from care_retriever.model.embedder import AsymmetricEmbedder, is_decoder
 from care_retriever.training.pairs import read_texts, resolve_data_path, unique
+from care_retriever.training.recipe import ClmStage, MlmStage, StageSpec
+from care_retriever.training.stage_context import (
+    StageContext,
+    StageReport,
+    limit_for_dry_run,
+    train_stage,
+    trainer_settings,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from sentence_transformers.sentence_transformer.modules import Transformer
+    from transformers import DataCollatorForLanguageModeling
 
 
-def pretraining_texts(ctx: Any, stage: Any) -> list[str]:
+def pretraining_texts(ctx: StageContext, stage: StageSpec) -> list[str]:
     """Raw text of the stage's data sets: ``text`` files as they are, pair files as their queries and documents."""
     texts: list[str] = []
     for name in stage.datasets:
@@ -38,11 +50,11 @@ def pretraining_texts(ctx: Any, stage: Any) -> list[str]:
     return texts
 
 
-def stage_mlm(ctx: Any, stage: Any, embedder: Any):
+def stage_mlm(ctx: StageContext, stage: MlmStage, embedder: AsymmetricEmbedder) -> StageReport:
     """Masked-LM pretraining of the query tower (BERT)."""
     from transformers import BertForMaskedLM, BertModel, DataCollatorForLanguageModeling
 
-    transformer = transformer_of(embedder.query_modules)
+    transformer = embedder.tower("query").transformer
     encoder = transformer.auto_model
     if not isinstance(encoder, BertModel):
         raise InputError(
@@ -56,12 +68,12 @@ def stage_mlm(ctx: Any, stage: Any, embedder: Any):
     return _pretrain(ctx, stage, transformer, mlm, collator)
 
 
-def stage_clm(ctx: Any, stage: Any, embedder: Any):
+def stage_clm(ctx: StageContext, stage: ClmStage, embedder: AsymmetricEmbedder) -> StageReport:
     """Causal-LM pretraining of the document tower (a decoder with a ``*ForCausalLM`` class)."""
     import torch
     from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, PreTrainedModel
 
-    transformer = transformer_of(embedder.document_modules)
+    transformer = embedder.tower("document").transformer
     decoder = transformer.auto_model
     refused = InputError(
         f"stage {stage.name!r}: causal-LM pretraining needs a decoder document tower, got {type(decoder).__name__}"
@@ -91,14 +103,22 @@ def stage_clm(ctx: Any, stage: Any, embedder: Any):
     return _pretrain(ctx, stage, transformer, lm, collator)
 
 
-def _pretrain(ctx: Any, stage: Any, transformer: Any, lm: Any, collator: Any):
+def _pretrain(
+    ctx: StageContext,
+    stage: StageSpec,
+    transformer: Transformer,
+    lm: torch.nn.Module,
+    collator: DataCollatorForLanguageModeling,
+) -> StageReport:
     from datasets import Dataset
 
     from care_retriever.training.engine import CareLmTrainer, JsonlLogCallback, build_arguments
-    from care_retriever.training.stages import limit_for_dry_run, train_stage, trainer_settings
 
     texts = limit_for_dry_run(ctx, stage, pretraining_texts(ctx, stage))
-    encoded = transformer.tokenizer(texts, truncation=True, max_length=transformer.max_seq_length or 512)
+    tokenizer = transformer.tokenizer
+    if tokenizer is None:  # the stage runners refuse such a tower before building its LM: this is for the type
+        raise InputError(f"stage {stage.name!r}: the tower has no tokenizer")
+    encoded = tokenizer(texts, truncation=True, max_length=transformer.max_seq_length or 512)
     dataset = Dataset.from_dict({"input_ids": encoded["input_ids"]})
     lm.to(transformer.auto_model.device)
     output_dir = ctx.out / "checkpoints" / stage.name

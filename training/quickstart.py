@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from care_retriever.corpus import document_text
 from care_retriever.errors import InputError
+from care_retriever.indexing.corpus import document_text, iter_jsonl
 
 SAMPLE_DIR = Path(__file__).resolve().parents[1] / "care_retriever" / "data" / "sample"
 HELD_OUT_EVERY = 3  # every third query (by id order) is held out for the score
@@ -72,12 +72,8 @@ def load_sample(folder: Path) -> Sample:
     for name in ("corpus.jsonl", "queries.jsonl", "qrels.tsv"):
         if not (folder / name).is_file():
             raise InputError(f"sample data missing: {folder / name}")
-    corpus = [json.loads(line) for line in (folder / "corpus.jsonl").read_text("utf-8").splitlines() if line.strip()]
-    queries = {}
-    for line in (folder / "queries.jsonl").read_text("utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            queries[row["_id"]] = row["text"]
+    corpus = [row for _, row in iter_jsonl(folder / "corpus.jsonl")]
+    queries = {row["_id"]: row["text"] for _, row in iter_jsonl(folder / "queries.jsonl")}
     qrels: dict[str, dict[str, int]] = {}
     for line in (folder / "qrels.tsv").read_text("utf-8").splitlines()[1:]:
         if line.strip():
@@ -122,15 +118,15 @@ def run_quickstart(
     echo: Callable[[str], None] = print,
     show_progress: bool = True,
 ) -> QuickstartResult:
-    from care_retriever.corpus import read_corpus
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.retriever import CareRetriever
+    from care_retriever.indexing.corpus import read_corpus
+    from care_retriever.indexing.writer import DocumentStoreWriter
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.search.retriever import CareRetriever
     from care_retriever.stores import open_store
     from care_retriever.training.quiet import quiet_logger
     from care_retriever.training.recipe import load_recipe
     from care_retriever.training.runner import run_recipe
     from care_retriever.training.scoring import bm25_run, dense_run, ndcg_at_10
-    from care_retriever.writer import DocumentStoreWriter
 
     start = time.perf_counter()
     out = Path(out)

@@ -27,9 +27,12 @@ import json
 from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import InputError
+
+if TYPE_CHECKING:
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
 DATA_FORMATS = ("pairs", "qtr", "sts", "qa", "alignment", "text", "flag")
 EXPORT_KINDS = ("asymmetric", "query-symmetric", "document-symmetric")
@@ -88,7 +91,7 @@ class ModelSpec:
     # instruction); None keeps the model's own.
     query_prompt_template: str | None = None
     # With query_model/document_model: "authors-release" reads the towers with the conventions of the CARE
-    # authors' released models (care_retriever.towers.release), e.g. a new query tower against a released
+    # authors' released models (care_retriever.model.towers.release), e.g. a new query tower against a released
     # ``doc_encoder``; a saved model (``path``) keeps its own conventions.
     convention: str | None = None
 
@@ -373,7 +376,7 @@ def _model(raw: Any, source: str) -> ModelSpec:
     if len(chosen) != 1:
         raise InputError(f"{source}: model: give exactly one of {', '.join(MODEL_SOURCES)} (got {chosen or 'none'})")
     if spec.preset:
-        from care_retriever.towers.presets import PRESETS
+        from care_retriever.model.towers.presets import PRESETS
 
         if spec.preset not in PRESETS:
             raise InputError(f"{source}: model.preset {spec.preset!r} unknown; available: {sorted(PRESETS)}")
@@ -381,7 +384,7 @@ def _model(raw: Any, source: str) -> ModelSpec:
             spec.vocab_from = [spec.vocab_from]
         from transformers import BertConfig, Qwen3Config
 
-        from care_retriever.towers.scratch import check_architecture
+        from care_retriever.model.towers.scratch import check_architecture
 
         check_architecture(BertConfig, spec.query_config, f"{source}: model.query_config")
         check_architecture(Qwen3Config, spec.document_config, f"{source}: model.document_config")
@@ -392,7 +395,7 @@ def _model(raw: Any, source: str) -> ModelSpec:
     if spec.dim is not None and (not isinstance(spec.dim, int) or spec.dim < 1):
         raise InputError(f"{source}: model.dim must be a positive integer")
     if spec.convention is not None:
-        from care_retriever.towers.release import CONVENTION
+        from care_retriever.model.towers.release import CONVENTION
 
         if spec.convention != CONVENTION:
             raise InputError(f"{source}: model.convention must be {CONVENTION!r}, got {spec.convention!r}")
@@ -408,7 +411,7 @@ def _model(raw: Any, source: str) -> ModelSpec:
             raise InputError(
                 f"{source}: model.query_prompt_template {template!r}: its only slot may be {{instruction}} ({exc})"
             ) from exc
-    from care_retriever.towers.modules import POOLING_MODES
+    from care_retriever.model.towers.modules import POOLING_MODES
 
     for key in ("query_pooling", "document_pooling"):
         value = getattr(spec, key)
@@ -523,14 +526,10 @@ def build_stage(
     return cls(**{k: v for k, v in values.items() if v is not None or k in ("lora",)})
 
 
-def set_query_prompt_template(embedder: Any, template: str) -> None:
-    """Give ``embedder`` the recipe's ``model.query_prompt_template`` (kept in its saved care_config.json); a
+def set_query_prompt_template(embedder: AsymmetricEmbedder, template: str) -> AsymmetricEmbedder:
+    """``embedder`` with the recipe's ``model.query_prompt_template`` (kept in its saved care_config.json); a
     template with an ``{instruction}`` slot gets the default instruction where the model has none."""
-    from care_retriever.prompts import DEFAULT_INSTRUCTION
+    from care_retriever.model.prompts import DEFAULT_INSTRUCTION
 
-    config = embedder.config
-    config.query_prompt_template = template
-    if "{instruction}" in template:
-        config.default_instruction = config.default_instruction or DEFAULT_INSTRUCTION
-    else:
-        config.default_instruction = None
+    instruction = (embedder.config.default_instruction or DEFAULT_INSTRUCTION) if "{instruction}" in template else None
+    return embedder.with_config(query_prompt_template=template, default_instruction=instruction)

@@ -30,11 +30,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import CareError, InputError, ModelError
 from care_retriever.training.pairs import PairSet, load_pairset, resolve_data_path, task_queries, without_queries
 from care_retriever.training.recipe import ModelSpec, Recipe, Stage0DocumentStage, StageSpec
+
+if TYPE_CHECKING:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from care_retriever.model.embedder import AsymmetricEmbedder, Side
+    from care_retriever.training.stages import StageContext
 
 logger = logging.getLogger("care_retriever")
 RUN_FILE = "run.json"
@@ -42,6 +49,7 @@ DRY_RUN_MAX_LENGTH = 64  # a dry run checks the wiring, not the capacity: short 
 # Stage types that leave the document tower as it was: its space fingerprint (a hash of every weight,
 # tens of seconds for a 4B tower) is carried over instead of computed again.
 DOCUMENT_FROZEN = frozenset({"stage0_query", "stage1_align", "distill", "mlm"})
+SIDES: tuple[Side, ...] = ("query", "document")
 
 
 class DiskFullError(CareError):
@@ -108,12 +116,14 @@ def vocab_files(recipe: Recipe, data_dir: Path) -> list[Path]:
     return files
 
 
-def load_model(folder: str | Path, spec: ModelSpec, device: str | None, defaults: dict[str, Any] | None = None):
+def load_model(
+    folder: str | Path, spec: ModelSpec, device: str | None, defaults: dict[str, Any] | None = None
+) -> AsymmetricEmbedder:
     """A saved CARE model (a stage's output, ``init``, a ``path`` or foundation), loaded for training in
     the dtypes it trains in (:func:`~care_retriever.training.precision.held_dtypes`: fp32, except a bf16
     document tower that a bf16 GPU run trains through LoRA), with the recipe's ``trust_remote_code`` for
     towers that ship their own code (every load needs it again: the saved folder records that)."""
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.training.precision import PRETRAINED_DTYPE_KEY, held_dtypes
 
     recorded: dict[str, Any] = {}
@@ -128,25 +138,24 @@ def load_model(folder: str | Path, spec: ModelSpec, device: str | None, defaults
         return load(load="both", dtype=held["document"])
     # each tower read from its files in its own dtype: a bf16 round trip would cut the fp32 query tower
     query, document = load(load="query", dtype=held["query"]), load(load="document", dtype=held["document"])
-    return AsymmetricEmbedder(document.config, query.query_modules, document.document_modules, device=device)
+    return document.with_tower("query", query.tower("query"))
 
 
-def hold_in(embedder, held: dict[str, str]):
+def hold_in(embedder: AsymmetricEmbedder, held: dict[str, str]) -> AsymmetricEmbedder:
     """Cast each tower's transformer to the dtype ``held`` names for it (a no-op where it already is)."""
-    from care_retriever.embedder import resolve_dtype
+    from care_retriever.model.embedder import resolve_dtype
 
-    for side, dtype in held.items():
-        cast_tower(embedder, side, resolve_dtype(dtype, embedder.device))
+    for side in SIDES:
+        if side in held:
+            cast_tower(embedder, side, resolve_dtype(held[side], embedder.device))
     return embedder
 
 
-def tower_transformer(embedder, side: str):
-    from care_retriever.training.lora import transformer_of
-
-    return transformer_of(embedder.query_modules if side == "query" else embedder.document_modules).auto_model
+def tower_transformer(embedder: AsymmetricEmbedder, side: Side) -> torch.nn.Module:
+    return embedder.tower(side).transformer.auto_model
 
 
-def cast_tower(embedder, side: str, dtype) -> Any:
+def cast_tower(embedder: AsymmetricEmbedder, side: Side, dtype: torch.dtype) -> torch.dtype:
     """Cast one tower's transformer to ``dtype`` in place; returns the dtype it was held in."""
     model = tower_transformer(embedder, side)
     held = next(model.parameters()).dtype
@@ -155,13 +164,13 @@ def cast_tower(embedder, side: str, dtype) -> Any:
     return held
 
 
-def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, device: str | None):
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.towers.modules import tower_pretrained_dtype
+def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, device: str | None) -> AsymmetricEmbedder:
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.towers.modules import tower_pretrained_dtype
     from care_retriever.training.precision import PRETRAINED_DTYPE_KEY
 
     if spec.preset:
-        from care_retriever.towers.scratch import init_from_scratch
+        from care_retriever.model.towers.scratch import init_from_scratch
 
         logger.info("Training tokenizers and building a random %r model ...", spec.preset)
         embedder = init_from_scratch(
@@ -196,7 +205,7 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
             convention=spec.convention,
         )
         hold_in(embedder, held_dtypes(recipe.defaults, pretrained, device))
-        embedder.config.extra[PRETRAINED_DTYPE_KEY] = pretrained
+        embedder = embedder.with_config(extra={**embedder.config.extra, PRETRAINED_DTYPE_KEY: pretrained})
     if spec.dim is not None and spec.dim != embedder.dim:
         raise ModelError(
             f"dimension mismatch: the recipe says model.dim {spec.dim}, the model's shared dim is {embedder.dim}"
@@ -206,77 +215,60 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
     if spec.document_pooling:
         embedder = set_pooling(embedder, "document", spec.document_pooling)
     if spec.max_length:
-        set_max_length(embedder, spec.max_length)
+        embedder = set_max_length(embedder, spec.max_length)
     if spec.query_prompt_template is not None:
         from care_retriever.training.recipe import set_query_prompt_template
 
-        set_query_prompt_template(embedder, spec.query_prompt_template)
+        embedder = set_query_prompt_template(embedder, spec.query_prompt_template)
     return embedder
 
 
-def set_pooling(embedder, side: str, pooling: str):
-    """A new embedder whose ``side`` tower ("query" | "document") pools with ``pooling`` (cls | mean | last_token)."""
-    from sentence_transformers.sentence_transformer.modules import Pooling
-
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.towers.modules import pooling_mode
-
-    mode = pooling_mode(pooling)
-    towers = {"query": embedder.query_modules, "document": embedder.document_modules}
-    towers[side] = [
-        Pooling(m.get_embedding_dimension(), pooling_mode=mode) if isinstance(m, Pooling) else m for m in towers[side]
-    ]
-    getattr(embedder.config, side).pooling = pooling
-    return AsymmetricEmbedder(embedder.config, towers["query"], towers["document"], device=embedder.device)
+def set_pooling(embedder: AsymmetricEmbedder, side: Side, pooling: str) -> AsymmetricEmbedder:
+    """A new embedder whose ``side`` tower pools with ``pooling`` (cls | mean | last_token)."""
+    return embedder.with_tower(side, embedder.tower(side).with_pooling(pooling))
 
 
-def set_max_length(embedder, max_length: int) -> None:
-    """Train (and later serve) with at most ``max_length`` tokens per text on both towers."""
-    from care_retriever.training.lora import transformer_of
-
-    for side, modules in (("query", embedder.query_modules), ("document", embedder.document_modules)):
-        transformer_of(modules).max_seq_length = max_length
-        getattr(embedder.config, side).max_length = max_length
+def set_max_length(embedder: AsymmetricEmbedder, max_length: int) -> AsymmetricEmbedder:
+    """A new embedder that trains (and later serves) with at most ``max_length`` tokens per text on both towers."""
+    for side in SIDES:
+        embedder = embedder.with_tower(side, embedder.tower(side).with_max_length(max_length))
+    return embedder
 
 
-def export_model(embedder, kind: str, target: Path) -> Path:
+def export_model(embedder: AsymmetricEmbedder, kind: str, target: Path) -> Path:
     """Save the model as is, or one of its towers on both sides (a symmetric baseline)."""
-    from dataclasses import replace
-
-    from care_retriever.embedder import AsymmetricEmbedder
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY
 
     if kind == "asymmetric":
         return save_model(embedder, target)
-    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY
-
-    side = "query" if kind == "query-symmetric" else "document"
+    side: Side = "query" if kind == "query-symmetric" else "document"
     own = pretrained_dtypes(embedder).get(side)  # the exported tower is saved in its own dtype on both sides
-    modules = embedder.query_modules if side == "query" else embedder.document_modules
-    info = getattr(embedder.config, side)
+    # the document tower on both sides keeps its space; the query tower's is hashed (it is small)
+    tower = embedder.tower(side)
     config = replace(
         embedder.config,
         mode="symmetric",
-        query=replace(info),
-        document=replace(info),
+        query=replace(tower.info),
+        document=replace(tower.info),
         query_prompt_template=embedder.config.query_prompt_template if side == "query" else None,
         default_instruction=embedder.config.default_instruction if side == "query" else None,
-        # the document tower on both sides keeps its space; the query tower's is hashed (it is small)
-        space_fingerprint=embedder.config.space_fingerprint if side == "document" else None,
+        space_fingerprint=tower.weights,
         extra={**embedder.config.extra, "exported_as": kind, PRETRAINED_DTYPE_KEY: {"query": own, "document": own}},
     )
-    return save_model(AsymmetricEmbedder(config, modules, modules, device=embedder.device), target)
+    return save_model(AsymmetricEmbedder(config, tower.modules, tower.modules, device=embedder.device), target)
 
 
-def own_dtypes(embedder) -> dict[str, Any]:
+def own_dtypes(embedder: AsymmetricEmbedder) -> dict[Side, torch.dtype]:
     """The dtype each tower is saved in: its pretrained checkpoint's (bf16 for Qwen3), else fp32."""
     import torch
 
     halves = {"bfloat16": torch.bfloat16, "float16": torch.float16}
     recorded = pretrained_dtypes(embedder)
-    return {side: halves.get(str(recorded.get(side)), torch.float32) for side in ("query", "document")}
+    return {side: halves.get(str(recorded.get(side)), torch.float32) for side in SIDES}
 
 
-def save_model(embedder, path: str | Path, *, write: bool = True) -> Path:
+def save_model(embedder: AsymmetricEmbedder, path: str | Path, *, write: bool = True) -> Path:
     """``embedder.save_pretrained``, with each tower written in its own dtype and the space fingerprint
     hashed only when it is not known (:data:`DOCUMENT_FROZEN`: a stage that leaves the document tower
     as it was keeps it; the runner clears it after any other stage).
@@ -288,22 +280,20 @@ def save_model(embedder, path: str | Path, *, write: bool = True) -> Path:
     line, how much free space the model needs (:class:`DiskFullError`). ``write=False``: the rounding and
     the fingerprint only, what the ranks that do not write do (they must hold what rank 0 wrote).
     """
-    from care_retriever import __version__
-    from care_retriever.embedder import CONFIG_NAME
-    from care_retriever.locations import replace_folder
-    from care_retriever.towers.modules import lift_model_code
+    from care_retriever.model.embedder import CONFIG_NAME
+    from care_retriever.model.loading import replace_folder
+    from care_retriever.model.towers.modules import lift_model_code
 
     target = Path(path)
     own = own_dtypes(embedder)
-    sides = [s for s in ("query", "document") if getattr(embedder, f"{s}_modules")]
+    sides = [s for s in SIDES if s in embedder.loaded_towers]
     same_tower = embedder.query_modules is embedder.document_modules
     held = {side: cast_tower(embedder, side, own[side]) for side in sides[: 1 if same_tower else 2]}
     tmp: Path | None = None
     try:
-        _ = embedder.space_fingerprint  # hashed here only if unknown: cached in config.space_fingerprint
+        config = embedder.saved_config()  # the weights hashed here only if unknown (kept by the embedder)
         if not write:
             return target
-        embedder.config.care_retriever_version = __version__
         st = embedder.to_sentence_transformer()
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -313,7 +303,7 @@ def save_model(embedder, path: str | Path, *, write: bool = True) -> Path:
         held = {}
         write_card(st, tmp)
         lift_model_code(tmp)
-        (tmp / CONFIG_NAME).write_text(embedder.config.to_json(), encoding="utf-8")
+        (tmp / CONFIG_NAME).write_text(config.to_json(), encoding="utf-8")
         replace_folder(tmp, target)
         tmp = None
     except OSError as exc:
@@ -337,13 +327,13 @@ def save_model(embedder, path: str | Path, *, write: bool = True) -> Path:
     return target
 
 
-def write_model(st, folder: Path) -> None:
+def write_model(st: SentenceTransformer, folder: Path) -> None:
     """The write of a model's files (sentence-transformers' folder layout, its card written after the
     towers are cast back: its usage example runs the model); a test makes it fail."""
     st.save(str(folder), create_model_card=False)
 
 
-def write_card(st, folder: Path) -> None:
+def write_card(st: SentenceTransformer, folder: Path) -> None:
     """sentence-transformers' README.md for the model (what ``st.save`` writes); a card that cannot be
     generated is skipped with a log line, as ``st.save`` skips it."""
     from sentence_transformers.base.model_card import generate_model_card
@@ -356,13 +346,12 @@ def write_card(st, folder: Path) -> None:
     (folder / "README.md").write_text(card, encoding="utf-8")
 
 
-def model_bytes(embedder, own: dict[str, Any]) -> int:
+def model_bytes(embedder: AsymmetricEmbedder, own: dict[Side, torch.dtype]) -> int:
     """Bytes a saved model's weights take in their own dtypes (a shared tower counted once)."""
     total = 0
-    towers = {"query": embedder.query_modules, "document": embedder.document_modules}
     seen: set[int] = set()
-    for side, modules in towers.items():
-        for module in modules or []:
+    for side in SIDES:
+        for module in embedder.tower(side).modules if side in embedder.loaded_towers else []:
             for param in module.parameters():
                 if id(param) not in seen:
                     seen.add(id(param))
@@ -511,7 +500,7 @@ def start_run(
     data_dir: Path,
     device: str | None,
     load: Callable[[str], PairSet] | None = None,
-):
+) -> AsymmetricEmbedder | None:
     """The starting model: built (and saved as ``stages/init``) on a new run, loaded on a resume.
 
     Under torchrun every rank loads pretrained towers (or a saved model) itself, at the same time (a
@@ -556,8 +545,8 @@ def start_run(
     return embedder
 
 
-def run_stage(ctx: Any, stage: StageSpec, embedder: Any, state: RunState) -> None:
-    """Train one stage in place, save it and its exports, record its report."""
+def run_stage(ctx: StageContext, stage: StageSpec, embedder: AsymmetricEmbedder, state: RunState) -> AsymmetricEmbedder:
+    """Train one stage in place, save it and its exports, record its report; returns the model after the stage."""
     from care_retriever.training.engine import is_main_process, wait_for_everyone
     from care_retriever.training.stages import STAGES, seed_everything
 
@@ -565,7 +554,8 @@ def run_stage(ctx: Any, stage: StageSpec, embedder: Any, state: RunState) -> Non
     seed_everything(ctx.seed)
     report = STAGES[stage.type](ctx, stage, embedder)
     if stage.type not in DOCUMENT_FROZEN:
-        embedder.config.space_fingerprint = None  # the document tower changed: hashed once, at the save
+        # the document tower changed in place: a model over it as it is now, hashed once, at the save
+        embedder = embedder.with_tower("document", embedder.tower("document").retrained())
     writer = is_main_process()  # under torchrun rank 0 writes; the ranks hold the same model
     # every rank rounds its towers to their saved dtypes and fingerprints them; rank 0 writes
     save_model(embedder, ctx.out / "stages" / stage.name, write=writer)
@@ -587,6 +577,7 @@ def run_stage(ctx: Any, stage: StageSpec, embedder: Any, state: RunState) -> Non
         _fmt(report.first_loss),
         _fmt(report.last_loss),
     )
+    return embedder
 
 
 def stage_sources(recipe: Recipe) -> dict[str, str]:
@@ -623,8 +614,8 @@ def selected_stages(recipe: Recipe, names: Sequence[str] | None) -> set[str]:
 
 def run_stages(
     recipe: Recipe,
-    ctx: Any,
-    embedder: Any,
+    ctx: StageContext,
+    embedder: AsymmetricEmbedder | None,
     state: RunState,
     device: str | None,
     selected: set[str],
@@ -639,15 +630,15 @@ def run_stages(
         if stage.name in state.done or stage.name not in selected:
             in_memory = None
             continue
-        if in_memory != source:
+        if in_memory != source or embedder is None:
             embedder = None  # frees the previous model before the next one loads
             embedder = load_model(ctx.out / "stages" / source, recipe.model, device, recipe.defaults)
             if recipe.model.max_length:
-                set_max_length(embedder, recipe.model.max_length)
+                embedder = set_max_length(embedder, recipe.model.max_length)
         if not ctx.pretrained_dtypes:
             ctx.pretrained_dtypes = pretrained_dtypes(embedder)
         logger.info("stage %s (%s) starts from %s", stage.name, stage.type, source)
-        run_stage(ctx, stage, embedder, state)
+        embedder = run_stage(ctx, stage, embedder, state)
         in_memory = stage.name
         if not keep_stages:
             prune(recipe, ctx.out, state)
@@ -777,10 +768,10 @@ def run_recipe(
     return RunResult(out=out, final=final, reports=state.reports, exports=state.exports)
 
 
-def pretrained_dtypes(embedder) -> dict[str, str | None]:
+def pretrained_dtypes(embedder: AsymmetricEmbedder) -> dict[str, str | None]:
     """Each tower's pretraining dtype: recorded at init (care_config.json), else read from the
     checkpoint the tower was built from (a CARE folder saved outside training); None if unknown."""
-    from care_retriever.towers.modules import tower_pretrained_dtype
+    from care_retriever.model.towers.modules import tower_pretrained_dtype
     from care_retriever.training.precision import PRETRAINED_DTYPE_KEY
 
     recorded = embedder.config.extra.get(PRETRAINED_DTYPE_KEY)

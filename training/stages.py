@@ -1,6 +1,6 @@
 """The training stages of CARE, each a function ``(context, stage spec, embedder) -> StageReport``.
 
-Every stage trains the towers of one :class:`~care_retriever.embedder.AsymmetricEmbedder` in place,
+Every stage trains the towers of one :class:`~care_retriever.model.embedder.AsymmetricEmbedder` in place,
 through sentence-transformers models that *share* its modules:
 
 - ``stage0_query``: the query tower alone, symmetric InfoNCE (``MultipleNegativesRankingLoss``),
@@ -23,9 +23,8 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from datasets import Dataset, DatasetDict
@@ -37,14 +36,13 @@ from care_retriever.training.engine import (
     bucket_by_length,
     build_arguments,
     enable_activation_checkpointing,
-    last_checkpoint,
     world_size,
 )
 from care_retriever.training.lora import LoraSpec, add_lora, merge_lora
-from care_retriever.training.pairs import Example, PairSet, row_prompted, unique
+from care_retriever.training.pairs import Example, row_prompted, unique
+from care_retriever.training.pretraining import stage_clm, stage_mlm
 from care_retriever.training.quiet import quiet_trainer
 from care_retriever.training.recipe import (
-    OWN_DEFAULT_KEYS,
     DistillStage,
     Stage0DocumentStage,
     Stage0QueryStage,
@@ -52,139 +50,25 @@ from care_retriever.training.recipe import (
     Stage2JointStage,
     StageSpec,
 )
+from care_retriever.training.stage_context import (
+    StageContext,
+    StageReport,
+    limit_for_dry_run,
+    option,
+    stage_dtype,
+    train_stage,
+    trainer_settings,
+)
 from care_retriever.training.teacher_cache import autocast
+
+if TYPE_CHECKING:
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
 logger = logging.getLogger("care_retriever")
 DEFAULT_TEMPERATURE = 0.05
 
 
-@dataclass
-class StageContext:
-    out: Path
-    data_dir: Path
-    seed: int
-    fingerprint: str
-    defaults: dict[str, Any]
-    load_pairset: Callable[[str], PairSet]
-    datasets: dict[str, Any] = field(default_factory=dict)  # name -> DatasetSpec
-    dry_run_steps: int | None = None
-    resume: bool = False
-    show_progress: bool = True
-    # tower -> the dtype its pretrained checkpoint names (training/precision.py): decides fp16 vs bf16
-    pretrained_dtypes: dict[str, str | None] = field(default_factory=dict)
-    device: str | None = None
-    logged: set[str] = field(default_factory=set)  # one-line notes already logged in this run
-
-
-@dataclass
-class StageReport:
-    name: str
-    type: str
-    examples: int = 0
-    steps: int = 0
-    seconds: float = 0.0
-    losses: list[float] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def first_loss(self) -> float | None:
-        return self.losses[0] if self.losses else None
-
-    @property
-    def last_loss(self) -> float | None:
-        return self.losses[-1] if self.losses else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "type": self.type,
-            "examples": self.examples,
-            "steps": self.steps,
-            "seconds": round(self.seconds, 2),
-            "first_loss": self.first_loss,
-            "last_loss": self.last_loss,
-            **self.extra,
-        }
-
-
 # ----------------------------------------------------------------------------- helpers
-def option(ctx: StageContext, stage: StageSpec, key: str, default: Any) -> Any:
-    """A stage option, else the recipe's ``defaults``, else ``default``."""
-    value = getattr(stage, key, None)
-    if value is not None:
-        return value
-    return ctx.defaults.get(key, default)
-
-
-DRY_RUN_BATCH = 4
-
-
-def trainer_settings(ctx: StageContext, stage: StageSpec) -> dict[str, Any]:
-    """The stage's trainer arguments, with the precision :func:`stage_precision` decides; a dry run
-    shrinks batches and trains without warm-up.
-
-    A dry run validates a recipe (data, dims, stage wiring, one optimizer step per stage) in
-    minutes, even a paper-size recipe on a CPU: it trains ``N`` steps of ``DRY_RUN_BATCH`` rows. Its
-    steps run at the full learning rate: a warm-up ratio of N steps starts at 0, and a step at
-    learning rate 0 changes no weight (a dry run could not show that a stage trains anything).
-    """
-    settings = {k: v for k, v in ctx.defaults.items() if k not in OWN_DEFAULT_KEYS}
-    settings.update(stage.args)
-    if ctx.dry_run_steps is not None:
-        settings["per_device_train_batch_size"] = min(
-            int(settings.get("per_device_train_batch_size", DRY_RUN_BATCH)), DRY_RUN_BATCH
-        )
-        settings["gradient_accumulation_steps"] = 1
-        settings["logging_steps"] = 1
-        settings["dataloader_drop_last"] = False
-        settings["warmup_steps"] = 0
-    settings.update(stage_precision(ctx, settings).trainer_flags)
-    return settings
-
-
-def stage_precision(ctx: StageContext, settings: dict[str, Any]):
-    """The precision the stage trains in (training/precision.py), from its bf16/fp16 flags, the GPU
-    and the towers' pretraining dtypes; a changed request is logged once per run."""
-    from care_retriever.training.precision import current_capability, training_precision
-
-    precision = training_precision(settings, current_capability(ctx.device), ctx.pretrained_dtypes)
-    if precision.note and precision.note not in ctx.logged:
-        ctx.logged.add(precision.note)
-        logger.info("precision: %s", precision.note)
-    return precision
-
-
-def stage_dtype(ctx: StageContext, stage: StageSpec):
-    """The torch dtype the stage trains in (what its frozen-tower encodings run under)."""
-    from care_retriever.training.precision import Precision, requested_precision
-
-    return Precision(requested_precision(trainer_settings(ctx, stage))).torch_dtype
-
-
-def batch_rows(ctx: StageContext, stage: StageSpec) -> int:
-    """Rows one optimizer step consumes (for dry runs)."""
-    settings = trainer_settings(ctx, stage)
-    return (
-        int(settings.get("per_device_train_batch_size", 32))
-        * int(settings.get("gradient_accumulation_steps", 1))
-        * world_size()
-    )
-
-
-def limit_for_dry_run(ctx: StageContext, stage: StageSpec, items: list[Any], cap: int | None = None) -> list[Any]:
-    """A seeded sample of at most ``cap`` rows (default: the stage's ``max_examples``); a dry run trains
-    ``N`` steps and keeps the rows those steps need."""
-    cap = stage.max_examples if cap is None else cap
-    if ctx.dry_run_steps is not None:
-        # 4x the rows the steps need: the no-duplicates batch sampler skips rows whose texts repeat
-        dry = 4 * ctx.dry_run_steps * batch_rows(ctx, stage)
-        cap = min(cap, dry) if cap else dry
-    if cap and len(items) > cap:
-        rng = random.Random(ctx.seed)
-        return rng.sample(items, cap)
-    return items
-
-
 def gather_examples(ctx: StageContext, stage: StageSpec, names: list[str] | None = None) -> list[Example]:
     examples: list[Example] = []
     for name in names if names is not None else stage.datasets:
@@ -194,7 +78,7 @@ def gather_examples(ctx: StageContext, stage: StageSpec, names: list[str] | None
     return limit_for_dry_run(ctx, stage, examples)
 
 
-def lora_on(embedder, lora: LoraSpec, seed: int) -> int:
+def lora_on(embedder: AsymmetricEmbedder, lora: LoraSpec, seed: int) -> int:
     """LoRA on the document tower. peft's ``get_peft_model`` reads the model's ``is_gradient_checkpointing``,
     a property transformers 5 deprecated (``FutureWarning`` on every LoRA stage): that one warning is
     silenced here, where peft reads it, until peft reads ``is_activation_checkpointing``."""
@@ -202,7 +86,7 @@ def lora_on(embedder, lora: LoraSpec, seed: int) -> int:
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-        return add_lora(embedder.document_modules, lora, seed=seed)
+        return add_lora(embedder.tower("document").modules, lora, seed=seed)
 
 
 def set_trainable(modules: list | None, flag: bool) -> None:
@@ -261,7 +145,9 @@ def contrastive_loss(ctx: StageContext, stage: StageSpec, model):
     )
 
 
-def query_prompts(embedder, columns: list[str], document_columns: tuple[str, ...] = ()) -> dict[str, str] | None:
+def query_prompts(
+    embedder: AsymmetricEmbedder, columns: list[str], document_columns: tuple[str, ...] = ()
+) -> dict[str, str] | None:
     """Prompts per column: the query prompt for ``columns``, and for ``document_columns`` (routed to the
     document tower) the document prompt its pretrained folder declares, as ``embed_documents`` applies it."""
     prompt = embedder.query_prompt()
@@ -270,7 +156,7 @@ def query_prompts(embedder, columns: list[str], document_columns: tuple[str, ...
     return prompts or None
 
 
-def document_prompts(embedder, columns: tuple[str, ...]) -> dict[str, str]:
+def document_prompts(embedder: AsymmetricEmbedder, columns: tuple[str, ...]) -> dict[str, str]:
     prompt = embedder.config.document_prompt
     return {col: prompt for col in columns} if prompt else {}
 
@@ -340,25 +226,6 @@ def distributed_settings(settings: dict[str, Any], model) -> dict[str, Any]:
     return {"ddp_find_unused_parameters": False, **settings, "dataloader_drop_last": True}
 
 
-def train_stage(ctx: StageContext, stage: StageSpec, trainer, output_dir: Path, *, examples: int) -> StageReport:
-    """Run a built trainer (resuming from the stage's last checkpoint) and report its steps, time and losses."""
-    checkpoint = last_checkpoint(output_dir) if ctx.resume else None
-    if checkpoint:
-        logger.info("stage %s: resuming from %s", stage.name, checkpoint)
-    start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=checkpoint)
-    seconds = time.perf_counter() - start
-    if trainer.state.global_step == 0:
-        raise InputError(
-            f"stage {stage.name!r}: no training step ran ({examples} examples; too few for the batch size, "
-            "or dataloader_drop_last with duplicate texts)"
-        )
-    losses = [float(row["loss"]) for row in trainer.state.log_history if "loss" in row]
-    return StageReport(
-        stage.name, stage.type, examples=examples, steps=trainer.state.global_step, seconds=seconds, losses=losses
-    )
-
-
 def _pair_dataset(examples: list[Example], negatives: int = 0) -> Dataset:
     data: dict[str, list[str]] = {
         "anchor": [e.query for e in examples],
@@ -370,12 +237,12 @@ def _pair_dataset(examples: list[Example], negatives: int = 0) -> Dataset:
 
 
 # ----------------------------------------------------------------------------- Stage 0
-def stage0_query(ctx: StageContext, stage: Stage0QueryStage, embedder) -> StageReport:
+def stage0_query(ctx: StageContext, stage: Stage0QueryStage, embedder: AsymmetricEmbedder) -> StageReport:
     """Symmetric InfoNCE fine-tuning of the query tower (document tower untouched)."""
     examples, anchor = row_prompted(gather_examples(ctx, stage), embedder.config)
     model = embedder.to_sentence_transformer()
-    set_trainable(embedder.document_modules, False)
-    set_trainable(embedder.query_modules, True)
+    set_trainable(embedder.tower("document").modules, False)
+    set_trainable(embedder.tower("query").modules, True)
     loss = contrastive_loss(ctx, stage, model)
     try:
         return fit(
@@ -389,7 +256,7 @@ def stage0_query(ctx: StageContext, stage: Stage0QueryStage, embedder) -> StageR
             examples=len(examples),
         )
     finally:
-        set_trainable(embedder.document_modules, True)
+        set_trainable(embedder.tower("document").modules, True)
 
 
 def matryoshka_dims(raw: Any, dim: int, native: int, where: str) -> list[int]:
@@ -408,7 +275,7 @@ def matryoshka_dims(raw: Any, dim: int, native: int, where: str) -> list[int]:
     return sorted(set(dims), reverse=True)
 
 
-def stage0_document(ctx: StageContext, stage: Stage0DocumentStage, embedder) -> StageReport:
+def stage0_document(ctx: StageContext, stage: Stage0DocumentStage, embedder: AsymmetricEmbedder) -> StageReport:
     """The document tower alone: LoRA + symmetric InfoNCE averaged over Matryoshka dims."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
@@ -423,7 +290,7 @@ def stage0_document(ctx: StageContext, stage: Stage0DocumentStage, embedder) -> 
         logger.info("%s: LoRA r=%d alpha=%d, %d trainable parameters", stage.name, lora.r, lora.alpha, trainable)
     # The tower before the Matryoshka truncation module: MatryoshkaLoss truncates itself.
     untruncated = []
-    for module in embedder.document_modules:
+    for module in embedder.tower("document").modules:
         untruncated.append(module)
         if isinstance(module, Pooling):
             break
@@ -435,7 +302,7 @@ def stage0_document(ctx: StageContext, stage: Stage0DocumentStage, embedder) -> 
     try:
         report = fit(ctx, stage, model, _pair_dataset(examples), loss, prompts=prompts, examples=len(examples))
     finally:
-        merge_lora(embedder.document_modules)
+        merge_lora(embedder.tower("document").modules)
     report.extra["matryoshka_dims"] = dims
     return report
 
@@ -466,15 +333,15 @@ def stage1_rows(ctx: StageContext, stage: Stage1AlignStage) -> dict[str, list[tu
     return {k: v for k, v in sides.items() if v}
 
 
-def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder) -> StageReport:
+def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder: AsymmetricEmbedder) -> StageReport:
     """Query alignment: query tower trained towards the frozen document tower's (cached) embeddings."""
     from care_retriever.training.losses import QueryAlignmentLoss
     from care_retriever.training.teacher_cache import build_teacher_cache
 
     sides = stage1_rows(ctx, stage)
     teacher_mode = stage.teacher
-    set_trainable(embedder.document_modules, False)
-    set_trainable(embedder.query_modules, True)
+    set_trainable(embedder.tower("document").modules, False)
+    set_trainable(embedder.tower("query").modules, True)
     model = embedder.to_sentence_transformer()
     prompt = embedder.query_prompt()
     extra: dict[str, Any] = {"teacher": teacher_mode}
@@ -539,14 +406,14 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder) -> StageR
             examples=sum(len(rows) for rows in sides.values()),
         )
     finally:
-        set_trainable(embedder.document_modules, True)
+        set_trainable(embedder.tower("document").modules, True)
     report.extra.update(extra)
     return report
 
 
 # ----------------------------------------------------------------------------- Stage II
 def add_hard_negatives(
-    ctx: StageContext, stage: Stage2JointStage | DistillStage, embedder, examples: list[Example]
+    ctx: StageContext, stage: Stage2JointStage | DistillStage, embedder: AsymmetricEmbedder, examples: list[Example]
 ) -> tuple[list[Example], int]:
     """Give every example exactly ``num`` negatives: its own first, then mined ones from the pool."""
     spec = stage.hard_negatives
@@ -591,15 +458,15 @@ def add_hard_negatives(
     return out, num
 
 
-def stage2_joint(ctx: StageContext, stage: Stage2JointStage, embedder) -> StageReport:
+def stage2_joint(ctx: StageContext, stage: Stage2JointStage, embedder: AsymmetricEmbedder) -> StageReport:
     """Joint fine-tuning: Asym-InfoNCE over hard + in-batch negatives, LoRA on the document tower."""
     where = f"stage {stage.name!r}"
     examples = gather_examples(ctx, stage)
     examples, num = add_hard_negatives(ctx, stage, embedder, examples)
     examples, anchor = row_prompted(examples, embedder.config)
     lora = LoraSpec.from_options(stage.lora, where)
-    set_trainable(embedder.query_modules, True)
-    freeze_truncation(embedder.document_modules)
+    set_trainable(embedder.tower("query").modules, True)
+    freeze_truncation(embedder.tower("document").modules)
     if lora is not None:
         trainable = lora_on(embedder, lora, ctx.seed)
         logger.info(
@@ -620,12 +487,12 @@ def stage2_joint(ctx: StageContext, stage: Stage2JointStage, embedder) -> StageR
             examples=len(examples),
         )
     finally:
-        merge_lora(embedder.document_modules)
+        merge_lora(embedder.tower("document").modules)
     report.extra["hard_negatives"] = num
     return report
 
 
-def distill(ctx: StageContext, stage: DistillStage, embedder) -> StageReport:
+def distill(ctx: StageContext, stage: DistillStage, embedder: AsymmetricEmbedder) -> StageReport:
     """Baseline (Table 7): the query tower alone learns the document tower's scores (KL) + InfoNCE.
 
     The teacher scores ``cos(E_D(q), E_D(c))`` over each query's positive and hard negatives are
@@ -644,8 +511,8 @@ def distill(ctx: StageContext, stage: DistillStage, embedder) -> StageReport:
     scores = [[float(vectors[row[e.query]] @ vectors[row[c]]) for c in (e.positive, *e.negatives)] for e in examples]
     examples, anchor = row_prompted(examples, embedder.config)  # after the teacher scores (raw texts)
     dataset = _pair_dataset(examples, num).add_column("label", scores)
-    set_trainable(embedder.document_modules, False)
-    set_trainable(embedder.query_modules, True)
+    set_trainable(embedder.tower("document").modules, False)
+    set_trainable(embedder.tower("query").modules, True)
     model = embedder.to_sentence_transformer()
     loss = ScoreDistillationLoss(model, kl_weight=float(stage.kl_weight), temperature=temperature(ctx, stage))
     router = {"anchor": "query", "positive": "query", **{f"negative_{k + 1}": "query" for k in range(num)}}
@@ -661,27 +528,15 @@ def distill(ctx: StageContext, stage: DistillStage, embedder) -> StageReport:
             examples=len(examples),
         )
     finally:
-        set_trainable(embedder.document_modules, True)
+        set_trainable(embedder.tower("document").modules, True)
     report.extra["hard_negatives"] = num
     return report
 
 
-def run_mlm(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
-    from care_retriever.training.pretraining import stage_mlm
-
-    return stage_mlm(ctx, stage, embedder)
-
-
-def run_clm(ctx: StageContext, stage: StageSpec, embedder) -> StageReport:
-    from care_retriever.training.pretraining import stage_clm
-
-    return stage_clm(ctx, stage, embedder)
-
-
 # Each runner takes its own StageSpec subclass: the recipe parser (recipe.STAGE_CLASSES) pairs kind and class.
-STAGES: dict[str, Callable[[StageContext, Any, Any], StageReport]] = {
-    "mlm": run_mlm,
-    "clm": run_clm,
+STAGES: dict[str, Callable[[StageContext, Any, AsymmetricEmbedder], StageReport]] = {
+    "mlm": stage_mlm,
+    "clm": stage_clm,
     "stage0_query": stage0_query,
     "stage0_document": stage0_document,
     "stage1_align": stage1_align,

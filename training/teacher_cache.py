@@ -22,10 +22,15 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+    from care_retriever.model.embedder import AsymmetricEmbedder
 
 logger = logging.getLogger("care_retriever")
 
@@ -50,7 +55,7 @@ def cache_key(space_fingerprint: str, max_length: int, texts: list[str]) -> str:
 
 
 def build_teacher_cache(
-    embedder,
+    embedder: AsymmetricEmbedder,
     texts: list[str],
     cache_dir: str | os.PathLike[str],
     *,
@@ -62,7 +67,7 @@ def build_teacher_cache(
 ) -> TeacherCache:
     """Return the memory-mapped document-tower embeddings of ``texts`` (row i = text i).
 
-    ``embedder`` is an :class:`~care_retriever.embedder.AsymmetricEmbedder`; its document tower
+    ``embedder`` is an :class:`~care_retriever.model.embedder.AsymmetricEmbedder`; its document tower
     must stay frozen for as long as the cache is used. ``dtype``: the training precision; bf16/fp16
     encode under autocast, as the frozen tower runs in training (the rows are stored in float32).
 
@@ -112,7 +117,7 @@ def build_teacher_cache(
         ) as bar,
         autocast(model.device, dtype),
     ):
-        from care_retriever.encoding import encode_texts
+        from care_retriever.model.encoding import encode_texts
 
         for start in range(0, len(mine), 4096):
             idx = mine[start : start + 4096]
@@ -157,20 +162,19 @@ def autocast(device: Any, dtype: Any) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
 
 
-def _full_width_model(embedder):
+def _full_width_model(embedder: AsymmetricEmbedder) -> SentenceTransformer:
     """The document tower without its Matryoshka truncation: its modules up to pooling, then ``Normalize``."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
 
     modules = []
-    for module in embedder.document_modules:
+    for module in embedder.tower("document").modules:
         modules.append(module)
         if isinstance(module, Pooling):
             break
     return SentenceTransformer(modules=[*modules, Normalize()], device=str(embedder.device))
 
 
-def _fingerprint(embedder) -> str:
+def _fingerprint(embedder: AsymmetricEmbedder) -> str:
     """The document space as it is now in memory (a stage may have changed it since loading)."""
-    embedder.config.space_fingerprint = None  # recomputed from the current weights
-    return embedder.space_fingerprint
+    return embedder.document_space(embedder.hash_document_weights())

@@ -44,9 +44,9 @@ def bench_command(
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Query QPS, p50/p99 at batch 1 and 32, indexing docs/s, search latency, memory: JSON, Markdown, plot."""
-    from care_retriever.baselines import is_care_model
     from care_retriever.evaluation import benchmark as B
     from care_retriever.evaluation.report import bench_markdown, plot_accuracy_vs_qps
+    from care_retriever.model.baselines import is_care_model
 
     names: list[str] = []
     if model:
@@ -82,8 +82,8 @@ def bench_command(
         raise InputError("no dense model to benchmark")
     first = names[0]
     if search_sizes != [0]:
-        from care_retriever.baselines import load_embedder
         from care_retriever.evaluation.bm25 import BM25Model
+        from care_retriever.model.baselines import load_embedder
 
         embedder = (
             load_embedder(first, device=device, load="query", trust_remote_code=trust_remote_code)
@@ -101,9 +101,9 @@ def bench_command(
     if accuracy_from:
         evals += B.read_eval_json(accuracy_from)
     if task:
-        from care_retriever.baselines import load_embedder
         from care_retriever.evaluation.runner import evaluate
         from care_retriever.evaluation.tasks import load_task
+        from care_retriever.model.baselines import load_embedder
 
         loaded = [load_task(t) for t in task]
         for name in names:

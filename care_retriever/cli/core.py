@@ -5,23 +5,24 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from care_retriever.cli.dataclass_options import with_options
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import CareError, InputError, ModelError
-from care_retriever.index import IndexSettings, parse_max_batch_tokens
-from care_retriever.loading import quiet_transformers
+from care_retriever.indexing.distributed import IndexSettings, index_options_classes
+from care_retriever.model.loading import quiet_transformers
 from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
 
 if TYPE_CHECKING:
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.embedder_protocol import QueryEncoder
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.protocols import QueryEncoder
 
 
 def _load_query_side(model: str, device: str | None, backend: str, trust_remote_code: bool) -> QueryEncoder:
-    from care_retriever.backends import load_query_embedder, resolve_backend
+    from care_retriever.search.backends import load_query_embedder, resolve_backend
 
     if resolve_backend(model, backend) == "torch":
         quiet_transformers()
@@ -99,7 +100,7 @@ def init(
     if from_release is not None:
         if preset or query_model or document_model or convention:
             raise InputError("--from-release converts a released model as it is; drop the other tower options")
-        from care_retriever.embedder import AsymmetricEmbedder
+        from care_retriever.model.embedder import AsymmetricEmbedder
 
         typer.echo(f"Reading {from_release} in the authors' release layout ...", err=True)
         embedder = AsymmetricEmbedder.from_release(
@@ -113,8 +114,8 @@ def init(
             raise InputError("use either --preset (from scratch) or --query-model/--document-model, not both")
         if not vocab_from:
             raise InputError("--preset needs --vocab-from FILE (a JSONL corpus or plain text) to train tokenizers")
-        from care_retriever.towers.presets import get_preset
-        from care_retriever.towers.scratch import init_from_scratch
+        from care_retriever.model.towers.presets import get_preset
+        from care_retriever.model.towers.scratch import init_from_scratch
 
         try:
             get_preset(preset)
@@ -132,7 +133,7 @@ def init(
             raise InputError("--symmetric uses the query tower on both sides; drop --document-model")
         if not symmetric and not document_model:
             raise InputError("--document-model is required (or pass --symmetric for a one-tower baseline)")
-        from care_retriever.embedder import AsymmetricEmbedder
+        from care_retriever.model.embedder import AsymmetricEmbedder
 
         embedder = AsymmetricEmbedder.from_towers(
             query_model,
@@ -165,100 +166,9 @@ def check_encodes(embedder: AsymmetricEmbedder) -> None:
             ) from exc
 
 
+@with_options(*index_options_classes())
 def index(
-    store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant::memory: | qdrant:http://host:6333")],
-    model: Annotated[str | None, typer.Option(help="CARE model folder or hub id.")] = None,
-    corpus: Annotated[
-        Path | None,
-        typer.Option(help="JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line)."),
-    ] = None,
-    collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
-    batch_size: Annotated[
-        int | None,
-        typer.Option(
-            help="Documents per forward pass at most (per rank under torchrun). Default: 16 on CPU, 2048 on a GPU."
-        ),
-    ] = IndexSettings.batch_size,
-    max_batch_tokens: Annotated[
-        str,
-        typer.Option(
-            help="auto | none | N: also at most N padded tokens per forward pass (texts x the longest one's tokens): "
-            "short documents go many to a batch, long ones few (an LLM tower's memory stays flat); a longer document "
-            "goes alone. auto: sized from the GPU's free memory (none on CPU)."
-        ),
-    ] = "auto",
-    sort_window: Annotated[
-        int,
-        typer.Option(help="Documents sorted by length together before batching (streamed a window at a time)."),
-    ] = IndexSettings.sort_window,
-    dtype: Annotated[
-        str,
-        typer.Option(
-            help="Document tower precision: auto (bf16 on GPUs with native bf16; on older GPUs fp16, or fp32 for a "
-            "tower pretrained in bf16, which overflows fp16; fp32 on CPU) | saved (the tower's own) "
-            "| fp32 | bf16 | fp16."
-        ),
-    ] = IndexSettings.dtype,
-    attn_implementation: Annotated[
-        str,
-        typer.Option(
-            help="auto (flash_attention_2 where flash-attn is installed and the tower runs on CUDA in fp16/bf16, "
-            "else sdpa) | sdpa | flash_attention_2 | eager."
-        ),
-    ] = IndexSettings.attn_implementation,
-    chunk_size: Annotated[
-        int, typer.Option(help="Documents read per chunk (memory bound); under torchrun split over all ranks.")
-    ] = 1024,
-    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint the store every N encoded documents.")] = 8192,
-    index_type: Annotated[
-        str, typer.Option(help="FAISS index: flat (exact) | hnsw | ivf | ivfpq (see docs/scale.md).")
-    ] = "flat",
-    hnsw_m: Annotated[int, typer.Option(help="HNSW neighbours per node.")] = 32,
-    ef_construction: Annotated[int, typer.Option(help="HNSW build-time candidate list.")] = 200,
-    ef_search: Annotated[int, typer.Option(help="HNSW search-time candidate list (kept in the manifest).")] = 128,
-    nlist: Annotated[int, typer.Option(help="IVF lists.")] = 1024,
-    nprobe: Annotated[int, typer.Option(help="IVF lists visited per search (kept in the manifest).")] = 32,
-    pq_m: Annotated[int, typer.Option(help="IVF-PQ bytes per vector; must divide the dimension.")] = 96,
-    quantize: Annotated[
-        str | None,
-        typer.Option(
-            help="FAISS: none | sq8 | binary | pq: compressed codes in RAM, full vectors on disk, every search "
-            "rescored (docs/scale.md); Qdrant: none | sq8 | binary (rescored on a server). Fixed when the store "
-            "is created."
-        ),
-    ] = None,
-    oversample: Annotated[
-        float | None,
-        typer.Option(help="Candidates from the codes per result wanted, rescored exactly (default by quantize)."),
-    ] = None,
-    on_disk_vectors: Annotated[
-        bool, typer.Option("--on-disk-vectors", help="Qdrant: keep the original vectors on disk (memory-mapped).")
-    ] = False,
-    shards: Annotated[int | None, typer.Option(help="Qdrant: shards of a new collection (shard_number).")] = None,
-    replicas: Annotated[int | None, typer.Option(help="Qdrant: copies of each shard (replication_factor).")] = None,
-    update: Annotated[
-        bool,
-        typer.Option(
-            help="Update an existing store: fail if STORE holds no index yet (a mistyped path). "
-            "Unchanged documents are skipped with or without it."
-        ),
-    ] = False,
-    prune: Annotated[bool, typer.Option(help="Also delete stored documents whose id is not in the corpus.")] = False,
-    skip_invalid: Annotated[bool, typer.Option(help="Skip invalid rows instead of stopping at the first.")] = False,
-    device: Annotated[
-        str | None, typer.Option(help="cpu | cuda | cuda:N (default: auto; cuda:LOCAL_RANK under torchrun).")
-    ] = None,
-    backend: Annotated[
-        str, typer.Option(help="Backend under torchrun: auto (nccl on GPUs, else gloo), nccl, gloo.")
-    ] = "auto",
-    timeout_minutes: Annotated[
-        float, typer.Option(help="Collective timeout under torchrun (the others wait while rank 0 reads the corpus).")
-    ] = 120.0,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar (rank 0).")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON (rank 0).")] = False,
-    sparse: Annotated[
-        bool, typer.Option(help="Also write the BM25 side for --mode sparse|hybrid searches (docs/hybrid.md).")
-    ] = True,
     sparse_only: Annotated[
         bool,
         typer.Option(
@@ -266,53 +176,20 @@ def index(
             "no model, nothing re-encoded."
         ),
     ] = False,
-    trust_remote_code: TrustRemoteCode = False,
+    options: dict[str, Any] | None = None,
 ) -> None:
     """Encode a corpus with the document tower and write it into a FAISS or Qdrant store.
 
     Under ``torchrun ... -m care_retriever.index`` (same options) every rank encodes a slice of each chunk.
     """
-    from care_retriever.index import run_index
+    # The other options are generated from IndexSettings and its configs' fields (care_retriever.cli.dataclass_options).
+    from care_retriever.indexing.distributed import run_index
 
+    values = options or {}
     if sparse_only:
-        _add_sparse_side(store, collection, progress, json_out)
+        _add_sparse_side(values["store"], values["collection"], values["progress"], json_out)
         return
-    if model is None or corpus is None:
-        raise InputError("index needs --model and --corpus (or --sparse-only to add the BM25 side of a store)")
-    settings = IndexSettings(
-        model=model,
-        corpus=corpus,
-        store=store,
-        collection=collection,
-        batch_size=batch_size,
-        max_batch_tokens=parse_max_batch_tokens(max_batch_tokens),
-        sort_window=sort_window,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        chunk_size=chunk_size,
-        checkpoint_every=checkpoint_every,
-        index_type=index_type,
-        hnsw_m=hnsw_m,
-        ef_construction=ef_construction,
-        ef_search=ef_search,
-        nlist=nlist,
-        nprobe=nprobe,
-        pq_m=pq_m,
-        quantize=quantize,
-        oversample=oversample,
-        on_disk_vectors=on_disk_vectors,
-        shards=shards,
-        replicas=replicas,
-        update=update,
-        prune=prune,
-        skip_invalid=skip_invalid,
-        device=device,
-        backend=backend,
-        timeout_minutes=timeout_minutes,
-        progress=progress,
-        sparse=sparse,
-        trust_remote_code=trust_remote_code,
-    )
+    settings = IndexSettings.from_options(values)
     report = run_index(settings)
     if report is None:  # a worker rank: rank 0 reports
         return
@@ -386,7 +263,7 @@ def search(
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Search a store with the query tower, its BM25 side, or both (--mode hybrid)."""
-    from care_retriever.retriever import CareRetriever
+    from care_retriever.search.retriever import CareRetriever
     from care_retriever.sparse import FusionConfig, check_mode, require_sparse
     from care_retriever.stores import open_store
 

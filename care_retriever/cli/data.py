@@ -13,7 +13,7 @@ from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
 
 if TYPE_CHECKING:
-    from care_retriever.embedder import AsymmetricEmbedder, Load
+    from care_retriever.model.embedder import AsymmetricEmbedder, Load
 
 data_app = typer.Typer(
     help="Build CARE training data: diversify, mine-negatives, alignment, label.", no_args_is_help=True
@@ -27,8 +27,8 @@ def _read_rows(path: Path) -> list[dict]:
 
 
 def _load(model: str, load: Load, trust_remote_code: bool) -> AsymmetricEmbedder:
-    from care_retriever.embedder import AsymmetricEmbedder
-    from care_retriever.loading import quiet_transformers
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.loading import quiet_transformers
 
     quiet_transformers()
     return AsymmetricEmbedder.from_pretrained(model, load=load, trust_remote_code=trust_remote_code)
@@ -119,7 +119,7 @@ def mine_negatives(
         positives.setdefault(e.query, set()).add(e.positive)
         given.setdefault(e.query, []).extend(e.negatives)
     if corpus is not None:
-        from care_retriever.corpus import read_corpus
+        from care_retriever.indexing.corpus import read_corpus
 
         pool = unique([d.embedding_text() for d in read_corpus(corpus)])
     else:
@@ -161,7 +161,7 @@ def alignment(
     pairsets = [load_pairset(DatasetSpec(name=p.stem, path=str(p.resolve()), format=format), Path(".")) for p in inputs]
     texts: list[str] = []
     if corpus:
-        from care_retriever.corpus import read_corpus
+        from care_retriever.indexing.corpus import read_corpus
 
         for path in corpus:
             texts.extend(d.embedding_text() for d in read_corpus(path))

@@ -17,10 +17,10 @@ from care_retriever.errors import InputError
 from care_retriever.sparse.fusion import DEFAULT_FUSION
 
 if TYPE_CHECKING:
-    from care_retriever.embedder_protocol import Embedder
     from care_retriever.evaluation.bm25 import BM25Model
     from care_retriever.evaluation.hybrid import HybridModel
     from care_retriever.evaluation.runner import StsEncode
+    from care_retriever.model.protocols import Embedder
 
 # Options that take several values after one flag (``--task A B --models X Y``), as in the docs.
 GREEDY_OPTIONS = ("--task", "--models")
@@ -130,8 +130,8 @@ def eval_command(
     if not paths and not mteb_task:
         raise InputError("give --task DIR..., --suite NAME DIR or --mteb-task NAME")
 
-    from care_retriever.baselines import load_embedder
     from care_retriever.evaluation.hybrid import HybridModel, mode_label
+    from care_retriever.model.baselines import load_embedder
     from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_RRF_K, FusionConfig, check_mode
 
     modes = [check_mode(m) for m in (mode or ["dense"])]

@@ -17,20 +17,20 @@ def export(
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Export the query tower for torch-free search (`search --backend onnx|openvino`)."""
-    from care_retriever.backends.layout import EXPORT_BACKENDS, QUANTIZE
+    from care_retriever.search.backends.layout import EXPORT_BACKENDS, QUANTIZE
 
     if backend not in EXPORT_BACKENDS:
         raise InputError(f"Unknown --backend {backend!r}. Available export backends: {list(EXPORT_BACKENDS)}")
     if quantize not in QUANTIZE:
         raise InputError(f"Unknown --quantize {quantize!r}. Available: {list(QUANTIZE)}")
-    from care_retriever.loading import quiet_transformers
+    from care_retriever.model.loading import quiet_transformers
 
     quiet_transformers()
     files = ("none", "int8") if quantize == "int8" else ("none",)
     if backend == "openvino":
-        from care_retriever.backends.openvino_export import export_openvino as run_export
+        from care_retriever.search.backends.openvino_export import export_openvino as run_export
     else:
-        from care_retriever.backends.onnx_export import export_onnx as run_export
+        from care_retriever.search.backends.onnx_export import export_onnx as run_export
     typer.echo(f"Exporting the query tower of {model} to {backend} ...", err=True)
     report = run_export(model, files, trust_remote_code)
     for name, kind in report.files.items():

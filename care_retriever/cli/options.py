@@ -6,11 +6,8 @@ from typing import Annotated
 
 import typer
 
-TrustRemoteCode = Annotated[
-    bool,
-    typer.Option(
-        "--trust-remote-code",
-        help="Run model code shipped with a tower (auto_map). Off by default; a model whose tower needs it "
-        "needs it at every load.",
-    ),
-]
+TRUST_REMOTE_CODE_HELP = (
+    "Run model code shipped with a tower (auto_map). Off by default; a model whose tower needs it needs it at every "
+    "load."
+)
+TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP)]

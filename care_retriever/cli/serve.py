@@ -110,10 +110,10 @@ def serve(
         raise InputError(f"${token_env} is set but empty: set a token, or unset it to serve without auth")
     import uvicorn
 
-    from care_retriever.backends import resolve_backend
-    from care_retriever.loading import quiet_transformers
-    from care_retriever.retriever import CareRetriever
-    from care_retriever.server import ServiceLimits, create_app
+    from care_retriever.model.loading import quiet_transformers
+    from care_retriever.search.backends import resolve_backend
+    from care_retriever.search.retriever import CareRetriever
+    from care_retriever.search.server import ServiceLimits, create_app
 
     if resolve_backend(model, backend) == "torch":
         quiet_transformers()

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from care_retriever.corpus import document_text
-from care_retriever.embedder_protocol import Embedder
 from care_retriever.evaluation import speed
+from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
+from care_retriever.indexing.corpus import document_text
+from care_retriever.model.protocols import Embedder
 
 logger = logging.getLogger("care_retriever")
 
@@ -132,7 +133,7 @@ def read_texts(path: Path, limit: int, fields: Sequence[str] = ("text", "query")
 
 
 def read_documents(path: Path, limit: int) -> list[Any]:
-    from care_retriever.corpus import Document, read_corpus
+    from care_retriever.indexing.corpus import Document, read_corpus
 
     docs = []
     for doc in read_corpus(path):
@@ -159,15 +160,15 @@ def bench_models(
     queries: list[str],
     documents: list[Any],
     batches: Sequence[int] = (1, 32),
-    doc_batch_size: int = 16,
+    doc_batch_size: int = DOCUMENT_BATCH_SIZE,
     device: str | None = None,
     labels: dict[str, str] | None = None,
     trust_remote_code: bool = False,
 ) -> list[ModelBench]:
     """Query encoding at each batch size and indexing docs/s for each model (a shared document tower
     is timed once: ``DIR`` and ``DIR#document`` index with the same tower)."""
-    from care_retriever.baselines import load_embedder
     from care_retriever.evaluation.bm25 import BM25Model
+    from care_retriever.model.baselines import load_embedder
 
     rows: list[ModelBench] = []
     indexing_cache: dict[str, float] = {}

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
+
 
 @dataclass
 class Latency:
@@ -79,12 +81,12 @@ def indexing(
     embedder: Any,
     documents: Sequence[Any],
     *,
-    batch_size: int = 16,
+    batch_size: int = DOCUMENT_BATCH_SIZE,
     workdir: str | Path | None = None,
     show_progress: bool = False,
 ) -> float:
     """Documents per second of :class:`DocumentStoreWriter` encoding into a fresh FAISS store."""
-    from care_retriever.writer import DocumentStoreWriter
+    from care_retriever.indexing.writer import DocumentStoreWriter
 
     with tempfile.TemporaryDirectory(prefix="care-bench-index-", dir=workdir) as tmp:
         writer = DocumentStoreWriter(
@@ -125,7 +127,7 @@ def near_queries(corpus: np.ndarray, count: int, *, seed: int = 0) -> np.ndarray
 
 def fill_store(spec: str, vectors: np.ndarray, *, index: dict[str, Any] | None = None, chunk: int = 4096) -> Any:
     """A store at ``spec`` holding ``vectors`` as documents ``d0..dN`` (upserted directly: no encoding)."""
-    from care_retriever.corpus import Document
+    from care_retriever.indexing.corpus import Document
     from care_retriever.stores import open_store
 
     store = open_store(spec)
@@ -190,7 +192,7 @@ def peak_rss_mb(argv: Sequence[str], *, env: dict[str, str] | None = None, timeo
 
 
 LOAD_AND_ENCODE = (
-    "import sys; from care_retriever.embedder import AsymmetricEmbedder as A; "
+    "import sys; from care_retriever.model.embedder import AsymmetricEmbedder as A; "
     "m = A.from_pretrained(sys.argv[1], load=sys.argv[2], trust_remote_code=sys.argv[4] == 'trust'); "
     "'query' in sys.argv[3] and m.embed_queries(['高血压吃什么']); "
     "'document' in sys.argv[3] and m.embed_documents(['高血压患者应低盐饮食，规律服用降压药。'])"

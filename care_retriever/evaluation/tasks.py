@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from care_retriever.corpus import document_text
 from care_retriever.errors import InputError, at
-from care_retriever.jsonl import iter_jsonl
-from care_retriever.prompts import TASK_INSTRUCTIONS
+from care_retriever.indexing.corpus import document_text, iter_jsonl
+from care_retriever.model.prompts import TASK_INSTRUCTIONS
 
 TaskType = Literal["retrieval", "rerank", "sts"]
 TASK_TYPES: tuple[TaskType, ...] = ("retrieval", "rerank", "sts")
 TASK_META = "task.json"
 
-# Query instructions of the paper's Table 8, one per task type (the one table: care_retriever/prompts.py).
+# Query instructions of the paper's Table 8, one per task type (the one table: care_retriever/model/prompts.py).
 INSTRUCTIONS: dict[str, str] = {kind: TASK_INSTRUCTIONS[kind] for kind in TASK_TYPES}
 
 

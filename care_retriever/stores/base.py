@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from care_retriever import __version__
-from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
+from care_retriever.indexing.corpus import Document
+from care_retriever.stores.config import IndexType, StoreOptions
 
 if TYPE_CHECKING:
     from care_retriever.sparse.fusion import FusionConfig
@@ -26,7 +27,7 @@ STORE_FORMAT_VERSION = 2
 # 3: a FAISS store with compressed codes and a rescoring vector file (index option "quantize"); only such
 # stores are written as 3, so that an older reader refuses them instead of searching the codes alone.
 READABLE_FORMAT_VERSION = 3
-FAISS_INDEX_TYPES = ("flat", "hnsw", "ivf", "ivfpq")  # the FAISS store's index kinds (docs/scale.md)
+FAISS_INDEX_TYPES = tuple(t.value for t in IndexType)  # the FAISS store's index kinds (docs/scale.md)
 Filters = dict[str, Any]
 _FILTER_KEY = re.compile(r"^[\w.\-]+$")
 
@@ -155,7 +156,7 @@ class VectorStore(ABC):
         dim: int,
         space_fingerprint: str,
         model_name: str,
-        index: dict[str, Any] | None = None,
+        index: StoreOptions = None,
         *,
         metric: str = "cosine",
     ) -> None:
@@ -267,7 +268,7 @@ class VectorStore(ABC):
         dim: int | None = None,
         space_fingerprint: str | None = None,
         model_name: str = "",
-        index: dict[str, Any] | None = None,
+        index: StoreOptions = None,
         *,
         metric: str | None = None,
     ) -> Iterator[VectorStore]:
@@ -296,7 +297,7 @@ class VectorStore(ABC):
         dim: int,
         space_fingerprint: str,
         model_name: str,
-        index: dict[str, Any] | None = None,
+        index: StoreOptions = None,
         *,
         metric: str = "cosine",
     ) -> None:

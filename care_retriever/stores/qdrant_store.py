@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
+from care_retriever.indexing.corpus import Document
 from care_retriever.stores.base import (
     Filters,
     Hit,
@@ -38,6 +38,7 @@ from care_retriever.stores.base import (
     default_versions,
     validate_filters,
 )
+from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, StoreOptions, as_qdrant_config
 
 logger = logging.getLogger("care_retriever")
 
@@ -92,100 +93,15 @@ def _client(location: str, api_key: str | None = None):
         ) from exc
 
 
-# Collection settings, canonical names first (recorded in the manifest under these names), then the older
-# names still accepted: ``quantization: "int8"`` is ``quantize: "sq8"``, ``shard_number`` is ``shards``,
-# ``replication_factor`` is ``replicas``.
-QUANTIZE = ("none", "sq8", "binary")
-OPTION_ALIASES = {"quantization": "quantize", "shard_number": "shards", "replication_factor": "replicas"}
-COLLECTION_OPTIONS = (
-    "type",
-    "m",
-    "ef_construct",
-    "on_disk",
-    "on_disk_payload",
-    "quantize",
-    "always_ram",
-    "oversample",
-    "shards",
-    "replicas",
-    *OPTION_ALIASES,
-)
-# Oversampling when none is given: Qdrant's guidance for rescored int8 and binary codes (not measured here:
-# this machine has no Qdrant server, and local mode searches exactly; see docs/scale.md).
-DEFAULT_OVERSAMPLE = {"sq8": 2.0, "binary": 3.0}
 # Settings that exist only on a server: local mode drops them (one shard, no replicas).
 SERVER_ONLY = ("shards", "replicas")
 # Settings local mode keeps in the collection config but does not act on (it searches the full vectors exactly).
 LOCAL_UNUSED = ("quantize", "always_ram", "oversample", "on_disk", "on_disk_payload", "m", "ef_construct")
+# a collection's settings: its config, or a manifest's or user's dict (read through QdrantCollectionConfig)
+QdrantOptions = StoreOptions
 
 
-def _flag(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise InputError(f"Qdrant option {key} must be true or false, got {value!r}")
-    return value
-
-
-def _count(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"Qdrant option {key} must be an integer >= 1, got {value!r}")
-    return value
-
-
-def normalize_options(options: dict[str, Any] | None) -> dict[str, Any]:
-    """The settings given, checked and under their canonical names (no defaults filled in).
-
-    Raises :class:`InputError` with one line for an unknown option, an unknown quantization or a bad value.
-    """
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(COLLECTION_OPTIONS))
-    if unknown:
-        raise InputError(f"unknown Qdrant collection options {unknown}; known: {list(COLLECTION_OPTIONS)}")
-    if options.get("type", "hnsw") != "hnsw":
-        raise InputError(f"Qdrant collections are HNSW; got index type {options['type']!r}")
-    out: dict[str, Any] = {"type": "hnsw"}
-    for key, value in options.items():
-        if key == "type" or value is None:
-            continue
-        name = OPTION_ALIASES.get(key, key)
-        if name == "quantize":
-            value = {"int8": "sq8"}.get(value, value) if key == "quantization" else value
-            if value not in QUANTIZE:
-                raise InputError(
-                    f"unknown Qdrant quantization {value!r}; valid: {', '.join(QUANTIZE)} (int8 is sq8; "
-                    "Qdrant's product quantization is not offered)"
-                )
-        elif name in ("on_disk", "on_disk_payload", "always_ram"):
-            value = _flag(name, value)
-        elif name in ("m", "ef_construct", "shards", "replicas"):
-            value = _count(name, value)
-        elif name == "oversample":
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 1:
-                raise InputError(f"Qdrant option oversample must be a number >= 1, got {value!r}")
-            value = float(value)
-        if name in out and out[name] != value:
-            raise InputError(f"Qdrant options {name} and {key} disagree ({out[name]!r} vs {value!r}); give one")
-        out[name] = value
-    return out
-
-
-def _require_quantized(options: dict[str, Any]) -> None:
-    given = [k for k in ("always_ram", "oversample") if k in options]
-    if options.get("quantize", "none") == "none" and given:
-        raise InputError(f"Qdrant options {given} apply to a quantized collection: add quantize sq8 or binary")
-
-
-def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
-    """:func:`normalize_options` with the defaults a new collection gets: what the manifest records."""
-    out = normalize_options(options)
-    out.setdefault("quantize", "none")
-    _require_quantized(out)
-    if out["quantize"] != "none":
-        out.setdefault("always_ram", True)  # the codes searched in RAM, the originals (maybe on disk) rescore
-        out.setdefault("oversample", DEFAULT_OVERSAMPLE[out["quantize"]])
-    return out
-
-
-def collection_options(dim: int, options: dict[str, Any], *, metric: str = "cosine") -> dict[str, Any]:
+def collection_options(dim: int, options: QdrantOptions, *, metric: str = "cosine") -> dict[str, Any]:
     """``create_collection`` arguments for a collection sized for millions of documents.
 
     ``m`` / ``ef_construct``: the HNSW graph; ``on_disk``: the original vectors memory-mapped from disk;
@@ -195,7 +111,7 @@ def collection_options(dim: int, options: dict[str, Any], *, metric: str = "cosi
     """
     from qdrant_client import models
 
-    resolved = resolve_options(options)
+    resolved = as_qdrant_config(options).resolved().given()
     hnsw = {k: resolved[k] for k in ("m", "ef_construct") if k in resolved}
     quantization: Any = None
     if resolved["quantize"] == "sq8":
@@ -295,7 +211,7 @@ class QdrantStore(VectorStore):
         dim: int,
         space_fingerprint: str,
         model_name: str,
-        index: dict[str, Any] | None = None,
+        index: QdrantOptions = None,
         *,
         metric: str = "cosine",
     ) -> None:
@@ -304,16 +220,16 @@ class QdrantStore(VectorStore):
         Several indexing jobs may start at once against one server (shards of a corpus on many nodes):
         if another job created the collection first, this one checks compatibility and joins it.
         """
-        given = normalize_options(index)
+        given = as_qdrant_config(index)  # checked once: one line for a bad setting, nothing created
         local = not is_server(self.location)
-        requested = self._local_mode_options(given) if local else given
+        requested = given.local_mode() if local else given
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
             self._check_settings(requested)
             return
         import qdrant_client
 
-        options = resolve_options(requested)
+        options = requested.resolved()
         kwargs = collection_options(dim, options, metric=check_metric(metric))
         if local:
             self._warn_local_mode(given)
@@ -326,7 +242,7 @@ class QdrantStore(VectorStore):
             space_fingerprint=space_fingerprint,
             model_name=model_name,
             metric=metric,
-            index=options,
+            index=options.to_manifest(),
             versions=default_versions(qdrant_client=getattr(qdrant_client, "__version__", "unknown")),
         )
         try:
@@ -348,13 +264,9 @@ class QdrantStore(VectorStore):
 
             self.client.create_payload_index(self.collection, "doc_id", models.PayloadSchemaType.KEYWORD)
 
-    @staticmethod
-    def _local_mode_options(requested: dict[str, Any]) -> dict[str, Any]:
-        """The settings local mode keeps (it has one shard and no replicas)."""
-        return {k: v for k, v in requested.items() if k not in SERVER_ONLY}
-
-    def _warn_local_mode(self, requested: dict[str, Any]) -> None:
+    def _warn_local_mode(self, config: QdrantCollectionConfig) -> None:
         """Creating a local collection: say in one line which settings it drops or records without acting on."""
+        requested = config.given()
         dropped = [k for k in SERVER_ONLY if k in requested]
         unused = [k for k in LOCAL_UNUSED if k in requested]
         if dropped or unused:
@@ -366,26 +278,27 @@ class QdrantStore(VectorStore):
                 f"records {', '.join(unused)} but searches the full vectors exactly in RAM" if unused else "",
             )
 
-    def _check_settings(self, requested: dict[str, Any]) -> None:
+    def _check_settings(self, config: QdrantCollectionConfig) -> None:
         """Refuse settings that differ from the existing collection's: they are fixed when it is created.
 
         ``oversample`` is a search-time setting: a new value replaces the recorded one (saved by ``commit``).
         """
         manifest = self.require_manifest()
-        recorded = resolve_options(manifest.index)
+        resolved = as_qdrant_config(manifest.index).resolved()
+        recorded, requested = resolved.given(), config.given()
         differ = [
             f"{k} {recorded.get(k)!r} (asked {v!r})"
             for k, v in requested.items()
-            if k not in ("type", "oversample") and recorded.get(k) != v
+            if k != "oversample" and recorded.get(k) != v
         ]
         if differ:
             raise StoreError(
                 f"{self.describe()}: the collection was created with {', '.join(differ)}; these are fixed at "
                 "creation: index into a new collection (--collection NAME) to change them"
             )
-        _require_quantized({**requested, "quantize": recorded["quantize"]})
-        if "oversample" in requested:
-            manifest.index = {**manifest.index, "oversample": requested["oversample"]}
+        config.require_quantized(resolved.quantize)
+        if config.oversample is not None:
+            manifest.index = {**manifest.index, "oversample": config.oversample}
 
     def collection_settings(self) -> dict[str, Any]:
         """Quantization, on-disk vectors, shards and replicas as Qdrant reports them for this collection."""
@@ -397,20 +310,20 @@ class QdrantStore(VectorStore):
     def search_params(self) -> Any:
         """Search parameters of a quantized collection on a server: rescore ``oversample`` x ``top_k`` candidates
         from the original vectors. None without quantization, and in local mode (it searches exactly)."""
-        options = resolve_options(self.require_manifest().index)
-        if options["quantize"] == "none" or not is_server(self.location):
+        options = as_qdrant_config(self.require_manifest().index).resolved()
+        if options.quantize is QdrantQuantize.NONE or not is_server(self.location):
             return None
         from qdrant_client import models
 
         return models.SearchParams(
-            quantization=models.QuantizationSearchParams(rescore=True, oversampling=options["oversample"])
+            quantization=models.QuantizationSearchParams(rescore=True, oversampling=options.oversample)
         )
 
     def verify(self) -> int:
         """Check the collection's own settings against the manifest, then every point's payload and dense vector."""
         manifest = self.require_manifest()
         actual = self.collection_settings()
-        recorded = resolve_options(manifest.index)
+        recorded = as_qdrant_config(manifest.index).resolved().given()
         for key in ("quantize", "always_ram", "on_disk", "shards", "replicas"):
             if key in recorded and actual[key] != recorded[key]:
                 raise StoreError(

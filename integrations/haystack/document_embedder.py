@@ -1,7 +1,7 @@
 """``CareDocumentEmbedder``: the document tower of a CARE model as a Haystack document embedder.
 
 Only the document tower is loaded (``load="document"``). By default (``meta_fields_to_embed=["title"]``,
-separator newline) the text embedded is the core's :func:`~care_retriever.corpus.document_text` of the
+separator newline) the text embedded is the core's :func:`~care_retriever.indexing.corpus.document_text` of the
 document's title (:func:`~care_retriever.integrations.common.core_title`) and content: the text
 ``care-retriever index`` encodes, so documents embedded here and by the CLI get the same vectors.
 """
@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from care_retriever.corpus import document_text
 from care_retriever.errors import InputError
+from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
+from care_retriever.indexing.corpus import document_text
 from care_retriever.integrations.common import check_model_location, core_title
 from care_retriever.integrations.haystack.text_embedder import NOT_WARMED_UP
 
 if TYPE_CHECKING:
-    from care_retriever.embedder_protocol import DocumentEncoder
+    from care_retriever.model.protocols import DocumentEncoder
 
 
 @component
@@ -40,7 +41,7 @@ class CareDocumentEmbedder:
         model: str,
         meta_fields_to_embed: list[str] | None = None,
         embedding_separator: str = "\n",
-        batch_size: int = 16,
+        batch_size: int = DOCUMENT_BATCH_SIZE,
         progress_bar: bool = True,
         device: str | None = None,
         trust_remote_code: bool = False,
@@ -59,7 +60,7 @@ class CareDocumentEmbedder:
     def warm_up(self) -> None:
         """Load the document tower (once); pipelines call this before the first run."""
         if self.embedder is None:
-            from care_retriever.embedder import AsymmetricEmbedder
+            from care_retriever.model.embedder import AsymmetricEmbedder
 
             self.embedder = AsymmetricEmbedder.from_pretrained(
                 self.model, load="document", device=self.device, trust_remote_code=self.trust_remote_code

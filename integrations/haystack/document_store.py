@@ -26,8 +26,8 @@ from haystack.document_stores.errors import DuplicateDocumentError
 from haystack.document_stores.types import DuplicatePolicy
 from haystack.utils.filters import document_matches_filter
 
-from care_retriever.corpus import Document as CoreDocument
 from care_retriever.errors import InputError
+from care_retriever.indexing.corpus import Document as CoreDocument
 from care_retriever.integrations.common import (
     UNKNOWN_FINGERPRINT,
     as_matrix,
@@ -78,7 +78,7 @@ class CareFaissDocumentStore:
         self.path = str(path)
         self.model = model
         self.embedding_dim = embedding_dim
-        self.index_options = check_index_options("faiss", index_options)
+        self.index_options = index_options  # read once, through FaissIndexConfig (the setter)
         self.return_embedding = return_embedding
         self._space: tuple[int, str, str] | None = model_space(model) if model else None
         self._store = FaissStore(Path(path))
@@ -86,6 +86,16 @@ class CareFaissDocumentStore:
             self._store.check_compatible(self._space[1], self._space[0])
         if self._space is not None and embedding_dim is not None and embedding_dim != self._space[0]:
             raise InputError(f"embedding_dim={embedding_dim} but the model {model} embeds into {self._space[0]} dims")
+
+    @property
+    def index_options(self) -> dict[str, Any] | None:
+        """The settings as given (what ``to_dict`` serialises); the store gets their config."""
+        return self._index_options
+
+    @index_options.setter
+    def index_options(self, options: dict[str, Any] | None) -> None:
+        self._index_config = check_index_options("faiss", options)
+        self._index_options = None if options is None else dict(options)
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -202,7 +212,7 @@ class CareFaissDocumentStore:
                 core.metadata[NO_EMBEDDING] = True
             core_docs.append(core)
         fingerprint, model_name = self._space_for_write(dim)
-        with self._store.transaction(dim, fingerprint, model_name, self.index_options) as store:
+        with self._store.transaction(dim, fingerprint, model_name, self._index_config) as store:
             store.upsert(core_docs, vectors)
         return len(docs)
 

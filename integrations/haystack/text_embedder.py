@@ -15,7 +15,7 @@ from care_retriever.errors import InputError
 from care_retriever.integrations.common import check_model_location
 
 if TYPE_CHECKING:
-    from care_retriever.embedder_protocol import QueryEncoder
+    from care_retriever.model.protocols import QueryEncoder
 
 NOT_WARMED_UP = "The embedding model has not been loaded. Please call warm_up() before running."
 
@@ -50,7 +50,7 @@ class CareTextEmbedder:
     def warm_up(self) -> None:
         """Load the query tower (once); pipelines call this before the first run."""
         if self.embedder is None:
-            from care_retriever.backends import load_query_embedder
+            from care_retriever.search.backends import load_query_embedder
 
             self.embedder = load_query_embedder(
                 self.model, self.backend, device=self.device, trust_remote_code=self.trust_remote_code

@@ -1,7 +1,7 @@
 """``CareEmbeddings``: a CARE model as LangChain ``Embeddings``.
 
 LangChain's two entry points map onto the two towers: ``embed_query`` runs the small query tower
-(with the model's instruction prompt, exactly as :class:`~care_retriever.retriever.CareRetriever`
+(with the model's instruction prompt, exactly as :class:`~care_retriever.search.retriever.CareRetriever`
 does), ``embed_documents`` the document tower (the text ``care-retriever index`` encodes for a
 document without a title). Each tower is loaded on first use, so a retrieval-only process never
 builds the document tower. Async variants run the sync ones in LangChain's executor.
@@ -14,9 +14,9 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from care_retriever.embedder_protocol import QueryEncoder
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import TowerLoader, check_model_location, model_metric, model_space
+from care_retriever.model.protocols import QueryEncoder
 
 
 class CareEmbeddings(BaseModel, Embeddings):

@@ -74,10 +74,20 @@ class CareVectorStore(VectorStore):
         self._owns_store = not isinstance(store, CoreStore)
         self.store = open_store(store, collection=collection)
         self.embedding = embedding
-        self.index_options = check_index_options(self.store.backend, index_options)
+        self.index_options = index_options  # read once, through the store kind's config (the setter)
         self._space = embedding.space if isinstance(embedding, CareEmbeddings) else None
         if self._space is not None and self.store.manifest is not None:
             self.store.check_compatible(self._space[1], self._space[0])
+
+    @property
+    def index_options(self) -> dict[str, Any] | None:
+        """The settings as given; the store gets their config."""
+        return self._index_options
+
+    @index_options.setter
+    def index_options(self, options: dict[str, Any] | None) -> None:
+        self._index_config = check_index_options(self.store.backend, options)
+        self._index_options = None if options is None else dict(options)
 
     @property
     def embeddings(self) -> Embeddings:
@@ -97,7 +107,7 @@ class CareVectorStore(VectorStore):
         else:
             return  # a delete from a store that was never written: nothing to do
         metric = self.embedding.metric if isinstance(self.embedding, CareEmbeddings) and not manifest else None
-        with self.store.transaction(dim, fingerprint, model_name, self.index_options, metric=metric) as store:
+        with self.store.transaction(dim, fingerprint, model_name, self._index_config, metric=metric) as store:
             if deletes:
                 store.delete(list(deletes))
             elif vectors is not None:

@@ -9,105 +9,89 @@ import faiss
 import numpy as np
 
 from care_retriever.errors import InputError
-from care_retriever.stores.base import FAISS_INDEX_TYPES
+from care_retriever.stores.config import (
+    FAISS_DEFAULT_OVERSAMPLE,
+    FaissIndexConfig,
+    IndexType,
+    Quantize,
+    StoreOptions,
+    as_faiss_config,
+)
 
-INDEX_TYPES = FAISS_INDEX_TYPES
-QUANTIZE = ("none", "sq8", "binary", "pq")
-# Candidates taken from the codes per result wanted, by quantization (measured: docs/scale.md); a store's
-# own value is kept in its manifest (index option "oversample") and FaissStore(oversample=...) overrides it.
-DEFAULT_OVERSAMPLE = {"sq8": 4.0, "binary": 100.0, "pq": 50.0}
+INDEX_TYPES = tuple(t.value for t in IndexType)
+QUANTIZE = tuple(q.value for q in Quantize)
+DEFAULT_OVERSAMPLE = {q.value: v for q, v in FAISS_DEFAULT_OVERSAMPLE.items()}
 MIN_SQ_TRAIN = 256  # scalar codes take each dimension's range from the first batch: not from a handful of rows
+# a store's index settings: its config, or a manifest's dict (read through FaissIndexConfig.from_manifest)
+IndexOptions = StoreOptions
 
 
-def quantization(options: dict[str, Any]) -> str:
+def quantization(options: IndexOptions) -> str:
     """The store's code kind: "none" (the index holds the vectors) or sq8 / binary / pq (codes + vectors.f32)."""
-    return str(options.get("quantize", "none"))
+    return as_faiss_config(options).quantization.value
 
 
-def checked_options(index: dict[str, Any] | None) -> dict[str, Any]:
-    """The index options of a new store, checked (type, quantize, oversample) and completed with defaults."""
-    options = {"type": "flat", **(index or {})}
-    if options["type"] not in INDEX_TYPES:
-        raise InputError(f"Unknown FAISS index type {options['type']!r}. Available index types: {list(INDEX_TYPES)}")
-    quantize = options.get("quantize")
-    if quantize is not None and quantize not in QUANTIZE:
-        raise InputError(f"Unknown FAISS quantize {quantize!r}. Available: {list(QUANTIZE)}")
-    oversample = options.get("oversample")
-    if oversample is not None and (
-        isinstance(oversample, bool) or not isinstance(oversample, (int, float)) or not oversample >= 1
-    ):
-        raise InputError(f"oversample must be a number >= 1, got {oversample!r}")
-    if quantize in (None, "none"):  # today's store (no key, no vector file, format 2), or keep the store's
-        options.pop("quantize", None)
-        if quantize == "none" or oversample is None:
-            options.pop("oversample", None)
-        return options
-    if options["type"] == "ivfpq":
-        raise InputError("index type ivfpq already stores PQ codes; use --index-type ivf --quantize pq to rescore")
-    if quantize == "binary" and options["type"] != "flat":
-        raise InputError(f"quantize=binary works with index type flat only, not {options['type']!r}")
-    options["oversample"] = float(DEFAULT_OVERSAMPLE[quantize] if oversample is None else oversample)
-    return options
+def checked_options(index: IndexOptions) -> FaissIndexConfig:
+    """The index settings of a store as a config (checked when it is built: one line for a bad value)."""
+    return as_faiss_config(index)
 
 
-def codes_index(dim: int, options: dict[str, Any]) -> faiss.Index:
+def codes_index(dim: int, options: IndexOptions) -> faiss.Index:
     """The compressed index of a quantized store (rescored from vectors.f32 at search time)."""
-    quantize, kind = quantization(options), options.get("type", "flat")
-    sq8, m = faiss.ScalarQuantizer.QT_8bit, int(options.get("m", 32))
-    pq_m, bits = int(options.get("pq_m", 96)), int(options.get("pq_bits", 8))
-    if quantize == "pq" and dim % pq_m:
+    config = as_faiss_config(options)
+    quantize, kind = config.quantization, config.index_type
+    sq8, m, pq_m, bits = faiss.ScalarQuantizer.QT_8bit, config.m, config.pq_m, config.pq_bits
+    if quantize is Quantize.PQ and dim % pq_m:
         raise InputError(f"quantize=pq: pq_m={pq_m} must divide the dimension {dim}")
     ip = faiss.METRIC_INNER_PRODUCT
-    if quantize == "binary":
+    if quantize is Quantize.BINARY:
         # RaBitQ: one bit per dimension of each vector's direction from the centroid of the first batch (plus
         # two floats), scored against the float query (8-bit FastScan lookup tables). Sign bits with Hamming
         # distance (IndexLSH) reduce the query to bits too and lost the exact top 10 on the dev tasks
         # (docs/scale.md): embeddings share a large common component, which the centroid removes.
         return faiss.IndexIDMap(faiss.IndexRaBitQFastScan(dim, ip))
-    if kind == "ivf":
-        nlist = int(options.get("nlist", 1024))
-        if quantize == "sq8":
-            return faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist, sq8, ip)
-        return faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, nlist, pq_m, bits, ip)
-    if kind == "hnsw":
-        inner = faiss.IndexHNSWSQ(dim, sq8, m, ip) if quantize == "sq8" else faiss.IndexHNSWPQ(dim, pq_m, m, bits, ip)
-        inner.hnsw.efConstruction = int(options.get("ef_construction", 200))
+    if kind is IndexType.IVF:
+        if quantize is Quantize.SQ8:
+            return faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, config.nlist, sq8, ip)
+        return faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, config.nlist, pq_m, bits, ip)
+    if kind is IndexType.HNSW:
+        sq8_inner = quantize is Quantize.SQ8
+        inner = faiss.IndexHNSWSQ(dim, sq8, m, ip) if sq8_inner else faiss.IndexHNSWPQ(dim, pq_m, m, bits, ip)
+        inner.hnsw.efConstruction = config.ef_construction
         return faiss.IndexIDMap(inner)
     return faiss.IndexIDMap(
-        faiss.IndexScalarQuantizer(dim, sq8, ip) if quantize == "sq8" else faiss.IndexPQ(dim, pq_m, bits, ip)
+        faiss.IndexScalarQuantizer(dim, sq8, ip) if quantize is Quantize.SQ8 else faiss.IndexPQ(dim, pq_m, bits, ip)
     )
 
 
-def build_index(dim: int, options: dict[str, Any]) -> faiss.Index:
-    if quantization(options) != "none":
-        return codes_index(dim, options)
-    kind = options.get("type", "flat")
-    if kind == "flat":
+def build_index(dim: int, options: IndexOptions) -> faiss.Index:
+    config = as_faiss_config(options)
+    if config.quantization is not Quantize.NONE:
+        return codes_index(dim, config)
+    kind = config.index_type
+    if kind is IndexType.FLAT:
         inner = faiss.IndexFlatIP(dim)
-    elif kind == "hnsw":
-        inner = faiss.IndexHNSWFlat(dim, int(options.get("m", 32)), faiss.METRIC_INNER_PRODUCT)
-        inner.hnsw.efConstruction = int(options.get("ef_construction", 200))
-    elif kind == "ivf":
+    elif kind is IndexType.HNSW:
+        inner = faiss.IndexHNSWFlat(dim, config.m, faiss.METRIC_INNER_PRODUCT)
+        inner.hnsw.efConstruction = config.ef_construction
+    elif kind is IndexType.IVF:
         # IVF stores ids itself; wrapping it in IndexIDMap breaks remove_ids (ids get out of step).
         quantizer = faiss.IndexFlatIP(dim)
-        return faiss.IndexIVFFlat(quantizer, dim, int(options.get("nlist", 1024)), faiss.METRIC_INNER_PRODUCT)
-    elif kind == "ivfpq":
-        # pq_m bytes per vector instead of 4*dim (96 B vs 3 KB at 768 dims): the 10M-100M regime (docs/scale.md).
-        pq_m, bits = int(options.get("pq_m", 96)), int(options.get("pq_bits", 8))
+        return faiss.IndexIVFFlat(quantizer, dim, config.nlist, faiss.METRIC_INNER_PRODUCT)
+    else:  # ivfpq: pq_m bytes per vector instead of 4*dim (96 B vs 3 KB at 768 dims): the 10M-100M regime
+        pq_m = config.pq_m
         if dim % pq_m:
             raise InputError(f"ivfpq: pq_m={pq_m} must divide the dimension {dim}")
         quantizer = faiss.IndexFlatIP(dim)
-        return faiss.IndexIVFPQ(quantizer, dim, int(options.get("nlist", 1024)), pq_m, bits, faiss.METRIC_INNER_PRODUCT)
-    else:
-        raise InputError(f"Unknown FAISS index type {kind!r}. Available index types: {list(INDEX_TYPES)}")
+        return faiss.IndexIVFPQ(quantizer, dim, config.nlist, pq_m, config.pq_bits, faiss.METRIC_INNER_PRODUCT)
     # IndexIDMap, not IndexIDMap2: reading an IDMap2 rebuilds its id -> position hash map (about a second
     # per million vectors); stores of format 1 hold IDMap2 and are read as they are.
     return faiss.IndexIDMap(inner)
 
 
-def supports_remove(options: dict[str, Any]) -> bool:
+def supports_remove(options: IndexOptions) -> bool:
     """HNSW cannot remove vectors: removed rows stay in it as tombstones that searches skip."""
-    return options.get("type", "flat") != "hnsw"
+    return as_faiss_config(options).supports_remove
 
 
 def train_on_first_batch(index: faiss.Index, vectors: np.ndarray) -> None:
@@ -179,7 +163,7 @@ def reconstruct(
     return [None if r < 0 else index.reconstruct(int(r)) for r in rows], id_order
 
 
-def search_params(index: faiss.Index, options: dict[str, Any], row_ids: np.ndarray | None) -> Any:
+def search_params(index: faiss.Index, options: IndexOptions, row_ids: np.ndarray | None) -> Any:
     """FAISS search parameters for ``index`` (efSearch / nprobe from the store's ``options``), restricted to
     ``row_ids`` when given; None when the index's defaults do, False when no row is allowed."""
     inner = inner_index(index)
@@ -190,10 +174,10 @@ def search_params(index: faiss.Index, options: dict[str, Any], row_ids: np.ndarr
         selector = faiss.IDSelectorBatch(row_ids)
     if isinstance(inner, faiss.IndexHNSW):
         params = faiss.SearchParametersHNSW()
-        params.efSearch = int(options.get("ef_search", 128))
+        params.efSearch = as_faiss_config(options).ef_search
     elif isinstance(inner, faiss.IndexIVF):
         params = faiss.SearchParametersIVF()
-        params.nprobe = int(options.get("nprobe", 32))
+        params.nprobe = as_faiss_config(options).nprobe
     elif selector is None:
         return None
     else:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,8 @@ from typing import Any
 import faiss
 import numpy as np
 
-from care_retriever.corpus import Document
 from care_retriever.errors import InputError, StoreError
+from care_retriever.indexing.corpus import Document
 from care_retriever.sparse.fusion import FUSIONS, FusionConfig
 from care_retriever.stores.base import (
     STORE_FORMAT_VERSION,
@@ -42,9 +41,11 @@ from care_retriever.stores.base import (
     default_versions,
     validate_filters,
 )
+from care_retriever.stores.config import FaissIndexConfig
 from care_retriever.stores.faiss import docstore, files, journal, rescoring, sparse
 from care_retriever.stores.faiss.files import DELTA, DOCSTORE, INDEX, MANIFEST, VECTORS
 from care_retriever.stores.faiss.index_factory import (
+    IndexOptions,
     build_index,
     checked_options,
     index_ids,
@@ -55,8 +56,8 @@ from care_retriever.stores.faiss.index_factory import (
     search_with,
     supports_remove,
     takes_search_params,
-    train_on_first_batch,
 )
+from care_retriever.stores.faiss.session import InPlaceWrite, StagedWrite, read_staged_manifest
 
 
 class FaissStore(VectorStore):
@@ -70,24 +71,23 @@ class FaissStore(VectorStore):
         self.use_gpu = use_gpu
         # Quantized stores: candidates taken from the codes per result wanted; None: the manifest's value.
         self.oversample = oversample
-        self._vector_writer = rescoring.VectorWriter()  # vectors.f32 of the folder being written (quantized)
+        self._lock = threading.RLock()
+        self._writer_lock = files.WriterLock(self.path, self.describe())
+        # The write open now, if any: it owns the state of its mode (see session.py); one at a time.
+        self._session: StagedWrite | InPlaceWrite | None = None
+        # The read state: the published version this object serves (closed during a staged write, which reads
+        # its staging version instead).
         self._vector_file = rescoring.VectorFile()  # vectors.f32 memory-mapped read-only, rows = row ids
         self._read_folder = self.path  # the published folder opened (the previous version's, mid-swap)
         self.manifest: Manifest | None = None
-        self._index: faiss.Index | None = None
-        self._search_index: faiss.Index | None = None
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.RLock()
-        self._writing = False
-        self._writer_lock = files.WriterLock(self.path, self.describe())
-        self._next_row_id = 0
-        self._in_place = False  # a transaction writing the published store in place (delta + WAL)
-        self._delta: list[np.ndarray] = []  # this transaction's delta records, appended at finalize
+        self._read_index: faiss.Index | None = None
+        self._read_db: sqlite3.Connection | None = None
+        self._search_index: faiss.Index | None = None  # the index searched now (on a GPU where there is one)
         self._count = 0
         self._tombstones = 0
         self._opened_as: tuple[int, int] = (0, 0)  # (inode of index.faiss, committed delta bytes) at open
         self._mapped = False  # index vectors memory-mapped from index.faiss (read-only)
-        self._id_order: np.ndarray | None = None  # argsort of the IndexIDMap's ids, for vectors()
+        self._id_order: np.ndarray | None = None  # argsort of the ids of the index read now, for vectors()
         self._bm25 = sparse.Scorer()  # the query side of the BM25 index, kept across searches
         old = files.old_path(self.path)
         if (self.path / MANIFEST).exists():
@@ -106,6 +106,22 @@ class FaissStore(VectorStore):
     def lock_path(self) -> Path:
         return self._writer_lock.path
 
+    # The version read now: a staged write reads and writes its staging version; an in-place write, the
+    # published one (its session holds the store's own index and connection).
+    @property
+    def _db(self) -> sqlite3.Connection | None:
+        return self._session.db if self._session is not None else self._read_db
+
+    @property
+    def _index(self) -> faiss.Index | None:
+        return self._session.index if self._session is not None else self._read_index
+
+    def _current_manifest(self) -> Manifest:
+        return self._session.manifest if self._session is not None else self.require_manifest()
+
+    def _current_tombstones(self) -> int:
+        return self._session.tombstones if self._session is not None else self._tombstones
+
     # ------------------------------------------------------------------ opening
     def _open(self, folder: Path, writable: bool = False) -> None:
         """Open a published store: sizes, headers and counts are checked; no file is hashed (see verify())."""
@@ -113,17 +129,17 @@ class FaissStore(VectorStore):
         for name in (INDEX, DOCSTORE):
             if not (folder / name).is_file():
                 raise StoreError(f"{folder / name}: missing; the store is incomplete")
-        if self._db is not None:
-            self._db.close()
-        self._db = docstore.connect(folder / DOCSTORE)
-        meta = journal.read_meta(self._db, folder)
+        if self._read_db is not None:
+            self._read_db.close()
+        self._read_db = docstore.connect(folder / DOCSTORE)
+        meta = journal.read_meta(self._read_db, folder)
         journal.roll_fold_forward(folder, meta)  # the docstore already counts a recorded fold
         journal.check_sizes(folder, meta, self.manifest.sizes.get(INDEX))
         # With no delta to apply, flat vectors are memory-mapped (opening reads headers and ids, not every
         # vector); a mapped index is read-only, so the first write of a process reads it whole (_begin_in_place).
         self._mapped = not meta.get("delta_bytes") and not writable
         try:
-            self._index = faiss.read_index(str(folder / INDEX), faiss.IO_FLAG_MMAP_IFC if self._mapped else 0)
+            self._read_index = faiss.read_index(str(folder / INDEX), faiss.IO_FLAG_MMAP_IFC if self._mapped else 0)
         except RuntimeError as exc:
             raise StoreError(f"{folder / INDEX}: corrupted FAISS index ({str(exc).splitlines()[0]})") from exc
         self._id_order = None
@@ -137,7 +153,7 @@ class FaissStore(VectorStore):
         self._vector_file.forget()
         self._read_folder = folder
         if quantization(self.manifest.index) != "none":
-            self._check_vectors_file(folder, index_ids(self._index))
+            self._check_vectors_file(folder, index_ids(self._read_index))
         self._opened_as = ((folder / INDEX).stat().st_ino, int(meta.get("delta_bytes", 0)))
         self._search_index = None
 
@@ -150,27 +166,27 @@ class FaissStore(VectorStore):
 
     def _full_vectors(self, rows: np.ndarray) -> np.ndarray:
         """Full-precision vectors of ``rows`` (row ids), read from the memory-mapped vectors.f32."""
-        folder = self.staging if self._writing and not self._in_place else self._read_folder
-        dim = (self._staged_manifest if self._writing else self.require_manifest()).dim
-        return self._vector_file.read(folder, dim, rows)
+        session = self._session
+        folder = session.folder if isinstance(session, StagedWrite) else self._read_folder
+        return self._vector_file.read(folder, self._current_manifest().dim, rows)
 
     def _replay_delta(self, folder: Path, start: int, stop: int) -> None:
         """Apply the committed delta records in ``[start, stop)`` bytes to the in-memory index."""
-        assert self._index is not None and self.manifest is not None
-        journal.replay(self._index, folder, start, stop, self.manifest.dim, supports_remove(self.manifest.index))
+        assert self._read_index is not None and self.manifest is not None
+        journal.replay(self._read_index, folder, start, stop, self.manifest.dim, supports_remove(self.manifest.index))
 
     def _check_counts(self, folder: Path) -> None:
-        assert self._index is not None
-        if self._index.ntotal != self._count + self._tombstones:
+        assert self._read_index is not None
+        if self._read_index.ntotal != self._count + self._tombstones:
             raise StoreError(
                 f"{folder}: count mismatch: the store records {self._count} documents and {self._tombstones} "
-                f"tombstones, the index has {self._index.ntotal} vectors; the store is corrupted"
+                f"tombstones, the index has {self._read_index.ntotal} vectors; the store is corrupted"
             )
 
     def _published_version(self) -> tuple[int, int, dict[str, int]]:
         """(inode of index.faiss, committed delta bytes, the journal's meta) as the last commit left them."""
-        assert self._db is not None
-        return journal.published_version(self._db, self.path)
+        assert self._read_db is not None
+        return journal.published_version(self._read_db, self.path)
 
     def _follow_writes(self) -> None:
         """A reader catches up with what other processes committed since it opened: the in-memory FAISS index
@@ -180,7 +196,7 @@ class FaissStore(VectorStore):
         replay, so that no search ever runs on an index being added to. A fold in progress changes no row:
         the reader keeps its version until the fold is done; so does it while a re-index swaps the folder.
         """
-        if self._writing or self._db is None or self._opened_as == (0, 0):
+        if self._session is not None or self._read_db is None or self._opened_as == (0, 0):
             return
         with self._lock:
             try:
@@ -197,31 +213,45 @@ class FaissStore(VectorStore):
         dim: int,
         space_fingerprint: str,
         model_name: str,
-        index: dict[str, Any] | None = None,
+        index: IndexOptions = None,
         *,
         metric: str = "cosine",
     ) -> None:
-        options = checked_options(index)
+        options = checked_options(index)  # a config as it is, a dict read once
         check_metric(metric)
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
-            self._check_same_quantization(index)
+            self._check_same_quantization(options)
+        self._refuse_second_write()
         self._writer_lock.acquire()
         try:
             if (self.staging / MANIFEST).exists():
-                self._resume_staging(dim, space_fingerprint)
+                session = self._resume_staging(dim, space_fingerprint)
             else:
-                self._new_staging(dim, space_fingerprint, model_name, options, index, metric)
+                session = self._new_staging(dim, space_fingerprint, model_name, options, metric)
         except BaseException:
             self._writer_lock.release()
             raise
-        self._writing = True
+        with self._lock:
+            # The published version is not read while its next one is written (its index may be large).
+            if self._read_db is not None:
+                self._read_db.close()
+                self._read_db = None
+            self._read_index = None
+            self._search_index = None
+            self._id_order = None
+            self._session = session
 
-    def _check_same_quantization(self, index: dict[str, Any] | None) -> None:
+    def _refuse_second_write(self) -> None:
+        """One write at a time per store object (other objects and processes: the writer lock)."""
+        if self._session is not None:
+            raise StoreError(f"{self.describe()}: a write is already open; finalize() or abort() it first")
+
+    def _check_same_quantization(self, index: FaissIndexConfig) -> None:
         """A store's quantization is fixed at creation: its codes were trained and written for it."""
         assert self.manifest is not None
         have = quantization(self.manifest.index)
-        want = (index or {}).get("quantize")
+        want = index.quantize  # None: not asked, the store's own
         if want is not None and want != have:
             raise InputError(
                 f"{self.describe()} is built with quantize={have}; the quantization of an existing store "
@@ -231,22 +261,23 @@ class FaissStore(VectorStore):
     @property
     def pending_write(self) -> bool:
         """True while an interrupted bulk writer's checkpoint (a staging folder) waits to be resumed."""
-        return (self.staging / MANIFEST).exists() and not self._writing
+        return (self.staging / MANIFEST).exists() and not isinstance(self._session, StagedWrite)
 
     def begin(
         self,
         dim: int,
         space_fingerprint: str,
         model_name: str,
-        index: dict[str, Any] | None = None,
+        index: IndexOptions = None,
         *,
         metric: str = "cosine",
     ) -> None:
         """Start a :meth:`transaction`: in place on a published store, through a staging folder for a new one."""
-        checked_options(index)
+        index = checked_options(index)
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
             self._check_same_quantization(index)
+        self._refuse_second_write()
         self._writer_lock.acquire()  # fails fast while another writer is running
         try:
             if self.pending_write:
@@ -255,18 +286,18 @@ class FaissStore(VectorStore):
                     "finish it by running the same command again, or remove that folder"
                 )
             if (self.path / MANIFEST).exists() and self.manifest is not None:
-                self._begin_in_place()
+                self._session = self._begin_in_place()
                 return
         except BaseException:
             self._writer_lock.release()
             raise
         self.prepare(dim, space_fingerprint, model_name, index, metric=metric)
 
-    def _begin_in_place(self) -> None:
+    def _begin_in_place(self) -> InPlaceWrite:
         """Catch up with writes made by other processes since this one opened, then accept writes in place."""
         with self._lock:
-            assert self._db is not None
-            self._db.commit()
+            assert self._read_db is not None
+            self._read_db.commit()
             inode, committed, meta = self._published_version()
             stale = inode != self._opened_as[0] or committed < self._opened_as[1] or meta.get("fold_pending")
             if stale or self._mapped:
@@ -275,57 +306,45 @@ class FaissStore(VectorStore):
                 self._replay_delta(self.path, self._opened_as[1], committed)
                 self._count, self._tombstones = int(meta["count"]), int(meta.get("tombstones", 0))
                 self._opened_as = (inode, committed)
-            assert self.manifest is not None and self._db is not None and self._index is not None
+            db, index = self._read_db, self._read_index
+            assert self.manifest is not None and db is not None and index is not None
             if not meta:  # a format-1 store takes its first small write: it becomes format 2
-                self._db.execute("PRAGMA journal_mode=WAL")
-                journal.start_meta(self._db, self.path / INDEX, self._count, self._tombstones)
+                db.execute("PRAGMA journal_mode=WAL")
+                journal.start_meta(db, self.path / INDEX, self._count, self._tombstones)
             if self.manifest.checksums or self.manifest.sizes:
                 # Whole-file checksums stop describing the files once they change in place: drop them first,
                 # so that no crash leaves a manifest whose checksums look like corruption.
                 self.manifest.checksums, self.manifest.sizes = {}, {}
                 self.manifest.format_version = max(self.manifest.format_version, STORE_FORMAT_VERSION)
                 files.write_manifest(self.path, self.manifest)
-            ids = index_ids(self._index)
-            self._next_row_id = max(docstore.max_row_id(self._db), int(ids.max()) if len(ids) else -1) + 1
-            self._staged_manifest = self.manifest
-            self._delta = []
-            self._in_place = True
-            self._writing = True
-            self._open_vector_writer(self.path)
-
-    def _open_vector_writer(self, folder: Path) -> None:
-        """Quantized stores: open ``folder``'s vectors.f32 for writing rows at their offsets."""
-        self._vector_writer.close()
-        if quantization(self._staged_manifest.index) != "none":
-            self._vector_writer.open(folder)
+            return InPlaceWrite(self.path, self.manifest, index, db, self._count, self._tombstones, self._opened_as)
 
     def _new_staging(
         self,
         dim: int,
         space_fingerprint: str,
         model_name: str,
-        options: dict[str, Any],
-        index: dict[str, Any] | None = None,
+        options: FaissIndexConfig,
         metric: str = "cosine",
-    ) -> None:
+    ) -> StagedWrite:
         """Start a write: a copy of the published store (or an empty index); its manifest is written last."""
         files.empty_folder(self.staging)
         source = self.path if (self.path / MANIFEST).exists() else files.old_path(self.path)
         if self.manifest is not None:  # update an existing store: work on a copy
-            if self._opened_as[1] and self._index is not None:  # a delta is applied in memory: write it out whole
-                faiss.write_index(self._index, str(self.staging / INDEX))
+            if self._opened_as[1] and self._read_index is not None:  # a delta is applied in memory: write it whole
+                faiss.write_index(self._read_index, str(self.staging / INDEX))
                 files.fsync_file(self.staging / INDEX)
             else:
                 files.copy_durably(source / INDEX, self.staging / INDEX)
             if (source / VECTORS).exists():
                 files.copy_durably(source / VECTORS, self.staging / VECTORS)
-            if self._db is not None:  # the backup API copies committed WAL pages too
-                docstore.backup(self._db, self.staging / DOCSTORE)
+            if self._read_db is not None:  # the backup API copies committed WAL pages too
+                docstore.backup(self._read_db, self.staging / DOCSTORE)
                 files.fsync_file(self.staging / DOCSTORE)
             else:
                 files.copy_durably(source / DOCSTORE, self.staging / DOCSTORE)
             manifest = Manifest.from_dict(self.manifest.to_dict(), MANIFEST)
-            asked = (index or {}).get("oversample")  # a search setting: may change (the default does not reset it)
+            asked = options.oversample  # a search setting: may change (the default does not reset it)
             if asked is not None and quantization(manifest.index) != "none":
                 manifest.index["oversample"] = float(asked)
         else:
@@ -335,7 +354,7 @@ class FaissStore(VectorStore):
                 space_fingerprint=space_fingerprint,
                 model_name=model_name,
                 metric=metric,  # recorded; the index is inner product either way
-                index=options,
+                index=options.to_manifest(),
                 versions=default_versions(faiss=faiss.__version__),
             )
             faiss.write_index(build_index(dim, options), str(self.staging / INDEX))
@@ -347,50 +366,22 @@ class FaissStore(VectorStore):
         manifest.checksums, manifest.sizes = {}, {}
         # The staging manifest marks a complete starting point: a run killed before it exists starts over.
         files.write_manifest(self.staging, manifest)
-        self._open_staging()
+        return StagedWrite(self.staging)
 
-    def _resume_staging(self, dim: int, space_fingerprint: str) -> None:
+    def _resume_staging(self, dim: int, space_fingerprint: str) -> StagedWrite:
         """Continue a writer that was killed: reconcile the last checkpoint of index and docstore."""
-        staged = self._read_staged_manifest()
+        staged = read_staged_manifest(self.staging)
         if staged.space_fingerprint != space_fingerprint or staged.dim != dim:
             raise StoreError(
                 f"{self.staging}: an interrupted write by another model is pending; remove that folder to start over"
             )
-        self._open_staging()
-        assert self._index is not None and self._db is not None
-        stored_ids = set(index_ids(self._index).tolist())
-        row_ids = docstore.all_row_ids(self._db)
-        orphans = stored_ids - row_ids
-        if orphans and supports_remove(self._staged_manifest.index):
-            self._index.remove_ids(np.fromiter(orphans, dtype=np.int64))
-        missing = row_ids - stored_ids
-        if missing:
-            docstore.delete_rows(self._db, sorted(missing))
-            if self._staged_manifest.sparse:
-                sparse.remove(self._db, sorted(missing))
-            self._db.commit()
-
-    def _read_staged_manifest(self) -> Manifest:
-        return files.read_manifest(self.staging / MANIFEST, checkpoint_of=self.staging)
-
-    def _open_staging(self) -> None:
-        self._staged_manifest = self._read_staged_manifest()
+        session = StagedWrite(self.staging)
         try:
-            self._index = faiss.read_index(str(self.staging / INDEX))
-        except RuntimeError as exc:
-            first = str(exc).splitlines()[0]
-            raise StoreError(f"{self.staging / INDEX}: corrupted checkpoint ({first}); remove {self.staging}") from exc
-        if self._db is not None:
-            self._db.close()
-        self._db = docstore.connect(self.staging / DOCSTORE)
-        try:
-            row = docstore.max_row_id(self._db)
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.staging / DOCSTORE}: corrupted checkpoint ({exc}); remove {self.staging}") from exc
-        ids = index_ids(self._index)
-        self._next_row_id = max(row, int(ids.max()) if len(ids) else -1) + 1
-        self._search_index = None
-        self._open_vector_writer(self.staging)
+            session.reconcile()
+        except BaseException:
+            session.close()
+            raise
+        return session
 
     def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
         db = self._require_db()
@@ -400,8 +391,7 @@ class FaissStore(VectorStore):
     def upsert(
         self, documents: Sequence[Document], vectors: np.ndarray, *, sparse_tokens: Sequence[list[str]] | None = None
     ) -> None:
-        self._require_writing()
-        assert self._index is not None and self._db is not None
+        session = self._require_session()
         if len(documents) != len(vectors):
             raise InputError(f"{len(documents)} documents but {len(vectors)} vectors")
         if sparse_tokens is not None and len(sparse_tokens) != len(documents):
@@ -409,136 +399,63 @@ class FaissStore(VectorStore):
         if len(documents) == 0:
             return
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if vectors.ndim != 2 or vectors.shape[1] != self._staged_manifest.dim:
+        if vectors.ndim != 2 or vectors.shape[1] != session.manifest.dim:
             raise InputError(
                 f"{self.describe()}: vectors have shape {vectors.shape}; "
-                f"the store holds {self._staged_manifest.dim}-dim vectors"
+                f"the store holds {session.manifest.dim}-dim vectors"
             )
         with self._lock:
-            removed = self._remove_rows([d.id for d in documents])
-            row_ids = np.arange(self._next_row_id, self._next_row_id + len(documents), dtype=np.int64)
-            self._next_row_id += len(documents)
-            docstore.insert(self._db, row_ids.tolist(), documents)
-            if self._staged_manifest.sparse:  # the BM25 side, in the same SQLite transaction
-                sparse.add(self._db, row_ids.tolist(), documents, sparse_tokens)
-            train_on_first_batch(self._index, vectors)
-            # Quantized stores: full-precision rows at their offsets, made durable by commit().
-            self._vector_writer.write(int(row_ids[0]), vectors)
-            self._index.add_with_ids(vectors, row_ids)
+            session.upsert(documents, vectors, sparse_tokens)
             self._id_order = None
-            self._record(journal.ADD, row_ids, vectors)
-            self._count += len(documents) - removed
             self._search_index = None
 
-    def _remove_rows(self, ids: Sequence[str]) -> int:
-        assert self._index is not None and self._db is not None
-        existing = list(docstore.row_ids(self._db, ids).values())
-        if not existing:
-            return 0
-        docstore.delete_rows(self._db, existing)
-        if self._staged_manifest.sparse:
-            sparse.remove(self._db, existing)
-        # HNSW cannot remove vectors: they stay as tombstones that searches skip (counted at commit).
-        rows = np.asarray(existing, dtype=np.int64)
-        if supports_remove(self._staged_manifest.index):
-            self._index.remove_ids(rows)
-            self._id_order = None
-        else:
-            self._tombstones += len(rows)
-        self._record(journal.REMOVE, rows, None)
-        return len(existing)
-
-    def _record(self, op: int, rows: np.ndarray, vectors: np.ndarray | None) -> None:
-        """Remember a change for this in-place transaction's delta (bulk writes checkpoint the whole index)."""
-        if not self._in_place:
-            return
-        self._delta.append(journal.records(op, rows, vectors, self._staged_manifest.dim))
-
     def delete(self, ids: Sequence[str]) -> int:
-        self._require_writing()
+        session = self._require_session()
         with self._lock:
-            removed = self._remove_rows(list(ids))
-            self._count -= removed
+            removed = session.delete(list(ids))
+            self._id_order = None
             self._search_index = None
         return removed
 
     def commit(self) -> None:
-        """Checkpoint: docstore transaction first, then the index, each durable and atomic."""
-        self._require_writing()
-        if self._in_place:
-            self._commit_in_place()
-            return
-        assert self._index is not None and self._db is not None
+        """Checkpoint a bulk write (staging folder), or commit an in-place transaction (the journal's commit point)."""
+        session = self._require_session()
         with self._lock:
-            self._vector_writer.sync()  # every row the docstore commits has its vector on disk
-            self._db.commit()
-            files.write_index_atomic(self._index, self.staging / INDEX)
-            self._count = docstore.count(self._db)
-            self._tombstones = int(self._index.ntotal - self._count)
-            journal.start_meta(self._db, self.staging / INDEX, self._count, self._tombstones)
-            self._staged_manifest.count = self._count
-            self._staged_manifest.index["tombstones"] = self._tombstones
-            files.write_manifest(self.staging, self._staged_manifest)
-
-    def _commit_in_place(self) -> None:
-        """Append this transaction's delta, then commit the docstore with the delta's new length (the commit point)."""
-        assert self._db is not None and self.manifest is not None
-        with self._lock:
-            committed = self._opened_as[1]
-            self._vector_writer.sync()  # the rows' full vectors are durable before the commit point
-            if self._delta:
-                committed = journal.append(self.path, committed, np.concatenate(self._delta).tobytes())
-            journal.set_meta(self._db, count=self._count, tombstones=self._tombstones, delta_bytes=committed)
-            self._db.commit()
-            self._delta = []
-            self._opened_as = (self._opened_as[0], committed)
-            self.manifest.count = self._count
-            self.manifest.index["tombstones"] = self._tombstones
-            self.manifest.updated_at = time.time()
-            files.write_manifest(self.path, self.manifest)  # informative: the docstore's counts are the truth
-            if journal.needs_fold(self.path, committed):
-                assert self._index is not None
-                self._opened_as = (journal.fold(self._db, self._index, self.path), 0)
+            if isinstance(session, InPlaceWrite):
+                self._opened_as = session.commit()
+                self._count, self._tombstones = session.count, session.tombstones
+            else:
+                session.commit()
 
     def finalize(self) -> None:
         """Publish: swap the staging folder into place (bulk), or commit the in-place transaction."""
+        session = self._require_session()
         self.commit()
-        self._vector_writer.close()
-        if self._in_place:
-            with self._lock:
-                self._in_place = False
-                self._writing = False
+        with self._lock:
+            if isinstance(session, InPlaceWrite):
+                session.close()
+                self._session = None
                 self._vector_file.forget()  # remapped on the next search: the file may have grown
                 self._writer_lock.release()
-            return
-        assert self._db is not None
-        with self._lock:
-            manifest = self._staged_manifest
-            self._db.close()  # the last connection's close folds any WAL into the file: hash the final bytes
-            self._db = None
-            names = (INDEX, DOCSTORE, VECTORS) if (self.staging / VECTORS).exists() else (INDEX, DOCSTORE)
-            files.seal(self.staging, manifest, names, time.time())
-            files.publish(self.staging, self.path)
-            self._writing = False
+                return
+            session.publish(self.path)
+            self._session = None
             self._writer_lock.release()
             self._open(self.path)
 
     def abort(self) -> None:
         """Drop the writes since begin()/prepare() and release the writer lock; the published store is reopened."""
         with self._lock:
-            self._vector_writer.close()
-            if self._db is not None:
-                self._db.rollback()
-                self._db.close()
-                self._db = None
-            if not self._in_place:
-                files.discard(self.staging)
-            self._in_place = False
-            self._delta = []
-            self._writing = False
+            session, self._session = self._session, None
+            if session is not None:
+                session.abort()
+            if self._read_db is not None:
+                self._read_db.close()
+                self._read_db = None
             self._writer_lock.release()
-            self._index = None
+            self._read_index = None
             self._search_index = None
+            self._id_order = None
             self.manifest = None
             self._count = self._tombstones = 0
             if (self.path / MANIFEST).exists():
@@ -554,14 +471,13 @@ class FaissStore(VectorStore):
         from care_retriever.sparse import sparse_entry
         from care_retriever.sparse.tokenizer import tokenizer_spec
 
-        self._require_writing()
-        assert self._db is not None
-        entry = self._staged_manifest.sparse
+        session = self._require_session()
+        entry = session.manifest.sparse
         if entry and entry.get("tokenizer") == tokenizer_spec() and not rebuild:
             return 0
         with self._lock:
-            done = sparse.build(self._db, show_progress=show_progress)
-            self._staged_manifest.sparse = sparse_entry("sqlite-bm25")
+            done = sparse.build(session.db, show_progress=show_progress)
+            session.manifest.sparse = sparse_entry("sqlite-bm25")
         return done
 
     def search_sparse(
@@ -570,7 +486,7 @@ class FaissStore(VectorStore):
         """BM25 top-``k`` hits for each query text (an empty list for a query with no indexed token)."""
         from care_retriever.sparse import require_sparse
 
-        sparse.check_search(self.describe(), self._writing, top_k)
+        sparse.check_search(self.describe(), self._session is not None, top_k)
         self._follow_writes()
         require_sparse(self)
         filters = validate_filters(filters)
@@ -595,7 +511,7 @@ class FaissStore(VectorStore):
         scoring). A query with no indexed token gets its dense hits."""
         from care_retriever.sparse import require_sparse
 
-        sparse.check_search(self.describe(), self._writing, top_k)
+        sparse.check_search(self.describe(), self._session is not None, top_k)
         self._follow_writes()
         require_sparse(self)
         fusion = fusion or FusionConfig()
@@ -603,7 +519,7 @@ class FaissStore(VectorStore):
         allowed = self._filtered_row_ids(filters) if filters else None  # one filter query for both sides
         depth = max(fusion.candidates, top_k)
         dense = self._dense_ranked(vectors, depth, filters, allowed)
-        if self._tombstones:  # removed rows still in the index (HNSW): dropped before they take part in fusion
+        if self._current_tombstones():  # removed rows still in the index (HNSW): dropped before they are fused
             live = self._rows({r for row in dense for r, _ in row}, payload=False)
             dense = [[(r, s) for r, s in row if r in live][:depth] for row in dense]
         cuts = sparse.fused_cuts(dense, self._sparse_ranked(queries, depth, allowed), fusion, top_k)
@@ -626,9 +542,10 @@ class FaissStore(VectorStore):
             raise StoreError(f"{self.describe()}: store is closed")
         return self._db
 
-    def _require_writing(self) -> None:
-        if not self._writing:
+    def _require_session(self) -> StagedWrite | InPlaceWrite:
+        if self._session is None:
             raise StoreError(f"{self.describe()}: call prepare() before writing")
+        return self._session
 
     def count(self, filters: Filters | None = None) -> int:
         if self._db is None:
@@ -637,10 +554,13 @@ class FaissStore(VectorStore):
         filters = validate_filters(filters)
         if filters:
             return len(self._filtered_row_ids(filters))
-        if not self._writing or self._in_place:
+        session = self._session
+        if session is None:
             return self._count
+        if isinstance(session, InPlaceWrite):
+            return session.count
         with self._lock:
-            return docstore.count(self._db)
+            return docstore.count(session.db)
 
     def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
         """Stored vector of each id (None where the id is missing)."""
@@ -650,7 +570,7 @@ class FaissStore(VectorStore):
         ids = list(ids)
         with self._lock:
             rows = docstore.row_ids(self._db, ids)
-            manifest = self._staged_manifest if self._writing else self.require_manifest()
+            manifest = self._current_manifest()
             if quantization(manifest.index) != "none":  # the exact vectors, not decoded codes
                 found = np.asarray([rows[i] for i in ids if i in rows], dtype=np.int64)
                 full = iter(self._full_vectors(found))
@@ -688,14 +608,14 @@ class FaissStore(VectorStore):
         if top_k < 1:
             raise InputError(f"top_k must be >= 1, got {top_k}")
         vectors = np.ascontiguousarray(np.atleast_2d(vectors), dtype=np.float32)
-        manifest = self._staged_manifest if self._writing else self.require_manifest()
+        manifest = self._current_manifest()
         if vectors.shape[1] != manifest.dim:
             raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
         if len(vectors) == 0 or self._index.ntotal == 0:
             return [[] for _ in range(len(vectors))]
         if quantization(manifest.index) != "none":
             return self._rescored(vectors, top_k, manifest, filters, allowed)
-        k = min(top_k + self._tombstones, self._index.ntotal)
+        k = min(top_k + self._current_tombstones(), self._index.ntotal)
         params = search_params(self._index, manifest.index, allowed if filters else None)
         if params is False:
             return [[] for _ in range(len(vectors))]
@@ -711,7 +631,8 @@ class FaissStore(VectorStore):
         """Quantized stores: ``top_k x oversample`` candidates from the codes, re-scored with exact inner products
         from vectors.f32, best ``top_k`` (plus tombstones) returned. The scores are exact cosines."""
         assert self._index is not None
-        want = top_k + self._tombstones
+        tombstones = self._current_tombstones()
+        want = top_k + tombstones
         oversample = float(self.oversample if self.oversample is not None else manifest.index.get("oversample", 1.0))
         if filters and not takes_search_params(inner_index(self._index)):
             # Sign-bit and flat PQ codes take no id selector: the matching rows are scored exactly instead
@@ -719,7 +640,7 @@ class FaissStore(VectorStore):
             assert allowed is not None
             candidates = [allowed] * len(vectors)
         else:
-            k = rescoring.candidates_wanted(top_k, self._tombstones, oversample, self._index.ntotal)
+            k = rescoring.candidates_wanted(top_k, tombstones, oversample, self._index.ntotal)
             params = search_params(self._index, manifest.index, allowed if filters else None)
             if params is False:
                 return [[] for _ in range(len(vectors))]
@@ -763,7 +684,7 @@ class FaissStore(VectorStore):
         the delta, the id sets of index and docstore, each row's content hash and each vector's norm."""
         manifest = self.require_manifest()
         db = self._require_db()
-        if self._writing:
+        if self._session is not None:
             raise StoreError(f"{self.describe()}: a write is in progress; verify after it")
         with self._lock:
             for name, expected in manifest.checksums.items():
@@ -821,9 +742,10 @@ class FaissStore(VectorStore):
     def close(self) -> None:
         """Close the docstore; a writer that did not finalize keeps its checkpoint for the next run."""
         with self._lock:
-            self._vector_writer.close()
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-            self._writing = False
+            session, self._session = self._session, None
+            if session is not None:
+                session.close()
+            if self._read_db is not None:
+                self._read_db.close()
+                self._read_db = None
             self._writer_lock.release()

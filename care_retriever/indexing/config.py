@@ -1,0 +1,98 @@
+"""How the document tower encodes a corpus: :class:`EncodeConfig`, checked once when it is built.
+
+The one home of the document batch default (:data:`DOCUMENT_BATCH_SIZE`: every ``batch_size`` default of the
+document side refers to it) and of the ``index`` command's encoding flags (generated from the fields,
+:mod:`care_retriever.cli.dataclass_options`). Torch-free: the CLI reads it when it starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from care_retriever.errors import InputError
+from care_retriever.model.loading import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES, DTYPE_NAMES
+from care_retriever.stores.config import count, meta
+
+# Texts per forward pass when none is given: on the CPU (small batches keep its caches warm), on a GPU (the token
+# budget is then what bounds a batch of short texts).
+DOCUMENT_BATCH_SIZE = 16
+CUDA_DOCUMENT_BATCH_SIZE = 2048
+AUTO = "auto"
+
+
+def parse_max_batch_tokens(value: Any) -> int | str | None:
+    """``auto``, ``none`` (no budget) or a number of tokens >= 1, from a flag's text or a Python value."""
+    if value is None or value == AUTO:
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in (AUTO, "none"):
+            return None if text == "none" else AUTO
+        try:
+            value = int(text)
+        except ValueError:
+            raise InputError(f"--max-batch-tokens must be an integer >= 1, auto or none, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"--max-batch-tokens must be an integer >= 1, auto or none, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class EncodeConfig:
+    """The document-encoding options of an indexing run."""
+
+    batch_size: int | None = field(
+        default=None,
+        metadata=meta(
+            f"Documents per forward pass at most (per rank under torchrun). Default: {DOCUMENT_BATCH_SIZE} on CPU, "
+            f"{CUDA_DOCUMENT_BATCH_SIZE} on a GPU."
+        ),
+    )
+    # padded tokens per forward pass at most: "auto" sizes it from the GPU's free memory (none on CPU); None: no
+    # budget, batch_size alone
+    max_batch_tokens: int | str | None = field(
+        default=AUTO,
+        metadata=meta(
+            "auto | none | N: also at most N padded tokens per forward pass (texts x the longest one's tokens): "
+            "short documents go many to a batch, long ones few (an LLM tower's memory stays flat); a longer document "
+            "goes alone. auto: sized from the GPU's free memory (none on CPU)."
+        ),
+    )
+    sort_window: int = field(
+        default=65536,
+        metadata=meta("Documents sorted by length together before batching (streamed a window at a time)."),
+    )
+    dtype: str = field(
+        default=AUTO,
+        metadata=meta(
+            "Document tower precision: auto (bf16 on GPUs with native bf16; on older GPUs fp16, or fp32 for a "
+            "tower pretrained in bf16, which overflows fp16; fp32 on CPU) | saved (the tower's own) "
+            "| fp32 | bf16 | fp16."
+        ),
+    )
+    attn_implementation: str = field(
+        default=AUTO,
+        metadata=meta(
+            "auto (flash_attention_2 where flash-attn is installed and the tower runs on CUDA in fp16/bf16, "
+            "else sdpa) | sdpa | flash_attention_2 | eager."
+        ),
+    )
+    chunk_size: int = field(
+        default=1024, metadata=meta("Documents read per chunk (memory bound); under torchrun split over all ranks.")
+    )
+    checkpoint_every: int = field(default=8192, metadata=meta("Checkpoint the store every N encoded documents."))
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None:
+            count(self.batch_size, "--batch-size")
+        object.__setattr__(self, "max_batch_tokens", parse_max_batch_tokens(self.max_batch_tokens))
+        count(self.sort_window, "--sort-window")
+        count(self.chunk_size, "--chunk-size")
+        count(self.checkpoint_every, "--checkpoint-every")
+        if self.dtype not in DTYPE_NAMES:
+            raise InputError(f"Unknown --dtype {self.dtype!r}. Available: {list(DTYPE_CHOICES)}")
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise InputError(
+                f"Unknown --attn-implementation {self.attn_implementation!r}. Available: {list(ATTN_IMPLEMENTATIONS)}"
+            )

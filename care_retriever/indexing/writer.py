@@ -1,0 +1,414 @@
+"""``DocumentStoreWriter``: corpus -> document tower -> store.
+
+Documents stream through in chunks (a corpus larger than memory goes through), are encoded by the
+document tower only, and are upserted by id: unchanged documents (same content hash) are skipped
+before encoding, so re-indexing the same corpus costs one read and adds nothing, and ``update``
+re-encodes only new or changed documents. The store is checkpointed every ``checkpoint_every``
+documents; a killed run resumes from the last checkpoint when the same command is run again.
+
+With ``sparse`` and the document tower on a GPU, each chunk's BM25 tokens are computed in a child process
+while the chunk encodes (:mod:`care_retriever.sparse.background`); either way they are inserted with the
+chunk's documents, in the same transaction.
+
+A FAISS store's writes (docstore rows, their content hashes, the index add, the checkpoint) run on a thread of
+their own, in order, while the next slice encodes (:class:`_StoreWrites`); a write's error is raised in the
+calling thread as it was raised, and nothing after it is written or checkpointed.
+
+Encoding is pluggable (``encoder=``): :mod:`care_retriever.indexing.distributed` passes one that scatters each chunk
+over the ranks of a torch.distributed job, so checkpointing, resume and skipping stay in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from itertools import islice
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from care_retriever.errors import InputError, ModelError
+from care_retriever.indexing.corpus import Document
+from care_retriever.model.encoding import DEFAULT_BATCH_TEXTS, BatchLimits, auto_batch_limits, check_unicode
+from care_retriever.model.protocols import DocumentEncoder
+from care_retriever.sparse.background import BackgroundTokenizer
+from care_retriever.stores import VectorStore, open_store
+from care_retriever.stores.config import IndexType, Quantize, StoreKind, StoreOptions, as_faiss_config
+
+# texts -> (len(texts), dim) float32 unit rows, in input order
+Encoder = Callable[[list[str]], np.ndarray]
+
+logger = logging.getLogger("care_retriever")
+
+
+@dataclass
+class WriteReport:
+    store: str
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+    count: int = 0
+    seconds: float = 0.0
+    truncated: int = 0
+    tokens: int = 0  # the encoded documents' tokens (prompt and special tokens included)
+    padded_tokens: int = 0  # what the forward passes computed: with the padding of each batch
+
+    @property
+    def encoded(self) -> int:
+        return self.added + self.updated
+
+    @property
+    def docs_per_second(self) -> float:
+        return self.encoded / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def padding_ratio(self) -> float:
+        """Padded tokens per real token (1.0: no padding)."""
+        return self.padded_tokens / self.tokens if self.tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "docs_per_second": round(self.docs_per_second, 2),
+            "tokens_per_second": round(self.tokens_per_second, 1),
+            "padding_ratio": round(self.padding_ratio, 4),
+        }
+
+
+def _chunks(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def _validated(chunk: list[Document]) -> list[Document]:
+    """Check each document is storable, and keep the last of repeated ids (upsert semantics).
+
+    Two rows with one id in a chunk would otherwise both be inserted (FAISS docstore: UNIQUE violation);
+    text that is not valid Unicode would fail deep inside the tokenizer or SQLite.
+    """
+    latest: dict[str, Document] = {}
+    for doc in chunk:
+        if not isinstance(doc, Document):
+            raise InputError(f"expected care_retriever.indexing.corpus.Document, got {type(doc).__name__}")
+        if not isinstance(doc.id, str) or not doc.id:
+            raise InputError(f"document id must be a non-empty str, got {doc.id!r}")
+        for name in ("id", "text", "title"):
+            value = getattr(doc, name)
+            if not isinstance(value, str):
+                raise InputError(f"document {doc.id!r}: {name} must be a str, got {type(value).__name__}")
+            check_unicode(value, f"document {doc.id!r} {name}")
+        try:  # (no metadata: nothing to check; this runs once per document)
+            if doc.metadata:
+                check_unicode(json.dumps(doc.metadata, ensure_ascii=False), f"document {doc.id!r} metadata")
+        except TypeError as exc:
+            raise InputError(f"document {doc.id!r}: metadata is not JSON-serialisable ({exc})") from exc
+        latest.pop(doc.id, None)
+        latest[doc.id] = doc
+    return list(latest.values())
+
+
+def _trains_on_first_vectors(store: VectorStore, options: StoreOptions) -> bool:
+    """Whether ``store`` (a FAISS store with these index options) trains its index on the first vectors written."""
+    if store.backend != StoreKind.FAISS:
+        return False
+    config = as_faiss_config(options)
+    return config.index_type in (IndexType.IVF, IndexType.IVFPQ) or config.quantization is not Quantize.NONE
+
+
+class _StoreWrites:
+    """A window's slices written to the store on a thread of their own, in order, while the calling thread encodes
+    the next slice: the store side (docstore rows and their content hashes, the index add, the checkpoint) overlaps
+    encoding instead of following it. At most ``depth`` encoded slices wait (their vectors held), beside the one being
+    written.
+
+    A checkpoint still follows the upsert it covers, on the same thread, so it records only what is written. The
+    first error stops the writes (nothing after it is upserted or checkpointed, as when the loop ran inline) and is
+    raised in the calling thread, the same exception, at the next :meth:`submit` or at :meth:`finish`."""
+
+    _END = None
+
+    def __init__(self, store: VectorStore, depth: int = 1) -> None:
+        self.store = store
+        self._queue: queue.Queue[tuple[list[Document], np.ndarray, Sequence[list[str]] | None, bool] | None] = (
+            queue.Queue(maxsize=max(1, depth))
+        )
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="care-store-writes", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not self._END:
+            if self._error is not None:  # after an error nothing more is written (the caller raises it)
+                continue
+            documents, vectors, tokens, checkpoint = item
+            try:
+                self.store.upsert(documents, vectors, sparse_tokens=tokens)
+                if checkpoint:
+                    self.store.commit()
+            except BaseException as exc:  # raised in the calling thread
+                self._error = exc
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def submit(
+        self, documents: list[Document], vectors: np.ndarray, tokens: Sequence[list[str]] | None, checkpoint: bool
+    ) -> None:
+        """Queue one slice's upsert (then a checkpoint); blocks while ``depth`` slices already wait."""
+        self._raise_error()
+        self._queue.put((documents, vectors, tokens, checkpoint))
+
+    def finish(self, raise_error: bool = True) -> None:
+        """Wait for every queued write; raise the first error (``raise_error``: not while the caller already
+        raises one of its own, which goes on instead)."""
+        self._queue.put(self._END)
+        self._thread.join()
+        if raise_error:
+            self._raise_error()
+
+
+class DocumentStoreWriter:
+    """Encode documents with the document tower and write them into a FAISS or Qdrant store."""
+
+    def __init__(
+        self,
+        embedder: DocumentEncoder,
+        store: str | VectorStore,
+        *,
+        collection: str | None = None,
+        batch_size: int | None = None,
+        max_batch_tokens: int | str | None = "auto",
+        chunk_size: int = 1024,
+        sort_window: int = 65536,
+        checkpoint_every: int = 8192,
+        index_options: StoreOptions = None,
+        show_progress: bool = True,
+        encoder: Encoder | None = None,
+        sparse: bool = False,
+        background_tokenizer: bool | None = None,
+        overlap_writes: bool | None = None,
+    ) -> None:
+        self.embedder = embedder
+        self.store = open_store(store, collection=collection)
+        self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
+        # texts and padded tokens per forward pass; halved on out-of-memory and kept lowered for the run. "auto" and
+        # None are resolved once the first write starts (auto_batch_limits: from the GPU's free memory).
+        self.limits = BatchLimits(
+            batch_size or DEFAULT_BATCH_TEXTS, max_batch_tokens if isinstance(max_batch_tokens, int) else None
+        )
+        self._limits_resolved = False
+        self.chunk_size = chunk_size
+        # documents sorted by length together (streaming, a window at a time): batches pad little over the input
+        self.sort_window = max(1, sort_window)
+        self._since_checkpoint = 0
+        self._first_slice = False
+        self.checkpoint_every = checkpoint_every
+        self.index_options = index_options
+        self.show_progress = show_progress
+        self.encoder = encoder
+        self.sparse = sparse  # also write the BM25 side (care_retriever.sparse), in the same transactions
+        # The BM25 side's tokens computed in a child process while the chunk encodes (sparse.background). None:
+        # where the document tower runs on an accelerator. On CPU torch's threads already take every core, so
+        # the child only competes with them (measured on 2 cores: no gain, and slower under load; docs/scale.md).
+        if background_tokenizer is None:
+            background_tokenizer = str(getattr(embedder, "device", "cpu")).split(":")[0] not in ("cpu", "")
+        self.background_tokenizer = background_tokenizer
+        # Store writes on a thread of their own while the next slice encodes (_StoreWrites). None: for a FAISS store,
+        # whose writes (hashing, docstore rows, index add) took about a quarter of a CPU run's time on the calling
+        # thread; its docstore connection is shared across threads. Local Qdrant's SQLite may refuse another thread.
+        if overlap_writes is None:
+            overlap_writes = self.store.backend == StoreKind.FAISS
+        self.overlap_writes = overlap_writes
+        self._writes: _StoreWrites | None = None
+
+    def write(
+        self, documents: Iterable[Document], *, total: int | None = None, prune_ids_not_in: bool = False
+    ) -> WriteReport:
+        """Upsert ``documents``; with ``prune_ids_not_in``, also delete stored ids the input lacks."""
+        embedder = self.embedder
+        # A new FAISS store that trains its index on its first vectors (IVF, quantization) gets the corpus's first
+        # documents first, not its longest (:meth:`_flush`).
+        self._first_slice = getattr(self.store, "manifest", None) is None and _trains_on_first_vectors(
+            self.store, self.index_options
+        )
+        self.store.prepare(
+            embedder.dim,
+            embedder.space_fingerprint,
+            embedder.document_model_name,
+            self.index_options,
+            metric=getattr(embedder, "similarity", "cosine"),
+        )
+        if self.sparse:
+            self.store.enable_sparse(show_progress=self.show_progress)
+        self._resolve_limits()
+        report = WriteReport(store=self.store.describe())
+        seen: set[str] = set()
+        start = time.perf_counter()
+        stats: dict[str, int] = {}
+        # Documents to encode, by id (the last of a repeated id wins), with whether the store held the id.
+        pending: dict[str, tuple[Document, bool]] = {}
+        self._since_checkpoint = 0
+        with (
+            tqdm(
+                total=total,
+                desc="Indexing",
+                unit="doc",
+                disable=not self.show_progress,
+                dynamic_ncols=True,
+                smoothing=0.05,
+            ) as bar,
+            BackgroundTokenizer() if self.sparse and self.background_tokenizer else nullcontext() as tokenizer,
+        ):
+            for raw in _chunks(documents, self.chunk_size):
+                chunk = _validated(raw)
+                bar.update(len(raw) - len(chunk))
+                if prune_ids_not_in:
+                    seen.update(d.id for d in chunk)
+                for doc in chunk:  # a newer version of a document still waiting replaces it
+                    if pending.pop(doc.id, None) is not None:
+                        bar.update(1)
+                stored = self.store.content_hashes([d.id for d in chunk])
+                todo = [d for d in chunk if stored.get(d.id) != d.content_hash()]
+                report.unchanged += len(chunk) - len(todo)
+                bar.update(len(chunk) - len(todo))
+                pending.update((d.id, (d, d.id in stored)) for d in todo)
+                if len(pending) >= self.sort_window:
+                    self._flush(list(pending.values()), report, bar, stats, tokenizer)
+                    pending.clear()
+            if pending:
+                self._flush(list(pending.values()), report, bar, stats, tokenizer)
+        if prune_ids_not_in:
+            report.deleted = self._prune(seen)
+        self.store.finalize()
+        report.seconds = time.perf_counter() - start
+        report.count = self.store.count()
+        report.truncated = stats.get("truncated", 0)
+        report.tokens = stats.get("tokens", 0)
+        report.padded_tokens = stats.get("padded_tokens", 0)
+        if report.truncated:
+            logger.warning(
+                "%d of %d encoded documents reached the document tower's max length and were truncated",
+                report.truncated,
+                report.encoded,
+            )
+        return report
+
+    def _resolve_limits(self) -> None:
+        """``max_batch_tokens="auto"``: a token budget sized from the free memory of the GPU the document tower is
+        on (none on CPU), and a larger text cap there (:func:`care_retriever.model.encoding.auto_batch_limits`)."""
+        if self._limits_resolved:
+            return
+        self._limits_resolved = True
+        model = getattr(self.embedder, "document_model", None)
+        resolved = auto_batch_limits(model, self.batch_size, self.max_batch_tokens)
+        self.limits.texts, self.limits.tokens = resolved.texts, resolved.tokens
+
+    def _flush(
+        self,
+        items: list[tuple[Document, bool]],
+        report: WriteReport,
+        bar: tqdm,
+        stats: dict[str, int],
+        tokenizer: BackgroundTokenizer | None,
+    ) -> None:
+        """Encode and upsert a window of documents, longest first (so a batch pads little over the whole window),
+        a slice at a time; the store is checkpointed every ``checkpoint_every`` documents. Where a new store trains
+        its index on its first vectors (IVF, quantization), the run's first ``chunk_size`` documents go first, as
+        read: it trains on the corpus's first documents, as before, not on its longest. With ``overlap_writes`` a
+        slice is written while the next one encodes, and every write is done (or its error raised) on return."""
+        size = max(self.chunk_size, self.checkpoint_every)
+        # The window's writes are all done before it returns: the next chunks' content hashes are read after them.
+        self._writes = _StoreWrites(self.store) if self.overlap_writes else None
+        try:
+            if self._first_slice:
+                head, items = items[: self.chunk_size], items[self.chunk_size :]
+                self._first_slice = False
+                self._write_slice(head, report, bar, stats, tokenizer)
+            lengths = np.fromiter((len(doc.embedding_text()) for doc, _ in items), dtype=np.int64, count=len(items))
+            order = np.argsort(-lengths, kind="stable")
+            for begin in range(0, len(items), size):
+                self._write_slice([items[i] for i in order[begin : begin + size]], report, bar, stats, tokenizer)
+        except BaseException:
+            # the slices already encoded are still written (as when each was written before the next encoded); the
+            # caller's error goes on
+            if self._writes is not None:
+                self._writes.finish(raise_error=False)
+            raise
+        finally:
+            writes, self._writes = self._writes, None
+        if writes is not None:
+            writes.finish()
+
+    def _write_slice(
+        self,
+        items: list[tuple[Document, bool]],
+        report: WriteReport,
+        bar: tqdm,
+        stats: dict[str, int],
+        tokenizer: BackgroundTokenizer | None,
+    ) -> None:
+        if not items:
+            return
+        todo = [doc for doc, _ in items]
+        texts = [d.embedding_text() for d in todo]
+        if tokenizer is not None:  # the slice's BM25 tokens, computed while it encodes
+            tokenizer.submit(texts)
+        vectors = self._encode(texts, bar, stats)
+        tokens = tokenizer.result() if tokenizer is not None else None
+        self._since_checkpoint += len(todo)
+        checkpoint = self._since_checkpoint >= self.checkpoint_every
+        if checkpoint:
+            self._since_checkpoint = 0
+        if self._writes is not None:
+            self._writes.submit(todo, vectors, tokens, checkpoint)
+        else:
+            self.store.upsert(todo, vectors, sparse_tokens=tokens)
+            if checkpoint:
+                self.store.commit()
+        report.updated += sum(1 for _, held in items if held)
+        report.added += sum(1 for _, held in items if not held)
+
+    def _encode(self, texts: list[str], bar: tqdm, stats: dict[str, int]) -> np.ndarray:
+        if self.encoder is None:  # the embedder applies its document prompt, as embed_documents does anywhere
+            return self.embedder.embed_documents(texts, limits=self.limits, progress=bar, stats=stats)
+        # a copy: the store writes it on another thread while the encoder may reuse its buffer for the next slice
+        vectors = np.array(self.encoder(texts), dtype=np.float32)
+        if vectors.shape != (len(texts), self.embedder.dim):
+            raise ModelError(
+                f"encoder returned shape {vectors.shape} for {len(texts)} texts of a {self.embedder.dim}-dim model"
+            )
+        bar.update(len(texts))
+        return vectors
+
+    def delete(self, ids: Sequence[str]) -> int:
+        """Delete documents by id and publish the change."""
+        embedder = self.embedder
+        self.store.prepare(
+            embedder.dim,
+            embedder.space_fingerprint,
+            "",
+            self.index_options,
+            metric=getattr(embedder, "similarity", "cosine"),
+        )
+        removed = self.store.delete(list(ids))
+        self.store.finalize()
+        return removed
+
+    def _prune(self, keep: set[str]) -> int:
+        stale = [d.id for d in self.store.iter_documents() if d.id not in keep]
+        return self.store.delete(stale) if stale else 0

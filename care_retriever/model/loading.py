@@ -1,0 +1,104 @@
+"""The process-wide rules for loading models, in one place for the CLI, the core and the adapters.
+
+- Offline mode: ``HF_HUB_OFFLINE=1`` means every hub look-up reads local files (the cache) only.
+- Quiet loading: a CLI user wants one line per step, not transformers' per-weight progress.
+- Where a file of a model lives: a local folder, or a hub repository (through the cache).
+
+Torch-free, so the exported (ONNX/OpenVINO) search path reads ``care_config.json`` by the same rules.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from care_retriever.errors import ModelError
+
+
+def offline() -> bool:
+    """Whether hub look-ups must stay on this machine (``HF_HUB_OFFLINE=1``)."""
+    return os.environ.get("HF_HUB_OFFLINE") == "1"
+
+
+def hub_options(**extra: Any) -> dict[str, Any]:
+    """Keyword arguments for hub look-ups: ``local_files_only`` in offline mode, plus ``extra``."""
+    return {"local_files_only": offline(), **extra}
+
+
+def model_file(name: str | os.PathLike[str], filename: str, hub: dict[str, Any] | None = None) -> str | None:
+    """``filename`` of a model folder or hub repository; None where the model has no such file."""
+    if Path(name).is_dir():
+        path = Path(name) / filename
+        return str(path) if path.is_file() else None
+    from sentence_transformers.util import load_file_path
+
+    try:
+        return load_file_path(str(name), filename, **(hub if hub is not None else hub_options()))
+    except Exception as exc:  # hub errors come in many types; the message is what matters
+        raise ModelError(f"cannot fetch {filename} of {str(name)!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def quiet_transformers() -> None:
+    """Model loading prints per-weight progress and load reports; a CLI user wants one line per step."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+# The precisions a tower loads in, as the CLI and the configs name them (torch's long names float32, bfloat16 and
+# float16 are taken too: care_retriever.model.embedder.DTYPES). "saved": each tower in the dtype its own
+# config.json names (fp32 where it names none), whatever the device: what `init` writes, so a GPU does not decide a
+# model's bytes. Torch-free, so that a bad flag is refused before torch is imported.
+DTYPE_CHOICES = ("auto", "saved", "fp32", "bf16", "fp16")
+DTYPE_NAMES = (*DTYPE_CHOICES, "float32", "bfloat16", "float16")
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "flash_attention_2", "eager")
+
+# ------------------------------------------------------------------
+# Is a model name a local folder or a hub id? One rule for every loader.
+#
+# A hub id is ``name`` or ``org/name``. Anything else that reads as a path (``./m``, ``../m``, ``/abs``, ``~/m``,
+# ``a/b/c``, ``C:\m``) or that exists on disk is local, and must then be a folder: a typo in a path fails at once, in
+# one line, instead of as a confusing hub lookup (or a download).
+_WINDOWS_PATH = re.compile(r"^[A-Za-z]:[\\/]|\\")
+
+
+def looks_local(name: str) -> bool:
+    """Whether ``name`` can only be a path on this machine (not a hub id)."""
+    return (
+        name.startswith((".", "/", "~"))
+        or name.count("/") > 1
+        or bool(_WINDOWS_PATH.search(name))
+        or Path(name).expanduser().exists()
+    )
+
+
+def local_model_dir(name: str) -> Path | None:
+    """The folder ``name`` names (``~`` expanded), or None for a hub id.
+
+    Raises :class:`ModelError` for an empty name and for a local-looking name that is not a folder.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ModelError(f"model must be a model folder or hub id, got {name!r}")
+    if not looks_local(name):
+        return None
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise ModelError(f"model folder not found: {name}")
+    return path
+
+
+def replace_folder(staged: Path, target: Path) -> None:
+    """Put the finished folder ``staged`` where ``target`` is, replacing it; the old copy goes only once
+    the new one is in place, so a failure leaves one of the two complete."""
+    if target.exists():
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+        staged.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staged.rename(target)

@@ -1,0 +1,87 @@
+"""Query backends: the query tower on torch (default) or on an ONNX / OpenVINO export in the model folder.
+
+This package imports neither torch nor transformers: with ``backend="onnx"`` (``"openvino"``) a search
+process runs on tokenizers + onnxruntime (openvino) + numpy only. ``load_query_embedder`` is the one place that picks
+a backend for the search path (CLI ``search``/``serve``, :class:`~care_retriever.search.retriever.CareRetriever`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from care_retriever.errors import ModelError
+from care_retriever.search.backends.layout import BACKENDS, EXPORT_BACKENDS, find_export, require_export
+
+if TYPE_CHECKING:
+    from care_retriever.model.protocols import QueryEncoder
+
+__all__ = [
+    "AUTO_ORDER",
+    "BACKENDS",
+    "EXPORT_BACKENDS",
+    "find_export",
+    "load_query_embedder",
+    "require_export",
+    "resolve_backend",
+]
+
+
+# What ``auto`` takes when the folder has several exports: first in this order.
+AUTO_ORDER = ("onnx", "openvino")
+
+
+def resolve_backend(model: str | os.PathLike[str], backend: str) -> str:
+    """``auto`` -> the first export the (local) model folder holds (:data:`AUTO_ORDER`), else ``torch``."""
+    if backend not in BACKENDS:
+        raise ModelError(f"Unknown backend {backend!r}. Available backends: {list(BACKENDS)}")
+    if backend != "auto":
+        return backend
+    folder = Path(model).expanduser()
+    if folder.is_dir():
+        for exported in AUTO_ORDER:
+            if find_export(folder, exported) is not None:
+                return exported
+    return "torch"
+
+
+def load_query_embedder(
+    model: str | os.PathLike[str],
+    backend: str = "auto",
+    *,
+    device: str | None = None,
+    threads: int | None = None,
+    trust_remote_code: bool = False,
+    **kwargs: Any,
+) -> QueryEncoder:
+    """The query-side embedder of ``model`` on ``backend``; torch is imported only for the torch backend.
+
+    The one place that chooses a backend: :meth:`AsymmetricEmbedder.from_pretrained
+    <care_retriever.model.embedder.AsymmetricEmbedder.from_pretrained>` always builds torch towers.
+
+    ``threads``: CPU threads of one forward pass (ONNX Runtime's / OpenVINO's intra-op threads; for torch,
+    ``torch.set_num_threads``, which is process-wide). None leaves each runtime's default.
+    ``trust_remote_code``: needed by a torch query tower whose model code ships with it; an exported
+    tower (onnx, openvino) is a graph and runs no model code.
+    """
+    chosen = resolve_backend(model, backend)
+    if chosen != "torch" and device not in (None, "auto", "cpu"):
+        raise ModelError(f"backend {chosen!r} runs on the CPU; got --device {device!r} (use --backend torch)")
+    if chosen == "onnx":
+        from care_retriever.search.backends.onnx_embedder import OnnxQueryEmbedder
+
+        return OnnxQueryEmbedder.from_pretrained(model, threads=threads, **kwargs)
+    if chosen == "openvino":
+        from care_retriever.search.backends.openvino_embedder import OpenVinoQueryEmbedder
+
+        return OpenVinoQueryEmbedder.from_pretrained(model, threads=threads, **kwargs)
+    from care_retriever.model.embedder import AsymmetricEmbedder
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    return AsymmetricEmbedder.from_pretrained(
+        model, load="query", device=device, trust_remote_code=trust_remote_code, **kwargs
+    )

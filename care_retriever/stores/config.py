@@ -1,0 +1,371 @@
+"""The typed settings of a store, each checked once when it is built: which store (:class:`StoreSpec`), a FAISS
+index (:class:`FaissIndexConfig`) and a Qdrant collection (:class:`QdrantCollectionConfig`).
+
+Each class is the one home of its options' defaults and checks: the ``index`` command's flags are generated from
+its fields (their ``metadata`` carries the help text and the flag where it differs from the field's name,
+:mod:`care_retriever.cli.dataclass_options`), the integrations convert the dicts their users pass through
+``from_manifest``, and the stores read the fields. ``to_manifest`` is the dict a store's manifest keeps under
+``"index"`` (the on-disk format: unchanged); ``from_manifest`` reads every such dict written before.
+
+Torch- and faiss-free: the CLI reads these classes when it starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, TypeVar
+
+from care_retriever.errors import InputError
+
+E = TypeVar("E", bound=Enum)
+
+
+def meta(help: str | None = None, *, flag: str | None = None, cli: bool = True) -> dict[str, Any]:
+    """A config field's command-line option, as its ``metadata``: ``help`` (None: the help of another field with
+    the same flag), ``flag`` (default: ``--`` and the field's name with dashes), ``cli=False`` for a setting with no
+    flag (given through an integration's dict only)."""
+    return {"help": help, "flag": flag, "cli": cli}
+
+
+class Choice(str, Enum):
+    """A closed choice: compares equal to its value and prints as it (``f"{IndexType.FLAT}"`` is ``flat``)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+def choice(kind: type[E], value: Any, what: str) -> E:
+    """``value`` (a member or its string) as a member of ``kind``, or one line naming the valid values."""
+    try:
+        return kind(value)
+    except (ValueError, TypeError):
+        raise InputError(f"Unknown {what} {value!r}. Available: {[m.value for m in kind]}") from None
+
+
+def count(value: Any, what: str) -> int:
+    """An integer >= 1 (a bool is not one), or one line."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{what} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def ratio(value: Any, what: str) -> float:
+    """A number >= 1 as a float (oversampling), or one line."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        raise InputError(f"{what} must be a number >= 1, got {value!r}")
+    return float(value)
+
+
+def _set(config: object, name: str, value: Any) -> None:
+    object.__setattr__(config, name, value)  # a frozen dataclass normalising its own field in __post_init__
+
+
+# ---------------------------------------------------------------------------------------------------- store spec
+class StoreKind(Choice):
+    FAISS = "faiss"
+    QDRANT = "qdrant"
+
+
+STORE_HELP = "faiss:DIR | qdrant:PATH | qdrant::memory: | qdrant:http://host:6333"
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Which store: ``faiss:DIR``, ``qdrant:PATH``, ``qdrant::memory:`` or ``qdrant:http(s)://host:port``, and for
+    Qdrant the collection (None: the store's default)."""
+
+    kind: StoreKind
+    location: str
+    collection: str | None = field(default=None, metadata=meta("Qdrant collection name."))
+
+    def __post_init__(self) -> None:
+        _set(self, "kind", choice(StoreKind, self.kind, "store kind"))
+        if not self.location:
+            raise InputError(f"invalid store {str(self)!r}: expected one of {STORE_HELP.replace(' |', ',')}")
+
+    @classmethod
+    def parse(cls, spec: str, collection: str | None = None) -> StoreSpec:
+        scheme, sep, location = spec.partition(":")
+        if not sep or scheme not in [k.value for k in StoreKind] or not location:
+            raise InputError(f"invalid store {spec!r}: expected one of {STORE_HELP.replace(' |', ',')}")
+        return cls(StoreKind(scheme), location, collection)
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}:{self.location}"
+
+
+# ---------------------------------------------------------------------------------------------------- FAISS
+class IndexType(Choice):
+    FLAT = "flat"
+    HNSW = "hnsw"
+    IVF = "ivf"
+    IVFPQ = "ivfpq"
+
+
+class Quantize(Choice):
+    NONE = "none"
+    SQ8 = "sq8"
+    BINARY = "binary"
+    PQ = "pq"
+
+
+# Candidates taken from the codes per result wanted, by quantization (measured: docs/scale.md); a store's own value
+# is kept in its manifest (index option "oversample") and FaissStore(oversample=...) overrides it.
+FAISS_DEFAULT_OVERSAMPLE = {Quantize.SQ8: 4.0, Quantize.BINARY: 100.0, Quantize.PQ: 50.0}
+QUANTIZE_HELP = (
+    "FAISS: none | sq8 | binary | pq: compressed codes in RAM, full vectors on disk, every search rescored "
+    "(docs/scale.md); Qdrant: none | sq8 | binary (rescored on a server). Fixed when the store is created."
+)
+OVERSAMPLE_HELP = "Candidates from the codes per result wanted, rescored exactly (default by quantize)."
+# manifest key -> field, where they differ
+_FAISS_KEYS = {"type": "index_type"}
+# kept in a FAISS manifest's "index" beside the options: the store's own bookkeeping, not a setting
+FAISS_BOOKKEEPING = ("tombstones",)
+
+
+@dataclass(frozen=True)
+class FaissIndexConfig:
+    """A FAISS store's index: its kind and build/search parameters, and its quantization.
+
+    ``quantize`` None is "not asked": an existing store keeps its own, a new one has none (:attr:`quantization`);
+    ``oversample`` None: the store's own, or the quantization's default (:attr:`effective_oversample`).
+    """
+
+    index_type: IndexType = field(
+        default=IndexType.FLAT,
+        metadata=meta("FAISS index: flat (exact) | hnsw | ivf | ivfpq (see docs/scale.md).", flag="--index-type"),
+    )
+    m: int = field(default=32, metadata=meta("HNSW neighbours per node.", flag="--hnsw-m"))
+    ef_construction: int = field(default=200, metadata=meta("HNSW build-time candidate list."))
+    ef_search: int = field(default=128, metadata=meta("HNSW search-time candidate list (kept in the manifest)."))
+    nlist: int = field(default=1024, metadata=meta("IVF lists."))
+    nprobe: int = field(default=32, metadata=meta("IVF lists visited per search (kept in the manifest)."))
+    pq_m: int = field(default=96, metadata=meta("IVF-PQ bytes per vector; must divide the dimension."))
+    pq_bits: int = field(default=8, metadata=meta("Bits per PQ code (ivfpq, quantize pq)."))
+    quantize: Quantize | None = field(default=None, metadata=meta(QUANTIZE_HELP))
+    oversample: float | None = field(default=None, metadata=meta(OVERSAMPLE_HELP))
+
+    def __post_init__(self) -> None:
+        _set(self, "index_type", choice(IndexType, self.index_type, "FAISS index type"))
+        for f in dataclasses.fields(self):
+            if f.type == "int":
+                count(getattr(self, f.name), f"FAISS index option {f.name} ({flag_of(f)})")
+        if self.quantize is not None:
+            _set(self, "quantize", choice(Quantize, self.quantize, "FAISS quantize"))
+        if self.oversample is not None:
+            _set(self, "oversample", ratio(self.oversample, "oversample"))
+        if self.quantization is not Quantize.NONE:
+            if self.index_type is IndexType.IVFPQ:
+                raise InputError(
+                    "index type ivfpq already stores PQ codes; use --index-type ivf --quantize pq to rescore"
+                )
+            if self.quantization is Quantize.BINARY and self.index_type is not IndexType.FLAT:
+                raise InputError(f"quantize=binary works with index type flat only, not {self.index_type.value!r}")
+
+    @property
+    def quantization(self) -> Quantize:
+        """The store's code kind: none (the index holds the vectors) or sq8 / binary / pq (codes + vectors.f32)."""
+        return Quantize.NONE if self.quantize is None else self.quantize
+
+    @property
+    def effective_oversample(self) -> float:
+        """Candidates per result a search rescores: the given value, else the quantization's default (1: none)."""
+        if self.oversample is not None:
+            return self.oversample
+        return FAISS_DEFAULT_OVERSAMPLE.get(self.quantization, 1.0)
+
+    @property
+    def supports_remove(self) -> bool:
+        """HNSW cannot remove vectors: removed rows stay in it as tombstones that searches skip."""
+        return self.index_type is not IndexType.HNSW
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The manifest's ``"index"`` dict, as stores have always written it: no ``quantize`` key without
+        quantization (format 2), ``oversample`` resolved for a quantized store."""
+        out: dict[str, Any] = {
+            "type": self.index_type.value,
+            "m": self.m,
+            "ef_construction": self.ef_construction,
+            "ef_search": self.ef_search,
+            "nlist": self.nlist,
+            "nprobe": self.nprobe,
+            "pq_m": self.pq_m,
+        }
+        if self.pq_bits != _FAISS_DEFAULTS["pq_bits"]:  # older manifests have no pq_bits: theirs is the default
+            out["pq_bits"] = self.pq_bits
+        if self.quantization is not Quantize.NONE:
+            out["quantize"] = self.quantization.value
+            out["oversample"] = self.effective_oversample
+        elif self.quantize is None and self.oversample is not None:  # asked for a store whose quantization is kept
+            out["oversample"] = self.oversample
+        return out
+
+    def to_options(self) -> dict[str, Any]:
+        """The settings as asked, the dict a store's ``prepare`` has always read: ``quantize`` and ``oversample``
+        only where given (an existing store keeps its own; ``quantize: none`` asked of a quantized one is refused)."""
+        out = {k: v for k, v in self.to_manifest().items() if k not in ("quantize", "oversample")}
+        if self.quantize is not None:
+            out["quantize"] = self.quantize.value
+        if self.oversample is not None:
+            out["oversample"] = self.oversample
+        return out
+
+    @classmethod
+    def from_manifest(cls, index: Mapping[str, Any] | None) -> FaissIndexConfig:
+        """Any ``"index"`` dict written before (format 1 ``{"type": ...}``, no ``quantize`` key, ``"none"``) or
+        given by a user; keys that are not options (the store's tombstone count) are not read."""
+        index = index or {}
+        names = {f.name for f in dataclasses.fields(cls)}
+        given = {_FAISS_KEYS.get(k, k): v for k, v in index.items()}
+        return cls(**{k: v for k, v in given.items() if k in names and v is not None})
+
+    @staticmethod
+    def manifest_keys() -> list[str]:
+        """The option names a manifest dict may hold."""
+        inverse = {v: k for k, v in _FAISS_KEYS.items()}
+        return [inverse.get(f.name, f.name) for f in dataclasses.fields(FaissIndexConfig)]
+
+
+def as_faiss_config(index: StoreOptions) -> FaissIndexConfig:
+    """A config as it is, a manifest or user dict read once (None: the defaults)."""
+    if isinstance(index, QdrantCollectionConfig):
+        raise InputError("a FAISS store takes a FaissIndexConfig, not a QdrantCollectionConfig")
+    return index if isinstance(index, FaissIndexConfig) else FaissIndexConfig.from_manifest(index)
+
+
+# ---------------------------------------------------------------------------------------------------- Qdrant
+class QdrantQuantize(Choice):
+    NONE = "none"
+    SQ8 = "sq8"
+    BINARY = "binary"
+
+
+# Oversampling when none is given: Qdrant's guidance for rescored int8 and binary codes (not measured here: this
+# machine has no Qdrant server, and local mode searches exactly; see docs/scale.md).
+QDRANT_DEFAULT_OVERSAMPLE = {QdrantQuantize.SQ8: 2.0, QdrantQuantize.BINARY: 3.0}
+# older names still accepted: ``quantization: "int8"`` is ``quantize: "sq8"``, ``shard_number`` is ``shards``,
+# ``replication_factor`` is ``replicas``
+QDRANT_ALIASES = {"quantization": "quantize", "shard_number": "shards", "replication_factor": "replicas"}
+
+
+@dataclass(frozen=True)
+class QdrantCollectionConfig:
+    """A Qdrant collection's settings as given: None is "not given" (an existing collection's own, Qdrant's
+    default for a new one); :meth:`resolved` fills in what a new collection records."""
+
+    quantize: QdrantQuantize | None = field(default=None, metadata=meta(flag="--quantize"))
+    oversample: float | None = field(default=None, metadata=meta(flag="--oversample"))
+    on_disk: bool | None = field(
+        default=None,
+        metadata=meta("Qdrant: keep the original vectors on disk (memory-mapped).", flag="--on-disk-vectors"),
+    )
+    shards: int | None = field(default=None, metadata=meta("Qdrant: shards of a new collection (shard_number)."))
+    replicas: int | None = field(default=None, metadata=meta("Qdrant: copies of each shard (replication_factor)."))
+    # given through an integration's dict only (no flag of `index`)
+    always_ram: bool | None = field(default=None, metadata=meta(cli=False))
+    on_disk_payload: bool | None = field(default=None, metadata=meta(cli=False))
+    m: int | None = field(default=None, metadata=meta(cli=False))
+    ef_construct: int | None = field(default=None, metadata=meta(cli=False))
+
+    def __post_init__(self) -> None:
+        if self.quantize is not None:
+            try:
+                _set(self, "quantize", QdrantQuantize(self.quantize))
+            except (ValueError, TypeError):
+                raise InputError(
+                    f"unknown Qdrant quantization {self.quantize!r}; valid: "
+                    f"{', '.join(q.value for q in QdrantQuantize)} (int8 is sq8; Qdrant's product quantization is "
+                    "not offered)"
+                ) from None
+        if self.oversample is not None:
+            _set(self, "oversample", ratio(self.oversample, "Qdrant option oversample"))
+        for name in ("on_disk", "on_disk_payload", "always_ram"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise InputError(f"Qdrant option {name} must be true or false, got {value!r}")
+        for name in ("m", "ef_construct", "shards", "replicas"):
+            if getattr(self, name) is not None:
+                count(getattr(self, name), f"Qdrant option {name}")
+
+    def given(self) -> dict[str, Any]:
+        """The settings given (not None), by name."""
+        return {
+            f.name: (v.value if isinstance(v, Enum) else v)
+            for f in dataclasses.fields(self)
+            if (v := getattr(self, f.name)) is not None
+        }
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The manifest's ``"index"`` dict: the collection is HNSW, and the settings given under their names."""
+        return {"type": "hnsw", **self.given()}
+
+    @classmethod
+    def from_manifest(cls, index: Mapping[str, Any] | None) -> QdrantCollectionConfig:
+        """A manifest's dict or a user's (older names accepted; one line for an unknown setting or two that
+        disagree)."""
+        index = dict(index or {})
+        names = [f.name for f in dataclasses.fields(cls)]
+        known = ["type", *names, *QDRANT_ALIASES]
+        unknown = sorted(set(index) - set(known))
+        if unknown:
+            raise InputError(f"unknown Qdrant collection options {unknown}; known: {known}")
+        if index.get("type", "hnsw") != "hnsw":
+            raise InputError(f"Qdrant collections are HNSW; got index type {index['type']!r}")
+        out: dict[str, Any] = {}
+        for key, value in index.items():
+            if key == "type" or value is None:
+                continue
+            name = QDRANT_ALIASES.get(key, key)
+            if key == "quantization" and value == "int8":
+                value = "sq8"
+            if name in out and out[name] != value:
+                raise InputError(f"Qdrant options {name} and {key} disagree ({out[name]!r} vs {value!r}); give one")
+            out[name] = value
+        return cls(**out)
+
+    def resolved(self) -> QdrantCollectionConfig:
+        """With the defaults a new collection gets (what its manifest records); one line for ``oversample`` or
+        ``always_ram`` without quantization."""
+        self.require_quantized(self.quantize)
+        quantize = self.quantize or QdrantQuantize.NONE
+        if quantize is QdrantQuantize.NONE:
+            return dataclasses.replace(self, quantize=quantize)
+        return dataclasses.replace(
+            self,
+            quantize=quantize,
+            # the codes searched in RAM, the originals (maybe on disk) rescore
+            always_ram=True if self.always_ram is None else self.always_ram,
+            oversample=QDRANT_DEFAULT_OVERSAMPLE[quantize] if self.oversample is None else self.oversample,
+        )
+
+    def local_mode(self) -> QdrantCollectionConfig:
+        """The settings local mode keeps (it has one shard and no replicas)."""
+        return dataclasses.replace(self, shards=None, replicas=None)
+
+    def require_quantized(self, quantize: QdrantQuantize | None) -> None:
+        """``always_ram`` and ``oversample`` apply to a collection quantized as ``quantize``, or one line."""
+        given = [k for k in ("always_ram", "oversample") if getattr(self, k) is not None]
+        if quantize in (None, QdrantQuantize.NONE) and given:
+            raise InputError(f"Qdrant options {given} apply to a quantized collection: add quantize sq8 or binary")
+
+
+def as_qdrant_config(index: StoreOptions) -> QdrantCollectionConfig:
+    """A config as it is, a manifest or user dict read once (None: nothing given)."""
+    if isinstance(index, FaissIndexConfig):
+        raise InputError("a Qdrant store takes a QdrantCollectionConfig, not a FaissIndexConfig")
+    return index if isinstance(index, QdrantCollectionConfig) else QdrantCollectionConfig.from_manifest(index)
+
+
+# What a store's prepare/begin/transaction take: the config of its kind, or a dict read through it.
+StoreOptions = FaissIndexConfig | QdrantCollectionConfig | Mapping[str, Any] | None
+
+
+def flag_of(f: dataclasses.Field[Any]) -> str:
+    """The command-line flag of a config field."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+_FAISS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FaissIndexConfig)}

@@ -1,0 +1,215 @@
+"""The write sessions of a FaissStore: one object per write mode, each owning the state only that mode needs.
+
+* :class:`StagedWrite` (``prepare``, used by ``care-retriever index``): the next version of the store built in
+  the staging folder beside it, with an index, a docstore connection and a manifest of its own; :meth:`commit`
+  checkpoints it, :meth:`publish` swaps it into place, :meth:`abort` discards it, :meth:`close` keeps the last
+  checkpoint for the next run.
+* :class:`InPlaceWrite` (``transaction`` on a published store): writes the published index and docstore the
+  store reads; it owns this transaction's delta records, and :meth:`commit` is the journal's commit point.
+
+The store holds the read state (the published version it serves) and at most one session at a time; a
+session is dropped when its write ends, so nothing of one write reaches the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from care_retriever.errors import StoreError
+from care_retriever.indexing.corpus import Document
+from care_retriever.stores.base import Manifest
+from care_retriever.stores.faiss import docstore, files, journal, rescoring, sparse
+from care_retriever.stores.faiss.files import DOCSTORE, INDEX, MANIFEST, VECTORS
+from care_retriever.stores.faiss.index_factory import index_ids, quantization, supports_remove, train_on_first_batch
+
+
+def read_staged_manifest(folder: Path) -> Manifest:
+    """The manifest of the checkpoint in the staging ``folder`` (its errors name the folder to remove)."""
+    return files.read_manifest(folder / MANIFEST, checkpoint_of=folder)
+
+
+class WriteSession:
+    """What both write modes share: the index, docstore and manifest written, and the numbering of new rows."""
+
+    def __init__(
+        self, folder: Path, manifest: Manifest, index: faiss.Index, db: sqlite3.Connection, count: int, tombstones: int
+    ) -> None:
+        self.folder = folder  # where vectors.f32 rows are written
+        self.manifest = manifest  # the manifest of the version being written
+        self.index = index
+        self.db = db
+        self.count = count  # live documents, this write's changes included
+        self.tombstones = tombstones  # removed rows an HNSW index still holds
+        ids = index_ids(index)
+        # Row ids are never reused: past both the docstore's and the index's (a killed writer may leave either ahead).
+        self.next_row_id = max(docstore.max_row_id(db), int(ids.max()) if len(ids) else -1) + 1
+        self.vector_writer = rescoring.VectorWriter()  # quantized stores: vectors.f32 rows at their offsets
+        if quantization(manifest.index) != "none":
+            self.vector_writer.open(folder)
+
+    def upsert(
+        self, documents: Sequence[Document], vectors: np.ndarray, sparse_tokens: Sequence[list[str]] | None
+    ) -> None:
+        """Replace the documents stored under the ids of ``documents`` (vectors already checked)."""
+        removed = self._remove_rows([d.id for d in documents])
+        row_ids = np.arange(self.next_row_id, self.next_row_id + len(documents), dtype=np.int64)
+        self.next_row_id += len(documents)
+        docstore.insert(self.db, row_ids.tolist(), documents)
+        if self.manifest.sparse:  # the BM25 side, in the same SQLite transaction
+            sparse.add(self.db, row_ids.tolist(), documents, sparse_tokens)
+        train_on_first_batch(self.index, vectors)
+        # Quantized stores: full-precision rows at their offsets, made durable by commit().
+        self.vector_writer.write(int(row_ids[0]), vectors)
+        self.index.add_with_ids(vectors, row_ids)
+        self._record(journal.ADD, row_ids, vectors)
+        self.count += len(documents) - removed
+
+    def delete(self, ids: Sequence[str]) -> int:
+        removed = self._remove_rows(ids)
+        self.count -= removed
+        return removed
+
+    def _remove_rows(self, ids: Sequence[str]) -> int:
+        existing = list(docstore.row_ids(self.db, ids).values())
+        if not existing:
+            return 0
+        docstore.delete_rows(self.db, existing)
+        if self.manifest.sparse:
+            sparse.remove(self.db, existing)
+        # HNSW cannot remove vectors: they stay as tombstones that searches skip.
+        rows = np.asarray(existing, dtype=np.int64)
+        if supports_remove(self.manifest.index):
+            self.index.remove_ids(rows)
+        else:
+            self.tombstones += len(rows)
+        self._record(journal.REMOVE, rows, None)
+        return len(existing)
+
+    def _record(self, op: int, rows: np.ndarray, vectors: np.ndarray | None) -> None:
+        """A change to remember beyond the index and docstore (nothing: a bulk write checkpoints the whole index)."""
+
+    def close(self) -> None:
+        """Release what the session holds open without committing anything."""
+        self.vector_writer.close()
+
+
+class StagedWrite(WriteSession):
+    """A bulk write into the staging folder: a checkpoint there is resumed by the next run if this one dies."""
+
+    def __init__(self, folder: Path) -> None:
+        manifest = read_staged_manifest(folder)
+        try:
+            index = faiss.read_index(str(folder / INDEX))
+        except RuntimeError as exc:
+            first = str(exc).splitlines()[0]
+            raise StoreError(f"{folder / INDEX}: corrupted checkpoint ({first}); remove {folder}") from exc
+        db = docstore.connect(folder / DOCSTORE)
+        try:
+            count = docstore.count(db)
+            super().__init__(folder, manifest, index, db, count, int(index.ntotal) - count)
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            raise StoreError(f"{folder / DOCSTORE}: corrupted checkpoint ({exc}); remove {folder}") from exc
+
+    def reconcile(self) -> None:
+        """Continue a writer that was killed between the docstore's commit and the index's checkpoint: vectors
+        without a row are removed, rows without a vector dropped (the writer encodes them again)."""
+        stored_ids = set(index_ids(self.index).tolist())
+        row_ids = docstore.all_row_ids(self.db)
+        orphans = stored_ids - row_ids
+        if orphans and supports_remove(self.manifest.index):
+            self.index.remove_ids(np.fromiter(orphans, dtype=np.int64))
+        missing = row_ids - stored_ids
+        if missing:
+            docstore.delete_rows(self.db, sorted(missing))
+            if self.manifest.sparse:
+                sparse.remove(self.db, sorted(missing))
+            self.db.commit()
+        self.count = docstore.count(self.db)
+        self.tombstones = int(self.index.ntotal) - self.count
+
+    def commit(self) -> None:
+        """Checkpoint: docstore transaction first, then the index, each durable and atomic."""
+        self.vector_writer.sync()  # every row the docstore commits has its vector on disk
+        self.db.commit()
+        files.write_index_atomic(self.index, self.folder / INDEX)
+        self.count = docstore.count(self.db)
+        self.tombstones = int(self.index.ntotal - self.count)
+        journal.start_meta(self.db, self.folder / INDEX, self.count, self.tombstones)
+        self.manifest.count = self.count
+        self.manifest.index["tombstones"] = self.tombstones
+        files.write_manifest(self.folder, self.manifest)
+
+    def publish(self, path: Path) -> None:
+        """Seal the committed checkpoint and swap it into place at ``path``."""
+        self.vector_writer.close()
+        self.db.close()  # the last connection's close folds any WAL into the file: hash the final bytes
+        names = (INDEX, DOCSTORE, VECTORS) if (self.folder / VECTORS).exists() else (INDEX, DOCSTORE)
+        files.seal(self.folder, self.manifest, names, time.time())
+        files.publish(self.folder, path)
+
+    def abort(self) -> None:
+        """Drop the staging folder, checkpoints included."""
+        self.vector_writer.close()
+        with contextlib.suppress(sqlite3.ProgrammingError):  # closed already by a publish that failed later
+            self.db.rollback()
+        self.db.close()
+        files.discard(self.folder)
+
+    def close(self) -> None:
+        """Keep the last checkpoint for the next run; what was written after it is dropped."""
+        super().close()
+        self.db.close()
+
+
+class InPlaceWrite(WriteSession):
+    """A small write into the published store: rows in its docstore (SQLite WAL), vectors in its delta."""
+
+    def __init__(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        index: faiss.Index,
+        db: sqlite3.Connection,
+        count: int,
+        tombstones: int,
+        opened_as: tuple[int, int],
+    ) -> None:
+        super().__init__(folder, manifest, index, db, count, tombstones)
+        self.opened_as = opened_as  # (inode of index.faiss, committed delta bytes) as of the last commit
+        self.delta: list[np.ndarray] = []  # delta records since the last commit, appended by commit()
+
+    def _record(self, op: int, rows: np.ndarray, vectors: np.ndarray | None) -> None:
+        self.delta.append(journal.records(op, rows, vectors, self.manifest.dim))
+
+    def commit(self) -> tuple[int, int]:
+        """Append the delta, then commit the docstore with the delta's new length (the commit point); returns
+        (inode of index.faiss, committed delta bytes) as it leaves them (a fold makes a new index.faiss)."""
+        committed = self.opened_as[1]
+        self.vector_writer.sync()  # the rows' full vectors are durable before the commit point
+        if self.delta:
+            committed = journal.append(self.folder, committed, np.concatenate(self.delta).tobytes())
+        journal.set_meta(self.db, count=self.count, tombstones=self.tombstones, delta_bytes=committed)
+        self.db.commit()
+        self.delta = []
+        self.opened_as = (self.opened_as[0], committed)
+        self.manifest.count = self.count
+        self.manifest.index["tombstones"] = self.tombstones
+        self.manifest.updated_at = time.time()
+        files.write_manifest(self.folder, self.manifest)  # informative: the docstore's counts are the truth
+        if journal.needs_fold(self.folder, committed):
+            self.opened_as = (journal.fold(self.db, self.index, self.folder), 0)
+        return self.opened_as
+
+    def abort(self) -> None:
+        """Roll the docstore back; the store reopens the published files (the index in memory has the writes)."""
+        self.vector_writer.close()
+        self.db.rollback()
+        self.delta = []
