@@ -141,3 +141,14 @@ def test_an_encoding_error_lets_the_encoded_slices_be_written_first(
             write(embedder, folder, documents())
     resumed = write(embedder, folder, documents())
     assert (resumed.unchanged, resumed.added, resumed.count) == (150, 150, 300)  # type: ignore[attr-defined]
+
+
+def test_writes_overlap_by_default_only_where_measured(embedder: AsymmetricEmbedder, tmp_path: Path) -> None:
+    """A FAISS store written by this process overlaps its writes; torchrun's rank 0 (an encoder of its own, which
+    runs the job's collectives) and a Qdrant store keep them inline."""
+    assert DocumentStoreWriter(embedder, f"faiss:{tmp_path / 'a'}", show_progress=False).overlap_writes
+    sharded = DocumentStoreWriter(
+        embedder, f"faiss:{tmp_path / 'b'}", show_progress=False, encoder=embedder.embed_documents
+    )
+    assert not sharded.overlap_writes
+    assert not DocumentStoreWriter(embedder, "qdrant::memory:", show_progress=False).overlap_writes

@@ -231,8 +231,11 @@ class DocumentStoreWriter:
         # Store writes on a thread of their own while the next slice encodes (_StoreWrites). None: for a FAISS store,
         # whose writes (hashing, docstore rows, index add) took about a quarter of a CPU run's time on the calling
         # thread; its docstore connection is shared across threads. Local Qdrant's SQLite may refuse another thread.
+        # Not with an encoder of its own (torchrun's rank 0, whose encoder runs the job's collectives): that path
+        # keeps its writes inline, as measured and tested before the overlap (one gloo run of the sharded test
+        # aborted in C++ at exit under load with the thread; not reproduced in 18 runs since, cause not found).
         if overlap_writes is None:
-            overlap_writes = self.store.backend == StoreKind.FAISS
+            overlap_writes = self.store.backend == StoreKind.FAISS and encoder is None
         self.overlap_writes = overlap_writes
         self._writes: _StoreWrites | None = None
 
