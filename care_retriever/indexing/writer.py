@@ -35,8 +35,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from care_retriever.errors import InputError, ModelError
+from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
 from care_retriever.indexing.corpus import Document
-from care_retriever.model.encoding import DEFAULT_BATCH_TEXTS, BatchLimits, auto_batch_limits, check_unicode
+from care_retriever.model.encoding import BatchLimits, auto_batch_limits, check_unicode
 from care_retriever.model.protocols import DocumentEncoder
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
@@ -209,7 +210,7 @@ class DocumentStoreWriter:
         # texts and padded tokens per forward pass; halved on out-of-memory and kept lowered for the run. "auto" and
         # None are resolved once the first write starts (auto_batch_limits: from the GPU's free memory).
         self.limits = BatchLimits(
-            batch_size or DEFAULT_BATCH_TEXTS, max_batch_tokens if isinstance(max_batch_tokens, int) else None
+            batch_size or DOCUMENT_BATCH_SIZE, max_batch_tokens if isinstance(max_batch_tokens, int) else None
         )
         self._limits_resolved = False
         self.chunk_size = chunk_size

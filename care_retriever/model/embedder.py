@@ -510,21 +510,16 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
             modules = []
             for module_id in router["structure"][route]:
                 if module_id not in loaded:
-                    # each tower in its own precision: "auto" keeps a bf16-pretrained tower off fp16
-                    saved = model_file(name, f"{module_id}/config.json", hub)
-                    torch_dtype = resolve_dtype(
-                        dtype, dev, tower_pretrained_dtype(str(Path(saved).parent)) if saved else None
-                    )
-                    attention = resolve_attn_implementation(attn_implementation, dev, torch_dtype)
                     loaded[module_id] = _load_module(
                         name,
                         module_id,
                         router["types"][module_id],
                         hub,
-                        torch_dtype,
+                        dtype,
+                        dev,
                         trust_remote_code,
                         allow_pickled_weights,
-                        attention,
+                        attn_implementation,
                     )
                 modules.append(loaded[module_id])
             if merge_lora:
@@ -767,7 +762,8 @@ def _load_module(
     module_id: str,
     class_ref: str,
     hub: dict[str, Any],
-    dtype: torch.dtype,
+    dtype: str | torch.dtype | None,
+    device: torch.device,
     trust_remote_code: bool,
     allow_pickled_weights: bool = False,
     attn_implementation: str | None = None,
@@ -777,15 +773,20 @@ def _load_module(
         raise ModelError(f"{name}/{module_id}: {class_ref} is not a sentence-transformers module")
     refuse_pickled_weights(Path(name) / module_id, allow_pickled_weights)
     if issubclass(module_class, Transformer):
+        # each tower in its own precision ("auto" keeps a bf16-pretrained tower off fp16): read from the
+        # transformer's own config.json, the only module that has weights to cast
+        saved = model_file(name, f"{module_id}/config.json", hub)
+        torch_dtype = resolve_dtype(dtype, device, tower_pretrained_dtype(str(Path(saved).parent)) if saved else None)
+        attention = resolve_attn_implementation(attn_implementation, device, torch_dtype)
         return module_class.load(
             name,
             subfolder=module_id,
             trust_remote_code=trust_remote_code,
             model_kwargs={
-                "dtype": dtype,
+                "dtype": torch_dtype,
                 "use_safetensors": None if allow_pickled_weights else True,
                 # only when set: model code of its own may not take the keyword
-                **({"attn_implementation": attn_implementation} if attn_implementation else {}),
+                **({"attn_implementation": attention} if attention else {}),
             },
             **hub,
         )

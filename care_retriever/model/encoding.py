@@ -30,7 +30,6 @@ from care_retriever.indexing.config import CUDA_DOCUMENT_BATCH_SIZE, DOCUMENT_BA
 from care_retriever.model.protocols import check_texts, check_unicode
 
 __all__ = [
-    "DEFAULT_BATCH_TEXTS",
     "BatchLimits",
     "auto_batch_limits",
     "check_texts",
@@ -115,9 +114,6 @@ def halve_limits(limits: BatchLimits, texts: int, width: int) -> int:
     return limits.texts
 
 
-# Texts per forward pass when none is given, on the CPU and on a GPU: their one home is the encoding config
-DEFAULT_BATCH_TEXTS = DOCUMENT_BATCH_SIZE
-CUDA_BATCH_TEXTS = CUDA_DOCUMENT_BATCH_SIZE
 # The automatic token budget: this share of the GPU's free memory, at most this many tokens per pass (past that,
 # bigger passes add memory, not speed).
 AUTO_MEMORY_SHARE = 0.6
@@ -127,12 +123,13 @@ AUTO_MAX_TOKENS = 1 << 17
 def auto_batch_limits(
     model: SentenceTransformer | None, batch_size: int | None, max_batch_tokens: int | str | None
 ) -> BatchLimits:
-    """The limits of a run: ``batch_size`` texts (None: :data:`DEFAULT_BATCH_TEXTS` on the CPU,
-    :data:`CUDA_BATCH_TEXTS` on a GPU) and ``max_batch_tokens`` tokens, where ``"auto"`` is a budget measured on
-    the GPU the tower is on (:func:`measure_token_budget`) and no budget elsewhere."""
+    """The limits of a run: ``batch_size`` texts (None: :data:`~care_retriever.indexing.config.DOCUMENT_BATCH_SIZE`
+    on the CPU, :data:`~care_retriever.indexing.config.CUDA_DOCUMENT_BATCH_SIZE` on a GPU) and ``max_batch_tokens``
+    tokens, where ``"auto"`` is a budget measured on the GPU the tower is on (:func:`measure_token_budget`) and no
+    budget elsewhere."""
     device = torch.device(getattr(model, "device", "cpu")) if model is not None else torch.device("cpu")
     on_cuda = device.type == "cuda"
-    texts = batch_size or (CUDA_BATCH_TEXTS if on_cuda else DEFAULT_BATCH_TEXTS)
+    texts = batch_size or (CUDA_DOCUMENT_BATCH_SIZE if on_cuda else DOCUMENT_BATCH_SIZE)
     if max_batch_tokens == "auto":
         tokens = measure_token_budget(model, device) if on_cuda and model is not None else None
     elif max_batch_tokens is None or isinstance(max_batch_tokens, int):
