@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from care_retriever.evaluation import metrics as M
-from care_retriever.evaluation.bm25 import BM25Model
 from care_retriever.evaluation.runner import exact_search
 from care_retriever.evaluation.tasks import load_task
 from care_retriever.model.baselines import load_embedder
+from care_retriever.sparse.bm25 import BM25Model
 from care_retriever.sparse.fusion import FusionConfig, fuse
 
 TASKS = ("kuake-qtr-retrieval", "im-qa-retrieval")

@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from care_retriever.documents import Document
 from care_retriever.evaluation.tasks import load_task
-from care_retriever.indexing.corpus import Document
 from care_retriever.indexing.writer import DocumentStoreWriter
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.search.retriever import CareRetriever

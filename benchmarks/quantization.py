@@ -63,7 +63,7 @@ def dir_bytes(folder: Path) -> int:
 
 def build_store(folder: Path, vectors: np.ndarray, options: dict[str, Any], fingerprint: str) -> float:
     """Write ``vectors`` (ids = row numbers) into a new FAISS store; seconds taken, publish included."""
-    from care_retriever.indexing.corpus import Document
+    from care_retriever.documents import Document
     from care_retriever.stores.faiss import FaissStore
 
     start = time.perf_counter()
@@ -300,7 +300,7 @@ def score_settings(
 ) -> list[dict[str, Any]]:
     """One store per setting over the same vectors: nDCG@10 and overlap@10 with the exact ranking, and the
     overlap at each search-time oversample of ``--oversample-sweep``."""
-    from care_retriever.indexing.corpus import Document
+    from care_retriever.documents import Document
     from care_retriever.stores.faiss import FaissStore
 
     docs, queries, qrels = task

@@ -37,7 +37,7 @@ DOC = REPO / "docs" / "benchmarks.md"
 def _build(folder: Path, n: int) -> None:
     import numpy as np
 
-    from care_retriever.indexing.corpus import Document
+    from care_retriever.documents import Document
     from care_retriever.stores.faiss import FaissStore
 
     rng = np.random.default_rng(0)

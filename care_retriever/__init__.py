@@ -25,7 +25,7 @@ _LAZY = {
     "DocumentStoreWriter": "care_retriever.indexing.writer",
     "CareRetriever": "care_retriever.search.retriever",
     "Hit": "care_retriever.stores.base",
-    "Document": "care_retriever.indexing.corpus",
+    "Document": "care_retriever.documents",
     "read_corpus": "care_retriever.indexing.corpus",
     "open_store": "care_retriever.stores",
     "CareError": "care_retriever.errors",
@@ -47,8 +47,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from care_retriever.documents import Document
     from care_retriever.errors import CareError
-    from care_retriever.indexing.corpus import Document, read_corpus
+    from care_retriever.indexing.corpus import read_corpus
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.model.config import CareConfig
     from care_retriever.model.embedder import AsymmetricEmbedder

@@ -41,6 +41,9 @@ MOVED: dict[str, str] = {
     "care_retriever.batching": "care_retriever.search.batching",
     "care_retriever.backends": "care_retriever.search.backends",
     "care_retriever.sql": "care_retriever.sparse.sqlite_bm25",
+    # moved under the room that uses them, so no import runs up the layers (docs/architecture.md)
+    "care_retriever.sparse.hybrid": "care_retriever.search.hybrid",
+    "care_retriever.evaluation.bm25": "care_retriever.sparse.bm25",
 }
 
 

@@ -3,7 +3,7 @@
 Both adapters need the same few things: where a model is and what space it embeds into (read
 from ``care_config.json`` without building a tower), each tower loaded only when its side is first
 used (a search process never builds the document tower), and one mapping between a framework's
-``(text, metadata)`` and the core :class:`~care_retriever.indexing.corpus.Document` (``title`` is a column
+``(text, metadata)`` and the core :class:`~care_retriever.documents.Document` (``title`` is a column
 of the core store, a metadata key in the frameworks).
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, ModelError
-from care_retriever.indexing.corpus import Document
 from care_retriever.model.config import CONFIG_NAME, CareConfig
 from care_retriever.model.loading import local_model_dir
 from care_retriever.model.protocols import DocumentEncoder, QueryEncoder

@@ -15,10 +15,11 @@ import typer
 
 from care_retriever.cli import core
 from care_retriever.cli.dataclass_options import cli_fields, cli_options
+from care_retriever.cli.index_settings import settings_from_options
 from care_retriever.cli.main import main as cli_main
 from care_retriever.errors import InputError
 from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE, EncodeConfig
-from care_retriever.indexing.distributed import IndexSettings, index_options_classes
+from care_retriever.indexing.distributed import index_options_classes
 from care_retriever.integrations.common import check_index_options
 from care_retriever.stores.config import (
     FaissIndexConfig,
@@ -93,12 +94,12 @@ def test_flags_help_and_defaults_kept() -> None:
 def test_settings_from_the_cli_options_hold_the_configs() -> None:
     values: dict[str, Any] = {o.name: o.default for o in cli_options(*index_options_classes())}
     values.update(store="faiss:/tmp/x", model="m", corpus=Path("c.jsonl"), hnsw_m=8, index_type="hnsw")
-    settings = IndexSettings.from_options(values)
+    settings = settings_from_options(values)
     assert settings.store == StoreSpec(StoreKind.FAISS, "/tmp/x")
     assert settings.index == FaissIndexConfig(index_type=IndexType.HNSW, m=8)
     assert settings.encode == EncodeConfig()
     values.update(store="qdrant::memory:", collection="c", quantize="binary")
-    settings = IndexSettings.from_options(values)
+    settings = settings_from_options(values)
     assert settings.store == StoreSpec(StoreKind.QDRANT, ":memory:", "c")
     assert settings.index == QdrantCollectionConfig(quantize=QdrantQuantize.BINARY)
 

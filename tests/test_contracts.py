@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from care_retriever import documents
+from care_retriever.documents import Document, document_text
 from care_retriever.errors import ModelError, StoreError
-from care_retriever.indexing import corpus
-from care_retriever.indexing.corpus import Document, document_text, read_corpus
+from care_retriever.indexing.corpus import read_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = [REPO / "care_retriever", REPO / "integrations", REPO / "training"]
@@ -101,10 +102,10 @@ def test_haystack_embedder_and_framework_stores_agree_on_framework_titles() -> N
 
 
 def test_no_copy_of_the_document_text_rule() -> None:
-    """``f"{title}\\n{text}"`` is written once, in corpus.py; every other place calls document_text."""
+    """``f"{title}\\n{text}"`` is written once, in documents.py; every other place calls document_text."""
     copies = []
     for path in _sources():
-        if path == REPO / "care_retriever" / "indexing" / "corpus.py":
+        if path == REPO / "care_retriever" / "documents.py":
             continue
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):
             if isinstance(node, ast.JoinedStr):
@@ -117,7 +118,7 @@ def test_no_copy_of_the_document_text_rule() -> None:
                         and middle.value == "\n"
                     ):
                         copies.append(f"{path.relative_to(REPO)}:{node.lineno}")
-    assert not copies, f"copies of the document text rule (use care_retriever.indexing.corpus.document_text): {copies}"
+    assert not copies, f"copies of the document text rule (use care_retriever.documents.document_text): {copies}"
 
 
 # ---------------------------------------------------------------------- fingerprint
@@ -195,7 +196,7 @@ def test_a_document_text_rule_change_changes_every_fingerprint(
     before = embedder.space_fingerprint
     CareRetriever(store, embedder).close()  # same rule: the store opens
 
-    monkeypatch.setattr(corpus, "document_text", lambda title, text: f"{title}：{text}" if title else text)
+    monkeypatch.setattr(documents, "document_text", lambda title, text: f"{title}：{text}" if title else text)
     assert Document("x", "正文", "标题").embedding_text() == "标题：正文"  # the writer would now embed this
     after = embedder.space_fingerprint
     assert after != before
@@ -309,12 +310,12 @@ def test_no_hand_rolled_in_list_outside_the_stores() -> None:
 # ---------------------------------------------------------------------- Embedder protocol
 def test_every_dense_model_is_an_embedder(tiny_model_dir: Path, tmp_path: Path) -> None:
     from care_retriever.evaluation.benchmark import tower_params
-    from care_retriever.evaluation.bm25 import BM25Model
     from care_retriever.evaluation.speed import count_parameters
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.model.baselines import OneTowerEmbedder, SentenceTransformerEmbedder
     from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.model.protocols import Embedder
+    from care_retriever.sparse.bm25 import BM25Model
     from care_retriever.stores import open_store
 
     care = AsymmetricEmbedder.from_pretrained(tiny_model_dir)

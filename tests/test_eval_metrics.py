@@ -50,9 +50,9 @@ def test_retrieval_metrics_match_ranx(level: int) -> None:
 def test_saved_bm25_run_rescored_by_ranx_matches(shared_data: Path, tmp_path: Path) -> None:
     """The same cross-check on a real run: BM25 on kuake-qtr (graded, relevance level 2), re-read from
     the TREC file ``--save-run`` writes."""
-    from care_retriever.evaluation.bm25 import BM25Model
     from care_retriever.evaluation.runner import evaluate
     from care_retriever.evaluation.tasks import load_task
+    from care_retriever.sparse.bm25 import BM25Model
 
     task = load_task(shared_data / "tasks" / "kuake-qtr-retrieval")
     result = evaluate(BM25Model(), task, model_name="bm25", save_run=tmp_path / "bm25.trec")

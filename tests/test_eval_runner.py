@@ -188,8 +188,8 @@ def test_bm25_and_models_comparison_table(
 
 
 def test_bm25_ranks_lexical_matches_first(tasks: dict[str, Path]) -> None:
-    from care_retriever.evaluation.bm25 import BM25Model
     from care_retriever.evaluation.runner import evaluate
+    from care_retriever.sparse.bm25 import BM25Model
 
     result = evaluate(BM25Model(), load_task(tasks["retrieval"]), model_name="bm25")
     assert result.metrics["mrr@10"] == 1.0  # every query shares words only with its relevant document

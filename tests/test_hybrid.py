@@ -50,7 +50,7 @@ def test_fusion_definitions() -> None:
 
 def test_faiss_sparse_scores_equal_the_bm25_baseline(embedder, tmp_path: Path) -> None:
     """The store's inverted index scores exactly as the eval baseline (bm25s, same tokens)."""
-    from care_retriever.evaluation.bm25 import BM25Model
+    from care_retriever.sparse.bm25 import BM25Model
 
     store = write(embedder, f"faiss:{tmp_path / 's'}")
     baseline = BM25Model()

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, overload
 
+from care_retriever.documents import iter_jsonl as read_jsonl
 from care_retriever.errors import InputError, at
-from care_retriever.indexing.corpus import iter_jsonl as read_jsonl
 
 
 @dataclass

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from care_retriever.documents import document_text, iter_jsonl
 from care_retriever.errors import InputError
-from care_retriever.indexing.corpus import document_text, iter_jsonl
 
 SAMPLE_DIR = Path(__file__).resolve().parents[1] / "care_retriever" / "data" / "sample"
 HELD_OUT_EVERY = 3  # every third query (by id order) is held out for the score

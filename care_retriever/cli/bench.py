@@ -82,8 +82,8 @@ def bench_command(
         raise InputError("no dense model to benchmark")
     first = names[0]
     if search_sizes != [0]:
-        from care_retriever.evaluation.bm25 import BM25Model
         from care_retriever.model.baselines import load_embedder
+        from care_retriever.sparse.bm25 import BM25Model
 
         embedder = (
             load_embedder(first, device=device, load="query", trust_remote_code=trust_remote_code)

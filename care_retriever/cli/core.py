@@ -12,7 +12,7 @@ import typer
 from care_retriever.cli.dataclass_options import with_options
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import CareError, InputError, ModelError
-from care_retriever.indexing.distributed import IndexSettings, index_options_classes
+from care_retriever.indexing.distributed import index_options_classes
 from care_retriever.model.loading import quiet_transformers
 from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
 
@@ -183,13 +183,14 @@ def index(
     Under ``torchrun ... -m care_retriever.index`` (same options) every rank encodes a slice of each chunk.
     """
     # The other options are generated from IndexSettings and its configs' fields (care_retriever.cli.dataclass_options).
+    from care_retriever.cli.index_settings import settings_from_options
     from care_retriever.indexing.distributed import run_index
 
     values = options or {}
     if sparse_only:
         _add_sparse_side(values["store"], values["collection"], values["progress"], json_out)
         return
-    settings = IndexSettings.from_options(values)
+    settings = settings_from_options(values)
     report = run_index(settings)
     if report is None:  # a worker rank: rank 0 reports
         return

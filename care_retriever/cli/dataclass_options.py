@@ -22,7 +22,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from care_retriever.stores.config import flag_of
+from care_retriever.model.settings import flag_of
 
 T = TypeVar("T")
 OPTIONS = "options"  # the parameter of a decorated command that receives the generated options' values

@@ -17,10 +17,10 @@ from care_retriever.errors import InputError
 from care_retriever.sparse.fusion import DEFAULT_FUSION
 
 if TYPE_CHECKING:
-    from care_retriever.evaluation.bm25 import BM25Model
     from care_retriever.evaluation.hybrid import HybridModel
     from care_retriever.evaluation.runner import StsEncode
     from care_retriever.model.protocols import Embedder
+    from care_retriever.sparse.bm25 import BM25Model
 
 # Options that take several values after one flag (``--task A B --models X Y``), as in the docs.
 GREEDY_OPTIONS = ("--task", "--models")

@@ -6,8 +6,6 @@ from typing import Annotated
 
 import typer
 
-TRUST_REMOTE_CODE_HELP = (
-    "Run model code shipped with a tower (auto_map). Off by default; a model whose tower needs it needs it at every "
-    "load."
-)
+from care_retriever.model.loading import TRUST_REMOTE_CODE_HELP
+
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP)]

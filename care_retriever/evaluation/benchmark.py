@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from care_retriever.documents import document_text
 from care_retriever.evaluation import speed
-from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
-from care_retriever.indexing.corpus import document_text
+from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.protocols import Embedder
 
 logger = logging.getLogger("care_retriever")
@@ -133,7 +133,8 @@ def read_texts(path: Path, limit: int, fields: Sequence[str] = ("text", "query")
 
 
 def read_documents(path: Path, limit: int) -> list[Any]:
-    from care_retriever.indexing.corpus import Document, read_corpus
+    from care_retriever.documents import Document
+    from care_retriever.indexing.corpus import read_corpus
 
     docs = []
     for doc in read_corpus(path):
@@ -167,8 +168,8 @@ def bench_models(
 ) -> list[ModelBench]:
     """Query encoding at each batch size and indexing docs/s for each model (a shared document tower
     is timed once: ``DIR`` and ``DIR#document`` index with the same tower)."""
-    from care_retriever.evaluation.bm25 import BM25Model
     from care_retriever.model.baselines import load_embedder
+    from care_retriever.sparse.bm25 import BM25Model
 
     rows: list[ModelBench] = []
     indexing_cache: dict[str, float] = {}

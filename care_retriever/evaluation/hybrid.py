@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from care_retriever.evaluation.bm25 import BM25Model
 from care_retriever.evaluation.tasks import instruction_for
+from care_retriever.sparse.bm25 import BM25Model
 from care_retriever.sparse.fusion import FusionConfig, fuse
 
 

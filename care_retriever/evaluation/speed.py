@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
+from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 
 
 @dataclass
@@ -127,7 +127,7 @@ def near_queries(corpus: np.ndarray, count: int, *, seed: int = 0) -> np.ndarray
 
 def fill_store(spec: str, vectors: np.ndarray, *, index: dict[str, Any] | None = None, chunk: int = 4096) -> Any:
     """A store at ``spec`` holding ``vectors`` as documents ``d0..dN`` (upserted directly: no encoding)."""
-    from care_retriever.indexing.corpus import Document
+    from care_retriever.documents import Document
     from care_retriever.stores import open_store
 
     store = open_store(spec)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from care_retriever.documents import document_text, iter_jsonl
 from care_retriever.errors import InputError, at
-from care_retriever.indexing.corpus import document_text, iter_jsonl
 from care_retriever.model.prompts import TASK_INSTRUCTIONS
 
 TaskType = Literal["retrieval", "rerank", "sts"]

@@ -1,41 +1,23 @@
 """How the document tower encodes a corpus: :class:`EncodeConfig`, checked once when it is built.
 
-The one home of the document batch default (:data:`DOCUMENT_BATCH_SIZE`: every ``batch_size`` default of the
-document side refers to it) and of the ``index`` command's encoding flags (generated from the fields,
-:mod:`care_retriever.cli.dataclass_options`). Torch-free: the CLI reads it when it starts.
+The home of the ``index`` command's encoding flags (generated from the fields,
+:mod:`care_retriever.cli.dataclass_options`); the batch defaults and the ``max_batch_tokens`` parser it checks with
+live on the ground floor (:mod:`care_retriever.model.batch_limits`). Torch-free: the CLI reads it when it starts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from care_retriever.errors import InputError
+from care_retriever.model.batch_limits import (
+    AUTO,
+    CUDA_DOCUMENT_BATCH_SIZE,
+    DOCUMENT_BATCH_SIZE,
+    parse_max_batch_tokens,
+)
 from care_retriever.model.loading import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES, DTYPE_NAMES
-from care_retriever.stores.config import count, meta
-
-# Texts per forward pass when none is given: on the CPU (small batches keep its caches warm), on a GPU (the token
-# budget is then what bounds a batch of short texts).
-DOCUMENT_BATCH_SIZE = 16
-CUDA_DOCUMENT_BATCH_SIZE = 2048
-AUTO = "auto"
-
-
-def parse_max_batch_tokens(value: Any) -> int | str | None:
-    """``auto``, ``none`` (no budget) or a number of tokens >= 1, from a flag's text or a Python value."""
-    if value is None or value == AUTO:
-        return value
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in (AUTO, "none"):
-            return None if text == "none" else AUTO
-        try:
-            value = int(text)
-        except ValueError:
-            raise InputError(f"--max-batch-tokens must be an integer >= 1, auto or none, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"--max-batch-tokens must be an integer >= 1, auto or none, got {value!r}")
-    return value
+from care_retriever.model.settings import count, meta
 
 
 @dataclass(frozen=True)

@@ -21,23 +21,15 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from care_retriever.cli.dataclass_options import cli_fields, cli_options, values_for
-from care_retriever.cli.options import TRUST_REMOTE_CODE_HELP
 from care_retriever.errors import InputError, ModelError
 from care_retriever.indexing.config import EncodeConfig
-from care_retriever.stores.config import (
-    STORE_HELP,
-    FaissIndexConfig,
-    QdrantCollectionConfig,
-    StoreKind,
-    StoreSpec,
-    meta,
-)
+from care_retriever.model.loading import TRUST_REMOTE_CODE_HELP
+from care_retriever.model.settings import meta
+from care_retriever.stores.config import STORE_HELP, FaissIndexConfig, QdrantCollectionConfig, StoreKind, StoreSpec
 
 if TYPE_CHECKING:  # numpy too: the CLI reads IndexSettings' defaults when it starts, and imports nothing heavy
     import numpy as np
@@ -179,14 +171,12 @@ def serve_encoding(
         dist.gather_object(local, None, dst=0)
 
 
-QDRANT_ONLY_FLAGS_HELP = "qdrant:PATH | qdrant:http://host:6333"
-
-
 @dataclass(frozen=True)
 class IndexSettings:
     """The one option set of ``care-retriever index`` and ``torchrun -m care_retriever.index``: the store, its index
     or collection settings, the encoding, and the run. Checked once, when it is built; the command's flags are
-    generated from these fields and from the configs' (:func:`index_options_classes`)."""
+    generated from these fields and from the configs' (:func:`index_options_classes`), and read back into these
+    settings by :func:`care_retriever.cli.index_settings.settings_from_options`."""
 
     store: StoreSpec = field(metadata=meta(STORE_HELP))  # a spec string is parsed
     model: str | None = field(default=None, metadata=meta("CARE model folder or hub id."))
@@ -238,34 +228,6 @@ class IndexSettings:
             raise InputError(f"Unknown --backend {self.backend!r}. Available backends: {list(BACKENDS)}")
         if not self.timeout_minutes > 0:
             raise InputError(f"--timeout-minutes must be > 0, got {self.timeout_minutes}")
-
-    @classmethod
-    def from_options(cls, values: Mapping[str, Any]) -> IndexSettings:
-        """The settings from the ``index`` command's generated options (by option name): the store's kind picks
-        its config; an option of the other kind's only is refused (a FAISS option given to a Qdrant store is
-        ignored: they share the HNSW/IVF vocabulary)."""
-        spec = StoreSpec.parse(values["store"], values.get("collection"))
-        if spec.kind is StoreKind.FAISS:
-            qdrant_only = [
-                o.flag
-                for o in cli_options(*index_options_classes())
-                if {owner for owner, _ in o.fields} == {QdrantCollectionConfig}
-                and values.get(o.name, o.default) != o.default
-            ]
-            if qdrant_only:
-                raise InputError(
-                    f"{', '.join(qdrant_only)} apply to Qdrant stores only ({QDRANT_ONLY_FLAGS_HELP}); got {spec}"
-                )
-            index: FaissIndexConfig | QdrantCollectionConfig = values_for(FaissIndexConfig, values)
-        else:
-            index = values_for(QdrantCollectionConfig, values)
-        own = {f.name for f in cli_fields(cls)} - {"store"}
-        return cls(
-            store=spec,
-            index=index,
-            encode=values_for(EncodeConfig, values),
-            **{k: v for k, v in values.items() if k in own},
-        )
 
 
 def index_options_classes() -> tuple[type, ...]:

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, ModelError
-from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
-from care_retriever.indexing.corpus import Document
+from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.encoding import BatchLimits, auto_batch_limits, check_unicode
 from care_retriever.model.protocols import DocumentEncoder
 from care_retriever.sparse.background import BackgroundTokenizer
@@ -103,7 +103,7 @@ def _validated(chunk: list[Document]) -> list[Document]:
     latest: dict[str, Document] = {}
     for doc in chunk:
         if not isinstance(doc, Document):
-            raise InputError(f"expected care_retriever.indexing.corpus.Document, got {type(doc).__name__}")
+            raise InputError(f"expected care_retriever.documents.Document, got {type(doc).__name__}")
         if not isinstance(doc.id, str) or not doc.id:
             raise InputError(f"document id must be a non-empty str, got {doc.id!r}")
         for name in ("id", "text", "title"):

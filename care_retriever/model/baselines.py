@@ -3,7 +3,7 @@
 Evaluation and benchmarks compare models through one interface
 (:class:`~care_retriever.model.protocols.Embedder`), so ``load_embedder`` resolves a name to:
 
-- ``bm25``: the lexical baseline (:class:`care_retriever.evaluation.bm25.BM25Model`);
+- ``bm25``: the lexical baseline (:class:`care_retriever.sparse.bm25.BM25Model`);
 - a CARE folder (has ``care_config.json``): :class:`AsymmetricEmbedder`; ``DIR#query`` and
   ``DIR#document`` use one of its towers on both sides (the small symmetric model and the symmetric
   LLM path that the asymmetric model is measured against);
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
+from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.loading import hub_options, local_model_dir, quiet_transformers
 from care_retriever.model.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt, is_instruction_prompt
 from care_retriever.model.protocols import Embedder, OneModelEmbedder
@@ -28,9 +28,9 @@ from care_retriever.model.protocols import Embedder, OneModelEmbedder
 if TYPE_CHECKING:
     from tqdm.auto import tqdm
 
-    from care_retriever.evaluation.bm25 import BM25Model
     from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.model.encoding import BatchLimits
+    from care_retriever.sparse.bm25 import BM25Model
 
 TOWER_SUFFIXES: dict[str, Literal["query", "document"]] = {"#query": "query", "#document": "document"}
 
@@ -257,7 +257,7 @@ def load_embedder(
     if not name_or_path or not name_or_path.strip():
         raise InputError("empty model name")
     if name_or_path.lower() == "bm25":
-        from care_retriever.evaluation.bm25 import BM25Model
+        from care_retriever.sparse.bm25 import BM25Model
 
         return BM25Model()
     base, tower = name_or_path, None

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from care_retriever import __version__
 from care_retriever.errors import ModelError
-from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
+from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.config import (  # re-exported: callers import these from here
     CONFIG_NAME,
     DEFAULT_INSTRUCTION,

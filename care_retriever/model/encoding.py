@@ -26,7 +26,12 @@ from sentence_transformers import SentenceTransformer
 from tqdm.auto import tqdm
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.indexing.config import CUDA_DOCUMENT_BATCH_SIZE, DOCUMENT_BATCH_SIZE
+from care_retriever.model.batch_limits import (
+    CUDA_DOCUMENT_BATCH_SIZE,
+    DOCUMENT_BATCH_SIZE,
+    BatchLimits,
+    parse_max_batch_tokens,
+)
 from care_retriever.model.protocols import check_texts, check_unicode
 
 __all__ = [
@@ -60,17 +65,6 @@ def _tokenizer_lock_unguarded(model: SentenceTransformer) -> threading.Lock:
 OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
     {torch.cuda.OutOfMemoryError, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)}
 )
-
-
-@dataclass
-class BatchLimits:
-    """How much one forward pass may take: ``texts`` texts and, when set, ``tokens`` tokens (padded: texts x the
-    batch's longest text; flattened, for flash-attention's variable-length kernels: the sum of the texts' tokens).
-    Halved on out-of-memory; a caller that encodes in many calls (the index writer) passes one object so a
-    lowered limit holds for its later calls too."""
-
-    texts: int = 32
-    tokens: int | None = None
 
 
 def batch_cost(lengths: np.ndarray, packed: bool = False) -> int:
@@ -123,19 +117,18 @@ AUTO_MAX_TOKENS = 1 << 17
 def auto_batch_limits(
     model: SentenceTransformer | None, batch_size: int | None, max_batch_tokens: int | str | None
 ) -> BatchLimits:
-    """The limits of a run: ``batch_size`` texts (None: :data:`~care_retriever.indexing.config.DOCUMENT_BATCH_SIZE`
-    on the CPU, :data:`~care_retriever.indexing.config.CUDA_DOCUMENT_BATCH_SIZE` on a GPU) and ``max_batch_tokens``
+    """The limits of a run: ``batch_size`` texts (None: :data:`~care_retriever.model.batch_limits.DOCUMENT_BATCH_SIZE`
+    on the CPU, :data:`~care_retriever.model.batch_limits.CUDA_DOCUMENT_BATCH_SIZE` on a GPU) and ``max_batch_tokens``
     tokens, where ``"auto"`` is a budget measured on the GPU the tower is on (:func:`measure_token_budget`) and no
     budget elsewhere."""
     device = torch.device(getattr(model, "device", "cpu")) if model is not None else torch.device("cpu")
     on_cuda = device.type == "cuda"
     texts = batch_size or (CUDA_DOCUMENT_BATCH_SIZE if on_cuda else DOCUMENT_BATCH_SIZE)
-    if max_batch_tokens == "auto":
+    budget = parse_max_batch_tokens(max_batch_tokens)  # the one parser: "auto", "none" or a count
+    if budget == "auto":
         tokens = measure_token_budget(model, device) if on_cuda and model is not None else None
-    elif max_batch_tokens is None or isinstance(max_batch_tokens, int):
-        tokens = max_batch_tokens
     else:
-        raise InputError(f"max_batch_tokens must be an integer >= 1 or 'auto', got {max_batch_tokens!r}")
+        tokens = budget if isinstance(budget, int) else None
     return BatchLimits(texts, tokens)
 
 

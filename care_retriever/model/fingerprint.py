@@ -3,7 +3,7 @@
 A store records the fingerprint of the model that wrote it and refuses searches from another one.
 The space is set by two things: the document tower's weights (:func:`weights_fingerprint`, what a
 saved model keeps in ``care_config.json``) and the text the tower reads for a document
-(:func:`care_retriever.indexing.corpus.document_text`). :func:`space_fingerprint` combines them. The rule of
+(:func:`care_retriever.documents.document_text`). :func:`space_fingerprint` combines them. The rule of
 format 1 (``title\\ntext``) adds nothing, so every store and model written so far keeps its value; any
 other rule gives every model a new fingerprint, and indexes built under the old rule then refuse
 searches ("built with another model") instead of silently returning wrong neighbours.
@@ -18,6 +18,8 @@ import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
+
+from care_retriever import documents
 
 # (title, text) pairs run through the document-text rule, and what the format-1 rule gives for them.
 _RULE_PROBES = (("标题 title", "正文 text"), ("", "正文 text"), ("标题 title", ""))
@@ -39,9 +41,7 @@ def weights_fingerprint(modules: Sequence[Any], dim: int) -> str:
 
 def document_text_rule() -> tuple[str, ...]:
     """What the current document-text rule makes of the probe documents (a rule change changes this)."""
-    from care_retriever.indexing import corpus
-
-    return tuple(corpus.document_text(title, text) for title, text in _RULE_PROBES)
+    return tuple(documents.document_text(title, text) for title, text in _RULE_PROBES)
 
 
 def space_fingerprint(

@@ -17,6 +17,12 @@ from typing import Any
 
 from care_retriever.errors import ModelError
 
+# What running a tower's shipped model code means, said the same by every command and config that offers it.
+TRUST_REMOTE_CODE_HELP = (
+    "Run model code shipped with a tower (auto_map). Off by default; a model whose tower needs it needs it at every "
+    "load."
+)
+
 
 def offline() -> bool:
     """Whether hub look-ups must stay on this machine (``HF_HUB_OFFLINE=1``)."""

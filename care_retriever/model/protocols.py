@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from care_retriever.errors import InputError
-from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
 from care_retriever.model import fingerprint
+from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 
 if TYPE_CHECKING:
     import numpy as np

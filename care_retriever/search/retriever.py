@@ -13,8 +13,8 @@ import numpy as np
 
 from care_retriever.errors import InputError
 from care_retriever.model.protocols import QueryEncoder
+from care_retriever.search.hybrid import hybrid_search
 from care_retriever.sparse import FusionConfig, check_mode, require_sparse
-from care_retriever.sparse.hybrid import hybrid_search
 from care_retriever.stores import Hit, VectorStore, open_store
 from care_retriever.stores.base import Filters
 

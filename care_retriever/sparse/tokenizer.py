@@ -1,6 +1,6 @@
 """The one tokenizer of the sparse side: jieba search-mode tokens, normalised.
 
-Used by the ``bm25`` eval baseline (:mod:`care_retriever.evaluation.bm25`), by the FAISS store's
+Used by the ``bm25`` eval baseline (:mod:`care_retriever.sparse.bm25`), by the FAISS store's
 inverted index and by the Qdrant store's sparse vectors, so evaluation and search agree. A store
 records :func:`tokenizer_spec` in its manifest; a store built with another spec is refused
 (:func:`check_spec`) instead of being scored with mismatched tokens.

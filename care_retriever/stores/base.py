@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from care_retriever import __version__
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.stores.config import IndexType, StoreOptions
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class VectorStore(ABC):
     backend: str
     manifest: Manifest | None
     # The fusion methods search_hybrid runs itself (Qdrant: rrf and dbsf on the server); every other method
-    # fuses the two rankings in care_retriever.sparse.hybrid, which calls search and search_sparse.
+    # fuses the two rankings in care_retriever.search.hybrid, which calls search and search_sparse.
     hybrid_fusions: ClassVar[tuple[str, ...]] = ()
 
     @property
@@ -249,7 +249,7 @@ class VectorStore(ABC):
     ) -> list[list[Hit]]:
         """Dense and BM25 rankings of each query (row of ``vectors`` and its text) fused by the store itself,
         for ``fusion.method`` in :attr:`hybrid_fusions`; callers go through
-        :func:`care_retriever.sparse.hybrid.hybrid_search`, which also fuses the other methods."""
+        :func:`care_retriever.search.hybrid.hybrid_search`, which also fuses the other methods."""
 
     def verify(self) -> int:
         """Check the whole store (every byte where the backend allows); return the live count.

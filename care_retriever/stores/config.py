@@ -16,47 +16,10 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any
 
 from care_retriever.errors import InputError
-
-E = TypeVar("E", bound=Enum)
-
-
-def meta(help: str | None = None, *, flag: str | None = None, cli: bool = True) -> dict[str, Any]:
-    """A config field's command-line option, as its ``metadata``: ``help`` (None: the help of another field with
-    the same flag), ``flag`` (default: ``--`` and the field's name with dashes), ``cli=False`` for a setting with no
-    flag (given through an integration's dict only)."""
-    return {"help": help, "flag": flag, "cli": cli}
-
-
-class Choice(str, Enum):
-    """A closed choice: compares equal to its value and prints as it (``f"{IndexType.FLAT}"`` is ``flat``)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-
-def choice(kind: type[E], value: Any, what: str) -> E:
-    """``value`` (a member or its string) as a member of ``kind``, or one line naming the valid values."""
-    try:
-        return kind(value)
-    except (ValueError, TypeError):
-        raise InputError(f"Unknown {what} {value!r}. Available: {[m.value for m in kind]}") from None
-
-
-def count(value: Any, what: str) -> int:
-    """An integer >= 1 (a bool is not one), or one line."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{what} must be an integer >= 1, got {value!r}")
-    return value
-
-
-def ratio(value: Any, what: str) -> float:
-    """A number >= 1 as a float (oversampling), or one line."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
-        raise InputError(f"{what} must be a number >= 1, got {value!r}")
-    return float(value)
+from care_retriever.model.settings import Choice, choice, count, flag_of, meta, ratio
 
 
 def _set(config: object, name: str, value: Any) -> None:
@@ -361,11 +324,6 @@ def as_qdrant_config(index: StoreOptions) -> QdrantCollectionConfig:
 
 # What a store's prepare/begin/transaction take: the config of its kind, or a dict read through it.
 StoreOptions = FaissIndexConfig | QdrantCollectionConfig | Mapping[str, Any] | None
-
-
-def flag_of(f: dataclasses.Field[Any]) -> str:
-    """The command-line flag of a config field."""
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
 _FAISS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FaissIndexConfig)}

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.stores.base import (
     Filters,
     Hit,
@@ -604,7 +604,7 @@ class QdrantStore(VectorStore):
         """BM25 top-``k`` for each query text, scored by Qdrant (IDF modifier)."""
         return self.search_hybrid(None, queries, top_k, filters, fusion=None, payload=payload)
 
-    hybrid_fusions = ("rrf", "dbsf")  # fused server-side by the Query API; wsum fuses in care_retriever.sparse.hybrid
+    hybrid_fusions = ("rrf", "dbsf")  # fused server-side by the Query API; wsum fuses in care_retriever.search.hybrid
 
     def search_hybrid(
         self,

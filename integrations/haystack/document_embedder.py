@@ -1,7 +1,7 @@
 """``CareDocumentEmbedder``: the document tower of a CARE model as a Haystack document embedder.
 
 Only the document tower is loaded (``load="document"``). By default (``meta_fields_to_embed=["title"]``,
-separator newline) the text embedded is the core's :func:`~care_retriever.indexing.corpus.document_text` of the
+separator newline) the text embedded is the core's :func:`~care_retriever.documents.document_text` of the
 document's title (:func:`~care_retriever.integrations.common.core_title`) and content: the text
 ``care-retriever index`` encodes, so documents embedded here and by the CLI get the same vectors.
 """
@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
 
+from care_retriever.documents import document_text
 from care_retriever.errors import InputError
-from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
-from care_retriever.indexing.corpus import document_text
 from care_retriever.integrations.common import check_model_location, core_title
 from care_retriever.integrations.haystack.text_embedder import NOT_WARMED_UP
+from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 
 if TYPE_CHECKING:
     from care_retriever.model.protocols import DocumentEncoder

@@ -26,8 +26,8 @@ from haystack.document_stores.errors import DuplicateDocumentError
 from haystack.document_stores.types import DuplicatePolicy
 from haystack.utils.filters import document_matches_filter
 
+from care_retriever.documents import Document as CoreDocument
 from care_retriever.errors import InputError
-from care_retriever.indexing.corpus import Document as CoreDocument
 from care_retriever.integrations.common import (
     UNKNOWN_FINGERPRINT,
     as_matrix,

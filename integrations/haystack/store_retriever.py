@@ -9,7 +9,7 @@ backend and returns the same hits and scores as ``care-retriever search``.
 
 Connect ``CareTextEmbedder.embedding`` to ``query_embedding``. ``mode="hybrid"`` also takes the query
 text (``query``) and fuses the store's BM25 ranking with the dense one exactly as
-``care-retriever search --mode hybrid`` does (:func:`care_retriever.sparse.hybrid.hybrid_search`);
+``care-retriever search --mode hybrid`` does (:func:`care_retriever.search.hybrid.hybrid_search`);
 ``mode="sparse"`` needs only ``query``. Nothing in a bare embedding says
 which model made it, so the width is always checked against the store; pass ``model=`` (the same
 folder as the text embedder's) to also check the store's space fingerprint, as the CLI does.
@@ -258,8 +258,8 @@ class CareStoreRetriever:
     ) -> list[Document]:
         """``sparse`` / ``hybrid``: the core's BM25 or hybrid search (the CLI's code); metadata filters
         must translate to core filters here (no post-filtering of fused scores)."""
+        from care_retriever.search.hybrid import hybrid_search
         from care_retriever.sparse import require_sparse
-        from care_retriever.sparse.hybrid import hybrid_search
 
         if not isinstance(query, str) or not query.strip():
             raise InputError(f"mode={self.mode!r} needs the query text: connect it to the `query` input")

@@ -207,9 +207,9 @@ class CareVectorStore(VectorStore):
         rrf_k: int | None = None,
         dense_weight: float | None = None,
     ) -> list[Hit]:
+        from care_retriever.search.hybrid import hybrid_search
         from care_retriever.sparse import require_sparse
         from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_RRF_K, FusionConfig
-        from care_retriever.sparse.hybrid import hybrid_search
 
         if k < 1:
             raise InputError(f"k must be >= 1, got {k}")

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import BertConfig, BertModel, Qwen3Config, Qwen3Model
 
+from care_retriever.documents import iter_jsonl
 from care_retriever.errors import InputError
-from care_retriever.indexing.corpus import iter_jsonl
 from care_retriever.model.towers.presets import get_preset
 from care_retriever.model.towers.tokenizer import train_document_tokenizer, train_query_tokenizer
 
@@ -25,7 +25,7 @@ TEXT_FIELDS = ("text", "title", "query", "sentence1", "sentence2", "description"
 
 def iter_vocab_texts(files: Sequence[str | Path]) -> Iterator[str]:
     """Texts for tokenizer training: the text-like fields of a ``.jsonl`` file's rows (read by
-    :func:`care_retriever.indexing.corpus.iter_jsonl`, so a bad row names its line), or any other file's lines."""
+    :func:`care_retriever.documents.iter_jsonl`, so a bad row names its line), or any other file's lines."""
     for file in files:
         path = Path(file)
         if not path.is_file():

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from care_retriever.documents import Document
 from care_retriever.errors import StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.stores.base import Filters, Hit
 
 SCHEMA = """

@@ -22,8 +22,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from care_retriever.documents import Document
 from care_retriever.errors import StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.stores.base import Manifest
 from care_retriever.stores.faiss import docstore, files, journal, rescoring, sparse
 from care_retriever.stores.faiss.files import DOCSTORE, INDEX, MANIFEST, VECTORS

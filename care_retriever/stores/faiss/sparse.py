@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.sparse.fusion import FusionConfig, fuse
 from care_retriever.sparse.sqlite_bm25 import SqliteBM25
 from care_retriever.stores.base import Hit

@@ -28,8 +28,8 @@ from typing import Any
 import faiss
 import numpy as np
 
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.sparse.fusion import FUSIONS, FusionConfig
 from care_retriever.stores.base import (
     STORE_FORMAT_VERSION,

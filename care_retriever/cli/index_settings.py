@@ -1,0 +1,47 @@
+"""The ``index`` command's generated options, read back into
+:class:`~care_retriever.indexing.distributed.IndexSettings`.
+
+The command line is the CLI's: the indexing room knows its settings as typed objects only, and this module turns
+the options typer parsed (by option name) into them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from care_retriever.cli.dataclass_options import cli_fields, cli_options, values_for
+from care_retriever.errors import InputError
+from care_retriever.indexing.config import EncodeConfig
+from care_retriever.indexing.distributed import IndexSettings, index_options_classes
+from care_retriever.stores.config import FaissIndexConfig, QdrantCollectionConfig, StoreKind, StoreSpec
+
+QDRANT_ONLY_FLAGS_HELP = "qdrant:PATH | qdrant:http://host:6333"
+
+
+def settings_from_options(values: Mapping[str, Any]) -> IndexSettings:
+    """The settings from the ``index`` command's generated options (by option name): the store's kind picks
+    its config; an option of the other kind's only is refused (a FAISS option given to a Qdrant store is
+    ignored: they share the HNSW/IVF vocabulary)."""
+    spec = StoreSpec.parse(values["store"], values.get("collection"))
+    if spec.kind is StoreKind.FAISS:
+        qdrant_only = [
+            o.flag
+            for o in cli_options(*index_options_classes())
+            if {owner for owner, _ in o.fields} == {QdrantCollectionConfig}
+            and values.get(o.name, o.default) != o.default
+        ]
+        if qdrant_only:
+            raise InputError(
+                f"{', '.join(qdrant_only)} apply to Qdrant stores only ({QDRANT_ONLY_FLAGS_HELP}); got {spec}"
+            )
+        index: FaissIndexConfig | QdrantCollectionConfig = values_for(FaissIndexConfig, values)
+    else:
+        index = values_for(QdrantCollectionConfig, values)
+    own = {f.name for f in cli_fields(IndexSettings)} - {"store"}
+    return IndexSettings(
+        store=spec,
+        index=index,
+        encode=values_for(EncodeConfig, values),
+        **{k: v for k, v in values.items() if k in own},
+    )
