@@ -1,4 +1,4 @@
-"""The installed packages' imports form no circle, counting the imports inside functions.
+"""The installed packages' imports form no circle and never run up the layers of docs/architecture.md.
 
 A circle makes a module's names depend on which module of the circle was imported first, ties the torch-free
 search path to the modules that import torch, and (through a lazy import inside a function) hides a dependency
@@ -7,11 +7,15 @@ methods, and ``importlib.import_module`` by name (a module calling it has an edg
 full name it holds as a string). Not edges: imports under ``if TYPE_CHECKING:`` (never executed), the implicit
 import of a parent package (importing ``a.b.c`` runs ``a/b/__init__.py``; counting it would make every package
 whose ``__init__`` imports its own submodules a circle), and the lazy imports on purpose in :data:`LAZY_ON_PURPOSE`.
+
+The layers (:data:`FLOORS`, bottom first) are those docs/architecture.md draws: a module imports only rooms on
+floors below its own, or modules of its own room; two rooms on one floor do not import each other.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -154,3 +158,85 @@ def test_find_cycle_reports_a_circle() -> None:
 def test_imports_are_acyclic() -> None:
     cycle = find_cycle(import_graph(package_modules()))
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+# The floors of docs/architecture.md, bottom first: each a set of rooms (a module belongs to the room that is the
+# longest prefix of its name). Errors and the old-path finder import nothing of the package; the ground floor
+# (torch-free) is what every room may read: documents and JSONL rows, the batch defaults, the settings helpers,
+# the package's version. The BM25 side lies under the stores that hold one and the baselines that use its tokens.
+FLOORS: tuple[frozenset[str], ...] = tuple(
+    frozenset(floor)
+    for floor in (
+        {"care_retriever.errors", "care_retriever.old_paths"},
+        {
+            "care_retriever",
+            "care_retriever.documents",
+            "care_retriever.model.batch_limits",
+            "care_retriever.model.settings",
+        },
+        {"care_retriever.sparse"},
+        {"care_retriever.model", "care_retriever.stores"},
+        {"care_retriever.indexing", "care_retriever.search"},
+        {"care_retriever.evaluation"},
+        {"care_retriever.training"},
+        {"care_retriever.cli", "care_retriever.integrations"},
+        {"care_retriever.index"},  # the entry torchrun starts: `care-retriever index`
+    )
+)
+
+
+def room_of(module: str) -> str | None:
+    """The room of ``module``: the longest room name it is, or is under."""
+    rooms = [r for floor in FLOORS for r in floor if module == r or module.startswith(r + ".")]
+    return max(rooms, key=len, default=None)
+
+
+def floor_of(room: str) -> int:
+    return next(i for i, floor in enumerate(FLOORS) if room in floor)
+
+
+def wrong_way_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a room on the same floor or above, as ``a -> b (room floor -> room floor)``."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        here = room_of(module)
+        assert here is not None, f"{module} is on no floor of docs/architecture.md"
+        for target in sorted(imported):
+            there = room_of(target)
+            assert there is not None, f"{target} is on no floor of docs/architecture.md"
+            if there != here and floor_of(there) >= floor_of(here):
+                found.append(f"{module} -> {target} ({here} {floor_of(here)} -> {there} {floor_of(there)})")
+    return found
+
+
+def test_wrong_way_imports_finds_an_import_up_or_across() -> None:
+    graph = {
+        "care_retriever.model.embedder": {"care_retriever.documents", "care_retriever.model.encoding"},
+        "care_retriever.model.encoding": {"care_retriever.model.batch_limits"},
+        "care_retriever.stores.base": {"care_retriever.indexing.corpus"},  # up a floor
+        "care_retriever.search.retriever": {"care_retriever.indexing.writer"},  # across one floor
+    }
+    assert wrong_way_imports(graph) == [
+        "care_retriever.search.retriever -> care_retriever.indexing.writer "
+        "(care_retriever.search 4 -> care_retriever.indexing 4)",
+        "care_retriever.stores.base -> care_retriever.indexing.corpus "
+        "(care_retriever.stores 3 -> care_retriever.indexing 4)",
+    ]
+
+
+def test_no_import_runs_up_the_layers() -> None:
+    wrong = wrong_way_imports(import_graph(package_modules()))
+    assert not wrong, "imports up (or across) the layers of docs/architecture.md:\n" + "\n".join(wrong)
+
+
+def test_model_and_stores_import_without_indexing() -> None:
+    """What the floors mean for a user: the model and the stores load with no module of the indexing room."""
+    code = (
+        "import sys\n"
+        "import care_retriever.model.embedder, care_retriever.model.baselines, care_retriever.stores.faiss\n"
+        "import care_retriever.stores.qdrant_store\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('care_retriever.indexing', 'care_retriever.cli')))\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
