@@ -2,7 +2,8 @@
 ``care-retriever index ARGS``: the entry torchrun starts on every rank (care_retriever.indexing.distributed).
 
 The names this module held before the folders along the data path (``IndexSettings``, ``run_index``, ...) are
-read from :mod:`care_retriever.indexing.distributed`, with a DeprecationWarning, for one release.
+read from :mod:`care_retriever.indexing.distributed`, with a DeprecationWarning, until the release
+:mod:`care_retriever.old_paths` names for them.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def __getattr__(name: str) -> Any:
+    from care_retriever.old_paths import removal
+
     moved = importlib.import_module("care_retriever.indexing.distributed")
     if not hasattr(moved, name):
         raise AttributeError(f"module 'care_retriever.index' has no attribute {name!r}")
     warnings.warn(
         f"care_retriever.index.{name} moved to care_retriever.indexing.distributed.{name}; the old path goes in "
-        "the next release",
+        f"release {removal('care_retriever.index:*')}",
         DeprecationWarning,
         stacklevel=2,
     )

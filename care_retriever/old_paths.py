@@ -1,12 +1,17 @@
-"""The module paths of releases before the folders along the data path, kept for one release.
+"""Every compatibility alias of the package, in one place, each with the release that removes it.
 
-``care_retriever.embedder`` is now ``care_retriever.model.embedder``, ``care_retriever.writer`` is
-``care_retriever.indexing.writer``, and so on (:data:`MOVED`). Importing an old path gives the module at its
-new path (the same object: its classes, functions and state are the ones the package itself uses) and warns
-once with a :class:`DeprecationWarning` naming the new path. A finder placed first on ``sys.meta_path`` does
-this for a moved module and everything under it (``care_retriever.towers.release``), so that no second copy of
-a module is ever loaded under its old name. What the package and its names export is documented in
-docs/architecture.md.
+Module paths of releases before the folders along the data path, and modules moved since to the room that uses
+them: ``care_retriever.embedder`` is now ``care_retriever.model.embedder``, ``care_retriever.sparse.hybrid`` is
+``care_retriever.search.hybrid``, and so on (:data:`MOVED`). Importing an old path gives the module at its new path
+(the same object: its classes, functions and state are the ones the package itself uses) and warns once with a
+:class:`DeprecationWarning` naming the new path. A finder placed first on ``sys.meta_path`` does this for a moved
+module and everything under it (``care_retriever.towers.release``), so that no second copy of a module is ever
+loaded under its old name.
+
+Names still importable from the module they lived in (:data:`MOVED_NAMES`: ``Document`` from
+``care_retriever.indexing.corpus``, ``IndexSettings`` from ``care_retriever.index``, ...) are listed here too, with
+theirs. ``tests/test_old_paths.py`` checks that each alias gives the object at its new place, and fails once the
+package's version reaches an alias's removal: the alias is then deleted (and its line here), not kept.
 """
 
 from __future__ import annotations
@@ -20,31 +25,73 @@ import warnings
 from collections.abc import Sequence
 from types import ModuleType
 
-# old path -> new path; a small module folded into the room that uses it maps to that room's module
-MOVED: dict[str, str] = {
-    "care_retriever.embedder": "care_retriever.model.embedder",
-    "care_retriever.embedder_protocol": "care_retriever.model.protocols",
-    "care_retriever.model_config": "care_retriever.model.config",
-    "care_retriever.encoding": "care_retriever.model.encoding",
-    "care_retriever.encoding_checks": "care_retriever.model.protocols",
-    "care_retriever.fingerprint": "care_retriever.model.fingerprint",
-    "care_retriever.prompts": "care_retriever.model.prompts",
-    "care_retriever.loading": "care_retriever.model.loading",
-    "care_retriever.locations": "care_retriever.model.loading",
-    "care_retriever.baselines": "care_retriever.model.baselines",
-    "care_retriever.towers": "care_retriever.model.towers",
-    "care_retriever.corpus": "care_retriever.indexing.corpus",
-    "care_retriever.jsonl": "care_retriever.indexing.corpus",
-    "care_retriever.writer": "care_retriever.indexing.writer",
-    "care_retriever.retriever": "care_retriever.search.retriever",
-    "care_retriever.server": "care_retriever.search.server",
-    "care_retriever.batching": "care_retriever.search.batching",
-    "care_retriever.backends": "care_retriever.search.backends",
-    "care_retriever.sql": "care_retriever.sparse.sqlite_bm25",
-    # moved under the room that uses them, so no import runs up the layers (docs/architecture.md)
-    "care_retriever.sparse.hybrid": "care_retriever.search.hybrid",
-    "care_retriever.evaluation.bm25": "care_retriever.sparse.bm25",
+# old module path -> (new path, the release that removes the old one); a small module folded into the room that
+# uses it maps to that room's module
+MOVED_MODULES: dict[str, tuple[str, str]] = {
+    "care_retriever.embedder": ("care_retriever.model.embedder", "0.2.0"),
+    "care_retriever.embedder_protocol": ("care_retriever.model.protocols", "0.2.0"),
+    "care_retriever.model_config": ("care_retriever.model.config", "0.2.0"),
+    "care_retriever.encoding": ("care_retriever.model.encoding", "0.2.0"),
+    "care_retriever.encoding_checks": ("care_retriever.model.protocols", "0.2.0"),
+    "care_retriever.fingerprint": ("care_retriever.model.fingerprint", "0.2.0"),
+    "care_retriever.prompts": ("care_retriever.model.prompts", "0.2.0"),
+    "care_retriever.loading": ("care_retriever.model.loading", "0.2.0"),
+    "care_retriever.locations": ("care_retriever.model.loading", "0.2.0"),
+    "care_retriever.baselines": ("care_retriever.model.baselines", "0.2.0"),
+    "care_retriever.towers": ("care_retriever.model.towers", "0.2.0"),
+    "care_retriever.corpus": ("care_retriever.indexing.corpus", "0.2.0"),
+    "care_retriever.jsonl": ("care_retriever.indexing.corpus", "0.2.0"),
+    "care_retriever.writer": ("care_retriever.indexing.writer", "0.2.0"),
+    "care_retriever.retriever": ("care_retriever.search.retriever", "0.2.0"),
+    "care_retriever.server": ("care_retriever.search.server", "0.2.0"),
+    "care_retriever.batching": ("care_retriever.search.batching", "0.2.0"),
+    "care_retriever.backends": ("care_retriever.search.backends", "0.2.0"),
+    "care_retriever.sql": ("care_retriever.sparse.sqlite_bm25", "0.2.0"),
+    # moved under the room that uses them, so that no import runs up the layers (docs/architecture.md)
+    "care_retriever.sparse.hybrid": ("care_retriever.search.hybrid", "0.3.0"),
+    "care_retriever.evaluation.bm25": ("care_retriever.sparse.bm25", "0.3.0"),
 }
+MOVED: dict[str, str] = {old: new for old, (new, _) in MOVED_MODULES.items()}
+
+# "module:name" -> ("module:name" where it lives, the release that removes the old place). A name whose old module
+# still uses it is imported there for that use too; the alias is that callers may import it from there.
+# "module:*": every name of the new module (a module ``__getattr__`` that forwards and warns).
+MOVED_NAMES: dict[str, tuple[str, str]] = {
+    # care_retriever.index is the entry torchrun starts; its names of earlier releases, by its __getattr__ (warns)
+    "care_retriever.index:*": ("care_retriever.indexing.distributed:*", "0.2.0"),
+    # model.config's names, re-exported by model.embedder for callers of earlier releases
+    "care_retriever.model.embedder:CONFIG_NAME": ("care_retriever.model.config:CONFIG_NAME", "0.3.0"),
+    "care_retriever.model.embedder:DEFAULT_INSTRUCTION": ("care_retriever.model.config:DEFAULT_INSTRUCTION", "0.3.0"),
+    "care_retriever.model.embedder:FORMAT_VERSION": ("care_retriever.model.config:FORMAT_VERSION", "0.3.0"),
+    "care_retriever.model.embedder:QUERY_PROMPT_TEMPLATE": (
+        "care_retriever.model.config:QUERY_PROMPT_TEMPLATE",
+        "0.3.0",
+    ),
+    "care_retriever.model.embedder:CareConfig": ("care_retriever.model.config:CareConfig", "0.3.0"),
+    "care_retriever.model.embedder:TowerInfo": ("care_retriever.model.config:TowerInfo", "0.3.0"),
+    # the ground floor (docs/architecture.md): a document and JSONL rows, the batch defaults and their parser
+    "care_retriever.indexing.corpus:Document": ("care_retriever.documents:Document", "0.3.0"),
+    "care_retriever.indexing.corpus:document_text": ("care_retriever.documents:document_text", "0.3.0"),
+    "care_retriever.indexing.corpus:iter_jsonl": ("care_retriever.documents:iter_jsonl", "0.3.0"),
+    "care_retriever.indexing.config:DOCUMENT_BATCH_SIZE": (
+        "care_retriever.model.batch_limits:DOCUMENT_BATCH_SIZE",
+        "0.3.0",
+    ),
+    "care_retriever.indexing.config:CUDA_DOCUMENT_BATCH_SIZE": (
+        "care_retriever.model.batch_limits:CUDA_DOCUMENT_BATCH_SIZE",
+        "0.3.0",
+    ),
+    "care_retriever.indexing.config:parse_max_batch_tokens": (
+        "care_retriever.model.batch_limits:parse_max_batch_tokens",
+        "0.3.0",
+    ),
+    "care_retriever.model.encoding:BatchLimits": ("care_retriever.model.batch_limits:BatchLimits", "0.3.0"),
+}
+
+
+def removal(old: str) -> str:
+    """The release that removes the old module path or name ``old`` (for messages)."""
+    return (MOVED_MODULES.get(old) or MOVED_NAMES[old])[1]
 
 
 def new_path(name: str) -> str | None:
@@ -53,6 +100,10 @@ def new_path(name: str) -> str | None:
         if name == old or name.startswith(old + "."):
             return new + name[len(old) :]
     return None
+
+
+def _old_root(name: str) -> str:
+    return next(old for old in MOVED if name == old or name.startswith(old + "."))
 
 
 class _Alias(importlib.abc.Loader):
@@ -64,7 +115,7 @@ class _Alias(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         warnings.warn(
-            f"{spec.name} moved to {self.new}; the old path goes in the next release",
+            f"{spec.name} moved to {self.new}; the old path goes in release {removal(_old_root(spec.name))}",
             DeprecationWarning,
             stacklevel=2,
         )

@@ -9,13 +9,22 @@ against) and say where it went; ``python -m care_retriever.index`` (what torchru
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
 from care_retriever import old_paths
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("old", sorted(old_paths.MOVED))
@@ -29,7 +38,7 @@ def test_an_old_path_is_the_new_module_and_warns(old: str) -> None:
     assert module is expected
     assert module.__spec__ is not None and module.__spec__.name == new  # the module keeps its own identity
     said = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert said == [f"{old} moved to {new}; the old path goes in the next release"]
+    assert said == [f"{old} moved to {new}; the old path goes in release {old_paths.MOVED_MODULES[old][1]}"]
 
 
 def test_a_module_under_an_old_package_path_is_not_loaded_twice() -> None:
@@ -72,3 +81,49 @@ def test_new_paths_import_without_a_warning() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- their end
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def test_the_package_version_is_read_from_one_place() -> None:
+    import care_retriever
+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text("utf-8"))["project"]["version"]
+    assert care_retriever.__version__ == pyproject
+
+
+def expired(version: str) -> list[str]:
+    """Every alias whose removal release ``version`` has reached."""
+    aliases = {**old_paths.MOVED_MODULES, **old_paths.MOVED_NAMES}
+    return sorted(old for old, (_, removed_in) in aliases.items() if _version(version) >= _version(removed_in))
+
+
+def test_expired_finds_an_alias_at_its_removal_release() -> None:
+    assert "care_retriever.embedder" in expired("0.2.0")
+    assert "care_retriever.indexing.corpus:Document" not in expired("0.2.5")
+    assert "care_retriever.indexing.corpus:Document" in expired("0.3.0")
+    assert expired("0.0.9") == []
+
+
+def test_no_alias_outlives_its_release() -> None:
+    """An alias is deleted in the release it names: this fails once the package's version reaches it."""
+    import care_retriever
+
+    gone = expired(care_retriever.__version__)
+    assert not gone, f"remove these aliases (care_retriever/old_paths.py), release {care_retriever.__version__}: {gone}"
+
+
+@pytest.mark.parametrize("old", sorted(old_paths.MOVED_NAMES))
+def test_an_old_name_is_the_object_at_its_new_place(old: str) -> None:
+    new, _ = old_paths.MOVED_NAMES[old]
+    old_module, _, old_name = old.partition(":")
+    new_module, _, new_name = new.partition(":")
+    moved = importlib.import_module(new_module)
+    if old_name == "*":  # a module that forwards every name of another (with a warning)
+        with pytest.warns(DeprecationWarning, match=new_module):
+            assert importlib.import_module(old_module).run_index is moved.run_index
+        return
+    assert getattr(importlib.import_module(old_module), old_name) is getattr(moved, new_name)

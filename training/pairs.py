@@ -207,7 +207,6 @@ FLAG_REFUSED_TYPES = {
     "only_1neg": "FlagEmbedding trains its rows with one negative (train_group_size 2)",
     "symmetric_class": "FlagEmbedding trains its rows with only their own negatives (no repeats)",
 }
-FLAG_KEYS = {"query", "pos", "neg", "prompt", "type", "pos_scores", "neg_scores"}
 
 
 def _scores(row: dict[str, Any], key: str, texts: list[str], path: Path, lineno: int) -> None:

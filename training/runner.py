@@ -280,7 +280,7 @@ def save_model(embedder: AsymmetricEmbedder, path: str | Path, *, write: bool = 
     line, how much free space the model needs (:class:`DiskFullError`). ``write=False``: the rounding and
     the fingerprint only, what the ranks that do not write do (they must hold what rank 0 wrote).
     """
-    from care_retriever.model.embedder import CONFIG_NAME
+    from care_retriever.model.config import CONFIG_NAME
     from care_retriever.model.loading import replace_folder
     from care_retriever.model.towers.modules import lift_model_code
 

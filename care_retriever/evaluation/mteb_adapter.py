@@ -22,8 +22,6 @@ from care_retriever.model.loading import offline
 
 logger = logging.getLogger("care_retriever")
 
-# The C-MTEB medical tasks (names as in mteb).
-CMTEB_MEDICAL = ("CmedqaRetrieval", "MedicalRetrieval", "CMedQAv1-reranking", "CMedQAv2-reranking")
 _TYPES = {
     "Retrieval": "retrieval",
     "Reranking": "rerank",

@@ -17,7 +17,7 @@ from care_retriever.errors import InputError, at
 
 # Document, document_text and iter_jsonl live on the ground floor (care_retriever.documents) where the stores and
 # the model read them too; imported here for the reader, and for code that imports them from here
-# (care_retriever.compat lists these names with the release that drops them).
+# (care_retriever.old_paths lists these names with the release that drops them).
 __all__ = ["Document", "corpus_file", "document_text", "iter_jsonl", "read_corpus"]
 
 

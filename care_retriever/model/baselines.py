@@ -231,7 +231,7 @@ class OneTowerEmbedder(OneModelEmbedder):
 
 
 def is_care_folder(path: str | os.PathLike[str]) -> bool:
-    from care_retriever.model.embedder import CONFIG_NAME
+    from care_retriever.model.config import CONFIG_NAME
 
     return Path(path).is_dir() and (Path(path) / CONFIG_NAME).is_file()
 

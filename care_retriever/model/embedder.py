@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from care_retriever import __version__
 from care_retriever.errors import ModelError
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
-from care_retriever.model.config import (  # re-exported: callers import these from here
+from care_retriever.model.config import (  # also re-exported for earlier callers (care_retriever.old_paths)
     CONFIG_NAME,
     DEFAULT_INSTRUCTION,
     FORMAT_VERSION,  # noqa: F401

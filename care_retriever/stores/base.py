@@ -16,7 +16,7 @@ import numpy as np
 from care_retriever import __version__
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.stores.config import IndexType, StoreOptions
+from care_retriever.stores.config import StoreOptions
 
 if TYPE_CHECKING:
     from care_retriever.sparse.fusion import FusionConfig
@@ -27,7 +27,6 @@ STORE_FORMAT_VERSION = 2
 # 3: a FAISS store with compressed codes and a rescoring vector file (index option "quantize"); only such
 # stores are written as 3, so that an older reader refuses them instead of searching the codes alone.
 READABLE_FORMAT_VERSION = 3
-FAISS_INDEX_TYPES = tuple(t.value for t in IndexType)  # the FAISS store's index kinds (docs/scale.md)
 Filters = dict[str, Any]
 _FILTER_KEY = re.compile(r"^[\w.\-]+$")
 

@@ -85,8 +85,6 @@ QUANTIZE_HELP = (
 OVERSAMPLE_HELP = "Candidates from the codes per result wanted, rescored exactly (default by quantize)."
 # manifest key -> field, where they differ
 _FAISS_KEYS = {"type": "index_type"}
-# kept in a FAISS manifest's "index" beside the options: the store's own bookkeeping, not a setting
-FAISS_BOOKKEEPING = ("tombstones",)
 
 
 @dataclass(frozen=True)

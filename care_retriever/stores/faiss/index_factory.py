@@ -10,7 +10,6 @@ import numpy as np
 
 from care_retriever.errors import InputError
 from care_retriever.stores.config import (
-    FAISS_DEFAULT_OVERSAMPLE,
     FaissIndexConfig,
     IndexType,
     Quantize,
@@ -18,9 +17,7 @@ from care_retriever.stores.config import (
     as_faiss_config,
 )
 
-INDEX_TYPES = tuple(t.value for t in IndexType)
 QUANTIZE = tuple(q.value for q in Quantize)
-DEFAULT_OVERSAMPLE = {q.value: v for q, v in FAISS_DEFAULT_OVERSAMPLE.items()}
 MIN_SQ_TRAIN = 256  # scalar codes take each dimension's range from the first batch: not from a handful of rows
 # a store's index settings: its config, or a manifest's dict (read through FaissIndexConfig.from_manifest)
 IndexOptions = StoreOptions
