@@ -23,7 +23,7 @@ from care_retriever.errors import InputError, ModelError
 from care_retriever.model.config import CONFIG_NAME, CareConfig
 from care_retriever.model.loading import local_model_dir
 from care_retriever.model.protocols import DocumentEncoder, QueryEncoder
-from care_retriever.stores.config import FaissIndexConfig, QdrantCollectionConfig
+from care_retriever.stores.config import FaissIndexConfig, QdrantCollectionConfig, qdrant_only_keys
 
 # Fingerprint recorded for stores written from vectors of an unknown model: `care-retriever search`
 # then refuses them with "built with another model" instead of returning meaningless hits.
@@ -181,18 +181,6 @@ def cosine_to_unit(score: float) -> float:
     return min(1.0, max(0.0, (score + 1.0) / 2.0)) if math.isfinite(score) else 0.0
 
 
-# Collection settings only a Qdrant store has (a FAISS store keeps a quantized store's full vectors on disk always).
-QDRANT_ONLY_OPTIONS = (
-    "on_disk",
-    "on_disk_payload",
-    "always_ram",
-    "shards",
-    "replicas",
-    "shard_number",
-    "replication_factor",
-)
-
-
 def check_index_options(
     backend: str, options: Mapping[str, Any] | None
 ) -> FaissIndexConfig | QdrantCollectionConfig | None:
@@ -211,7 +199,7 @@ def check_index_options(
         raise InputError(f"index_options must be a dict of store settings, got {type(options).__name__}")
     if backend == "qdrant":
         return QdrantCollectionConfig.from_manifest(options)
-    misplaced = sorted(set(options) & set(QDRANT_ONLY_OPTIONS))
+    misplaced = sorted(set(options) & qdrant_only_keys())  # derived from the two configs' fields
     if misplaced:
         raise InputError(f"index_options {misplaced} are Qdrant collection settings; a FAISS store has none of them")
     known = FaissIndexConfig.manifest_keys()

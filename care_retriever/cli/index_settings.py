@@ -14,7 +14,13 @@ from care_retriever.cli.dataclass_options import cli_fields, cli_options, values
 from care_retriever.errors import InputError
 from care_retriever.indexing.config import EncodeConfig
 from care_retriever.indexing.distributed import IndexSettings, index_options_classes
-from care_retriever.stores.config import FaissIndexConfig, QdrantCollectionConfig, StoreKind, StoreSpec
+from care_retriever.stores.config import (
+    FaissIndexConfig,
+    QdrantCollectionConfig,
+    StoreKind,
+    StoreSpec,
+    qdrant_only_fields,
+)
 
 QDRANT_ONLY_FLAGS_HELP = "qdrant:PATH | qdrant:http://host:6333"
 
@@ -25,10 +31,11 @@ def settings_from_options(values: Mapping[str, Any]) -> IndexSettings:
     ignored: they share the HNSW/IVF vocabulary)."""
     spec = StoreSpec.parse(values["store"], values.get("collection"))
     if spec.kind is StoreKind.FAISS:
+        only = qdrant_only_fields()
         qdrant_only = [
             o.flag
             for o in cli_options(*index_options_classes())
-            if {owner for owner, _ in o.fields} == {QdrantCollectionConfig}
+            if all(owner is QdrantCollectionConfig and name in only for owner, name in o.fields)
             and values.get(o.name, o.default) != o.default
         ]
         if qdrant_only:

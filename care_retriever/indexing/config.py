@@ -19,6 +19,9 @@ from care_retriever.model.batch_limits import (
 from care_retriever.model.loading import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES, DTYPE_NAMES
 from care_retriever.model.settings import count, meta
 
+# An indexing run also writes the BM25 side of the store (IndexSettings.sparse, DocumentStoreWriter's sparse).
+SPARSE = True
+
 
 @dataclass(frozen=True)
 class EncodeConfig:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.indexing.config import EncodeConfig
+from care_retriever.indexing.config import SPARSE, EncodeConfig
 from care_retriever.model.loading import TRUST_REMOTE_CODE_HELP
 from care_retriever.model.settings import meta
 from care_retriever.stores.config import STORE_HELP, FaissIndexConfig, QdrantCollectionConfig, StoreKind, StoreSpec
@@ -92,15 +92,16 @@ class ShardedEncoder:
         self,
         embedder: DocumentEncoder,
         group: Dist,
-        batch_size: int | None,
-        max_batch_tokens: int | str | None = "auto",
+        encode: EncodeConfig,
     ) -> None:
         from care_retriever.model.encoding import auto_batch_limits
 
         self.embedder = embedder
         self.group = group
         # this rank's limits ("auto": from its own GPU's free memory); halved on out-of-memory, then kept for the run
-        self.limits = auto_batch_limits(getattr(embedder, "document_model", None), batch_size, max_batch_tokens)
+        self.limits = auto_batch_limits(
+            getattr(embedder, "document_model", None), encode.batch_size, encode.max_batch_tokens
+        )
         self.stats: dict[str, int] = {}  # truncated, tokens, padded_tokens of the slices this rank encoded
 
     @property
@@ -151,13 +152,11 @@ def release_workers(group: Dist, own: dict[str, int]) -> dict[str, int]:
     return total
 
 
-def serve_encoding(
-    embedder: DocumentEncoder, group: Dist, batch_size: int | None, max_batch_tokens: int | str | None = "auto"
-) -> int:
+def serve_encoding(embedder: DocumentEncoder, group: Dist, encode: EncodeConfig) -> int:
     """A worker rank: encode the slices rank 0 scatters until it sends None; return the truncated count."""
     import torch.distributed as dist
 
-    encoder = ShardedEncoder(embedder, group, batch_size, max_batch_tokens)
+    encoder = ShardedEncoder(embedder, group, encode)
     while True:
         mine: list[Any] = [None]
         dist.scatter_object_list(mine, None, src=0)
@@ -208,7 +207,7 @@ class IndexSettings:
     )
     progress: bool = field(default=True, metadata=meta("Show a progress bar (rank 0)."))
     sparse: bool = field(
-        default=True, metadata=meta("Also write the BM25 side for --mode sparse|hybrid searches (docs/hybrid.md).")
+        default=SPARSE, metadata=meta("Also write the BM25 side for --mode sparse|hybrid searches (docs/hybrid.md).")
     )
     # a document tower whose model code ships with it (every rank loads it)
     trust_remote_code: bool = field(default=False, metadata=meta(TRUST_REMOTE_CODE_HELP, flag="--trust-remote-code"))
@@ -243,12 +242,7 @@ def run_index(settings: IndexSettings) -> dict[str, Any] | None:
     group, device = init_distributed(settings.backend, settings.device, settings.timeout_minutes)
     try:
         if group.rank != 0:
-            serve_encoding(
-                load_document_tower(settings, device),
-                group,
-                settings.encode.batch_size,
-                settings.encode.max_batch_tokens,
-            )
+            serve_encoding(load_document_tower(settings, device), group, settings.encode)
             return None
         return _write(settings, group, device)
     finally:
@@ -294,20 +288,12 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
                 f"--update: {target.describe()} holds no index yet (a mistyped path?); drop --update to build a new one"
             )
         embedder = load_document_tower(settings, device)
-        encoder = (
-            ShardedEncoder(embedder, group, settings.encode.batch_size, settings.encode.max_batch_tokens)
-            if group.active
-            else None
-        )
+        encoder = ShardedEncoder(embedder, group, settings.encode) if group.active else None
         writer = DocumentStoreWriter(
             embedder,
             target,
-            batch_size=settings.encode.batch_size,
-            max_batch_tokens=settings.encode.max_batch_tokens,
-            chunk_size=settings.encode.chunk_size,
-            sort_window=settings.encode.sort_window,
-            checkpoint_every=settings.encode.checkpoint_every,
-            index_options=settings.index,  # the typed config, as the command line built it, to the store
+            encode=settings.encode,  # the typed configs, as the command line built them, whole
+            index=settings.index,
             show_progress=settings.progress,
             encoder=encoder,
             sparse=settings.sparse,

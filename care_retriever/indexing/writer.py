@@ -20,6 +20,7 @@ over the ranks of a torch.distributed job, so checkpointing, resume and skipping
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -36,15 +37,26 @@ from tqdm.auto import tqdm
 
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, ModelError
+from care_retriever.indexing.config import SPARSE, EncodeConfig
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.encoding import BatchLimits, auto_batch_limits, check_unicode
 from care_retriever.model.protocols import DocumentEncoder
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
-from care_retriever.stores.config import IndexType, Quantize, StoreKind, StoreOptions, as_faiss_config
+from care_retriever.stores.config import (
+    FaissIndexConfig,
+    IndexType,
+    QdrantCollectionConfig,
+    Quantize,
+    StoreKind,
+    StoreOptions,
+    store_config,
+)
 
 # texts -> (len(texts), dim) float32 unit rows, in input order
 Encoder = Callable[[list[str]], np.ndarray]
+# EncodeConfig's fields that DocumentStoreWriter took one by one before it took the config (still read)
+_EARLIER_KEYWORDS = frozenset({"batch_size", "max_batch_tokens", "chunk_size", "sort_window", "checkpoint_every"})
 
 logger = logging.getLogger("care_retriever")
 
@@ -121,12 +133,11 @@ def _validated(chunk: list[Document]) -> list[Document]:
     return list(latest.values())
 
 
-def _trains_on_first_vectors(store: VectorStore, options: StoreOptions) -> bool:
-    """Whether ``store`` (a FAISS store with these index options) trains its index on the first vectors written."""
-    if store.backend != StoreKind.FAISS:
+def _trains_on_first_vectors(index: FaissIndexConfig | QdrantCollectionConfig | None) -> bool:
+    """Whether a new FAISS store with these settings trains its index on the first vectors written."""
+    if not isinstance(index, FaissIndexConfig):
         return False
-    config = as_faiss_config(options)
-    return config.index_type in (IndexType.IVF, IndexType.IVFPQ) or config.quantization is not Quantize.NONE
+    return index.index_type in (IndexType.IVF, IndexType.IVFPQ) or index.quantization is not Quantize.NONE
 
 
 class _StoreWrites:
@@ -183,7 +194,19 @@ class _StoreWrites:
 
 
 class DocumentStoreWriter:
-    """Encode documents with the document tower and write them into a FAISS or Qdrant store."""
+    """Encode documents with the document tower and write them into a FAISS or Qdrant store.
+
+    ``encode``: how the document tower encodes (:class:`~care_retriever.indexing.config.EncodeConfig`; None: its
+    defaults, those of ``care-retriever index``). ``index``: the store's settings, the config of its kind
+    (:class:`~care_retriever.stores.config.FaissIndexConfig` or
+    :class:`~care_retriever.stores.config.QdrantCollectionConfig`; None: an existing store's own, a new one's
+    defaults). ``sparse``: also write the BM25 side, as ``care-retriever index`` does unless ``--no-sparse``.
+
+    Keywords of code written before ``encode`` and ``index``, still read: ``batch_size``, ``max_batch_tokens``,
+    ``chunk_size``, ``sort_window`` and ``checkpoint_every`` each replace that field of ``encode`` (checked by
+    :class:`EncodeConfig`, built once here), and ``index_options`` is ``index`` (a config, or a dict of the store's
+    settings as an integration's users give it, read once by the config of the store's kind).
+    """
 
     def __init__(
         self,
@@ -191,35 +214,35 @@ class DocumentStoreWriter:
         store: str | VectorStore,
         *,
         collection: str | None = None,
-        batch_size: int | None = None,
-        max_batch_tokens: int | str | None = "auto",
-        chunk_size: int = 1024,
-        sort_window: int = 65536,
-        checkpoint_every: int = 8192,
-        index_options: StoreOptions = None,
+        encode: EncodeConfig | None = None,
+        index: FaissIndexConfig | QdrantCollectionConfig | None = None,
         show_progress: bool = True,
         encoder: Encoder | None = None,
-        sparse: bool = False,
+        sparse: bool = SPARSE,
         background_tokenizer: bool | None = None,
         overlap_writes: bool | None = None,
+        index_options: StoreOptions = None,
+        **encode_options: Any,
     ) -> None:
+        unknown = sorted(set(encode_options) - _EARLIER_KEYWORDS)
+        if unknown:
+            raise TypeError(f"DocumentStoreWriter() got unexpected keyword arguments {unknown}")
         self.embedder = embedder
         self.store = open_store(store, collection=collection)
-        self.batch_size = batch_size
-        self.max_batch_tokens = max_batch_tokens
+        # the one EncodeConfig of the run: its defaults and checks, the keywords of earlier code applied once
+        self.encode = dataclasses.replace(encode or EncodeConfig(), **encode_options)
+        if index is not None and index_options is not None:
+            raise TypeError("DocumentStoreWriter() takes index or index_options (its earlier name), not both")
+        self.index = store_config(self.store.backend, index if index is not None else index_options)
         # texts and padded tokens per forward pass; halved on out-of-memory and kept lowered for the run. "auto" and
         # None are resolved once the first write starts (auto_batch_limits: from the GPU's free memory).
+        tokens = self.encode.max_batch_tokens
         self.limits = BatchLimits(
-            batch_size or DOCUMENT_BATCH_SIZE, max_batch_tokens if isinstance(max_batch_tokens, int) else None
+            self.encode.batch_size or DOCUMENT_BATCH_SIZE, tokens if isinstance(tokens, int) else None
         )
         self._limits_resolved = False
-        self.chunk_size = chunk_size
-        # documents sorted by length together (streaming, a window at a time): batches pad little over the input
-        self.sort_window = max(1, sort_window)
         self._since_checkpoint = 0
         self._first_slice = False
-        self.checkpoint_every = checkpoint_every
-        self.index_options = index_options
         self.show_progress = show_progress
         self.encoder = encoder
         self.sparse = sparse  # also write the BM25 side (care_retriever.sparse), in the same transactions
@@ -247,14 +270,12 @@ class DocumentStoreWriter:
         embedder = self.embedder
         # A new FAISS store that trains its index on its first vectors (IVF, quantization) gets the corpus's first
         # documents first, not its longest (:meth:`_flush`).
-        self._first_slice = getattr(self.store, "manifest", None) is None and _trains_on_first_vectors(
-            self.store, self.index_options
-        )
+        self._first_slice = getattr(self.store, "manifest", None) is None and _trains_on_first_vectors(self.index)
         self.store.prepare(
             embedder.dim,
             embedder.space_fingerprint,
             embedder.document_model_name,
-            self.index_options,
+            self.index,
             metric=getattr(embedder, "similarity", "cosine"),
         )
         if self.sparse:
@@ -278,7 +299,7 @@ class DocumentStoreWriter:
             ) as bar,
             BackgroundTokenizer() if self.sparse and self.background_tokenizer else nullcontext() as tokenizer,
         ):
-            for raw in _chunks(documents, self.chunk_size):
+            for raw in _chunks(documents, self.encode.chunk_size):
                 chunk = _validated(raw)
                 bar.update(len(raw) - len(chunk))
                 if prune_ids_not_in:
@@ -291,7 +312,7 @@ class DocumentStoreWriter:
                 report.unchanged += len(chunk) - len(todo)
                 bar.update(len(chunk) - len(todo))
                 pending.update((d.id, (d, d.id in stored)) for d in todo)
-                if len(pending) >= self.sort_window:
+                if len(pending) >= self.encode.sort_window:
                     self._flush(list(pending.values()), report, bar, stats, tokenizer)
                     pending.clear()
             if pending:
@@ -319,7 +340,7 @@ class DocumentStoreWriter:
             return
         self._limits_resolved = True
         model = getattr(self.embedder, "document_model", None)
-        resolved = auto_batch_limits(model, self.batch_size, self.max_batch_tokens)
+        resolved = auto_batch_limits(model, self.encode.batch_size, self.encode.max_batch_tokens)
         self.limits.texts, self.limits.tokens = resolved.texts, resolved.tokens
 
     def _flush(
@@ -335,12 +356,12 @@ class DocumentStoreWriter:
         its index on its first vectors (IVF, quantization), the run's first ``chunk_size`` documents go first, as
         read: it trains on the corpus's first documents, as before, not on its longest. With ``overlap_writes`` a
         slice is written while the next one encodes, and every write is done (or its error raised) on return."""
-        size = max(self.chunk_size, self.checkpoint_every)
+        size = max(self.encode.chunk_size, self.encode.checkpoint_every)
         # The window's writes are all done before it returns: the next chunks' content hashes are read after them.
         self._writes = _StoreWrites(self.store) if self.overlap_writes else None
         try:
             if self._first_slice:
-                head, items = items[: self.chunk_size], items[self.chunk_size :]
+                head, items = items[: self.encode.chunk_size], items[self.encode.chunk_size :]
                 self._first_slice = False
                 self._write_slice(head, report, bar, stats, tokenizer)
             lengths = np.fromiter((len(doc.embedding_text()) for doc, _ in items), dtype=np.int64, count=len(items))
@@ -375,7 +396,7 @@ class DocumentStoreWriter:
         vectors = self._encode(texts, bar, stats)
         tokens = tokenizer.result() if tokenizer is not None else None
         self._since_checkpoint += len(todo)
-        checkpoint = self._since_checkpoint >= self.checkpoint_every
+        checkpoint = self._since_checkpoint >= self.encode.checkpoint_every
         if checkpoint:
             self._since_checkpoint = 0
         if self._writes is not None:
@@ -406,7 +427,7 @@ class DocumentStoreWriter:
             embedder.dim,
             embedder.space_fingerprint,
             "",
-            self.index_options,
+            self.index,
             metric=getattr(embedder, "similarity", "cosine"),
         )
         removed = self.store.delete(list(ids))

@@ -164,16 +164,6 @@ class FaissIndexConfig:
             out["oversample"] = self.oversample
         return out
 
-    def to_options(self) -> dict[str, Any]:
-        """The settings as asked, the dict a store's ``prepare`` has always read: ``quantize`` and ``oversample``
-        only where given (an existing store keeps its own; ``quantize: none`` asked of a quantized one is refused)."""
-        out = {k: v for k, v in self.to_manifest().items() if k not in ("quantize", "oversample")}
-        if self.quantize is not None:
-            out["quantize"] = self.quantize.value
-        if self.oversample is not None:
-            out["oversample"] = self.oversample
-        return out
-
     @classmethod
     def from_manifest(cls, index: Mapping[str, Any] | None) -> FaissIndexConfig:
         """Any ``"index"`` dict written before (format 1 ``{"type": ...}``, no ``quantize`` key, ``"none"``) or
@@ -325,3 +315,28 @@ StoreOptions = FaissIndexConfig | QdrantCollectionConfig | Mapping[str, Any] | N
 
 
 _FAISS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FaissIndexConfig)}
+
+
+def store_config(kind: StoreKind | str, options: StoreOptions) -> FaissIndexConfig | QdrantCollectionConfig | None:
+    """The settings of a store of ``kind``, read once where users hand them in (the writer, the integrations): a
+    config of that kind as it is, a dict through its ``from_manifest``; None stays None (an existing store's own
+    settings, a new one's defaults). A config of the other kind is one line."""
+    if options is None:
+        return None
+    return as_faiss_config(options) if StoreKind(kind) is StoreKind.FAISS else as_qdrant_config(options)
+
+
+def qdrant_only_fields() -> frozenset[str]:
+    """The :class:`QdrantCollectionConfig` fields a FAISS index has none like (no :class:`FaissIndexConfig` field of
+    that name or flag): the settings a FAISS store refuses as Qdrant's, from the command line or an integration."""
+    faiss_fields = dataclasses.fields(FaissIndexConfig)
+    faiss = {f.name for f in faiss_fields} | {flag_of(f) for f in faiss_fields}
+    return frozenset(
+        f.name for f in dataclasses.fields(QdrantCollectionConfig) if f.name not in faiss and flag_of(f) not in faiss
+    )
+
+
+def qdrant_only_keys() -> frozenset[str]:
+    """The keys of an integration's dict that name a Qdrant-only setting: the fields and their older names."""
+    only = qdrant_only_fields()
+    return only | {old for old, name in QDRANT_ALIASES.items() if name in only}

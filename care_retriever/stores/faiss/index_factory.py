@@ -3,6 +3,8 @@ quantized stores), its training on the first batch, ids, reconstruction and sear
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 import faiss
@@ -19,23 +21,37 @@ from care_retriever.stores.config import (
 
 QUANTIZE = tuple(q.value for q in Quantize)
 MIN_SQ_TRAIN = 256  # scalar codes take each dimension's range from the first batch: not from a handful of rows
-# a store's index settings: its config, or a manifest's dict (read through FaissIndexConfig.from_manifest)
+# what a store's prepare/begin are handed: its config, or a dict of it (read once, by checked_options)
 IndexOptions = StoreOptions
 
 
-def quantization(options: IndexOptions) -> str:
-    """The store's code kind: "none" (the index holds the vectors) or sq8 / binary / pq (codes + vectors.f32)."""
-    return as_faiss_config(options).quantization.value
-
-
 def checked_options(index: IndexOptions) -> FaissIndexConfig:
-    """The index settings of a store as a config (checked when it is built: one line for a bad value)."""
+    """The index settings handed to a store as a config (checked when it is built: one line for a bad value)."""
     return as_faiss_config(index)
 
 
-def codes_index(dim: int, options: IndexOptions) -> faiss.Index:
+def manifest_config(index: Mapping[str, Any] | None) -> FaissIndexConfig:
+    """The config a store's manifest records under ``"index"`` (every shape written so far), read once per distinct
+    dict: the functions below take the config only."""
+    items = tuple(sorted((index or {}).items()))
+    try:
+        return _manifest_config(items)
+    except TypeError:  # a value that cannot be a cache key (no option is one): read without the cache
+        return FaissIndexConfig.from_manifest(index)
+
+
+@functools.lru_cache(maxsize=64)
+def _manifest_config(items: tuple[tuple[str, Any], ...]) -> FaissIndexConfig:
+    return FaissIndexConfig.from_manifest(dict(items))
+
+
+def quantization(config: FaissIndexConfig) -> str:
+    """The store's code kind: "none" (the index holds the vectors) or sq8 / binary / pq (codes + vectors.f32)."""
+    return config.quantization.value
+
+
+def codes_index(dim: int, config: FaissIndexConfig) -> faiss.Index:
     """The compressed index of a quantized store (rescored from vectors.f32 at search time)."""
-    config = as_faiss_config(options)
     quantize, kind = config.quantization, config.index_type
     sq8, m, pq_m, bits = faiss.ScalarQuantizer.QT_8bit, config.m, config.pq_m, config.pq_bits
     if quantize is Quantize.PQ and dim % pq_m:
@@ -61,8 +77,7 @@ def codes_index(dim: int, options: IndexOptions) -> faiss.Index:
     )
 
 
-def build_index(dim: int, options: IndexOptions) -> faiss.Index:
-    config = as_faiss_config(options)
+def build_index(dim: int, config: FaissIndexConfig) -> faiss.Index:
     if config.quantization is not Quantize.NONE:
         return codes_index(dim, config)
     kind = config.index_type
@@ -86,9 +101,9 @@ def build_index(dim: int, options: IndexOptions) -> faiss.Index:
     return faiss.IndexIDMap(inner)
 
 
-def supports_remove(options: IndexOptions) -> bool:
+def supports_remove(config: FaissIndexConfig) -> bool:
     """HNSW cannot remove vectors: removed rows stay in it as tombstones that searches skip."""
-    return as_faiss_config(options).supports_remove
+    return config.supports_remove
 
 
 def train_on_first_batch(index: faiss.Index, vectors: np.ndarray) -> None:
@@ -160,8 +175,8 @@ def reconstruct(
     return [None if r < 0 else index.reconstruct(int(r)) for r in rows], id_order
 
 
-def search_params(index: faiss.Index, options: IndexOptions, row_ids: np.ndarray | None) -> Any:
-    """FAISS search parameters for ``index`` (efSearch / nprobe from the store's ``options``), restricted to
+def search_params(index: faiss.Index, config: FaissIndexConfig, row_ids: np.ndarray | None) -> Any:
+    """FAISS search parameters for ``index`` (efSearch / nprobe from the store's ``config``), restricted to
     ``row_ids`` when given; None when the index's defaults do, False when no row is allowed."""
     inner = inner_index(index)
     selector = None
@@ -171,10 +186,10 @@ def search_params(index: faiss.Index, options: IndexOptions, row_ids: np.ndarray
         selector = faiss.IDSelectorBatch(row_ids)
     if isinstance(inner, faiss.IndexHNSW):
         params = faiss.SearchParametersHNSW()
-        params.efSearch = as_faiss_config(options).ef_search
+        params.efSearch = config.ef_search
     elif isinstance(inner, faiss.IndexIVF):
         params = faiss.SearchParametersIVF()
-        params.nprobe = as_faiss_config(options).nprobe
+        params.nprobe = config.nprobe
     elif selector is None:
         return None
     else:

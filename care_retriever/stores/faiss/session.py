@@ -27,7 +27,13 @@ from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
 from care_retriever.stores.faiss import docstore, files, journal, rescoring, sparse
 from care_retriever.stores.faiss.files import DOCSTORE, INDEX, MANIFEST, VECTORS
-from care_retriever.stores.faiss.index_factory import index_ids, quantization, supports_remove, train_on_first_batch
+from care_retriever.stores.faiss.index_factory import (
+    index_ids,
+    manifest_config,
+    quantization,
+    supports_remove,
+    train_on_first_batch,
+)
 
 
 def read_staged_manifest(folder: Path) -> Manifest:
@@ -51,7 +57,7 @@ class WriteSession:
         # Row ids are never reused: past both the docstore's and the index's (a killed writer may leave either ahead).
         self.next_row_id = max(docstore.max_row_id(db), int(ids.max()) if len(ids) else -1) + 1
         self.vector_writer = rescoring.VectorWriter()  # quantized stores: vectors.f32 rows at their offsets
-        if quantization(manifest.index) != "none":
+        if quantization(manifest_config(manifest.index)) != "none":
             self.vector_writer.open(folder)
 
     def upsert(
@@ -85,7 +91,7 @@ class WriteSession:
             sparse.remove(self.db, existing)
         # HNSW cannot remove vectors: they stay as tombstones that searches skip.
         rows = np.asarray(existing, dtype=np.int64)
-        if supports_remove(self.manifest.index):
+        if supports_remove(manifest_config(self.manifest.index)):
             self.index.remove_ids(rows)
         else:
             self.tombstones += len(rows)
@@ -124,7 +130,7 @@ class StagedWrite(WriteSession):
         stored_ids = set(index_ids(self.index).tolist())
         row_ids = docstore.all_row_ids(self.db)
         orphans = stored_ids - row_ids
-        if orphans and supports_remove(self.manifest.index):
+        if orphans and supports_remove(manifest_config(self.manifest.index)):
             self.index.remove_ids(np.fromiter(orphans, dtype=np.int64))
         missing = row_ids - stored_ids
         if missing:

@@ -50,6 +50,7 @@ from care_retriever.stores.faiss.index_factory import (
     checked_options,
     index_ids,
     inner_index,
+    manifest_config,
     quantization,
     reconstruct,
     search_params,
@@ -152,7 +153,7 @@ class FaissStore(VectorStore):
         self._check_counts(folder)
         self._vector_file.forget()
         self._read_folder = folder
-        if quantization(self.manifest.index) != "none":
+        if quantization(manifest_config(self.manifest.index)) != "none":
             self._check_vectors_file(folder, index_ids(self._read_index))
         self._opened_as = ((folder / INDEX).stat().st_ino, int(meta.get("delta_bytes", 0)))
         self._search_index = None
@@ -161,7 +162,7 @@ class FaissStore(VectorStore):
         """A quantized store's rescoring vectors must exist and hold every row (never codes-only scores)."""
         manifest = self.require_manifest()
         rescoring.check_vectors_file(
-            folder, manifest.dim, rows, manifest.sizes.get(VECTORS), quantization(manifest.index)
+            folder, manifest.dim, rows, manifest.sizes.get(VECTORS), quantization(manifest_config(manifest.index))
         )
 
     def _full_vectors(self, rows: np.ndarray) -> np.ndarray:
@@ -173,7 +174,8 @@ class FaissStore(VectorStore):
     def _replay_delta(self, folder: Path, start: int, stop: int) -> None:
         """Apply the committed delta records in ``[start, stop)`` bytes to the in-memory index."""
         assert self._read_index is not None and self.manifest is not None
-        journal.replay(self._read_index, folder, start, stop, self.manifest.dim, supports_remove(self.manifest.index))
+        removes = supports_remove(manifest_config(self.manifest.index))
+        journal.replay(self._read_index, folder, start, stop, self.manifest.dim, removes)
 
     def _check_counts(self, folder: Path) -> None:
         assert self._read_index is not None
@@ -250,7 +252,7 @@ class FaissStore(VectorStore):
     def _check_same_quantization(self, index: FaissIndexConfig) -> None:
         """A store's quantization is fixed at creation: its codes were trained and written for it."""
         assert self.manifest is not None
-        have = quantization(self.manifest.index)
+        have = quantization(manifest_config(self.manifest.index))
         want = index.quantize  # None: not asked, the store's own
         if want is not None and want != have:
             raise InputError(
@@ -345,7 +347,7 @@ class FaissStore(VectorStore):
                 files.copy_durably(source / DOCSTORE, self.staging / DOCSTORE)
             manifest = Manifest.from_dict(self.manifest.to_dict(), MANIFEST)
             asked = options.oversample  # a search setting: may change (the default does not reset it)
-            if asked is not None and quantization(manifest.index) != "none":
+            if asked is not None and quantization(manifest_config(manifest.index)) != "none":
                 manifest.index["oversample"] = float(asked)
         else:
             manifest = Manifest(
@@ -571,7 +573,7 @@ class FaissStore(VectorStore):
         with self._lock:
             rows = docstore.row_ids(self._db, ids)
             manifest = self._current_manifest()
-            if quantization(manifest.index) != "none":  # the exact vectors, not decoded codes
+            if quantization(manifest_config(manifest.index)) != "none":  # the exact vectors, not decoded codes
                 found = np.asarray([rows[i] for i in ids if i in rows], dtype=np.int64)
                 full = iter(self._full_vectors(found))
                 return [next(full).copy() if i in rows else None for i in ids]
@@ -613,10 +615,10 @@ class FaissStore(VectorStore):
             raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
         if len(vectors) == 0 or self._index.ntotal == 0:
             return [[] for _ in range(len(vectors))]
-        if quantization(manifest.index) != "none":
+        if quantization(manifest_config(manifest.index)) != "none":
             return self._rescored(vectors, top_k, manifest, filters, allowed)
         k = min(top_k + self._current_tombstones(), self._index.ntotal)
-        params = search_params(self._index, manifest.index, allowed if filters else None)
+        params = search_params(self._index, manifest_config(manifest.index), allowed if filters else None)
         if params is False:
             return [[] for _ in range(len(vectors))]
         scores, ids = search_with(self._searchable() if params is None else self._index, vectors, k, params)
@@ -641,7 +643,7 @@ class FaissStore(VectorStore):
             candidates = [allowed] * len(vectors)
         else:
             k = rescoring.candidates_wanted(top_k, tombstones, oversample, self._index.ntotal)
-            params = search_params(self._index, manifest.index, allowed if filters else None)
+            params = search_params(self._index, manifest_config(manifest.index), allowed if filters else None)
             if params is False:
                 return [[] for _ in range(len(vectors))]
             _, ids = search_with(self._index, vectors, k, params)
@@ -699,7 +701,8 @@ class FaissStore(VectorStore):
             docstore.check_content(rows, self.path / DOCSTORE)
             assert self._index is not None
             in_index = index_ids(self._index)
-            if quantization(manifest.index) != "none":  # every row's rescoring vector is there (norms below)
+            quantized = quantization(manifest_config(manifest.index)) != "none"
+            if quantized:  # every row's rescoring vector is there (norms below)
                 self._check_vectors_file(self._read_folder, in_index)
             in_docstore = np.fromiter((r for r, *_ in rows), dtype=np.int64, count=len(rows))
             missing = np.setdiff1d(in_docstore, in_index)
@@ -732,9 +735,10 @@ class FaissStore(VectorStore):
         sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
         ram = sizes.get(INDEX, 0) + sizes.get(DELTA, 0)
         count = max(self._count, 1)
+        quantize = quantization(manifest_config(manifest.index))
         return {
-            "quantize": quantization(manifest.index),
-            "oversample": manifest.index.get("oversample") if quantization(manifest.index) != "none" else None,
+            "quantize": quantize,
+            "oversample": manifest.index.get("oversample") if quantize != "none" else None,
             "ram_bytes_per_doc": round(ram / count, 1),
             "disk_bytes_per_doc": round(sum(sizes.values()) / count, 1),
         }
