@@ -69,6 +69,20 @@ MOVED_NAMES: dict[str, tuple[str, str]] = {
     ),
     "care_retriever.model.embedder:CareConfig": ("care_retriever.model.config:CareConfig", "0.3.0"),
     "care_retriever.model.embedder:TowerInfo": ("care_retriever.model.config:TowerInfo", "0.3.0"),
+    # where and how a tower runs, in its own module (model.runtime), re-exported by model.embedder for earlier callers
+    **{
+        f"care_retriever.model.embedder:{name}": (f"care_retriever.model.runtime:{name}", "0.3.0")
+        for name in (
+            "DTYPES",
+            "auto_dtype",
+            "flash_attn_installed",
+            "gpu_dtype",
+            "native_bf16",
+            "resolve_attn_implementation",
+            "resolve_device",
+            "resolve_dtype",
+        )
+    },
     # the ground floor (docs/architecture.md): a document and JSONL rows, the batch defaults and their parser
     "care_retriever.indexing.corpus:Document": ("care_retriever.documents:Document", "0.3.0"),
     "care_retriever.indexing.corpus:document_text": ("care_retriever.documents:document_text", "0.3.0"),

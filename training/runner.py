@@ -143,7 +143,7 @@ def load_model(
 
 def hold_in(embedder: AsymmetricEmbedder, held: dict[str, str]) -> AsymmetricEmbedder:
     """Cast each tower's transformer to the dtype ``held`` names for it (a no-op where it already is)."""
-    from care_retriever.model.embedder import resolve_dtype
+    from care_retriever.model.runtime import resolve_dtype
 
     for side in SIDES:
         if side in held:

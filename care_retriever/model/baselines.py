@@ -55,7 +55,7 @@ class SentenceTransformerEmbedder(OneModelEmbedder):
     ) -> None:
         from sentence_transformers import SentenceTransformer
 
-        from care_retriever.model.embedder import resolve_device
+        from care_retriever.model.runtime import resolve_device
 
         self.name = model_name_or_path
         try:

@@ -56,7 +56,7 @@ def quiet_transformers() -> None:
 
 
 # The precisions a tower loads in, as the CLI and the configs name them (torch's long names float32, bfloat16 and
-# float16 are taken too: care_retriever.model.embedder.DTYPES). "saved": each tower in the dtype its own
+# float16 are taken too: care_retriever.model.runtime.DTYPES). "saved": each tower in the dtype its own
 # config.json names (fp32 where it names none), whatever the device: what `init` writes, so a GPU does not decide a
 # model's bytes. Torch-free, so that a bad flag is refused before torch is imported.
 DTYPE_CHOICES = ("auto", "saved", "fp32", "bf16", "fp16")
