@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from care_retriever.errors import InputError, at
+from care_retriever.indexing.text_rules import empty_text_message
 
 
 def document_text(title: str, text: str) -> str:
@@ -126,7 +127,7 @@ def _parse_line(raw: bytes, lineno: int, file: Path, jsonl: bool) -> Document | 
     if not isinstance(metadata, dict):
         raise InputError(f'{at(file, lineno)}: "metadata" must be an object')
     if not (text.strip() or title.strip()):
-        raise InputError(f"{at(file, lineno)}: empty text for document {doc_id!r}")
+        raise InputError(f"{at(file, lineno)}: {empty_text_message(doc_id)}")
     return Document(id=str(doc_id), text=text, title=title, metadata=metadata)
 
 

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from care_retriever.errors import InputError, ModelError
 from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE
 from care_retriever.indexing.corpus import Document
+from care_retriever.indexing.text_rules import check_document_text
 from care_retriever.model.encoding import BatchLimits, auto_batch_limits, check_unicode
 from care_retriever.model.protocols import DocumentEncoder
 from care_retriever.sparse.background import BackgroundTokenizer
@@ -111,6 +112,7 @@ def _validated(chunk: list[Document]) -> list[Document]:
             if not isinstance(value, str):
                 raise InputError(f"document {doc.id!r}: {name} must be a str, got {type(value).__name__}")
             check_unicode(value, f"document {doc.id!r} {name}")
+        check_document_text(doc.id, doc.text, doc.title)  # as the CLI's corpus reader refuses it
         try:  # (no metadata: nothing to check; this runs once per document)
             if doc.metadata:
                 check_unicode(json.dumps(doc.metadata, ensure_ascii=False), f"document {doc.id!r} metadata")
