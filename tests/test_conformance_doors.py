@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import SAMPLE_DIR, build_tiny_model, load_script, read_jsonl, write_jsonl
+from tests.conftest import SAMPLE_DIR, discriminative_init, load_script, read_jsonl, write_jsonl
 
 pytest.importorskip("haystack")
 pytest.importorskip("langchain_core")
@@ -33,8 +33,11 @@ pytest.importorskip("qdrant_client")
 RELEASE = Path(__file__).resolve().parent / "fixtures" / "release"
 TOLERANCE = 1e-5
 TOP_K = 8
-# 30 documents with titles (every 10th of the shipped sample: several topics) and 4 queries.
-DOCUMENTS: list[dict[str, Any]] = read_jsonl(SAMPLE_DIR / "corpus.jsonl")[::10][:30]
+# 30 documents with titles (every 10th of the shipped sample: several topics; each text's first sentence or so,
+# which keeps the document towers' forward passes short) and 4 queries.
+DOCUMENTS: list[dict[str, Any]] = [
+    {**r, "text": r["text"][:40]} for r in read_jsonl(SAMPLE_DIR / "corpus.jsonl")[::10][:30]
+]
 QUERIES: list[str] = [r["text"] for r in read_jsonl(SAMPLE_DIR / "queries.jsonl")[::15][:4]]
 MODEL_KINDS = ("care", "hub", "release-bert", "release-gte")
 STORE_KINDS = ("faiss", "qdrant")
@@ -57,6 +60,17 @@ def spec(store_kind: str, folder: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- models
+def tiny_care_model(out: Path, corpus: Path) -> Path:
+    """A model in this package's format: tiny random towers whose tokenizers are trained on the corpus, widened
+    so that texts get told apart (conftest's ``discriminative_init``)."""
+    from care_retriever.model.towers.scratch import init_from_scratch
+
+    embedder = init_from_scratch("tiny", [corpus], seed=0)
+    discriminative_init(embedder)
+    embedder.save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One model of each kind, built once for the module."""
@@ -70,7 +84,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     hub_towers.write_qwen3_embedding(hub / "qwen3-embedding")
     cli("init", root / "hub-care", "--query-model", hub / "bert", "--document-model", hub / "qwen3-embedding")
     return {
-        "care": build_tiny_model(root / "care", corpus),
+        "care": tiny_care_model(root / "care", corpus),
         "hub": root / "hub-care",
         "release-bert": make_release.build_release_fixture("bert", root / "release-bert"),
         "release-gte": make_release.build_release_fixture("gte", root / "release-gte"),

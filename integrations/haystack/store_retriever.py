@@ -64,7 +64,8 @@ def _core_filters_or_error(filters: dict[str, Any] | None, mode: str) -> dict[st
 
 @component
 class CareStoreRetriever:
-    """Retrieve the ``top_k`` documents of a care-retriever store most similar (cosine) to a query embedding.
+    """Retrieve the ``top_k`` documents of a care-retriever store most similar to a query embedding (by the store's
+    model's similarity: cosine, or dot product for the authors' released models, as ``care-retriever search``).
 
     :param store: store spec as given to ``care-retriever index --store``: ``faiss:DIR``,
         ``qdrant:PATH``, ``qdrant:http(s)://host:6333``. Checked at construction, opened in ``warm_up()``.
