@@ -1,7 +1,7 @@
 """Haystack pipelines over CARE: index with the document tower, query with the query tower.
 
 care-retriever index --model M --corpus corpus.jsonl --store faiss:stores/med   # or --corpus below
-python examples/haystack_pipeline.py --model M --store stores/med "血压高怎么办"
+python examples/haystack_pipeline.py --model M --store faiss:stores/med "血压高怎么办"   # or the folder: stores/med
 python examples/haystack_pipeline.py --model M --store stores/new --corpus corpus.jsonl "血压高怎么办"
 """
 
@@ -17,6 +17,7 @@ from haystack.components.writers import DocumentWriter
 from haystack.document_stores.types import DuplicatePolicy
 
 from care_retriever import read_corpus
+from care_retriever.errors import CareError
 from care_retriever.integrations.haystack import (
     CareDocumentEmbedder,
     CareFaissDocumentStore,
@@ -29,11 +30,18 @@ def main(argv: list[str] | None = None) -> list[Document]:
     parser = argparse.ArgumentParser(description="Index (optional) and query a CARE FAISS store with Haystack.")
     parser.add_argument("query")
     parser.add_argument("--model", required=True, help="CARE model folder")
-    parser.add_argument("--store", required=True, help="FAISS folder (the one `care-retriever index` writes)")
+    parser.add_argument(
+        "--store", required=True, help="faiss:DIR (the spec `care-retriever index` takes) or the FAISS folder"
+    )
     parser.add_argument("--corpus", help="index this JSONL corpus first")
     parser.add_argument("--top-k", type=int, default=5)
     args = parser.parse_args(argv)
-    store = CareFaissDocumentStore(args.store, model=args.model)
+    try:
+        store = CareFaissDocumentStore(args.store, model=args.model)  # a qdrant: spec is refused in one line
+    except CareError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    if not args.corpus and store.count_documents() == 0:  # an empty answer would look like "nothing matched"
+        parser.exit(2, f"error: {args.store}: the store holds no documents (index a corpus first, or pass --corpus)\n")
     if args.corpus:  # document tower -> store
         docs = [
             Document(id=d.id, content=d.text, meta={**d.metadata, "title": d.title}) for d in read_corpus(args.corpus)

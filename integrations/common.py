@@ -13,17 +13,26 @@ import json
 import math
 import threading
 from collections.abc import Mapping, Sequence
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from care_retriever.documents import Document
+from care_retriever.documents import Document, check_document_text
 from care_retriever.errors import InputError, ModelError
 from care_retriever.model.config import CONFIG_NAME, CareConfig
 from care_retriever.model.loading import local_model_dir
 from care_retriever.model.protocols import DocumentEncoder, QueryEncoder
-from care_retriever.stores.config import FaissIndexConfig, QdrantCollectionConfig, qdrant_only_keys
+from care_retriever.stores.base import Manifest
+from care_retriever.stores.config import (
+    FaissIndexConfig,
+    QdrantCollectionConfig,
+    StoreKind,
+    StoreSpec,
+    qdrant_only_keys,
+)
+from care_retriever.vectors import VectorContract
 
 # Fingerprint recorded for stores written from vectors of an unknown model: `care-retriever search`
 # then refuses them with "built with another model" instead of returning meaningless hits.
@@ -47,10 +56,31 @@ def model_space(model: str) -> tuple[int, str, str]:
     return config.dim, space, config.document.base_model or model
 
 
+def model_contract(model: str) -> VectorContract:
+    """What a saved CARE model's vectors are (its similarity and norms), read from its config, no tower loaded."""
+    local = check_model_location(model)
+    return CareConfig.load(local if local is not None else model).vectors
+
+
 def model_metric(model: str) -> str:
     """What a saved CARE model's scores are (``cosine`` or ``dot``), read from its config, no tower loaded."""
-    local = check_model_location(model)
-    return CareConfig.load(local if local is not None else model).similarity
+    return model_contract(model).similarity
+
+
+def faiss_folder(path: str | PathLike[str]) -> Path:
+    """The folder of a FAISS store given as a store spec (``faiss:DIR``, :meth:`StoreSpec.parse
+    <care_retriever.stores.config.StoreSpec.parse>`) or a plain path; one line for a store of another kind."""
+    text = str(path)
+    scheme = text.partition(":")[0]
+    if scheme in [k.value for k in StoreKind]:
+        spec = StoreSpec.parse(text)
+        if spec.kind is not StoreKind.FAISS:
+            raise InputError(
+                f"{text!r} is a {spec.kind.value} store; this class opens FAISS stores (faiss:DIR or a folder). "
+                "Search a Qdrant store with CareStoreRetriever or LangChain's CareVectorStore"
+            )
+        return Path(spec.location)
+    return Path(text)
 
 
 class TowerLoader:
@@ -123,11 +153,19 @@ class TowerLoader:
             return self._document
 
 
-def normalize_rows(vectors: np.ndarray) -> np.ndarray:
-    """L2-normalise rows (zero rows stay zero): the core store's vectors are unit-norm, so inner product is cosine."""
-    vectors = np.ascontiguousarray(np.atleast_2d(vectors), dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+def store_contract(manifest: Manifest | None, model_metric: str | None = None) -> VectorContract:
+    """What the vectors of a store are (:mod:`care_retriever.vectors`): its manifest's metric, or for a store not
+    written yet the metric of the model that will write it (``cosine`` for vectors of an unknown model)."""
+    if manifest is not None:
+        return VectorContract.for_metric(manifest.metric)
+    return VectorContract.for_metric(model_metric or "cosine")
+
+
+def prepare_vectors(manifest: Manifest | None, vectors: np.ndarray, model_metric: str | None = None) -> np.ndarray:
+    """Vectors (to write, or a query to search with) as the store's model defines them: unit rows for a cosine
+    store, unchanged for a dot-product one (the authors' released models: renormalising would change their scores
+    and ranking). Every adapter goes through here, so it scores as ``care-retriever search`` does."""
+    return store_contract(manifest, model_metric).prepare(vectors)
 
 
 def as_matrix(embeddings: Sequence[Sequence[float]], dim: int | None, what: str) -> np.ndarray:
@@ -159,6 +197,8 @@ def to_core_document(doc_id: str, text: str, meta: Mapping[str, Any]) -> Documen
     """A framework document as a core Document: a non-empty string ``meta["title"]`` becomes the title column."""
     metadata = dict(meta)
     title = core_title(metadata)
+    # As `care-retriever index` refuses it: an empty document would be stored with a meaningless vector.
+    check_document_text(doc_id, text, title)
     if title:
         del metadata["title"]
     try:
@@ -177,7 +217,8 @@ def from_core_metadata(title: str, metadata: Mapping[str, Any], hidden: Sequence
 
 
 def cosine_to_unit(score: float) -> float:
-    """Map a cosine similarity in [-1, 1] to [0, 1] (what ``scale_score`` / relevance scores expect)."""
+    """Map a score in [-1, 1] to [0, 1] (what ``scale_score`` / relevance scores expect): a cosine, or the dot
+    product of vectors of norm at most 1 (the authors' released models)."""
     return min(1.0, max(0.0, (score + 1.0) / 2.0)) if math.isfinite(score) else 0.0
 
 

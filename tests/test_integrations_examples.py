@@ -152,3 +152,11 @@ def test_short_examples_query_a_cli_built_index(
     indexed = haystack.main(["--model", str(tiny_model_dir), "--store", str(tmp_path / "h"),
                              "--corpus", str(small_corpus_path), "--top-k", "4", QUESTION])  # fmt: skip
     assert [d.id for d in indexed] == want
+    # the spec the CLI takes reads the same store (not an empty folder named "faiss:..."); nothing there: one line
+    spec_hits = haystack.main(["--model", str(tiny_model_dir), "--store", f"faiss:{store}", "--top-k", "4", QUESTION])
+    assert [d.id for d in spec_hits] == want
+    for empty in (f"faiss:{tmp_path / 'nothing'}", f"qdrant:{tmp_path / 'q'}"):
+        with pytest.raises(SystemExit) as stopped:
+            haystack.main(["--model", str(tiny_model_dir), "--store", empty, QUESTION])
+        assert stopped.value.code == 2
+    assert not (tmp_path / "nothing").exists()

@@ -81,9 +81,12 @@ def serve(
         int | None, typer.Option(help="CPU threads per forward pass (default: the cores / --max-concurrency).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    api_docs: Annotated[
+        bool, typer.Option(help="Publish the OpenAPI schema at /openapi.json and its page at /docs.")
+    ] = True,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
-    """Serve /search, /health and /metrics over HTTP with the query tower and a store."""
+    """Serve /search, /health and /metrics over HTTP with the query tower and a store (schema: /openapi.json, /docs)."""
     if threads is not None and threads < 1:
         raise InputError(f"--threads must be >= 1, got {threads}")
     for name, value in (
@@ -142,7 +145,7 @@ def serve(
         max_queue=max_queue,
         body_timeout_s=body_timeout,
     )
-    app = create_app(retriever, limits, model_name=model, api_token=api_token)
+    app = create_app(retriever, limits, model_name=model, api_token=api_token, api_docs=api_docs)
     sock = bind_socket(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     if not _is_loopback(host) and not api_token:

@@ -75,7 +75,10 @@ def make_encoder(embedder: Any, name: str, *, instruction: str | None = None, ba
                 overwrites={
                     "name": f"care-retriever/{name}",
                     "embed_dim": int(embedder.dim),
-                    "similarity_fn_name": ScoringFunction.COSINE,
+                    # the model's own similarity: cosine, or the dot product of the authors' released models
+                    "similarity_fn_name": ScoringFunction.DOT_PRODUCT
+                    if getattr(embedder, "similarity", "cosine") == "dot"
+                    else ScoringFunction.COSINE,
                     "framework": ["PyTorch", "Sentence Transformers"],
                     "languages": ["zho-Hans"],
                     "use_instructions": True,

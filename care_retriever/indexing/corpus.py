@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from care_retriever.documents import Document, document_text, iter_jsonl
+from care_retriever.documents import Document, document_text, empty_text_message, iter_jsonl
 from care_retriever.errors import InputError, at
 
 # Document, document_text and iter_jsonl live on the ground floor (care_retriever.documents) where the stores and
@@ -101,7 +101,7 @@ def _parse_line(raw: bytes, lineno: int, file: Path, jsonl: bool) -> Document | 
     if not isinstance(metadata, dict):
         raise InputError(f'{at(file, lineno)}: "metadata" must be an object')
     if not (text.strip() or title.strip()):
-        raise InputError(f"{at(file, lineno)}: empty text for document {doc_id!r}")
+        raise InputError(f"{at(file, lineno)}: {empty_text_message(doc_id)}")
     return Document(id=str(doc_id), text=text, title=title, metadata=metadata)
 
 

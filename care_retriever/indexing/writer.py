@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from care_retriever.documents import Document
+from care_retriever.documents import Document, check_document_text
 from care_retriever.errors import InputError, ModelError
 from care_retriever.indexing.config import SPARSE, EncodeConfig
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
@@ -123,6 +123,7 @@ def _validated(chunk: list[Document]) -> list[Document]:
             if not isinstance(value, str):
                 raise InputError(f"document {doc.id!r}: {name} must be a str, got {type(value).__name__}")
             check_unicode(value, f"document {doc.id!r} {name}")
+        check_document_text(doc.id, doc.text, doc.title)  # as the CLI's corpus reader refuses it
         try:  # (no metadata: nothing to check; this runs once per document)
             if doc.metadata:
                 check_unicode(json.dumps(doc.metadata, ensure_ascii=False), f"document {doc.id!r} metadata")

@@ -17,6 +17,7 @@ from care_retriever.errors import ModelError
 from care_retriever.model.loading import model_file
 from care_retriever.model.prompts import DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE, fill_query_prompt
 from care_retriever.model.towers import release
+from care_retriever.vectors import Normalization, Similarity, VectorContract
 
 __all__ = [
     "CONFIG_NAME",
@@ -33,8 +34,6 @@ CONFIG_NAME = "care_config.json"
 # reader would renormalise after it and give other vectors, so such configs say they need this version.
 FORMAT_VERSION = 2
 DEFAULT_MAX_LENGTH = 512
-Normalization = Literal["after_truncation", "before_truncation"]
-Similarity = Literal["cosine", "dot"]
 
 
 @dataclass
@@ -109,6 +108,11 @@ class CareConfig:
         if weights is None:
             raise ModelError("the model's document weights have no fingerprint yet (it is computed at save)")
         return space_fingerprint(weights, self.document_prompt, self.document_convention())
+
+    @property
+    def vectors(self) -> VectorContract:
+        """What the model's vectors are (:mod:`care_retriever.vectors`): the one definition every door reads."""
+        return VectorContract(self.similarity, self.normalize)
 
     @property
     def takes_instruction(self) -> bool:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from care_retriever.model.config import CareConfig
     from care_retriever.model.encoding import BatchLimits
+    from care_retriever.vectors import VectorContract
 
 
 @runtime_checkable
@@ -194,6 +195,11 @@ class ConfiguredEmbedder(EmbedderBase):
     def similarity(self) -> str:
         """What the model's scores are: ``cosine`` (unit vectors) or ``dot`` (normalised before the cut)."""
         return self.config.similarity
+
+    @property
+    def vectors(self) -> VectorContract:
+        """What the model's vectors are (:mod:`care_retriever.vectors`): similarity, norms, how a store keeps them."""
+        return self.config.vectors
 
     @property
     def takes_instruction(self) -> bool:

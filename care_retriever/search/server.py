@@ -176,7 +176,7 @@ class BearerAuth:
 class ServiceMetrics:
     """The service's Prometheus metrics, in a registry of their own (one per app)."""
 
-    ROUTES = ("/search", "/health", "/metrics")
+    ROUTES = ("/search", "/health", "/metrics", "/openapi.json", "/docs")
 
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -345,11 +345,17 @@ def search_batch(retriever: CareRetriever, jobs: Sequence[Job]) -> list[Any]:
 
 
 def create_app(
-    retriever: CareRetriever, limits: ServiceLimits | None = None, *, model_name: str = "", api_token: str | None = None
+    retriever: CareRetriever,
+    limits: ServiceLimits | None = None,
+    *,
+    model_name: str = "",
+    api_token: str | None = None,
+    api_docs: bool = True,
 ) -> ASGIApp:
     """A FastAPI app serving ``retriever`` (a CareRetriever, ideally loaded with the query tower only).
 
-    ``api_token``: when given, every request needs ``Authorization: Bearer <api_token>``.
+    ``api_token``: when given, every request needs ``Authorization: Bearer <api_token>`` (the schema and the docs
+    page included). ``api_docs``: publish the OpenAPI schema at ``/openapi.json`` and its page at ``/docs``.
     """
     limits = limits or ServiceLimits()
     search_request = _request_model(limits)
@@ -374,9 +380,10 @@ def create_app(
     app = FastAPI(
         title="care-retriever",
         summary="CARE dense retrieval: query tower + vector store",
-        docs_url=None,
+        # The request format, published: the schema and an interactive page (behind the token when one is set).
+        docs_url="/docs" if api_docs else None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json" if api_docs else None,
         lifespan=lifespan,
     )
 
@@ -410,6 +417,8 @@ def create_app(
             "store": store.describe(),
             "documents": count,
             "dim": retriever.embedder.dim,
+            # what the scores are (the store's model: cosine, or the dot product of the authors' released models)
+            "similarity": store.manifest.metric if store.manifest is not None else None,
             "model": model_name,
             "towers": towers,
             "limits": asdict(limits),

@@ -33,7 +33,7 @@ _FILTER_KEY = re.compile(r"^[\w.\-]+$")
 
 @dataclass
 class Hit:
-    """One search result. ``score`` is the cosine similarity of query and document embeddings."""
+    """One search result. ``score`` is the model's similarity of query and document (cosine, or dot product)."""
 
     id: str
     score: float

@@ -39,6 +39,7 @@ from care_retriever.stores.base import (
     validate_filters,
 )
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, StoreOptions, as_qdrant_config
+from care_retriever.vectors import VectorContract
 
 logger = logging.getLogger("care_retriever")
 
@@ -330,6 +331,7 @@ class QdrantStore(VectorStore):
                     f"{self.describe()}: the collection holds {key}={actual[key]!r}; its manifest says "
                     f"{recorded[key]!r}"
                 )
+        contract = VectorContract.for_metric(manifest.metric)  # the norms the store's model promises
         count, offset = 0, None
         while True:
             with self._lock:
@@ -350,6 +352,11 @@ class QdrantStore(VectorStore):
                 if vector.shape != (manifest.dim,) or not np.isfinite(vector).all():
                     raise StoreError(
                         f"{self.describe()}: {payload['doc_id']!r} has no finite {manifest.dim}-dim dense vector"
+                    )
+                if contract.bad_norms(np.asarray([np.linalg.norm(vector)])).any():
+                    raise StoreError(
+                        f"{self.describe()}: {payload['doc_id']!r} has a vector not {contract.describe_norms()} as "
+                        f"its {manifest.metric} model's are"
                     )
             count += len(points)
             if offset is None:

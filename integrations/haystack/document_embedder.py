@@ -15,7 +15,7 @@ from haystack import Document, component, default_from_dict, default_to_dict
 
 from care_retriever.documents import document_text
 from care_retriever.errors import InputError
-from care_retriever.integrations.common import check_model_location, core_title
+from care_retriever.integrations.common import check_model_location, core_title, model_metric
 from care_retriever.integrations.haystack.text_embedder import NOT_WARMED_UP
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 
@@ -66,6 +66,13 @@ class CareDocumentEmbedder:
                 self.model, load="document", device=self.device, trust_remote_code=self.trust_remote_code
             )
 
+    @property
+    def similarity(self) -> str:
+        """The similarity the model's vectors are scored with, to set in a third-party store: ``cosine`` (this
+        package's models, unit vectors) or ``dot`` (the authors' released models: dot product / inner product).
+        Read from the model's config; no tower is loaded."""
+        return model_metric(self.model)
+
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(
             self,
@@ -93,7 +100,8 @@ class CareDocumentEmbedder:
 
     @component.output_types(documents=list[Document])
     def run(self, documents: list[Document]) -> dict[str, list[Document]]:
-        """Copies of ``documents`` with unit-norm embeddings from the document tower."""
+        """Copies of ``documents`` with embeddings from the document tower (as the model gives them: unit-norm for a
+        cosine model, cut without renormalising for a dot-product one; :attr:`similarity`)."""
         if not isinstance(documents, list) or any(not isinstance(d, Document) for d in documents):
             raise TypeError(
                 "CareDocumentEmbedder expects a list of Documents as input. "

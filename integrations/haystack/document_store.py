@@ -6,18 +6,18 @@ Haystack has no maintained FAISS store; this one persists to exactly the folder 
 written from Haystack (with ``model=`` set) is searchable by ``care-retriever search``.
 
 Mapping: ``Document.content`` is the stored text, a non-empty string ``meta["title"]`` the title
-column, the rest of ``meta`` the metadata JSON. Vectors are stored L2-normalised (the format's
-contract: inner product is cosine), so ``filter_documents`` returns unit-norm embeddings. A
-document written without an embedding is kept with a zero vector and a hidden marker; retrieval
-skips it. Every write is all-or-nothing: validated first, then one store transaction that is either
-published whole or discarded.
+column, the rest of ``meta`` the metadata JSON. Vectors are stored as the store's model defines them
+(:mod:`care_retriever.vectors`): L2-normalised for a cosine model (inner product is cosine), unchanged for a
+dot-product model (the authors' released models: cut without renormalising), exactly as ``care-retriever index``
+stores them, so a document scores the same whichever door wrote it. A document written without an embedding
+is kept with a zero vector and a hidden marker; retrieval skips it. Every write is all-or-nothing: validated
+first, then one store transaction that is either published whole or discarded.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,9 +33,11 @@ from care_retriever.integrations.common import (
     as_matrix,
     check_index_options,
     cosine_to_unit,
+    faiss_folder,
     from_core_metadata,
+    model_metric,
     model_space,
-    normalize_rows,
+    prepare_vectors,
     to_core_document,
 )
 from care_retriever.integrations.haystack.filters import filtered_top_k, to_core_filters, validate_filters
@@ -51,7 +53,8 @@ NO_EMBEDDING = "_care_no_embedding"
 class CareFaissDocumentStore:
     """Haystack ``DocumentStore`` over a care-retriever FAISS folder (``faiss:DIR``).
 
-    :param path: the store folder; created on the first write if missing.
+    :param path: the store: ``faiss:DIR`` (the spec the CLI takes) or the folder; created on the first write if
+        missing. A Qdrant spec is refused in one line (search Qdrant with ``CareStoreRetriever``).
     :param model: the CARE model whose document space the embeddings are in. Recorded in a new
         store's manifest (so ``care-retriever search --model`` accepts the store) and checked
         against an existing one. Without it a new store is marked as built by an unknown model.
@@ -81,7 +84,9 @@ class CareFaissDocumentStore:
         self.index_options = index_options  # read once, through FaissIndexConfig (the setter)
         self.return_embedding = return_embedding
         self._space: tuple[int, str, str] | None = model_space(model) if model else None
-        self._store = FaissStore(Path(path))
+        # What a new store's scores are: the model's similarity (dot for the authors' released models).
+        self._metric = model_metric(model) if model else None
+        self._store = FaissStore(faiss_folder(path))
         if self._space is not None and self._store.manifest is not None:
             self._store.check_compatible(self._space[1], self._space[0])
         if self._space is not None and embedding_dim is not None and embedding_dim != self._space[0]:
@@ -120,6 +125,12 @@ class CareFaissDocumentStore:
         if manifest is not None:
             return manifest.dim
         return self._space[0] if self._space else self.embedding_dim
+
+    @property
+    def similarity(self) -> str:
+        """What this store's scores are: ``cosine`` or ``dot`` (its manifest's metric, else its model's)."""
+        manifest = self._store.manifest
+        return manifest.metric if manifest is not None else (self._metric or "cosine")
 
     def count_documents(self) -> int:
         return self._store.count()
@@ -204,7 +215,7 @@ class CareFaissDocumentStore:
         vectors = np.zeros((len(docs), dim), dtype=np.float32)
         rows = [i for i, d in enumerate(docs) if d.embedding is not None]
         if rows:
-            vectors[rows] = normalize_rows(matrix)
+            vectors[rows] = prepare_vectors(self._store.manifest, matrix, self._metric)
         core_docs = []
         for doc in docs:
             core = to_core_document(doc.id, doc.content or "", doc.meta)
@@ -212,7 +223,8 @@ class CareFaissDocumentStore:
                 core.metadata[NO_EMBEDDING] = True
             core_docs.append(core)
         fingerprint, model_name = self._space_for_write(dim)
-        with self._store.transaction(dim, fingerprint, model_name, self._index_config) as store:
+        metric = None if self._store.manifest is not None else self._metric
+        with self._store.transaction(dim, fingerprint, model_name, self._index_config, metric=metric) as store:
             store.upsert(core_docs, vectors)
         return len(docs)
 
@@ -261,7 +273,8 @@ class CareFaissDocumentStore:
         scale_score: bool = False,
         return_embedding: bool = False,
     ) -> list[Document]:
-        """Top-``k`` documents by cosine similarity to ``query_embedding``, Haystack ``filters`` applied."""
+        """Top-``k`` documents by the store's similarity (cosine, or dot product for a dot-product model) to
+        ``query_embedding``, Haystack ``filters`` applied."""
         if not isinstance(query_embedding, list) or not query_embedding:
             raise InputError("query_embedding should be a non-empty list of floats.")
         if top_k < 1:
@@ -270,7 +283,7 @@ class CareFaissDocumentStore:
         manifest = self._store.manifest
         if manifest is None:
             return []
-        query = normalize_rows(as_matrix([query_embedding], manifest.dim, "query_embedding"))
+        query = prepare_vectors(manifest, as_matrix([query_embedding], manifest.dim, "query_embedding"))
 
         def search(k: int, core_filters: dict[str, Any] | None) -> tuple[int, list[Document]]:
             hits = self._store.search(query, k, core_filters)[0]

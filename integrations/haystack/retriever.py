@@ -22,8 +22,8 @@ class CareFaissEmbeddingRetriever:
     :param document_store: the :class:`CareFaissDocumentStore` to search.
     :param filters: Haystack filters applied to every run (see ``filter_policy``).
     :param top_k: number of documents to return.
-    :param scale_score: map cosine similarity from [-1, 1] to [0, 1].
-    :param return_embedding: read the stored (unit-norm) vectors back into the documents.
+    :param scale_score: map the score (the store's similarity: cosine or dot product) from [-1, 1] to [0, 1].
+    :param return_embedding: read the stored vectors back into the documents (as the store keeps them).
     :param filter_policy: ``replace`` (run-time filters replace init filters) or ``merge``.
     """
 
@@ -77,7 +77,7 @@ class CareFaissEmbeddingRetriever:
         scale_score: bool | None = None,
         return_embedding: bool | None = None,
     ) -> dict[str, list[Document]]:
-        """Documents ranked by cosine similarity to ``query_embedding``, best first, with ``score`` set."""
+        """Documents ranked by the store's similarity to ``query_embedding``, best first, with ``score`` set."""
         docs = self.document_store.embedding_retrieval(
             query_embedding=query_embedding,
             filters=apply_filter_policy(self.filter_policy, self.filters, filters),

@@ -32,7 +32,7 @@ from care_retriever.integrations.common import (
     cosine_to_unit,
     from_core_metadata,
     model_space,
-    normalize_rows,
+    prepare_vectors,
 )
 from care_retriever.integrations.haystack.document_store import NO_EMBEDDING
 from care_retriever.integrations.haystack.filters import filtered_top_k, to_core_filters, validate_filters
@@ -64,7 +64,8 @@ def _core_filters_or_error(filters: dict[str, Any] | None, mode: str) -> dict[st
 
 @component
 class CareStoreRetriever:
-    """Retrieve the ``top_k`` documents of a care-retriever store most similar (cosine) to a query embedding.
+    """Retrieve the ``top_k`` documents of a care-retriever store most similar to a query embedding (by the store's
+    model's similarity: cosine, or dot product for the authors' released models, as ``care-retriever search``).
 
     :param store: store spec as given to ``care-retriever index --store``: ``faiss:DIR``,
         ``qdrant:PATH``, ``qdrant:http(s)://host:6333``. Checked at construction, opened in ``warm_up()``.
@@ -73,7 +74,7 @@ class CareStoreRetriever:
         another model (only ``care_config.json`` is read, no weights are loaded).
     :param filters: Haystack filters applied to every run (see ``filter_policy``).
     :param top_k: number of documents to return.
-    :param scale_score: map cosine similarity from [-1, 1] to [0, 1].
+    :param scale_score: map the score (cosine, or the dot product of vectors of norm at most 1) from [-1, 1] to [0, 1].
     :param filter_policy: ``replace`` (run-time filters replace init filters) or ``merge``.
     :param api_key: API key of a Qdrant server; by default the ``QDRANT_API_KEY`` environment
         variable, as the CLI reads it. Serialised as the variable's name, never its value.
@@ -207,7 +208,8 @@ class CareStoreRetriever:
         scale_score: bool | None = None,
         query: str | None = None,
     ) -> dict[str, list[Document]]:
-        """Documents ranked by cosine similarity to ``query_embedding``, best first, with ``score`` set.
+        """Documents ranked by the store's similarity (cosine, or the dot product of a dot-product model such as the
+        authors' released ones) to ``query_embedding``, best first, with ``score`` set.
 
         ``content`` is the stored text, ``meta`` its metadata plus ``title`` when it has one. Opens
         the store first if ``warm_up()`` has not run.
@@ -224,7 +226,8 @@ class CareStoreRetriever:
         self.warm_up()
         store = self._store
         assert store is not None
-        dim = store.require_manifest().dim
+        manifest = store.require_manifest()
+        dim = manifest.dim
         if len(query_embedding) != dim:
             raise InputError(
                 f"query_embedding has {len(query_embedding)} dims but {store.describe()} holds {dim}-dim vectors; "
@@ -233,7 +236,7 @@ class CareStoreRetriever:
         vector = as_matrix([query_embedding], dim, "query_embedding")
         if not vector.any():
             raise InputError("query_embedding is all zeros; cosine similarity is undefined")
-        vector = normalize_rows(vector)
+        vector = prepare_vectors(manifest, vector)  # as the CLI searches: unit for cosine, as given for dot
         scale = self.scale_score if scale_score is None else scale_score
 
         def search(k: int, core_filters: dict[str, Any] | None) -> tuple[int, list[Document]]:
@@ -273,8 +276,8 @@ class CareStoreRetriever:
         else:
             if not isinstance(query_embedding, list) or not query_embedding:
                 raise InputError("mode='hybrid' needs query_embedding as well as query")
-            dim = store.require_manifest().dim
-            vector = normalize_rows(as_matrix([query_embedding], dim, "query_embedding"))
+            manifest = store.require_manifest()
+            vector = prepare_vectors(manifest, as_matrix([query_embedding], manifest.dim, "query_embedding"))
             hits = hybrid_search(store, vector, [query], top_k, core_filters, self._fusion)[0]
         return [
             Document(

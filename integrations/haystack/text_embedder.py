@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from haystack import component, default_from_dict, default_to_dict
 
 from care_retriever.errors import InputError
-from care_retriever.integrations.common import check_model_location
+from care_retriever.integrations.common import check_model_location, model_metric
 
 if TYPE_CHECKING:
     from care_retriever.model.protocols import QueryEncoder
@@ -56,6 +56,13 @@ class CareTextEmbedder:
                 self.model, self.backend, device=self.device, trust_remote_code=self.trust_remote_code
             )
 
+    @property
+    def similarity(self) -> str:
+        """The similarity the model's vectors are scored with, to set in a third-party store: ``cosine`` (this
+        package's models, unit vectors) or ``dot`` (the authors' released models: dot product / inner product).
+        Read from the model's config; no tower is loaded."""
+        return model_metric(self.model)
+
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(
             self,
@@ -73,7 +80,7 @@ class CareTextEmbedder:
 
     @component.output_types(embedding=list[float])
     def run(self, text: str) -> dict[str, list[float]]:
-        """The query's unit-norm embedding (width: the model's shared dim)."""
+        """The query's embedding (width: the model's shared dim; scored by :attr:`similarity`)."""
         if not isinstance(text, str):
             raise TypeError(
                 "CareTextEmbedder expects a string as input. "

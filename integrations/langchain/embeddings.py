@@ -14,13 +14,15 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from care_retriever.documents import check_document_text
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import TowerLoader, check_model_location, model_metric, model_space
 from care_retriever.model.protocols import QueryEncoder
 
 
 class CareEmbeddings(BaseModel, Embeddings):
-    """Query tower for ``embed_query``, document tower for ``embed_documents``; unit-norm float vectors.
+    """Query tower for ``embed_query``, document tower for ``embed_documents``; float vectors as the model gives
+    them (unit-norm for a cosine model; :attr:`similarity` says which similarity to score them with).
 
     Example::
 
@@ -75,6 +77,13 @@ class CareEmbeddings(BaseModel, Embeddings):
         return model_space(self.model)
 
     @property
+    def similarity(self) -> str:
+        """The similarity to set in a third-party store (LangChain FAISS ``distance_strategy``, Qdrant ``Distance``):
+        ``cosine`` for this package's models (unit vectors), ``dot`` for the authors' released models (dot product
+        / max inner product; their document vectors are not unit-norm). Read from the config; no tower loaded."""
+        return model_metric(self.model)
+
+    @property
     def metric(self) -> str:
         """What the model's scores are (``cosine`` or ``dot``): a new store is created for it."""
         return model_metric(self.model)
@@ -94,6 +103,10 @@ class CareEmbeddings(BaseModel, Embeddings):
         texts = list(texts)
         if not texts:
             return []
+        for n, text in enumerate(texts):  # as every door refuses it (care_retriever.documents)
+            if not isinstance(text, str):
+                raise InputError(f"embed_documents expects str texts, got {type(text).__name__} at {n}")
+            check_document_text(f"#{n}", text)
         embedder = self._towers.document()
         vectors = embedder.embed_documents(texts, batch_size=self.document_batch_size, show_progress=self.show_progress)
         return vectors.tolist()

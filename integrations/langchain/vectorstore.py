@@ -5,9 +5,11 @@ are (no re-encoding), so ``.as_retriever()`` works on existing indexes; with :cl
 the store's model fingerprint is checked, so searching with the wrong model is an error, not
 garbage. Documents added here are written in the same format (the CLI and :class:`CareRetriever`
 can search them): ``page_content`` is the text, a non-empty string ``metadata["title"]`` the title
-column; the embedded text is the title above the text, as the CLI's; vectors are stored
-L2-normalised. FAISS writes are all-or-nothing (one store transaction); Qdrant has no transactions, so a failed Qdrant
-write may be partial (as with ``QdrantVectorStore``).
+column; the embedded text is the title above the text, as the CLI's; vectors are stored as the store's model
+defines them (:mod:`care_retriever.vectors`: unit rows for a cosine model, unchanged for a dot-product one such as
+the authors' released models), exactly as ``care-retriever index`` stores them. FAISS writes are
+all-or-nothing (one store transaction); Qdrant has no transactions, so a failed Qdrant write may be partial
+(as with ``QdrantVectorStore``).
 
 ``filter`` takes the core's metadata filter: ``{"field": value}`` or ``{"field": [v1, v2]}`` (any of).
 
@@ -37,7 +39,7 @@ from care_retriever.integrations.common import (
     check_index_options,
     cosine_to_unit,
     from_core_metadata,
-    normalize_rows,
+    prepare_vectors,
     to_core_document,
 )
 from care_retriever.integrations.langchain.embeddings import CareEmbeddings
@@ -76,6 +78,8 @@ class CareVectorStore(VectorStore):
         self.embedding = embedding
         self.index_options = index_options  # read once, through the store kind's config (the setter)
         self._space = embedding.space if isinstance(embedding, CareEmbeddings) else None
+        # What a new store's scores are: the model's similarity (dot for the authors' released models).
+        self._metric = embedding.metric if isinstance(embedding, CareEmbeddings) else None
         if self._space is not None and self.store.manifest is not None:
             self.store.check_compatible(self._space[1], self._space[0])
 
@@ -106,7 +110,7 @@ class CareVectorStore(VectorStore):
             dim, fingerprint, model_name = int(vectors.shape[1]), UNKNOWN_FINGERPRINT, ""
         else:
             return  # a delete from a store that was never written: nothing to do
-        metric = self.embedding.metric if isinstance(self.embedding, CareEmbeddings) and not manifest else None
+        metric = self._metric if not manifest else None
         with self.store.transaction(dim, fingerprint, model_name, self._index_config, metric=metric) as store:
             if deletes:
                 store.delete(list(deletes))
@@ -141,7 +145,7 @@ class CareVectorStore(VectorStore):
         dim = manifest_dim or (self._space[0] if self._space else None)
         # Embed what `care-retriever index` embeds for the same document: the title (if any) above the text.
         vectors = as_matrix(self.embedding.embed_documents([d.embedding_text() for d in core_docs]), dim, "add_texts")
-        self._write(core_docs, normalize_rows(vectors))
+        self._write(core_docs, prepare_vectors(self.store.manifest, vectors, self._metric))
         return out_ids
 
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
@@ -173,13 +177,14 @@ class CareVectorStore(VectorStore):
         manifest = self.store.manifest
         if manifest is None or self.store.count() == 0:
             return []
-        query = normalize_rows(as_matrix([embedding], manifest.dim, "query embedding"))
+        query = prepare_vectors(manifest, as_matrix([embedding], manifest.dim, "query embedding"))
         return self.store.search(query, k, filter)[0]
 
     def similarity_search_with_score_by_vector(
         self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
-        """Documents with their cosine similarity to ``embedding``, best first."""
+        """Documents with their score (the store's similarity: cosine, or dot product for a dot-product model) to
+        ``embedding``, best first."""
         return [(self._to_document(h), h.score) for h in self._search(embedding, k, filter)]
 
     def similarity_search_by_vector(
@@ -222,7 +227,9 @@ class CareVectorStore(VectorStore):
             dense_weight=DEFAULT_DENSE_WEIGHT if dense_weight is None else dense_weight,
         )
         manifest = self.store.require_manifest()
-        vector = normalize_rows(as_matrix([self.embedding.embed_query(query)], manifest.dim, "query embedding"))
+        vector = prepare_vectors(
+            manifest, as_matrix([self.embedding.embed_query(query)], manifest.dim, "query embedding")
+        )
         return hybrid_search(self.store, vector, [query], k, filter, config)[0]
 
     def hybrid_search_with_score(
@@ -271,7 +278,7 @@ class CareVectorStore(VectorStore):
             return []
         vectors = self.store.vectors([h.id for h in hits])
         pairs = [(h, v) for h, v in zip(hits, vectors, strict=True) if v is not None]
-        query = normalize_rows(np.asarray([embedding], dtype=np.float32))[0]
+        query = prepare_vectors(self.store.manifest, np.asarray([embedding], dtype=np.float32))[0]
         chosen = maximal_marginal_relevance(query, [v.tolist() for _, v in pairs], lambda_mult=lambda_mult, k=k)
         return [self._to_document(pairs[i][0]) for i in chosen]
 

@@ -1,6 +1,7 @@
 """FaissStore: the embedded default store (layout of its folder: the package docstring).
 
-Vectors are unit-norm, so inner product is cosine. Two write paths share one writer lock:
+Vectors are as the store's model gives them (:mod:`care_retriever.vectors`): unit-norm for a cosine model, so
+inner product is cosine; cut without renormalising for a dot-product model. Two write paths share one writer lock:
 
 * Bulk (``prepare`` / ``commit`` / ``finalize``, used by ``care-retriever index``): writes go to a
   staging folder beside ``DIR`` (checkpointed by :meth:`commit`); :meth:`finalize` swaps it into
@@ -59,6 +60,7 @@ from care_retriever.stores.faiss.index_factory import (
     takes_search_params,
 )
 from care_retriever.stores.faiss.session import InPlaceWrite, StagedWrite, read_staged_manifest
+from care_retriever.vectors import VectorContract
 
 
 class FaissStore(VectorStore):
@@ -718,12 +720,15 @@ class FaissStore(VectorStore):
                         f"{self.path / INDEX}: {len(rows) - len(vectors)} documents have no vector; "
                         "the store is corrupted"
                     )
-                norms = np.linalg.norm(np.stack(vectors), axis=1)
-                bad = ~(np.isclose(norms, 1.0, atol=1e-3) | (norms == 0.0))
+                # The norms the store's model promises (its manifest's metric): unit for cosine, at most 1 for a
+                # model that cuts normalised vectors (the authors' released models).
+                contract = VectorContract.for_metric(manifest.metric)
+                bad = contract.bad_norms(np.linalg.norm(np.stack(vectors), axis=1))
                 if bad.any():
                     raise StoreError(
-                        f"{self.path / INDEX}: {int(bad.sum())} vectors are not unit-norm (first: "
-                        f"{rows[int(np.argmax(bad))][1]!r}); the file is corrupted"
+                        f"{self.path / INDEX}: {int(bad.sum())} vectors are not {contract.describe_norms()} as its "
+                        f"{manifest.metric} model's are (first: {rows[int(np.argmax(bad))][1]!r}); the file is "
+                        "corrupted"
                     )
         return len(rows)
 
