@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,18 @@ os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # offline: no usag
 import haystack  # noqa: F401  (dev dependency: a broken install fails, never skips)
 from haystack import Document, Pipeline
 from haystack.components.writers import DocumentWriter
+from haystack.document_stores.errors import DuplicateDocumentError
 from haystack.document_stores.types import DuplicatePolicy
+from haystack.testing.document_store_async import (
+    CountDocumentsAsyncTest,
+    CountDocumentsByFilterAsyncTest,
+    DeleteAllAsyncTest,
+    DeleteByFilterAsyncTest,
+    DeleteDocumentsAsyncTest,
+    FilterDocumentsAsyncTest,
+    UpdateByFilterAsyncTest,
+    WriteDocumentsAsyncTest,
+)
 
 from care_retriever.integrations import haystack as care_haystack
 from care_retriever.integrations.haystack import (
@@ -34,6 +47,44 @@ from tests.conftest import SAMPLE_DIR, read_jsonl, sample_queries
 
 Ranked = list[list[tuple[str, float]]]
 K = 10
+
+
+class TestCareFaissDocumentStoreAsyncSuite(
+    WriteDocumentsAsyncTest,
+    DeleteDocumentsAsyncTest,
+    CountDocumentsAsyncTest,
+    FilterDocumentsAsyncTest,
+    CountDocumentsByFilterAsyncTest,
+    DeleteAllAsyncTest,
+    DeleteByFilterAsyncTest,
+    UpdateByFilterAsyncTest,
+):
+    """Haystack's own async document-store suite. Embeddings come back L2-normalised float32 (the format's
+    contract for a store of vectors from an unknown model), as in the sync suite."""
+
+    @pytest.fixture
+    def document_store(self, tmp_path: Path) -> Iterator[CareFaissDocumentStore]:
+        store = CareFaissDocumentStore(str(tmp_path / "store"), embedding_dim=768)
+        yield store
+        store.close()
+
+    def assert_documents_are_equal(self, received: list[Document], expected: list[Document]) -> None:
+        assert [d.id for d in received] == [d.id for d in expected]
+        for got, want in zip(received, expected, strict=True):
+            assert replace(got, embedding=None) == replace(want, embedding=None)
+            if want.embedding is None:
+                assert got.embedding is None
+            else:
+                unit = np.asarray(want.embedding, dtype=np.float32)
+                np.testing.assert_allclose(got.embedding, unit / np.linalg.norm(unit), rtol=1e-5, atol=1e-6)
+
+    async def test_write_documents_async(self, document_store: CareFaissDocumentStore) -> None:
+        """The default policy (NONE) behaves as FAIL, as in the sync store."""
+        doc = Document(content="test doc", embedding=[0.5] * 768)
+        assert await document_store.write_documents_async([doc]) == 1
+        with pytest.raises(DuplicateDocumentError):
+            await document_store.write_documents_async([doc])
+        self.assert_documents_are_equal(await document_store.filter_documents_async(), [doc])
 
 
 def corpus_documents(limit: int = 120) -> list[Document]:
