@@ -58,8 +58,8 @@ async def test_heartbeat_keeps_ticking_while_a_document_batch_encodes(
     elapsed, gaps, vectors = await heartbeat_gaps(encoder.embed_documents(texts, batch_size=32))
     assert elapsed > 0.2, f"the batch took {elapsed:.3f} s: too short to tell a blocked loop from a free one"
     # Blocked, the loop would not wake for the whole batch (one gap ~ elapsed). Free, the heartbeat wakes every
-    # few tens of ms even on a loaded machine; a tenth of the batch's time leaves room for that load.
-    assert len(gaps) >= 5 and max(gaps) < max(elapsed / 10, 0.1), (elapsed, max(gaps), len(gaps))
+    # few tens of ms; a quarter of the batch's time leaves room for a machine shared with other jobs.
+    assert len(gaps) >= 5 and max(gaps) < max(elapsed / 4, 0.2), (elapsed, max(gaps), len(gaps))
     assert encoder.stats.document_calls == 1 and encoder.stats.documents == len(texts)
     expected = embedder.embed_documents(texts[:8], batch_size=8)
     np.testing.assert_allclose(np.asarray(vectors)[:8], expected, atol=1e-5)

@@ -136,7 +136,7 @@ async def test_aembed_documents_keeps_the_loop_running(embeddings: CareEmbedding
     done.set()
     await beat
     assert elapsed > 0.2 and len(vectors) == len(texts)
-    assert max(np.diff(beats)) < max(elapsed / 10, 0.1), (elapsed, max(np.diff(beats)))
+    assert max(np.diff(beats)) < max(elapsed / 4, 0.2), (elapsed, max(np.diff(beats)))  # blocked: ~elapsed
     np.testing.assert_allclose(vectors[:4], embeddings.embed_documents(texts[:4]), atol=1e-5)
 
 
