@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import time
@@ -311,3 +312,24 @@ class VectorStore(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ------------------------------------------------------------------ reads from an event loop
+    # Each runs the sync read in a worker thread, so an async caller's loop keeps running while the store
+    # works; a store with an async client of its own (a Qdrant server) awaits it instead.
+    async def search_async(
+        self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
+    ) -> list[list[Hit]]:
+        """:meth:`search` without blocking the event loop."""
+        return await asyncio.to_thread(self.search, vectors, top_k, filters, payload=payload)
+
+    async def get_async(self, ids: Sequence[str]) -> list[Document | None]:
+        """:meth:`get` without blocking the event loop."""
+        return await asyncio.to_thread(self.get, ids)
+
+    async def count_async(self, filters: Filters | None = None) -> int:
+        """:meth:`count` without blocking the event loop."""
+        return await asyncio.to_thread(self.count, filters)
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and any async client the store opened."""
+        await asyncio.to_thread(self.close)

@@ -8,6 +8,10 @@ messages name the server by its URL with any ``user:password@`` part removed.
 Local mode is a single-process, pure-Python engine (one file lock per folder); calls into it are
 serialised by a lock so that searches from many threads are safe. A server client is thread-safe.
 
+Async reads (``search_async``, ``get_async``, ``count_async``) of a server store await an ``AsyncQdrantClient``
+(opened on first use, with the sync client's URL and key); in local mode they run the sync calls in a worker
+thread (the folder's one client is the sync one), unless an ``AsyncQdrantClient`` is given as ``async_client``.
+
 Compressed vectors (:func:`collection_options`): ``quantize`` sq8 / binary codes searched in RAM, the
 originals (``on_disk`` or not) rescoring ``oversample`` x ``top_k`` candidates on a server. Local mode
 keeps those settings in the collection config but searches the full vectors exactly, and has one shard:
@@ -73,6 +77,13 @@ def _first_line(exc: BaseException) -> str:
     line = text.splitlines()[0] if text else type(exc).__name__
     key = os.environ.get("QDRANT_API_KEY")
     return line.replace(key, "***") if key else line
+
+
+def _async_client(location: str, api_key: str | None = None):
+    """An ``AsyncQdrantClient`` for a server URL (local mode has one client per folder: the sync one)."""
+    from qdrant_client import AsyncQdrantClient
+
+    return AsyncQdrantClient(url=location, api_key=api_key or os.environ.get("QDRANT_API_KEY") or None, timeout=60)
 
 
 def _client(location: str, api_key: str | None = None):
@@ -185,6 +196,7 @@ class QdrantStore(VectorStore):
         self.location = location
         self.collection = collection
         self._owns_client = client is None
+        self._api_key = api_key  # for the async client of a server store, opened on first async read
         self.client = client if client is not None else _client(location, api_key)
         self.manifest: Manifest | None = None
         # Local mode is not thread-safe; a server client is, and needs no lock.
@@ -692,3 +704,71 @@ class QdrantStore(VectorStore):
     def close(self) -> None:
         if self._owns_client and self.location != ":memory:":
             self.client.close()
+
+    # ------------------------------------------------------------------ async reads
+    # An AsyncQdrantClient serving this store's async reads: opened for a server on first use; in local mode
+    # None (the sync client runs in a thread) unless one is assigned (e.g. on a folder no sync client holds).
+    async_client: Any = None
+
+    def _async(self) -> Any:
+        if self.async_client is None and is_server(self.location):
+            self.async_client = _async_client(self.location, self._api_key)
+        return self.async_client
+
+    def _search_requests(self, vectors: np.ndarray, top_k: int, filters: Filters | None, payload: bool) -> list[Any]:
+        """The Query API requests :meth:`search` sends, one per row of ``vectors``."""
+        from qdrant_client import models
+
+        manifest = self.require_manifest()
+        if top_k < 1:
+            raise InputError(f"top_k must be >= 1, got {top_k}")
+        vectors = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
+        if vectors.shape[1] != manifest.dim:
+            raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
+        flt = self._filter(filters)
+        fields = True if payload else ["doc_id"]
+        params = self.search_params()
+        return [
+            models.QueryRequest(query=v.tolist(), limit=top_k, filter=flt, with_payload=fields, params=params)
+            for v in vectors
+        ]
+
+    async def search_async(
+        self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
+    ) -> list[list[Hit]]:
+        """:meth:`search` awaiting the async client (a server), else in a worker thread."""
+        client = self._async()
+        if client is None:
+            return await super().search_async(vectors, top_k, filters, payload=payload)
+        requests = self._search_requests(vectors, top_k, filters, payload)
+        if not requests:
+            return []
+        responses = await client.query_batch_points(self.collection, requests)
+        return [self._hits(response.points) for response in responses]
+
+    async def get_async(self, ids: Sequence[str]) -> list[Document | None]:
+        """:meth:`get` awaiting the async client (a server), else in a worker thread."""
+        client = self._async()
+        if client is None or self.manifest is None:
+            return await super().get_async(ids)
+        found: dict[str, Document] = {}
+        for start in range(0, len(ids), 256):
+            points = await client.retrieve(
+                self.collection, [point_id(i) for i in ids[start : start + 256]], with_payload=True, with_vectors=False
+            )
+            found.update({p.payload["doc_id"]: self._document(p.payload) for p in points})
+        return [found.get(i) for i in ids]
+
+    async def count_async(self, filters: Filters | None = None) -> int:
+        """:meth:`count` awaiting the async client (a server), else in a worker thread."""
+        client = self._async()
+        if client is None or self.manifest is None:
+            return await super().count_async(filters)
+        return (await client.count(self.collection, count_filter=self._filter(filters), exact=True)).count
+
+    async def aclose(self) -> None:
+        """Close the async client, then the sync one (:meth:`close`)."""
+        if self.async_client is not None:
+            client, self.async_client = self.async_client, None
+            await client.close()
+        await super().aclose()

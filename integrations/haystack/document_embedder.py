@@ -4,10 +4,14 @@ Only the document tower is loaded (``load="document"``). By default (``meta_fiel
 separator newline) the text embedded is the core's :func:`~care_retriever.documents.document_text` of the
 document's title (:func:`~care_retriever.integrations.common.core_title`) and content: the text
 ``care-retriever index`` encodes, so documents embedded here and by the CLI get the same vectors.
+
+``run_async`` runs :meth:`CareDocumentEmbedder.run` (its checks, texts and the document tower) in a worker
+thread: the event loop keeps serving while a batch encodes.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -121,3 +125,12 @@ class CareDocumentEmbedder:
             [self.text_to_embed(d) for d in documents], batch_size=self.batch_size, show_progress=self.progress_bar
         )
         return {"documents": [replace(d, embedding=v.tolist()) for d, v in zip(documents, vectors, strict=True)]}
+
+    async def warm_up_async(self) -> None:
+        """:meth:`warm_up` in a worker thread (``Pipeline.run_async`` calls it): loading never blocks the loop."""
+        await asyncio.to_thread(self.warm_up)
+
+    @component.output_types(documents=list[Document])
+    async def run_async(self, documents: list[Document]) -> dict[str, list[Document]]:
+        """:meth:`run` in a worker thread: the same vectors, and the event loop is never blocked by the tower."""
+        return await asyncio.to_thread(self.run, documents)

@@ -12,13 +12,21 @@ dot-product model (the authors' released models: cut without renormalising), exa
 stores them, so a document scores the same whichever door wrote it. A document written without an embedding
 is kept with a zero vector and a hidden marker; retrieval skips it. Every write is all-or-nothing: validated
 first, then one store transaction that is either published whole or discarded.
+
+Async: each method has an ``*_async`` twin (Haystack's ``DocumentWriter.run_async`` and ``Pipeline.run_async``
+look for them). The twin runs the sync method off the event loop: writes and deletes in this store's one writer
+thread, in the order they were awaited (one transaction at a time, as the sync calls make them), reads in worker
+threads. Same documents, same scores: the sync code is the one definition of both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from haystack import Document, default_from_dict, default_to_dict
@@ -48,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 # Metadata key marking a document written without an embedding (stored with a zero vector).
 NO_EMBEDDING = "_care_no_embedding"
+_T = TypeVar("_T")
 
 
 class CareFaissDocumentStore:
@@ -296,3 +305,60 @@ class CareFaissDocumentStore:
 
     def close(self) -> None:
         self._store.close()
+
+    # ------------------------------------------------------------------ async twins
+    # The writer thread is made on the first async write (a store used only synchronously has none).
+    _writer: ThreadPoolExecutor | None = None
+
+    async def _in_writer(self, call: Callable[[], _T]) -> _T:
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="care-faiss-writer")
+        return await asyncio.get_running_loop().run_in_executor(self._writer, call)
+
+    async def count_documents_async(self) -> int:
+        return await asyncio.to_thread(self.count_documents)
+
+    async def filter_documents_async(self, filters: dict[str, Any] | None = None) -> list[Document]:
+        """:meth:`filter_documents` in a worker thread."""
+        return await asyncio.to_thread(self.filter_documents, filters)
+
+    async def count_documents_by_filter_async(self, filters: dict[str, Any]) -> int:
+        return await asyncio.to_thread(self.count_documents_by_filter, filters)
+
+    async def write_documents_async(
+        self, documents: list[Document], policy: DuplicatePolicy = DuplicatePolicy.NONE
+    ) -> int:
+        """:meth:`write_documents` in the writer thread: all-or-nothing, in the order the writes were awaited."""
+        return await self._in_writer(lambda: self.write_documents(documents, policy))
+
+    async def delete_documents_async(self, document_ids: list[str]) -> None:
+        await self._in_writer(lambda: self.delete_documents(document_ids))
+
+    async def delete_all_documents_async(self) -> None:
+        await self._in_writer(self.delete_all_documents)
+
+    async def delete_by_filter_async(self, filters: dict[str, Any]) -> int:
+        return await self._in_writer(lambda: self.delete_by_filter(filters))
+
+    async def update_by_filter_async(self, filters: dict[str, Any], meta: dict[str, Any]) -> int:
+        return await self._in_writer(lambda: self.update_by_filter(filters, meta))
+
+    async def embedding_retrieval_async(
+        self,
+        query_embedding: list[float],
+        filters: dict[str, Any] | None = None,
+        top_k: int = 10,
+        scale_score: bool = False,
+        return_embedding: bool = False,
+    ) -> list[Document]:
+        """:meth:`embedding_retrieval` in a worker thread (FAISS searches a local index)."""
+        return await asyncio.to_thread(
+            self.embedding_retrieval, query_embedding, filters, top_k, scale_score, return_embedding
+        )
+
+    async def close_async(self) -> None:
+        """Finish the awaited writes, then :meth:`close` (``DocumentWriter.close_async`` calls this)."""
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            await asyncio.to_thread(writer.shutdown, wait=True)
+        await asyncio.to_thread(self.close)

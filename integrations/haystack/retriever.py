@@ -86,3 +86,22 @@ class CareFaissEmbeddingRetriever:
             return_embedding=self.return_embedding if return_embedding is None else return_embedding,
         )
         return {"documents": docs}
+
+    @component.output_types(documents=list[Document])
+    async def run_async(
+        self,
+        query_embedding: list[float],
+        filters: dict[str, Any] | None = None,
+        top_k: int | None = None,
+        scale_score: bool | None = None,
+        return_embedding: bool | None = None,
+    ) -> dict[str, list[Document]]:
+        """:meth:`run` through the store's ``embedding_retrieval_async`` (off the event loop)."""
+        docs = await self.document_store.embedding_retrieval_async(
+            query_embedding=query_embedding,
+            filters=apply_filter_policy(self.filter_policy, self.filters, filters),
+            top_k=top_k if top_k is not None else self.top_k,
+            scale_score=self.scale_score if scale_score is None else scale_score,
+            return_embedding=self.return_embedding if return_embedding is None else return_embedding,
+        )
+        return {"documents": docs}

@@ -17,6 +17,7 @@ folder as the text embedder's) to also check the store's space fingerprint, as t
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -289,6 +290,26 @@ class CareStoreRetriever:
             for h in hits
         ]
 
+    async def warm_up_async(self) -> None:
+        """:meth:`warm_up` (opening the store) in a worker thread."""
+        await asyncio.to_thread(self.warm_up)
+
+    async def close_async(self) -> None:
+        """:meth:`close` in a worker thread."""
+        await asyncio.to_thread(self.close)
+
+    @component.output_types(documents=list[Document])
+    async def run_async(
+        self,
+        query_embedding: list[float] | None = None,
+        filters: dict[str, Any] | None = None,
+        top_k: int | None = None,
+        scale_score: bool | None = None,
+        query: str | None = None,
+    ) -> dict[str, list[Document]]:
+        """:meth:`run` in a worker thread: opening the store and searching it never block the event loop."""
+        return await asyncio.to_thread(self.run, query_embedding, filters, top_k, scale_score, query)
+
 
 @component
 class CareStoreBM25Retriever:
@@ -350,3 +371,16 @@ class CareStoreBM25Retriever:
                 for h in hits
             ]
         }
+
+    async def warm_up_async(self) -> None:
+        await asyncio.to_thread(self.warm_up)
+
+    async def close_async(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    @component.output_types(documents=list[Document])
+    async def run_async(
+        self, query: str, filters: dict[str, Any] | None = None, top_k: int | None = None
+    ) -> dict[str, list[Document]]:
+        """:meth:`run` in a worker thread (BM25 reads the store)."""
+        return await asyncio.to_thread(self.run, query, filters, top_k)

@@ -3,16 +3,22 @@
 Only the query tower is loaded (``load="query"``), so a query pipeline stays as light as
 ``care-retriever search``; queries get the same instruction prompt as :class:`CareRetriever`, so a
 Haystack query and the CLI return the same hits from the same store.
+
+``run_async`` encodes in a worker thread, never on the event loop, and the queries that other coroutines of
+the loop (other ``Pipeline.run_async`` calls) submit meanwhile share its forward pass
+(:class:`~care_retriever.search.async_encoding.AsyncEncoder`; ``async_stats`` counts the passes).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from haystack import component, default_from_dict, default_to_dict
 
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import check_model_location, model_metric
+from care_retriever.search.async_encoding import AsyncEncoder, EncoderStats
 
 if TYPE_CHECKING:
     from care_retriever.model.protocols import QueryEncoder
@@ -92,3 +98,39 @@ class CareTextEmbedder:
             raise RuntimeError(NOT_WARMED_UP)
         vector = self.embedder.embed_queries([text], instruction=self.instruction)[0]
         return {"embedding": vector.tolist()}
+
+    # ------------------------------------------------------------------ async
+    _async: AsyncEncoder | None = None  # made on the first run_async, around the warmed-up tower
+
+    def _query_tower(self) -> QueryEncoder:
+        if self.embedder is None:
+            raise RuntimeError(NOT_WARMED_UP)
+        return self.embedder
+
+    def _async_encoder(self) -> AsyncEncoder:
+        if self._async is None:
+            self._async = AsyncEncoder(self._query_tower)
+        return self._async
+
+    @property
+    def async_stats(self) -> EncoderStats:
+        """Forward passes and queries ``run_async`` has run (concurrent runs share passes)."""
+        return self._async_encoder().stats
+
+    async def warm_up_async(self) -> None:
+        """:meth:`warm_up` in a worker thread (``Pipeline.run_async`` calls it): loading never blocks the loop."""
+        await asyncio.to_thread(self.warm_up)
+
+    @component.output_types(embedding=list[float])
+    async def run_async(self, text: str) -> dict[str, list[float]]:
+        """:meth:`run` off the event loop; concurrent calls from one loop are encoded in one forward pass."""
+        if not isinstance(text, str):
+            raise TypeError(
+                "CareTextEmbedder expects a string as input. "
+                "In case you want to embed a list of Documents, please use the CareDocumentEmbedder."
+            )
+        if not text.strip():
+            raise InputError("CareTextEmbedder: empty query")
+        self._query_tower()  # not warmed up: the error now, not from the worker thread
+        vectors = await self._async_encoder().embed_queries([text], instruction=self.instruction)
+        return {"embedding": vectors[0].tolist()}

@@ -4,7 +4,10 @@ LangChain's two entry points map onto the two towers: ``embed_query`` runs the s
 (with the model's instruction prompt, exactly as :class:`~care_retriever.search.retriever.CareRetriever`
 does), ``embed_documents`` the document tower (the text ``care-retriever index`` encodes for a
 document without a title). Each tower is loaded on first use, so a retrieval-only process never
-builds the document tower. Async variants run the sync ones in LangChain's executor.
+builds the document tower. The async variants are the class's own: ``aembed_query`` joins the queries other
+coroutines of the loop submit meanwhile into one forward pass of the query tower, in a worker thread;
+``aembed_documents`` runs the document tower in a worker thread
+(:class:`~care_retriever.search.async_encoding.AsyncEncoder`); neither blocks the event loop.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from care_retriever.documents import check_document_text
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import TowerLoader, check_model_location, model_metric, model_space
 from care_retriever.model.protocols import QueryEncoder
+from care_retriever.search.async_encoding import AsyncEncoder, EncoderStats
 
 
 class CareEmbeddings(BaseModel, Embeddings):
@@ -50,6 +54,7 @@ class CareEmbeddings(BaseModel, Embeddings):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     _towers: TowerLoader = PrivateAttr()
+    _async: AsyncEncoder | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any, /) -> None:
         check_model_location(self.model)
@@ -109,4 +114,40 @@ class CareEmbeddings(BaseModel, Embeddings):
             check_document_text(f"#{n}", text)
         embedder = self._towers.document()
         vectors = embedder.embed_documents(texts, batch_size=self.document_batch_size, show_progress=self.show_progress)
+        return vectors.tolist()
+
+    # ------------------------------------------------------------------ async: off the event loop
+    def _async_encoder(self) -> AsyncEncoder:
+        if self._async is None:
+            # The towers are looked up at each batch (in the worker thread): loading one on first use, or a
+            # from_embedder swap, never happens on the loop.
+            self._async = AsyncEncoder(
+                lambda: self._towers.query(), lambda: self._towers.document(), max_batch_size=self.query_batch_size
+            )
+        return self._async
+
+    @property
+    def async_stats(self) -> EncoderStats:
+        """Forward passes and texts the async methods have run (concurrent ``aembed_query`` calls share passes)."""
+        return self._async_encoder().stats
+
+    async def aembed_query(self, text: str) -> list[float]:
+        """``embed_query`` without blocking the loop; concurrent calls from one loop share a forward pass."""
+        if not isinstance(text, str):
+            raise InputError(f"embed_query expects a str, got {type(text).__name__}")
+        if not text.strip():
+            raise InputError("empty query")
+        vectors = await self._async_encoder().embed_queries([text], instruction=self.instruction)
+        return vectors[0].tolist()
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        """``embed_documents`` in a worker thread: the loop keeps serving while the document tower runs."""
+        if isinstance(texts, str):
+            raise InputError("embed_documents expects a list of texts, got a single str (wrap it in a list)")
+        texts = list(texts)
+        if not texts:
+            return []
+        vectors = await self._async_encoder().embed_documents(
+            texts, batch_size=self.document_batch_size, show_progress=self.show_progress
+        )
         return vectors.tolist()

@@ -17,16 +17,23 @@ Hybrid search (the store's BM25 side fused with the dense ranking, as ``care-ret
 hybrid``): ``hybrid_search(query)``, ``search(query, "hybrid")`` or
 ``as_retriever(search_type="hybrid", search_kwargs={"k": 5, "fusion": "rrf", "rrf_k": 10})``;
 ``"sparse"`` is BM25 alone.
+
+Async: the ``a*`` methods are the class's own. A query is encoded by ``aembed_query`` (concurrent queries from
+one loop share a forward pass, in a worker thread, with :class:`CareEmbeddings`) and searched with the core
+store's async read (a Qdrant server's ``AsyncQdrantClient``; FAISS and Qdrant local mode in a worker thread).
+Writes run the sync method in this object's one writer thread, in the order they were awaited: the same
+documents, vectors and transaction as the sync call, and the loop keeps running meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
@@ -47,6 +54,9 @@ from care_retriever.sparse.fusion import DEFAULT_FUSION
 from care_retriever.stores import VectorStore as CoreStore
 from care_retriever.stores import open_store
 from care_retriever.stores.base import Hit
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 
 class CareVectorStore(VectorStore):
@@ -314,6 +324,127 @@ class CareVectorStore(VectorStore):
         if self._owns_store:
             self.store.close()
 
+    # ------------------------------------------------------------------ async
+    # One writer thread per object (made on the first async write): writes awaited in order run in that order,
+    # never two transactions of one store at once.
+    _writer: ThreadPoolExecutor | None = None
+
+    async def _in_writer(self, call: Callable[[], _T]) -> _T:
+        if self._writer is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="care-vectorstore-writer")
+        return await asyncio.get_running_loop().run_in_executor(self._writer, call)
+
+    async def aadd_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """:meth:`add_texts` in the writer thread (the document tower and the store write run there)."""
+        texts = list(texts)
+        return await self._in_writer(lambda: self.add_texts(texts, metadatas, ids=ids, **kwargs))
+
+    async def adelete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
+        """:meth:`delete` in the writer thread."""
+        return await self._in_writer(lambda: self.delete(ids, **kwargs))
+
+    async def aget_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        if self.store.manifest is None:
+            return []
+        return [self._to_document(d) for d in await self.store.get_async([str(i) for i in ids]) if d is not None]
+
+    async def _asearch(self, embedding: list[float], k: int, filter: dict[str, Any] | None) -> list[Hit]:
+        """:meth:`_search` through the core store's async reads."""
+        if k < 1:
+            raise InputError(f"k must be >= 1, got {k}")
+        manifest = self.store.manifest
+        if manifest is None or await self.store.count_async() == 0:
+            return []
+        query = prepare_vectors(manifest, as_matrix([embedding], manifest.dim, "query embedding"))
+        return (await self.store.search_async(query, k, filter))[0]
+
+    async def asimilarity_search_with_score_by_vector(
+        self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """Documents with their cosine similarity to ``embedding``, best first."""
+        return [(self._to_document(h), h.score) for h in await self._asearch(embedding, k, filter)]
+
+    async def asimilarity_search_by_vector(
+        self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Document]:
+        return [doc for doc, _ in await self.asimilarity_search_with_score_by_vector(embedding, k, filter)]
+
+    async def asimilarity_search_with_score(
+        self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        embedding = await self.embedding.aembed_query(query)
+        return await self.asimilarity_search_with_score_by_vector(embedding, k, filter)
+
+    async def asimilarity_search(
+        self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Document]:
+        return [doc for doc, _ in await self.asimilarity_search_with_score(query, k, filter)]
+
+    async def amax_marginal_relevance_search_by_vector(
+        self,
+        embedding: list[float],
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        """:meth:`max_marginal_relevance_search_by_vector` (candidates and their stored vectors) in a worker thread."""
+        return await asyncio.to_thread(
+            self.max_marginal_relevance_search_by_vector, embedding, k, fetch_k, lambda_mult, filter, **kwargs
+        )
+
+    async def amax_marginal_relevance_search(
+        self, query: str, k: int = 4, fetch_k: int = 20, lambda_mult: float = 0.5, **kwargs: Any
+    ) -> list[Document]:
+        embedding = await self.embedding.aembed_query(query)
+        return await self.amax_marginal_relevance_search_by_vector(embedding, k, fetch_k, lambda_mult, **kwargs)
+
+    async def asearch(self, query: str, search_type: str, **kwargs: Any) -> list[Document]:
+        if search_type in ("hybrid", "sparse"):  # BM25 and fusion read the store: in a worker thread
+            return await asyncio.to_thread(self.search, query, search_type, **kwargs)
+        return await super().asearch(query, search_type, **kwargs)
+
+    @classmethod
+    async def afrom_texts(
+        cls,
+        texts: list[str],
+        embedding: Embeddings,
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        store: str | CoreStore | None = None,
+        collection: str | None = None,
+        index_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> CareVectorStore:
+        """:meth:`from_texts` without blocking the loop (opening the store, encoding and writing off it)."""
+        if store is None:
+            raise InputError("CareVectorStore.afrom_texts needs store='faiss:DIR' or 'qdrant:PATH' (where to write)")
+        instance = await asyncio.to_thread(cls, store, embedding, collection=collection, index_options=index_options)
+        await instance.aadd_texts(texts, metadatas, ids=ids)
+        return instance
+
+    async def aclose(self) -> None:
+        """:meth:`close` (and the store's async client, if this object opened the store), then the writer thread."""
+        if self._owns_store:
+            await self.store.aclose()
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            writer.shutdown(wait=False)
+
+
+_T = TypeVar("_T")
+
 
 class CareVectorStoreRetriever(VectorStoreRetriever):
     """LangChain's vector-store retriever plus ``search_type="hybrid"`` and ``"sparse"``."""
@@ -326,3 +457,10 @@ class CareVectorStoreRetriever(VectorStoreRetriever):
         if self.search_type in ("hybrid", "sparse"):
             return self.vectorstore.search(query, self.search_type, **(self.search_kwargs | kwargs))
         return super()._get_relevant_documents(query, run_manager=run_manager, **kwargs)
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        if self.search_type in ("hybrid", "sparse"):
+            return await self.vectorstore.asearch(query, self.search_type, **(self.search_kwargs | kwargs))
+        return await super()._aget_relevant_documents(query, run_manager=run_manager, **kwargs)
