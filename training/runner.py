@@ -308,7 +308,13 @@ def save_model(embedder: AsymmetricEmbedder, path: str | Path, *, write: bool = 
         tmp = None
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
-            raise
+            # an I/O error, permission denied, a read-only file system: one line, the earlier stages intact
+            from care_retriever.faults import reason_of, write_error
+
+            reason = reason_of(exc)
+            if reason is None:
+                raise
+            raise write_error(target, "the model", exc, reason, "earlier stages are intact") from exc
         need = model_bytes(embedder, own)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
