@@ -156,8 +156,8 @@ def armed(injector: Injector) -> Iterator[Injector]:
     patch(shutil, "copy2", before("shutil.copy2", shutil.copy2, 1))
     patch(sqlite3, "connect", connect)
     for name in OPEN_MODULES:
-        with contextlib.suppress(ImportError):
-            patch(importlib.import_module(name), "open", opening)
+        if name in sys.modules:  # (local Qdrant's modules only where the run uses them: they take long to import)
+            patch(sys.modules[name], "open", opening)
     try:
         yield injector
     finally:
@@ -215,6 +215,13 @@ def seed(kind: str, folder: Path) -> None:
     store.close()
 
 
+def prepare_modules(kind: str) -> None:
+    """Import what the scenario writes with before :func:`armed` wraps the ``open`` of those modules."""
+    for name in OPEN_MODULES:
+        if kind == "qdrant" or "qdrant" not in name:
+            importlib.import_module(name)
+
+
 def open_scenario_store(kind: str, folder: Path) -> Any:
     from care_retriever.stores import open_store
 
@@ -262,6 +269,7 @@ def contents(kind: str, folder: Path) -> tuple[dict[str, str], int]:
 
 if __name__ == "__main__":
     scenario, where, at = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    prepare_modules(scenario)
     with armed(Injector(kill_at=at)) as injector:
         write(scenario, where)
     print(f"finished after {injector.count} points", flush=True)

@@ -22,7 +22,17 @@ import pytest
 
 from care_retriever.errors import WriteError
 from care_retriever.stores.faiss import files
-from tests.fault_injection import KILLED, Injector, armed, contents, expected_new, expected_old, seed, write
+from tests.fault_injection import (
+    KILLED,
+    Injector,
+    armed,
+    contents,
+    expected_new,
+    expected_old,
+    prepare_modules,
+    seed,
+    write,
+)
 
 WORKER = Path(__file__).with_name("fault_injection.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +110,7 @@ def test_every_write_point_fails_in_one_line_and_loses_nothing(
 ) -> None:
     if scenario == "qdrant":
         pytest.importorskip("qdrant_client")
+    prepare_modules(scenario)
     points = clean_points(seeded, scenario, tmp_path / "clean")
     injected = 0
     outcomes: dict[str, int] = {}
@@ -130,6 +141,7 @@ def test_a_writer_killed_at_each_write_point_leaves_old_or_new(
 ) -> None:
     if scenario == "qdrant":
         pytest.importorskip("qdrant_client")
+    prepare_modules(scenario)
     points = clean_points(seeded, scenario, tmp_path / "clean")
     sample = list(range(1, points + 1))
     most = MAX_KILLS[scenario]
