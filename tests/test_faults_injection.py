@@ -124,6 +124,10 @@ def test_every_write_point_fails_in_one_line_and_loses_nothing(
             message = str(caught.value)
             assert "\n" not in message and str(folder.parent) in message, message
             assert caught.value.reason in message
+            # a staging folder is left only to be resumed, and the line says so; without a checkpoint it is removed
+            staging = files.staging_path(folder)
+            assert staging.exists() == (f"resumes from the last checkpoint in {staging}" in message), message
+            assert not list(staging.glob("*.tmp")) if staging.exists() else True
             outcome = check_after_fault(scenario, folder)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             check_rerun(scenario, folder)

@@ -4,8 +4,8 @@ The trainer's data loader has no batch at all when every data set of a stage hol
 and the last partial batch is dropped (``dataloader_drop_last``: the recipes' setting, for full batches of
 in-batch negatives): transformers then stops with ``args.max_steps must be set to a positive value if
 dataloader does not have a length``. A real run and a ``--dry-run-steps`` run both get the batch capped to the
-largest data set instead, with one warning, so a small data set trains (and a dry run checks what the real run
-will meet). An empty stage is refused in one line.
+largest data set instead (its last partial batch kept), with one warning, so a small data set trains (and a
+dry run checks what the real run will meet). An empty stage is refused in one line.
 """
 
 from __future__ import annotations
@@ -25,9 +25,16 @@ def data_set_sizes(dataset: Any) -> dict[str, int]:
     return {"train": len(dataset)}
 
 
-def fit_batch_to_data(settings: dict[str, Any], dataset: Any, stage: str) -> dict[str, Any]:
+def fit_batch_to_data(
+    settings: dict[str, Any], dataset: Any, stage: str, *, distributed: bool = False
+) -> dict[str, Any]:
     """``settings`` with ``per_device_train_batch_size`` no larger than the largest data set (one warning when
-    capped); :class:`InputError` when the stage has no row at all."""
+    capped); :class:`InputError` when the stage has no row at all.
+
+    A capped batch also keeps its last partial batch (one process): the sampler that keeps a text out of a batch
+    twice fills a batch of a small data set with repeated texts only partly, and dropping partial batches would
+    leave none. Under torchrun every rank needs full batches of one size: there the partial batch is dropped.
+    """
     sizes = data_set_sizes(dataset)
     largest = max(sizes.values(), default=0)
     if largest == 0:
@@ -42,4 +49,7 @@ def fit_batch_to_data(settings: dict[str, Any], dataset: Any, stage: str) -> dic
         largest,
         largest,
     )
-    return {**settings, "per_device_train_batch_size": largest}
+    capped = {**settings, "per_device_train_batch_size": largest}
+    if not distributed:
+        capped["dataloader_drop_last"] = False
+    return capped

@@ -182,7 +182,8 @@ def fit(
     settings = trainer_settings(ctx, stage)
     if world_size() > 1:
         settings = distributed_settings(settings, model)
-    settings = fit_batch_to_data(settings, dataset, stage.name)  # a data set smaller than one batch still trains
+    # a data set smaller than one batch still trains
+    settings = fit_batch_to_data(settings, dataset, stage.name, distributed=world_size() > 1)
     args = build_arguments(
         output_dir,
         settings,
