@@ -54,13 +54,13 @@ def fill_when(ready: callable, disk: Path, stop: threading.Event) -> threading.T
     def run() -> None:
         while not ready() and not stop.is_set():
             time.sleep(0.005)
-        with open(disk / "ballast", "wb") as fh:
-            try:
+        try:  # (the close flushes into a full disk too)
+            with open(disk / "ballast", "wb") as fh:
                 while True:
                     fh.write(b"\0" * 65536)
                     fh.flush()
-            except OSError:
-                pass
+        except OSError:
+            pass
         stop.set()
 
     thread = threading.Thread(target=run, daemon=True)
