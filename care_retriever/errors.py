@@ -29,3 +29,16 @@ class StoreError(CareError):
 def at(path: object, line: int | None = None) -> str:
     """Format a location: ``corpus.jsonl:12`` or ``corpus.jsonl``."""
     return f"{path}:{line}" if line is not None else f"{path}"
+
+
+class WriteError(CareError):
+    """A write failed in the file system (disk full, I/O error, permission denied, read-only file system).
+
+    The message names the file and what was being written; what was already published is unchanged.
+    ``reason`` is the short cause ("the disk is full"), ``path`` the file or folder being written.
+    """
+
+    def __init__(self, message: str, *, path: object = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason

@@ -218,6 +218,8 @@ ALLOWED_SKIPS: list[tuple[str, str]] = [
         "Haystack's base suite: our stores have no index to recreate",
     ),
     (r"shared data not found at ", "the real data (../shared/data) is not on every machine"),
+    (r"running as root: a file without read permission", "root reads any file: an unreadable file needs a user"),
+    (r"cannot mount a .*tmpfs here", "a small disk is mounted only where the tests run as root"),
 ]
 
 

@@ -47,8 +47,14 @@ def arm(point: str) -> None:
     elif point in ("fold-write", "fold-rename"):
         journal.FOLD_MIN_BYTES, journal.FOLD_RATIO = 0, 0.0  # fold on this write
         if point == "fold-write":
-            fsync_file = files.fsync_file
-            files.fsync_file = lambda path: die() if path.name == NEXT_INDEX else fsync_file(path)
+            write_index_file = files.write_index_file
+
+            def killing_write(index, path) -> None:
+                write_index_file(index, path)
+                if path.name == NEXT_INDEX:  # written, not yet recorded
+                    die()
+
+            files.write_index_file = killing_write
         else:
 
             def replace(src, dst) -> None:

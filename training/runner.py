@@ -308,7 +308,13 @@ def save_model(embedder: AsymmetricEmbedder, path: str | Path, *, write: bool = 
         tmp = None
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
-            raise
+            # an I/O error, permission denied, a read-only file system: one line, the earlier stages intact
+            from care_retriever.faults import reason_of, write_error
+
+            reason = reason_of(exc)
+            if reason is None:
+                raise
+            raise write_error(target, "the model", exc, reason, "earlier stages are intact") from exc
         need = model_bytes(embedder, own)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -551,6 +557,11 @@ def run_stage(ctx: StageContext, stage: StageSpec, embedder: AsymmetricEmbedder,
     from care_retriever.training.stages import STAGES, seed_everything
 
     started = time.perf_counter()
+    if is_main_process():  # the stage's save will fit: said before it trains, not after
+        from care_retriever.faults import check_free_space
+
+        size = model_bytes(embedder, own_dtypes(embedder))
+        check_free_space(ctx.out, size, f"saving stage {stage.name}'s model under {ctx.out / 'stages'}")
     seed_everything(ctx.seed)
     report = STAGES[stage.type](ctx, stage, embedder)
     if stage.type not in DOCUMENT_FROZEN:

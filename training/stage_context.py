@@ -163,6 +163,16 @@ def train_stage(
         logger.info("stage %s: resuming from %s", stage.name, checkpoint)
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=checkpoint)
+    if trainer.state.global_step == 0 and trainer.args.dataloader_drop_last and trainer.args.world_size == 1:
+        # no full batch of distinct texts in a small data set: one process keeps its partial batches instead
+        logger.warning(
+            "stage %s: its %d examples fill no batch of %d distinct texts; training with partial batches kept",
+            stage.name,
+            examples,
+            trainer.args.per_device_train_batch_size,
+        )
+        trainer.args.dataloader_drop_last = False
+        trainer.train()
     seconds = time.perf_counter() - start
     if trainer.state.global_step == 0:
         raise InputError(

@@ -30,6 +30,7 @@ import numpy as np
 from datasets import Dataset, DatasetDict
 
 from care_retriever.errors import InputError
+from care_retriever.training.data_fit import fit_batch_to_data
 from care_retriever.training.engine import (
     CareTrainer,
     JsonlLogCallback,
@@ -181,6 +182,8 @@ def fit(
     settings = trainer_settings(ctx, stage)
     if world_size() > 1:
         settings = distributed_settings(settings, model)
+    # a data set smaller than one batch still trains
+    settings = fit_batch_to_data(settings, dataset, stage.name, distributed=world_size() > 1)
     args = build_arguments(
         output_dir,
         settings,

@@ -315,6 +315,8 @@ def info(
     target = open_store(store, collection=collection)
     manifest = target.require_manifest()
     data = {**manifest.to_dict(), "live_count": target.count(), "store": target.describe()}
+    # the documents the store holds, as verify counts them (a manifest's count can lag a write that failed half-way)
+    data["count"] = data["live_count"]
     footprint = getattr(target, "footprint", None)  # FAISS: quantization, bytes per document in RAM and on disk
     if footprint is not None:
         data["footprint"] = footprint()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sqlite3
 import sys
 
 import typer
@@ -65,6 +66,18 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except (OSError, RuntimeError, sqlite3.OperationalError) as exc:
+        # a file-system fault met outside a writer that names it (disk full, I/O error, permission denied,
+        # read-only file system): one line naming the file, exit 2 (care_retriever.faults)
+        from care_retriever.errors import WriteError
+        from care_retriever.faults import reason_of
+
+        reason = reason_of(exc)
+        if reason is None or os.environ.get("CARE_DEBUG"):
+            raise
+        where = getattr(exc, "filename", None)
+        typer.secho(f"error: {where + ': ' if where else ''}{reason}", err=True, fg="red")
+        return WriteError.exit_code
     except ModuleNotFoundError as exc:
         # a torch-only command on the slim install (care_retriever.search.backends.slim): one line, no traceback
         from care_retriever.search.backends.slim import missing_full_dependency

@@ -271,6 +271,7 @@ def load_document_tower(settings: IndexSettings, device: str | None) -> Asymmetr
 def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str, Any]:
     """Rank 0: validate the corpus and the store, then run the writer (its chunks scattered over the ranks)."""
     from care_retriever.indexing.corpus import corpus_file, read_corpus
+    from care_retriever.indexing.space import check_store_space
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.stores import open_store
 
@@ -288,6 +289,10 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
                 f"--update: {target.describe()} holds no index yet (a mistyped path?); drop --update to build a new one"
             )
         embedder = load_document_tower(settings, device)
+        # the disk holds what the run will write, or one line says so before anything is encoded
+        check_store_space(
+            target, total=total, corpus=file, dim=embedder.dim, sparse=settings.sparse, options=settings.index
+        )
         encoder = ShardedEncoder(embedder, group, settings.encode) if group.active else None
         writer = DocumentStoreWriter(
             embedder,

@@ -31,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from care_retriever import faults
 from care_retriever.documents import Document
-from care_retriever.errors import InputError, StoreError
+from care_retriever.errors import InputError, StoreError, WriteError
 from care_retriever.stores.base import (
     Filters,
     Hit,
@@ -95,11 +96,17 @@ def _client(location: str, api_key: str | None = None):
         return QdrantClient(location=":memory:")
     if is_server(location):
         return QdrantClient(url=location, api_key=api_key or os.environ.get("QDRANT_API_KEY") or None, timeout=60)
+    from pathlib import Path
+
+    faults.require_folder(Path(location), f"the local Qdrant store qdrant:{location}")  # a file there stays untouched
     try:
         return QdrantClient(path=location)
     except RuntimeError as exc:  # the local mode holds a file lock
         raise StoreError(f"qdrant:{location}: {_first_line(exc)}") from exc
     except Exception as exc:  # a damaged meta.json or storage.sqlite fails in json, sqlite3, pickle or pydantic
+        reason = faults.reason_of(exc)  # opening writes too (its lock file, its tables): a full disk is not damage
+        if reason is not None:
+            raise faults.write_error(f"qdrant:{location}", "the local Qdrant storage", exc, reason) from exc
         raise StoreError(
             f"qdrant:{location}: corrupted local Qdrant storage ({type(exc).__name__}: {_first_line(exc)})"
         ) from exc
@@ -419,7 +426,7 @@ class QdrantStore(VectorStore):
             for i, (d, v) in enumerate(zip(documents, vectors, strict=True))
         ]
         for start in range(0, len(points), 256):
-            with self._lock:
+            with self._lock, self._write_faults("the points"):
                 self.client.upsert(self.collection, points[start : start + 256], wait=True)
 
     def delete(self, ids: Sequence[str]) -> int:
@@ -427,7 +434,7 @@ class QdrantStore(VectorStore):
 
         existing = list(self.content_hashes(list(ids)))
         if existing:
-            with self._lock:
+            with self._lock, self._write_faults("the deletion"):
                 self.client.delete(
                     self.collection, models.PointIdsList(points=[point_id(i) for i in existing]), wait=True
                 )
@@ -437,7 +444,7 @@ class QdrantStore(VectorStore):
         manifest = self.require_manifest()
         manifest.count = self.count()
         manifest.updated_at = time.time()
-        with self._lock:
+        with self._lock, self._write_faults("the manifest"):
             self.client.update_collection(self.collection, metadata={MANIFEST_KEY: manifest.to_dict()})
 
     def finalize(self) -> None:
@@ -700,6 +707,35 @@ class QdrantStore(VectorStore):
             for p in points:
                 found[p.payload["doc_id"]] = self._document(p.payload)
         return [found.get(i) for i in ids]
+
+    @contextlib.contextmanager
+    def _write_faults(self, what: str) -> Iterator[None]:
+        """A file-system fault in local mode's persistence (disk full, I/O error) ends the write in one line.
+
+        Local mode applies a write in memory, then persists it point by point (one SQLite commit each): after a
+        fault its memory holds points its disk lacks. The client is reopened from disk, so that what this object
+        counts and searches is what ``verify`` and the next process read; every point on disk is whole.
+        """
+        try:
+            yield
+        except WriteError:
+            raise
+        except Exception as exc:
+            reason = faults.reason_of(exc)
+            if reason is None or is_server(self.location) or self.location == ":memory:":
+                raise
+            if self._owns_client:
+                with contextlib.suppress(Exception):
+                    self.client.close()
+                self.client = _client(self.location)
+            raise faults.write_error(
+                f"qdrant:{self.location}",
+                f"{what} into collection {self.collection}",
+                exc,
+                reason,
+                "the points written before the failure are kept whole and the rest are not stored; "
+                "run the same command again once there is space",
+            ) from exc
 
     def close(self) -> None:
         if self._owns_client and self.location != ":memory:":

@@ -68,20 +68,47 @@ def discard(path: Path) -> None:
 
 def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)  # a failed write leaves no half file behind (the disk may be full)
+        raise
+
+
+def remove_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def write_index_file(index: faiss.Index, path: Path) -> None:
+    """Write ``index`` to ``path`` through a Python file, durably.
+
+    FAISS's own file writer buffers with fwrite and reports a failed close only on stderr: on a full disk it
+    leaves a truncated file and raises nothing. Through a Python file every failed write raises its OSError.
+    """
+    with open(path, "wb") as fh:
+        writer = faiss.PyCallbackIOWriter(fh.write)
+        try:
+            faiss.write_index(index, writer)
+        finally:
+            del writer  # flushes its buffer into fh (raising what fh.write raises)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def write_index_atomic(index: faiss.Index, path: Path) -> None:
     """Write ``index`` beside ``path``, make it durable, then rename it over ``path`` (a checkpoint)."""
     tmp = path.with_name(path.name + ".tmp")
-    faiss.write_index(index, str(tmp))
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        write_index_file(index, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)  # a failed checkpoint leaves the previous one, and no half file beside it
+        raise
 
 
 def sha256(path: Path) -> str:
@@ -126,7 +153,12 @@ def publish(staging: Path, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
         path.rename(old)
-    staging.rename(path)
+    try:
+        staging.rename(path)
+    except BaseException:
+        if old.exists() and not path.exists():  # put the previous version back: the store serves it unchanged
+            old.rename(path)
+        raise
     fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)
 
@@ -149,8 +181,11 @@ class WriterLock:
             import fcntl
         except ImportError:  # no flock (Windows): single-writer is then the caller's duty
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+")  # noqa: SIM115 - held open while writing
+        from care_retriever import faults
+
+        with faults.writing(self.path, "the writer lock", unchanged="nothing was written"):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(self.path, "a+")  # noqa: SIM115 - held open while writing
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

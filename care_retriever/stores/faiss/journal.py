@@ -133,8 +133,11 @@ def fold(db: sqlite3.Connection, index: faiss.Index, folder: Path) -> int:
     """Write the in-memory ``index`` (delta applied) as the new index.faiss and empty the delta; returns the
     inode of the new index.faiss."""
     nxt = folder / NEXT_INDEX
-    faiss.write_index(index, str(nxt))
-    files.fsync_file(nxt)
+    try:
+        files.write_index_file(index, nxt)
+    except BaseException:
+        files.remove_quietly(nxt)  # not recorded yet: the store keeps its index.faiss, and the space is freed
+        raise
     set_meta(db, delta_bytes=0, fold_pending=1, index_bytes=nxt.stat().st_size)
     db.commit()  # from here on, opening the store rolls the fold forward
     os.replace(nxt, folder / INDEX)

@@ -20,6 +20,7 @@ writer dies), so two indexing runs into one store fail fast instead of mixing th
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -29,8 +30,9 @@ from typing import Any
 import faiss
 import numpy as np
 
+from care_retriever import faults
 from care_retriever.documents import Document
-from care_retriever.errors import InputError, StoreError
+from care_retriever.errors import InputError, StoreError, WriteError
 from care_retriever.sparse.fusion import FUSIONS, FusionConfig
 from care_retriever.stores.base import (
     STORE_FORMAT_VERSION,
@@ -78,6 +80,7 @@ class FaissStore(VectorStore):
         self._writer_lock = files.WriterLock(self.path, self.describe())
         # The write open now, if any: it owns the state of its mode (see session.py); one at a time.
         self._session: StagedWrite | InPlaceWrite | None = None
+        self._checkpointed = False  # the staged write open now has a checkpoint a re-run would resume
         # The read state: the published version this object serves (closed during a staged write, which reads
         # its staging version instead).
         self._vector_file = rescoring.VectorFile()  # vectors.f32 memory-mapped read-only, rows = row ids
@@ -93,6 +96,7 @@ class FaissStore(VectorStore):
         self._id_order: np.ndarray | None = None  # argsort of the ids of the index read now, for vectors()
         self._bm25 = sparse.Scorer()  # the query side of the BM25 index, kept across searches
         old = files.old_path(self.path)
+        faults.require_folder(self.path, f"the FAISS store {self.describe()}")  # a file there stays untouched
         if (self.path / MANIFEST).exists():
             self._open(self.path)
         elif self.path.exists() and any(self.path.iterdir()):
@@ -229,13 +233,20 @@ class FaissStore(VectorStore):
         self._refuse_second_write()
         self._writer_lock.acquire()
         try:
-            if (self.staging / MANIFEST).exists():
+            resumed = (self.staging / MANIFEST).exists()
+            if resumed:
                 session = self._resume_staging(dim, space_fingerprint)
             else:
-                session = self._new_staging(dim, space_fingerprint, model_name, options, metric)
+                with faults.writing(self.staging, "the staging copy of the store", unchanged=self._unchanged()):
+                    try:
+                        session = self._new_staging(dim, space_fingerprint, model_name, options, metric)
+                    except BaseException:
+                        files.discard(self.staging)  # no checkpoint yet: nothing to resume, and the space is freed
+                        raise
         except BaseException:
             self._writer_lock.release()
             raise
+        self._checkpointed = resumed  # whether the staging folder holds work a re-run should resume
         with self._lock:
             # The published version is not read while its next one is written (its index may be large).
             if self._read_db is not None:
@@ -290,12 +301,62 @@ class FaissStore(VectorStore):
                     "finish it by running the same command again, or remove that folder"
                 )
             if (self.path / MANIFEST).exists() and self.manifest is not None:
-                self._session = self._begin_in_place()
+                with faults.writing(self.path, "the start of a transaction", unchanged=self._unchanged()):
+                    self._session = self._begin_in_place()
                 return
         except BaseException:
             self._writer_lock.release()
             raise
         self.prepare(dim, space_fingerprint, model_name, index, metric=metric)
+
+    def _unchanged(self) -> str:
+        return "the published store is unchanged" if self.manifest is not None else "no store was published"
+
+    @contextlib.contextmanager
+    def _write_faults(self, session: StagedWrite | InPlaceWrite, what: str) -> Iterator[None]:
+        """A file-system fault in a write (disk full, I/O error, permission denied) ends the write in one line.
+
+        A staged write keeps its last checkpoint for the re-run to resume (or, with none taken, removes the
+        staging folder and its space) and the store serves the published version again; an in-place write is
+        rolled back by the caller's abort() (its uncommitted delta tail is ignored and cut by the next writer).
+        """
+        before = session.opened_as if isinstance(session, InPlaceWrite) else None
+        try:
+            yield
+        except WriteError:
+            raise
+        except (OSError, sqlite3.OperationalError, RuntimeError) as exc:
+            reason = faults.reason_of(exc)
+            if reason is None:
+                raise
+            tail = self._unchanged()
+            if isinstance(session, InPlaceWrite) and session.opened_as != before:
+                tail = "the write was committed before the failure; the store is consistent"
+            if isinstance(session, StagedWrite) and self._session is session:
+                tail += self._end_staged_write(session)
+            raise faults.write_error(self.path, what, exc, reason, tail) from exc
+
+    def _end_staged_write(self, session: StagedWrite) -> str:
+        """After a failed staged write: keep the last checkpoint (or remove a staging folder without one), release
+        the writer lock and serve the published version; returns what the message says of the staging folder."""
+        self._session = None
+        with contextlib.suppress(Exception):
+            session.close()  # the docstore's uncommitted rows are rolled back; the checkpoint stays
+        if self._checkpointed and (self.staging / MANIFEST).exists():
+            for leftover in self.staging.glob("*.tmp"):
+                files.remove_quietly(leftover)
+            said = f"; the next run resumes from the last checkpoint in {self.staging}"
+        else:
+            files.discard(self.staging)
+            said = ""
+        self._writer_lock.release()
+        with contextlib.suppress(StoreError, OSError):
+            self.manifest = None
+            if (self.path / MANIFEST).exists():
+                self._open(self.path)
+            elif (files.old_path(self.path) / MANIFEST).exists():
+                self._open(files.old_path(self.path))
+        return said
 
     def _begin_in_place(self) -> InPlaceWrite:
         """Catch up with writes made by other processes since this one opened, then accept writes in place."""
@@ -336,8 +397,7 @@ class FaissStore(VectorStore):
         source = self.path if (self.path / MANIFEST).exists() else files.old_path(self.path)
         if self.manifest is not None:  # update an existing store: work on a copy
             if self._opened_as[1] and self._read_index is not None:  # a delta is applied in memory: write it whole
-                faiss.write_index(self._read_index, str(self.staging / INDEX))
-                files.fsync_file(self.staging / INDEX)
+                files.write_index_file(self._read_index, self.staging / INDEX)
             else:
                 files.copy_durably(source / INDEX, self.staging / INDEX)
             if (source / VECTORS).exists():
@@ -361,8 +421,7 @@ class FaissStore(VectorStore):
                 index=options.to_manifest(),
                 versions=default_versions(faiss=faiss.__version__),
             )
-            faiss.write_index(build_index(dim, options), str(self.staging / INDEX))
-            files.fsync_file(self.staging / INDEX)
+            files.write_index_file(build_index(dim, options), self.staging / INDEX)
             if quantization(options) != "none":
                 manifest.format_version = rescoring.QUANTIZED_FORMAT_VERSION
                 (self.staging / VECTORS).touch()
@@ -408,14 +467,14 @@ class FaissStore(VectorStore):
                 f"{self.describe()}: vectors have shape {vectors.shape}; "
                 f"the store holds {session.manifest.dim}-dim vectors"
             )
-        with self._lock:
+        with self._lock, self._write_faults(session, "the documents and their vectors"):
             session.upsert(documents, vectors, sparse_tokens)
             self._id_order = None
             self._search_index = None
 
     def delete(self, ids: Sequence[str]) -> int:
         session = self._require_session()
-        with self._lock:
+        with self._lock, self._write_faults(session, "the deletion"):
             removed = session.delete(list(ids))
             self._id_order = None
             self._search_index = None
@@ -424,12 +483,14 @@ class FaissStore(VectorStore):
     def commit(self) -> None:
         """Checkpoint a bulk write (staging folder), or commit an in-place transaction (the journal's commit point)."""
         session = self._require_session()
-        with self._lock:
+        what = "the transaction" if isinstance(session, InPlaceWrite) else "a checkpoint"
+        with self._lock, self._write_faults(session, what):
             if isinstance(session, InPlaceWrite):
                 self._opened_as = session.commit()
                 self._count, self._tombstones = session.count, session.tombstones
             else:
                 session.commit()
+                self._checkpointed = True
 
     def finalize(self) -> None:
         """Publish: swap the staging folder into place (bulk), or commit the in-place transaction."""
@@ -442,7 +503,8 @@ class FaissStore(VectorStore):
                 self._vector_file.forget()  # remapped on the next search: the file may have grown
                 self._writer_lock.release()
                 return
-            session.publish(self.path)
+            with self._write_faults(session, "the new version of the store (publish)"):
+                session.publish(self.path)
             self._session = None
             self._writer_lock.release()
             self._open(self.path)
@@ -452,7 +514,10 @@ class FaissStore(VectorStore):
         with self._lock:
             session, self._session = self._session, None
             if session is not None:
-                session.abort()
+                # after a failed write (disk full, I/O error) SQLite may refuse the rollback too: the uncommitted
+                # transaction is dropped with the connection either way
+                with contextlib.suppress(sqlite3.OperationalError):
+                    session.abort()
             if self._read_db is not None:
                 self._read_db.close()
                 self._read_db = None

@@ -1,0 +1,167 @@
+"""Fault injection over every write point of a store's transaction, in the manner of SQLite's I/O-error and
+crash tests (tests/fault_injection.py numbers the points).
+
+For a FAISS bulk write through the staging folder, a FAISS in-place transaction (with and without a fold) and
+local Qdrant: each point is made to fail in turn with ENOSPC, then with EIO, and (in a subprocess) to die there.
+After each: the error is one line naming a file (a :class:`WriteError`), ``verify`` passes, the store holds
+exactly the old version or exactly the new one (local Qdrant: every point whole, each document old or new, and
+the count ``info`` gives is what ``verify`` finds), and running the write again completes with every document,
+leaving no staging folder. The suite is red when a point is skipped: the failures injected must equal the points
+a clean run passes, and every injected failure must surface as a WriteError.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from care_retriever.errors import WriteError
+from care_retriever.stores.faiss import files
+from tests.fault_injection import (
+    KILLED,
+    Injector,
+    armed,
+    contents,
+    expected_new,
+    expected_old,
+    prepare_modules,
+    seed,
+    write,
+)
+
+WORKER = Path(__file__).with_name("fault_injection.py")
+ROOT = Path(__file__).resolve().parents[1]
+# subprocesses per scenario (each ~1 s of imports): every point where there are fewer, an even sample otherwise
+MAX_KILLS = {"staged": 12, "in-place": 18, "fold": 12, "qdrant": 6}
+INJECTED: dict[str, int] = {}  # scenario -> failures injected (printed at the end of each test)
+
+SCENARIOS = ("staged", "in-place", "fold", "qdrant")
+
+
+def backend(scenario: str) -> str:
+    return "qdrant" if scenario == "qdrant" else "faiss"
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each backend's old version, built once and copied for every injected run."""
+    out = {}
+    for kind in ("faiss", "qdrant"):
+        folder = tmp_path_factory.mktemp(f"seed-{kind}") / "store"
+        if kind == "qdrant":
+            pytest.importorskip("qdrant_client")
+        seed(kind if kind == "qdrant" else "staged", folder)
+        out[kind] = folder
+    return out
+
+
+def fresh(seeded: dict[str, Path], scenario: str, where: Path) -> Path:
+    if where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    folder = where / "store"
+    shutil.copytree(seeded[backend(scenario)], folder)
+    return folder
+
+
+def clean_points(seeded: dict[str, Path], scenario: str, where: Path) -> int:
+    folder = fresh(seeded, scenario, where)
+    with armed(Injector()) as injector:
+        write(scenario, folder)
+    assert contents(scenario, folder)[0] == expected_new()
+    assert injector.count > 0
+    return injector.count
+
+
+def check_after_fault(scenario: str, folder: Path) -> str:
+    """verify passes and the store holds the old or the new version; returns which ("old", "new", "mixed")."""
+    found, verified = contents(scenario, folder)
+    assert verified == len(found)
+    old, new = expected_old(), expected_new()
+    if found == old:
+        return "old"
+    if found == new:
+        return "new"
+    # local Qdrant persists point by point: each document is whole, in its old or its new version
+    assert scenario == "qdrant", f"{scenario}: the store holds neither the old nor the new version: {found}"
+    for doc_id, content in found.items():
+        assert content in (old.get(doc_id), new.get(doc_id)), doc_id
+    return "mixed"
+
+
+def check_rerun(scenario: str, folder: Path) -> None:
+    write(scenario, folder)
+    found, verified = contents(scenario, folder)
+    assert found == expected_new() and verified == len(found)
+    assert not files.staging_path(folder).exists(), "a staging folder was left behind"
+    assert not files.old_path(folder).exists()
+    leftovers = [p.name for p in folder.rglob("*.tmp")] + [p.name for p in folder.rglob("*.next")]
+    assert not leftovers, leftovers
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_write_point_fails_in_one_line_and_loses_nothing(
+    scenario: str, seeded: dict[str, Path], tmp_path: Path
+) -> None:
+    if scenario == "qdrant":
+        pytest.importorskip("qdrant_client")
+    prepare_modules(scenario)
+    points = clean_points(seeded, scenario, tmp_path / "clean")
+    injected = 0
+    outcomes: dict[str, int] = {}
+    for code in (errno.ENOSPC, errno.EIO):
+        for at in range(1, points + 1):
+            folder = fresh(seeded, scenario, tmp_path / "run")
+            injector = Injector(fail_at=at, code=code)
+            with armed(injector), pytest.raises(WriteError) as caught:
+                write(scenario, folder)
+            assert injector.fired, f"point {at} of {points} was never reached"
+            message = str(caught.value)
+            assert "\n" not in message and str(folder.parent) in message, message
+            assert caught.value.reason in message
+            # a staging folder is left only to be resumed, and the line says so; without a checkpoint it is removed
+            staging = files.staging_path(folder)
+            assert staging.exists() == (f"resumes from the last checkpoint in {staging}" in message), message
+            assert not list(staging.glob("*.tmp")) if staging.exists() else True
+            outcome = check_after_fault(scenario, folder)
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            check_rerun(scenario, folder)
+            injected += 1
+    INJECTED[scenario] = injected
+    print(f"\n{scenario}: {points} write points, {injected} failures injected (ENOSPC, EIO): {outcomes}")
+    assert injected == 2 * points
+    # both outcomes occur: a point before the commit point keeps the old version, one after it gives the new
+    assert outcomes.get("old", 0) + outcomes.get("mixed", 0) > 0
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_a_writer_killed_at_each_write_point_leaves_old_or_new(
+    scenario: str, seeded: dict[str, Path], tmp_path: Path
+) -> None:
+    if scenario == "qdrant":
+        pytest.importorskip("qdrant_client")
+    prepare_modules(scenario)
+    points = clean_points(seeded, scenario, tmp_path / "clean")
+    sample = list(range(1, points + 1))
+    most = MAX_KILLS[scenario]
+    if len(sample) > most:
+        step = len(sample) / most
+        sample = sorted({sample[int(i * step)] for i in range(most)} | {points})
+    for at in sample:
+        folder = fresh(seeded, scenario, tmp_path / "run")
+        run = subprocess.run(
+            [sys.executable, str(WORKER), scenario, str(folder), str(at)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+        assert run.returncode == KILLED, f"point {at}: exit {run.returncode}: {run.stdout} {run.stderr[-2000:]}"
+        check_after_fault(scenario, folder)
+        check_rerun(scenario, folder)
+    print(f"\n{scenario}: killed at {len(sample)} of {points} write points")

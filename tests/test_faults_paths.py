@@ -1,0 +1,136 @@
+"""Path arguments of the wrong kind: one line and exit 2 from the CLI, a typed error (CareError) in Python,
+LangChain and Haystack, and the path left as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from care_retriever.errors import CareError
+from tests.conftest import run_cli
+
+CONTENT = b"not a store: a user's own file\n"
+
+
+@pytest.fixture
+def afile(tmp_path: Path) -> Path:
+    path = tmp_path / "afile"
+    path.write_bytes(CONTENT)
+    return path
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["info", "verify", "delete"])
+@pytest.mark.parametrize("kind", ["faiss", "qdrant"])
+def test_a_store_path_that_is_a_file_is_one_line(kind: str, command: str, afile: Path, capsys) -> None:
+    if kind == "qdrant":
+        pytest.importorskip("qdrant_client")
+    args = [command, "--store", f"{kind}:{afile}"] + (["x1"] if command == "delete" else [])
+    code, _, err = run_cli(capsys, *args)
+    line = one_line(err)
+    assert code == 2 and str(afile) in line and "must be a folder" in line, err
+    assert afile.read_bytes() == CONTENT
+    assert sorted(p.name for p in afile.parent.iterdir()) == ["afile"]  # no lock, no staging beside it
+
+
+def test_index_into_a_store_path_that_is_a_file_is_one_line(
+    afile: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys
+) -> None:
+    code, _, err = run_cli(
+        capsys, "index", "--model", tiny_model_dir, "--corpus", small_corpus_path, "--store", f"faiss:{afile}"
+    )
+    assert code == 2 and "must be a folder" in one_line(err)
+    assert afile.read_bytes() == CONTENT
+
+
+def test_python_langchain_and_haystack_get_a_typed_error(afile: Path) -> None:
+    from care_retriever.stores import open_store
+
+    with pytest.raises(CareError, match="must be a folder") as caught:
+        open_store(f"faiss:{afile}")
+    assert "\n" not in str(caught.value)
+    langchain = pytest.importorskip("langchain_core.embeddings")
+    from care_retriever.integrations.langchain import CareVectorStore
+
+    with pytest.raises(CareError, match="must be a folder"):
+        CareVectorStore(f"faiss:{afile}", langchain.DeterministicFakeEmbedding(size=8))
+    pytest.importorskip("haystack")
+    from care_retriever.integrations.haystack import CareFaissDocumentStore
+
+    with pytest.raises(CareError, match="must be a folder"):
+        CareFaissDocumentStore(str(afile))
+    assert afile.read_bytes() == CONTENT
+
+
+def test_a_corpus_folder_that_is_not_beir_is_one_line(tmp_path: Path, tiny_model_dir: Path, capsys) -> None:
+    folder = tmp_path / "notbeir"
+    folder.mkdir()
+    code, _, err = run_cli(
+        capsys, "index", "--model", tiny_model_dir, "--corpus", folder, "--store", f"faiss:{tmp_path / 's'}"
+    )
+    assert code == 2 and "corpus.jsonl" in one_line(err)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_model_out_path_that_is_a_file_is_one_line(afile: Path, small_corpus_path: Path, capsys) -> None:
+    code, _, err = run_cli(capsys, "init", afile, "--preset", "tiny", "--vocab-from", small_corpus_path)
+    assert code == 2 and str(afile) in one_line(err), err
+    assert afile.read_bytes() == CONTENT
+
+
+def test_an_unreadable_corpus_is_one_line(tmp_path: Path, tiny_model_dir: Path, capsys) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"_id": "a", "text": "高血压"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    corpus.chmod(0)
+    if os.access(corpus, os.R_OK):
+        pytest.skip("running as root: a file without read permission is still readable")
+    code, _, err = run_cli(
+        capsys, "index", "--model", tiny_model_dir, "--corpus", corpus, "--store", f"faiss:{tmp_path / 's'}"
+    )
+    assert code == 2 and "permission denied" in one_line(err)
+
+
+@pytest.fixture
+def read_only_store(tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys) -> Iterator[Path]:
+    """A FAISS store on a tmpfs remounted read-only (root only)."""
+    where = tmp_path / "ro"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission)")
+    try:
+        assert (
+            run_cli(
+                capsys,
+                "index",
+                "--model",
+                tiny_model_dir,
+                "--corpus",
+                small_corpus_path,
+                "--store",
+                f"faiss:{where / 'store'}",
+                "--no-progress",
+            )[0]
+            == 0
+        )
+        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+        yield where / "store"
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_store_on_a_read_only_file_system_is_one_line(read_only_store: Path, tiny_model_dir: Path, capsys) -> None:
+    spec = f"faiss:{read_only_store}"
+    code, _, err = run_cli(capsys, "delete", "--store", spec, "x1")
+    assert code == 2 and "read-only" in one_line(err), err
+    code, _, err = run_cli(capsys, "verify", "--store", spec)
+    assert code == 0, err  # reading still works
