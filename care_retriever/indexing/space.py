@@ -27,7 +27,7 @@ def estimate_index_bytes(
     backend: str,
     published_bytes: int = 0,
     quantized: bool = False,
-    sparse: bool = False,
+    sparse: bool,
 ) -> int:
     """Bytes an ``index`` run may write for ``new_documents`` documents (see the module's docstring)."""
     vector = dim * 4
@@ -49,7 +49,7 @@ def check_index_space(
     backend: str,
     published_bytes: int = 0,
     quantized: bool = False,
-    sparse: bool = False,
+    sparse: bool,
 ) -> int:
     """Refuse in one line an ``index`` run whose estimate exceeds the free space where ``store_path`` lives;
     returns the estimate."""
