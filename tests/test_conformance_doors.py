@@ -255,6 +255,7 @@ def cli_stores(models: dict[str, Path], corpus_file: Path, workdir: Path) -> Cal
         if (model, store_kind) not in built:
             store = spec(store_kind, workdir / f"cli-{model}-{store_kind}")
             cli("index", "--model", models[model], "--corpus", corpus_file, "--store", store, "--no-progress")
+            assert cli("verify", "--store", store).startswith("ok: ")  # the CLI's own store reads as sound
             built[model, store_kind] = store
         return built[model, store_kind]
 
@@ -301,7 +302,7 @@ def test_every_door_gives_the_clis_answer(
     )
     got = DOORS[door][0](cell)
     assert_same(got, want, f"{door} x {model} x {store_kind}")
-    for store in [cli_stores(model, store_kind), *cell.written]:  # every store a door wrote reads as sound
+    for store in cell.written:  # every store a door wrote reads as sound (the CLI's: checked when built)
         out = cli("verify", "--store", store)
         assert out.startswith("ok: ") and f"holds {len(DOCUMENTS)} documents" in out, out
 
