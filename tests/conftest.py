@@ -241,10 +241,24 @@ def unexpected_skips(skipped: list[tuple[str, str]]) -> list[str]:
     ]
 
 
+# (test id, what it counted) of the fault-injection suite's passed tests: the run's summary names its count of
+# injected points (a test records it with ``record_property("fault_injection", ...)``).
+FAULT_COUNTS: list[tuple[str, str]] = []
+
+
 def pytest_runtest_logreport(report) -> None:
-    # Under xdist the controller receives every worker's reports here too.
+    # Under xdist the controller receives every worker's reports here too (user_properties travel with them).
     if report.skipped and not hasattr(report, "wasxfail"):
         SKIPPED.append((report.nodeid, skip_reason(report)))
+    if report.when == "call" and report.passed:
+        FAULT_COUNTS.extend((report.nodeid, str(v)) for k, v in report.user_properties if k == "fault_injection")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if FAULT_COUNTS:
+        terminalreporter.section("fault injection")
+        for nodeid, counted in sorted(FAULT_COUNTS):
+            terminalreporter.write_line(f"{nodeid.split('::')[-1]}: {counted}")
 
 
 def pytest_collectreport(report) -> None:

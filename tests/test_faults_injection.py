@@ -16,6 +16,7 @@ import errno
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,7 @@ def check_rerun(scenario: str, folder: Path) -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_write_point_fails_in_one_line_and_loses_nothing(
-    scenario: str, seeded: dict[str, Path], tmp_path: Path
+    scenario: str, seeded: dict[str, Path], tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
     if scenario == "qdrant":
         pytest.importorskip("qdrant_client")
@@ -133,15 +134,17 @@ def test_every_write_point_fails_in_one_line_and_loses_nothing(
             check_rerun(scenario, folder)
             injected += 1
     INJECTED[scenario] = injected
-    print(f"\n{scenario}: {points} write points, {injected} failures injected (ENOSPC, EIO): {outcomes}")
+    counted = f"{points} write points, {injected} failures injected (ENOSPC, EIO): {outcomes}"
+    print(f"\n{scenario}: {counted}")
     assert injected == 2 * points
+    record_property("fault_injection", counted)  # named in the run's summary (tests/conftest.py)
     # both outcomes occur: a point before the commit point keeps the old version, one after it gives the new
     assert outcomes.get("old", 0) + outcomes.get("mixed", 0) > 0
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_a_writer_killed_at_each_write_point_leaves_old_or_new(
-    scenario: str, seeded: dict[str, Path], tmp_path: Path
+    scenario: str, seeded: dict[str, Path], tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
     if scenario == "qdrant":
         pytest.importorskip("qdrant_client")
@@ -165,3 +168,4 @@ def test_a_writer_killed_at_each_write_point_leaves_old_or_new(
         check_after_fault(scenario, folder)
         check_rerun(scenario, folder)
     print(f"\n{scenario}: killed at {len(sample)} of {points} write points")
+    record_property("fault_injection", f"killed at {len(sample)} of {points} write points")
