@@ -321,6 +321,8 @@ class FaissStore(VectorStore):
         rolled back by the caller's abort() (its uncommitted delta tail is ignored and cut by the next writer).
         """
         before = session.opened_as if isinstance(session, InPlaceWrite) else None
+        # the staging folder's inode: after the publish's swap the store's folder is that very folder
+        staged = self.staging.stat().st_ino if isinstance(session, StagedWrite) and self.staging.exists() else None
         try:
             yield
         except WriteError:
@@ -332,6 +334,8 @@ class FaissStore(VectorStore):
             tail = self._unchanged()
             if isinstance(session, InPlaceWrite) and session.opened_as != before:
                 tail = "the write was committed before the failure; the store is consistent"
+            if staged is not None and self.path.exists() and self.path.stat().st_ino == staged:
+                tail = "the new version was published before the failure (its folder's sync failed)"
             if isinstance(session, StagedWrite) and self._session is session:
                 tail += self._end_staged_write(session)
             raise faults.write_error(self.path, what, exc, reason, tail) from exc
