@@ -25,10 +25,10 @@ def test_a_batch_larger_than_the_data_is_capped_with_one_warning(caplog: pytest.
     data = DatasetDict({"a": Dataset.from_dict({"x": ["1"] * 16}), "b": Dataset.from_dict({"x": ["1"] * 20})})
     with caplog.at_level(logging.WARNING, logger="care_retriever"):
         fitted = fit_batch_to_data({"per_device_train_batch_size": 40, "dataloader_drop_last": True}, data, "s1")
+        kept = fit_batch_to_data(
+            {"per_device_train_batch_size": 40, "dataloader_drop_last": True}, data, "s1", distributed=True
+        )
     assert fitted["per_device_train_batch_size"] == 20 and fitted["dataloader_drop_last"] is False
-    kept = fit_batch_to_data(
-        {"per_device_train_batch_size": 40, "dataloader_drop_last": True}, data, "s1", distributed=True
-    )
     assert kept["per_device_train_batch_size"] == 20 and kept["dataloader_drop_last"] is True
     assert len([r for r in caplog.records if "larger than its data" in r.getMessage()]) == 2
     same = {"per_device_train_batch_size": 8}
