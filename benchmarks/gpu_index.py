@@ -170,7 +170,8 @@ def run_st(embedder: Any, texts: list[str], batch_size: int, device: str) -> dic
 def run_index(embedder: Any, docs: list[Any], batch_size: int, device: str, folder: Path) -> dict[str, Any]:
     from care_retriever.indexing.writer import DocumentStoreWriter
 
-    writer = DocumentStoreWriter(embedder, f"faiss:{folder}", batch_size=batch_size, show_progress=False)
+    # the BM25 side is not encoding: off, as the module docstring says (the writer's default is on)
+    writer = DocumentStoreWriter(embedder, f"faiss:{folder}", batch_size=batch_size, show_progress=False, sparse=False)
     with PeakMemory(device) as memory:
         sync(device)
         report = writer.write(docs)

@@ -52,3 +52,53 @@ def test_flops_per_token_of_a_qwen3_4b_shape() -> None:
     config = SimpleNamespace(**gpu_index.QWEN3_4B)
     # 36 layers of q/k/v/o and a 3-matrix MLP: about 3.6B multiplied weights, 2 FLOPs each
     assert gpu_index.flops_per_token(config, 0) == pytest.approx(2 * 3.62e9, rel=0.02)
+
+
+def test_the_index_side_measures_encoding_with_no_bm25_side(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The writer builds a BM25 side by default; the benchmark's `index` side must not (it needs jieba, which a GPU
+    machine may lack, and it is not encoding)."""
+    from care_retriever.indexing.corpus import read_corpus
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.stores import open_store
+
+    docs = list(read_corpus(Path(__file__).parents[1] / "care_retriever" / "data" / "sample" / "corpus.jsonl"))[:20]
+    figures = gpu_index.run_index(AsymmetricEmbedder.from_pretrained(tiny_model_dir), docs, 8, "cpu", tmp_path / "store")
+    assert figures["tokens"] > 0
+    store = open_store(f"faiss:{tmp_path / 'store'}")
+    assert store.count() == 20 and not store.manifest.sparse
+
+
+def test_training_walltime_flags_a_stage_below_half(tmp_path: Path) -> None:
+    from benchmarks import training_walltime
+
+    run = {
+        "recipe": "paper",
+        "init_seconds": 2.0,
+        "reports": [
+            {
+                "name": "stage0-query",
+                "type": "stage0_query",
+                "steps": 10,
+                "examples": 40,
+                "seconds": 8.0,
+                "wall_seconds": 10.0,
+            },
+            {
+                "name": "stage1",
+                "type": "stage1_align",
+                "steps": 10,
+                "examples": 40,
+                "seconds": 3.0,
+                "wall_seconds": 7.0,
+                "teacher_cache_seconds": 0.5,
+                "teacher_texts": 80,
+            },
+        ],
+    }
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    doc = tmp_path / "gpu.md"
+    doc.write_text("# Indexing on GPUs\n\nprose kept\n")
+    assert training_walltime.main([str(tmp_path), "--device", "test box", "--docs", str(doc)]) == 0
+    text = doc.read_text()
+    assert "prose kept" in text and "| stage0-query | stage0_query | 10 | 40 | 8.00 | 10.00 | 80% |" in text
+    assert "below one half: stage1" in text and "teacher cache 0.50 s for 80 texts" in text
