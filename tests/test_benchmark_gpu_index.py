@@ -62,7 +62,9 @@ def test_the_index_side_measures_encoding_with_no_bm25_side(tmp_path: Path, tiny
     from care_retriever.stores import open_store
 
     docs = list(read_corpus(Path(__file__).parents[1] / "care_retriever" / "data" / "sample" / "corpus.jsonl"))[:20]
-    figures = gpu_index.run_index(AsymmetricEmbedder.from_pretrained(tiny_model_dir), docs, 8, "cpu", tmp_path / "store")
+    figures = gpu_index.run_index(
+        AsymmetricEmbedder.from_pretrained(tiny_model_dir), docs, 8, "cpu", tmp_path / "store"
+    )
     assert figures["tokens"] > 0
     store = open_store(f"faiss:{tmp_path / 'store'}")
     assert store.count() == 20 and not store.manifest.sparse
