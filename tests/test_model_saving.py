@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,19 @@ def test_a_known_fingerprint_is_kept_only_when_asked_and_write_false_writes_noth
     real = embedder.hash_document_weights()
     assert json.loads((hashed / "care_config.json").read_text())["space_fingerprint"] == real
     assert known.document_weights() == real  # what was saved is what it now says
+
+
+REPO = Path(__file__).resolve().parents[1]
+# a model folder's writes: its care_config.json, and sentence-transformers' save of the towers
+WRITES_A_MODEL = re.compile(r"(CONFIG_NAME|[\"']care_config\.json[\"'])\)\.write_(text|bytes)\(|\.save\(str\(")
+
+
+def test_one_module_writes_a_model_folder() -> None:
+    """save_pretrained, training's stages and exports and ``init`` all write through model/saving.py."""
+    writers = sorted(
+        str(file.relative_to(REPO))
+        for folder in ("care_retriever", "integrations", "training")
+        for file in (REPO / folder).rglob("*.py")
+        if WRITES_A_MODEL.search(file.read_text("utf-8"))
+    )
+    assert writers == ["care_retriever/model/saving.py"]
