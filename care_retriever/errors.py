@@ -42,3 +42,8 @@ class WriteError(CareError):
         super().__init__(message)
         self.path = path
         self.reason = reason
+
+
+class DiskFullError(WriteError):
+    """The disk filled up while a model was being written (what was there before is left intact); the message
+    says how much free space the model needs."""

@@ -83,6 +83,15 @@ MOVED_NAMES: dict[str, tuple[str, str]] = {
             "resolve_dtype",
         )
     },
+    # the model's jobs in modules of their own: a tower as a value (model.tower), the ways a model is read
+    # (model.reading), what a tower's modules are (model.towers.modules), re-exported by model.embedder
+    "care_retriever.model.embedder:Tower": ("care_retriever.model.tower:Tower", "0.3.0"),
+    "care_retriever.model.embedder:Side": ("care_retriever.model.tower:Side", "0.3.0"),
+    "care_retriever.model.embedder:Load": ("care_retriever.model.reading:Load", "0.3.0"),
+    "care_retriever.model.embedder:ROUTES": ("care_retriever.model.reading:ROUTES", "0.3.0"),
+    "care_retriever.model.embedder:is_decoder": ("care_retriever.model.towers.modules:is_decoder", "0.3.0"),
+    # the model floor's save raises it (care_retriever.model.saving), which may not import training
+    "care_retriever.training.runner:DiskFullError": ("care_retriever.errors:DiskFullError", "0.3.0"),
     # the ground floor (docs/architecture.md): a document and JSONL rows, the batch defaults and their parser
     "care_retriever.indexing.corpus:Document": ("care_retriever.documents:Document", "0.3.0"),
     "care_retriever.indexing.corpus:document_text": ("care_retriever.documents:document_text", "0.3.0"),

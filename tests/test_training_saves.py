@@ -177,10 +177,10 @@ def test_a_full_disk_while_saving_a_stage_is_one_line_and_the_previous_stage_is_
     import yaml
 
     from care_retriever.cli.main import main
+    from care_retriever.model import saving
     from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.training import runner
 
-    original = runner.write_model
+    original = saving.write_model
 
     def fills_the_disk(st, folder: Path) -> None:
         if folder.name.startswith(".s1."):
@@ -188,7 +188,7 @@ def test_a_full_disk_while_saving_a_stage_is_one_line_and_the_previous_stage_is_
             raise OSError(errno.ENOSPC, "No space left on device")
         original(st, folder)
 
-    monkeypatch.setattr(runner, "write_model", fills_the_disk)
+    monkeypatch.setattr(saving, "write_model", fills_the_disk)
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe(*TWO_STAGES)), "utf-8")
     out = tmp_path / "run"
@@ -200,7 +200,7 @@ def test_a_full_disk_while_saving_a_stage_is_one_line_and_the_previous_stage_is_
     assert json.loads((out / "run.json").read_text())["done"] == ["init", "s0"]
     assert sorted(p.name for p in (out / "stages").iterdir()) == ["s0"]  # no half-written folder left
     AsymmetricEmbedder.from_pretrained(out / "stages" / "s0")
-    monkeypatch.setattr(runner, "write_model", original)
+    monkeypatch.setattr(saving, "write_model", original)
     assert main([*args, "--dry-run-steps", "1", "--resume"]) == 0
     assert (out / "final" / "care_config.json").is_file()
 

@@ -19,28 +19,30 @@ an unfinished stage continues from its last checkpoint.
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from care_retriever.errors import CareError, InputError, ModelError
+from care_retriever.errors import (  # DiskFullError also importable from here for earlier callers (old_paths)
+    DiskFullError,  # noqa: F401
+    InputError,
+    ModelError,
+)
 from care_retriever.training.pairs import PairSet, load_pairset, resolve_data_path, task_queries, without_queries
 from care_retriever.training.recipe import ModelSpec, Recipe, Stage0DocumentStage, StageSpec
 
 if TYPE_CHECKING:
     import torch
-    from sentence_transformers import SentenceTransformer
 
-    from care_retriever.model.embedder import AsymmetricEmbedder, Side
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.tower import Side
     from care_retriever.training.stages import StageContext
 
 logger = logging.getLogger("care_retriever")
@@ -50,10 +52,6 @@ DRY_RUN_MAX_LENGTH = 64  # a dry run checks the wiring, not the capacity: short 
 # tens of seconds for a 4B tower) is carried over instead of computed again.
 DOCUMENT_FROZEN = frozenset({"stage0_query", "stage1_align", "distill", "mlm"})
 SIDES: tuple[Side, ...] = ("query", "document")
-
-
-class DiskFullError(CareError):
-    """The disk filled up while a model was being written (the previous stage is left intact)."""
 
 
 @dataclass
@@ -144,6 +142,7 @@ def load_model(
 def hold_in(embedder: AsymmetricEmbedder, held: dict[str, str]) -> AsymmetricEmbedder:
     """Cast each tower's transformer to the dtype ``held`` names for it (a no-op where it already is)."""
     from care_retriever.model.runtime import resolve_dtype
+    from care_retriever.model.saving import cast_tower
 
     for side in SIDES:
         if side in held:
@@ -153,15 +152,6 @@ def hold_in(embedder: AsymmetricEmbedder, held: dict[str, str]) -> AsymmetricEmb
 
 def tower_transformer(embedder: AsymmetricEmbedder, side: Side) -> torch.nn.Module:
     return embedder.tower(side).transformer.auto_model
-
-
-def cast_tower(embedder: AsymmetricEmbedder, side: Side, dtype: torch.dtype) -> torch.dtype:
-    """Cast one tower's transformer to ``dtype`` in place; returns the dtype it was held in."""
-    model = tower_transformer(embedder, side)
-    held = next(model.parameters()).dtype
-    if held != dtype:
-        model.to(dtype)
-    return held
 
 
 def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, device: str | None) -> AsymmetricEmbedder:
@@ -269,108 +259,28 @@ def own_dtypes(embedder: AsymmetricEmbedder) -> dict[Side, torch.dtype]:
 
 
 def save_model(embedder: AsymmetricEmbedder, path: str | Path, *, write: bool = True) -> Path:
-    """``embedder.save_pretrained``, with each tower written in its own dtype and the space fingerprint
-    hashed only when it is not known (:data:`DOCUMENT_FROZEN`: a stage that leaves the document tower
-    as it was keeps it; the runner clears it after any other stage).
+    """A stage's save: :func:`care_retriever.model.saving.save_model` (the one writer of a model folder) with each
+    tower written in its own dtype (:func:`own_dtypes`) and the space fingerprint hashed only when it is not known
+    (:data:`DOCUMENT_FROZEN`: a stage that leaves the document tower as it was keeps it; the runner clears it after
+    any other stage).
 
-    The towers are rounded to their own dtype in memory as well (and cast back to the dtype they train
-    in), so the model in memory is the one on disk: a resumed run continues from exactly what an
-    uninterrupted run continues from, and the fingerprint hashes the weights that were written. Written
-    to a temporary folder renamed into place; a full disk leaves the folder as it was and says, in one
-    line, how much free space the model needs (:class:`DiskFullError`). ``write=False``: the rounding and
-    the fingerprint only, what the ranks that do not write do (they must hold what rank 0 wrote).
+    The towers are rounded to their own dtype in memory as well (and cast back to the dtype they train in), so a
+    resumed run continues from exactly what an uninterrupted run continues from. A full disk leaves the earlier
+    stages as they were and says, in one line, how much free space the model needs
+    (:class:`~care_retriever.errors.DiskFullError`). ``write=False``: the rounding and the fingerprint only, what
+    the ranks that do not write do (they must hold what rank 0 wrote).
     """
-    from care_retriever.model.config import CONFIG_NAME
-    from care_retriever.model.loading import replace_folder
-    from care_retriever.model.towers.modules import lift_model_code
+    from care_retriever.model import saving
 
-    target = Path(path)
-    own = own_dtypes(embedder)
-    sides = [s for s in SIDES if s in embedder.loaded_towers]
-    same_tower = embedder.query_modules is embedder.document_modules
-    held = {side: cast_tower(embedder, side, own[side]) for side in sides[: 1 if same_tower else 2]}
-    tmp: Path | None = None
-    try:
-        config = embedder.saved_config()  # the weights hashed here only if unknown (kept by the embedder)
-        if not write:
-            return target
-        st = embedder.to_sentence_transformer()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        write_model(st, tmp)
-        for side, dtype in held.items():  # back in the dtypes it runs in: the card's example encodes
-            cast_tower(embedder, side, dtype)
-        held = {}
-        write_card(st, tmp)
-        lift_model_code(tmp)
-        (tmp / CONFIG_NAME).write_text(config.to_json(), encoding="utf-8")
-        replace_folder(tmp, target)
-        tmp = None
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
-            # an I/O error, permission denied, a read-only file system: one line, the earlier stages intact
-            from care_retriever.faults import reason_of, write_error
-
-            reason = reason_of(exc)
-            if reason is None:
-                raise
-            raise write_error(target, "the model", exc, reason, "earlier stages are intact") from exc
-        need = model_bytes(embedder, own)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp = None
-        free = shutil.disk_usage(target.parent).free
-        raise DiskFullError(
-            f"{target}: no space left on the device while saving the model; it needs about {_size(need)} "
-            f"free on {target.parent} ({_size(free)} free now); earlier stages are intact: free space, "
-            "then continue with --resume"
-        ) from None
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        for side, dtype in held.items():
-            cast_tower(embedder, side, dtype)
-    return target
-
-
-def write_model(st: SentenceTransformer, folder: Path) -> None:
-    """The write of a model's files (sentence-transformers' folder layout, its card written after the
-    towers are cast back: its usage example runs the model); a test makes it fail."""
-    st.save(str(folder), create_model_card=False)
-
-
-def write_card(st: SentenceTransformer, folder: Path) -> None:
-    """sentence-transformers' README.md for the model (what ``st.save`` writes); a card that cannot be
-    generated is skipped with a log line, as ``st.save`` skips it."""
-    from sentence_transformers.base.model_card import generate_model_card
-
-    try:
-        card = generate_model_card(st)
-    except Exception as exc:  # a model card is never worth failing a stage's save
-        logger.warning("model card of %s not written: %s", folder.name, exc)
-        return
-    (folder / "README.md").write_text(card, encoding="utf-8")
-
-
-def model_bytes(embedder: AsymmetricEmbedder, own: dict[Side, torch.dtype]) -> int:
-    """Bytes a saved model's weights take in their own dtypes (a shared tower counted once)."""
-    total = 0
-    seen: set[int] = set()
-    for side in SIDES:
-        for module in embedder.tower(side).modules if side in embedder.loaded_towers else []:
-            for param in module.parameters():
-                if id(param) not in seen:
-                    seen.add(id(param))
-                    total += param.numel() * own[side].itemsize
-    return total
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n / 1024:.1f} GB" if n >= 1024 else f"{n:.1f} MB"
+    return saving.save_model(
+        embedder,
+        path,
+        dtypes=own_dtypes(embedder),
+        rehash=False,
+        write=write,
+        intact="earlier stages are intact",
+        retry="free space, then continue with --resume",
+    )
 
 
 @dataclass
@@ -559,6 +469,7 @@ def run_stage(ctx: StageContext, stage: StageSpec, embedder: AsymmetricEmbedder,
     started = time.perf_counter()
     if is_main_process():  # the stage's save will fit: said before it trains, not after
         from care_retriever.faults import check_free_space
+        from care_retriever.model.saving import model_bytes
 
         size = model_bytes(embedder, own_dtypes(embedder))
         check_free_space(ctx.out, size, f"saving stage {stage.name}'s model under {ctx.out / 'stages'}")

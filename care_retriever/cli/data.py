@@ -13,7 +13,8 @@ from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
 
 if TYPE_CHECKING:
-    from care_retriever.model.embedder import AsymmetricEmbedder, Load
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.reading import Load
 
 data_app = typer.Typer(
     help="Build CARE training data: diversify, mine-negatives, alignment, label.", no_args_is_help=True

@@ -14,10 +14,12 @@ from typing import Any, Literal
 
 import torch
 from sentence_transformers.sentence_transformer.modules import Dense, Module, Normalize, Pooling, Transformer
+from sentence_transformers.util import import_module_class
 
 from care_retriever.errors import ModelError
 from care_retriever.model.config import DEFAULT_MAX_LENGTH
 from care_retriever.model.loading import hub_options, model_file
+from care_retriever.model.runtime import resolve_attn_implementation, resolve_dtype
 
 PoolingName = Literal["cls", "mean", "last_token"]
 POOLING_MODES: dict[str, str] = {"cls": "cls", "mean": "mean", "last_token": "lasttoken"}
@@ -305,3 +307,52 @@ def tower_pretrained_dtype(name_or_path: str) -> str | None:
         return None
     dtype = config.get("dtype") or config.get("torch_dtype")
     return str(dtype).removeprefix("torch.") if dtype else None
+
+
+def is_decoder(transformer: Transformer) -> bool:
+    """Whether the tower is a decoder (causal attention) rather than a bidirectional encoder."""
+    config = transformer.auto_model.config
+    archs = getattr(config, "architectures", None) or []
+    return (
+        bool(getattr(config, "is_decoder", False))
+        or any("CausalLM" in a for a in archs)
+        or config.model_type in {"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt2"}
+    )
+
+
+def load_saved_module(
+    name: str,
+    module_id: str,
+    class_ref: str,
+    hub: dict[str, Any],
+    dtype: str | torch.dtype | None,
+    device: torch.device,
+    trust_remote_code: bool,
+    allow_pickled_weights: bool = False,
+    attn_implementation: str | None = None,
+) -> Module:
+    """One module of a saved model (``module_id``, a subfolder of ``name``, of the sentence-transformers class
+    ``class_ref``), its Transformer in its own precision; pickled weights refused unless allowed."""
+    module_class = import_module_class(class_ref, model_name_or_path=name, trust_remote_code=False)
+    if not issubclass(module_class, Module):
+        raise ModelError(f"{name}/{module_id}: {class_ref} is not a sentence-transformers module")
+    refuse_pickled_weights(Path(name) / module_id, allow_pickled_weights)
+    if issubclass(module_class, Transformer):
+        # each tower in its own precision ("auto" keeps a bf16-pretrained tower off fp16): read from the
+        # transformer's own config.json, the only module that has weights to cast
+        saved = model_file(name, f"{module_id}/config.json", hub)
+        torch_dtype = resolve_dtype(dtype, device, tower_pretrained_dtype(str(Path(saved).parent)) if saved else None)
+        attention = resolve_attn_implementation(attn_implementation, device, torch_dtype)
+        return module_class.load(
+            name,
+            subfolder=module_id,
+            trust_remote_code=trust_remote_code,
+            model_kwargs={
+                "dtype": torch_dtype,
+                "use_safetensors": None if allow_pickled_weights else True,
+                # only when set: model code of its own may not take the keyword
+                **({"attn_implementation": attention} if attention else {}),
+            },
+            **hub,
+        )
+    return module_class.load(name, subfolder=module_id, **hub)

@@ -232,6 +232,14 @@ def native_gte_folder(folder: Path, source: str) -> Path:
     return target
 
 
+def readable_folder(name: str, source: str | None = None) -> str:
+    """``name``, or for a local gte tower in the original ``new`` format a folder transformers reads natively."""
+    local = Path(name).expanduser()
+    if local.is_dir() and is_new_format(local):
+        return str(native_gte_folder(local, source or name))
+    return name
+
+
 def _cache_root() -> Path:
     base = os.environ.get("CARE_RETRIEVER_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "care-retriever"

@@ -71,7 +71,8 @@ def load_tower(
     """Check ``model`` can be exported to ``backend`` and load its query tower (fp32, CPU)."""
     from sentence_transformers.sentence_transformer.modules import Transformer
 
-    from care_retriever.model.embedder import AsymmetricEmbedder, is_decoder
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.towers.modules import is_decoder
 
     unknown = [q for q in quantize if q not in QUANTIZE]
     if unknown:
