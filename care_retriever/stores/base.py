@@ -174,6 +174,10 @@ class VectorStore(ABC):
     ) -> None:
         """Create the store, or check that an existing one matches; then accept writes.
 
+        ``index``: the config of the store's kind (:class:`~care_retriever.stores.config.FaissIndexConfig`,
+        :class:`~care_retriever.stores.config.QdrantCollectionConfig`), None for an existing store's own settings or
+        a new one's defaults; a dict or the other kind's config is one line (a user's dict is read once where it is
+        handed in: :func:`~care_retriever.stores.config.store_config`).
         ``metric``: what the model's scores are (:data:`METRICS`): ``cosine`` for unit vectors, ``dot`` for a
         model whose document vectors are normalised before a Matryoshka cut (norms below 1; the authors'
         released models). Recorded in the manifest; Qdrant compares vectors with it.
