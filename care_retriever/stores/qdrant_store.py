@@ -230,7 +230,7 @@ class QdrantStore(VectorStore):
 
     def trains_on_first_vectors(self, index: QdrantOptions = None) -> bool:
         as_qdrant_config(index)  # its config or None, as prepare takes it
-        return False  # Qdrant builds its HNSW graph and quantizes as points arrive: no training pass
+        return False  # Qdrant builds and quantizes its segments itself: the order points arrive in trains nothing
 
     def local_footprint(self, index: QdrantOptions = None) -> LocalFootprint | None:
         """Local mode's folder (it persists point by point: no staging copy); None in memory or on a server."""
