@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.large_index import exact_neighbours, generate, make_queries
+from care_retriever.stores.config import FaissIndexConfig, IndexType, Quantize
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,20 +49,21 @@ START, END = "<!-- quantization:start -->", "<!-- quantization:end -->"
 CHUNK = 100_000
 
 
-def store_options(setting: str, args: argparse.Namespace, dim: int) -> dict[str, Any]:
+def store_options(setting: str, args: argparse.Namespace, dim: int) -> FaissIndexConfig:
     # PQ at 8 dimensions a byte unless --pq-m says otherwise: the store's default 96 bytes at 768 dims, and the
     # same 1/32 of float32 for a smaller model (96 does not divide 32 or 256).
-    options: dict[str, Any] = {"type": "flat", "pq_m": args.pq_m or max(1, dim // 8)}
-    if setting != "none":
-        options["quantize"] = setting
-    return options
+    return FaissIndexConfig(
+        index_type=IndexType.FLAT,
+        pq_m=args.pq_m or max(1, dim // 8),
+        quantize=None if setting == "none" else Quantize(setting),
+    )
 
 
 def dir_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
 
 
-def build_store(folder: Path, vectors: np.ndarray, options: dict[str, Any], fingerprint: str) -> float:
+def build_store(folder: Path, vectors: np.ndarray, options: FaissIndexConfig, fingerprint: str) -> float:
     """Write ``vectors`` (ids = row numbers) into a new FAISS store; seconds taken, publish included."""
     from care_retriever.documents import Document
     from care_retriever.stores.faiss import FaissStore
@@ -320,7 +322,7 @@ def score_settings(
         row = {"setting": setting, **task_scores(ranked, exact, qids, qrels)}
         row["oversample"] = store.require_manifest().index.get("oversample")
         if setting == "pq":
-            row["pq_m"] = options["pq_m"]
+            row["pq_m"] = options.pq_m
         if setting != "none":
             row["oversample_sweep"] = {}
             for value in [float(x) for x in args.oversample_sweep.split(",") if x.strip()]:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from care_retriever.errors import StoreError
 from care_retriever.indexing.corpus import Document
+from care_retriever.stores.config import FaissIndexConfig, IndexType, Quantize
 from care_retriever.stores.faiss import DELTA, FaissStore
 from care_retriever.stores.faiss.session import InPlaceWrite, StagedWrite
 
@@ -31,7 +31,7 @@ def _docs(prefix: str, n: int, seed: int) -> tuple[list[Document], np.ndarray]:
     return [Document(f"{prefix}{i}", f"{prefix} text {i}") for i in range(n)], vectors
 
 
-def _published(folder: Path, index: dict[str, Any] | None = None) -> tuple[list[Document], np.ndarray]:
+def _published(folder: Path, index: FaissIndexConfig | None = None) -> tuple[list[Document], np.ndarray]:
     docs, vectors = _docs("a", 6, seed=0)
     store = FaissStore(folder)
     store.prepare(DIM, FINGERPRINT, "m", index)
@@ -52,9 +52,9 @@ def _one_line_store_error(call: Callable[[], object], match: str) -> None:
     assert "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("index", [None, {"type": "hnsw"}])
+@pytest.mark.parametrize("index", [None, FaissIndexConfig(index_type=IndexType.HNSW)])
 def test_an_aborted_staged_write_leaves_the_store_as_it_was_and_the_next_one_starts_clean(
-    tmp_path: Path, index: dict[str, Any] | None
+    tmp_path: Path, index: FaissIndexConfig | None
 ) -> None:
     folder = tmp_path / "s"
     docs, vectors = _published(folder, index)
@@ -162,8 +162,10 @@ def test_a_resumed_checkpoint_is_not_read_through_the_published_version_state(tm
     store.close()
 
 
-@pytest.mark.parametrize("index", [None, {"type": "hnsw"}, {"quantize": "sq8"}])
-def test_every_attribute_is_set_by_a_constructor(tmp_path: Path, index: dict[str, Any] | None) -> None:
+@pytest.mark.parametrize(
+    "index", [None, FaissIndexConfig(index_type=IndexType.HNSW), FaissIndexConfig(quantize=Quantize.SQ8)]
+)
+def test_every_attribute_is_set_by_a_constructor(tmp_path: Path, index: FaissIndexConfig | None) -> None:
     """No operation adds an attribute to the store or to a session: each state has one place where it starts."""
     store = FaissStore(tmp_path / "s")
     keys = set(vars(store))

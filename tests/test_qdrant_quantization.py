@@ -56,7 +56,9 @@ def _vector_config(path: Path, collection: str = "care") -> models.VectorParams:
 def test_quantized_collection_holds_its_settings(tmp_path: Path, quantize: str, kind: type) -> None:
     path = tmp_path / "q"
     store = QdrantStore(str(path))
-    store.prepare(DIM, "fp", "m", {"quantize": quantize, "on_disk": True, "always_ram": False, "oversample": 5})
+    store.prepare(
+        DIM, "fp", "m", QdrantCollectionConfig(quantize=quantize, on_disk=True, always_ram=False, oversample=5)
+    )
     docs, vectors = _data(30)
     store.upsert(docs, vectors)
     store.commit()
@@ -83,7 +85,7 @@ def test_quantized_collection_holds_its_settings(tmp_path: Path, quantize: str, 
 def test_int8_is_sq8_and_defaults_are_recorded(tmp_path: Path) -> None:
     path = tmp_path / "q"
     store = QdrantStore(str(path))
-    store.prepare(DIM, "fp", "m", {"quantization": "int8"})
+    store.prepare(DIM, "fp", "m", QdrantCollectionConfig.from_manifest({"quantization": "int8"}))
     store.commit()
     assert store.manifest is not None and store.manifest.index == {
         "type": "hnsw",
@@ -118,7 +120,7 @@ def test_int8_is_sq8_and_defaults_are_recorded(tmp_path: Path) -> None:
 def test_bad_settings_are_one_line_input_errors(options: dict, message: str) -> None:
     store = QdrantStore(":memory:")
     with pytest.raises(InputError, match=message) as caught:
-        store.prepare(DIM, "fp", "m", options)
+        store.prepare(DIM, "fp", "m", QdrantCollectionConfig.from_manifest(options))  # a user's dict, read once
     assert "\n" not in str(caught.value)
     assert not store.client.collection_exists("care")  # nothing created
 
@@ -127,7 +129,7 @@ def test_local_mode_says_what_it_drops_and_records_only_what_it_holds(tmp_path: 
     path = tmp_path / "q"
     store = QdrantStore(str(path))
     with caplog.at_level(logging.WARNING, logger="care_retriever"):
-        store.prepare(DIM, "fp", "m", {"quantize": "binary", "shards": 3, "replicas": 2})
+        store.prepare(DIM, "fp", "m", QdrantCollectionConfig(quantize="binary", shards=3, replicas=2))
     lines = [r.getMessage() for r in caplog.records if r.name == "care_retriever"]
     assert len(lines) == 1 and "\n" not in lines[0]
     assert "ignoring shards, replicas" in lines[0] and "searches the full vectors exactly" in lines[0]
@@ -138,7 +140,7 @@ def test_local_mode_says_what_it_drops_and_records_only_what_it_holds(tmp_path: 
     caplog.clear()
     again = QdrantStore(str(path))
     with caplog.at_level(logging.WARNING, logger="care_retriever"):  # an existing collection: checked, not re-told
-        again.prepare(DIM, "fp", "m", {"quantize": "binary", "shards": 3})
+        again.prepare(DIM, "fp", "m", QdrantCollectionConfig(quantize="binary", shards=3))
     assert not [r for r in caplog.records if r.name == "care_retriever"]
     again.close()
 
@@ -146,19 +148,19 @@ def test_local_mode_says_what_it_drops_and_records_only_what_it_holds(tmp_path: 
 def test_another_quantization_on_an_existing_collection_is_refused(tmp_path: Path) -> None:
     path = str(tmp_path / "q")
     store = QdrantStore(path)
-    store.prepare(DIM, "fp", "m", {"quantize": "sq8"})
+    store.prepare(DIM, "fp", "m", QdrantCollectionConfig(quantize="sq8"))
     docs, vectors = _data(10)
     store.upsert(docs, vectors)
     store.commit()
     store.close()
     store = QdrantStore(path)
     with pytest.raises(StoreError, match=r"created with quantize 'sq8' \(asked 'binary'\)") as caught:
-        store.prepare(DIM, "fp", "m", {"quantize": "binary"})
+        store.prepare(DIM, "fp", "m", QdrantCollectionConfig(quantize="binary"))
     assert "\n" not in str(caught.value)
     with pytest.raises(StoreError, match="on_disk None"):
-        store.prepare(DIM, "fp", "m", {"on_disk": True})
+        store.prepare(DIM, "fp", "m", QdrantCollectionConfig(on_disk=True))
     # oversample is a search-time setting: a new value replaces the recorded one
-    store.prepare(DIM, "fp", "m", {"quantize": "sq8", "oversample": 6})
+    store.prepare(DIM, "fp", "m", QdrantCollectionConfig(quantize="sq8", oversample=6))
     store.commit()
     store.close()
     reopened = QdrantStore(path)
@@ -167,7 +169,7 @@ def test_another_quantization_on_an_existing_collection_is_refused(tmp_path: Pat
     plain = QdrantStore(":memory:")
     plain.prepare(DIM, "fp", "m")
     with pytest.raises(InputError, match="apply to a quantized collection"):
-        plain.prepare(DIM, "fp", "m", {"oversample": 4})
+        plain.prepare(DIM, "fp", "m", QdrantCollectionConfig(oversample=4))
 
 
 def _exact_top(vectors: np.ndarray, queries: np.ndarray, k: int) -> list[list[str]]:
@@ -181,7 +183,7 @@ def test_rescored_search_returns_the_exact_top_k(quantize: str, where: str) -> N
     store = (
         QdrantStore(":memory:") if where == "local" else QdrantStore(SERVER, client=QdrantClient(location=":memory:"))
     )
-    store.prepare(DIM, "fp", "m", {"quantize": quantize, "oversample": 4})
+    store.prepare(DIM, "fp", "m", QdrantCollectionConfig(quantize=quantize, oversample=4))
     params = store.search_params()
     if where == "local":
         assert params is None  # local mode searches the full vectors exactly: nothing to rescore
@@ -205,9 +207,11 @@ def test_small_writes_deletes_verify_and_hybrid_on_a_quantized_collection(quanti
         QdrantStore(":memory:") if where == "local" else QdrantStore(SERVER, client=QdrantClient(location=":memory:"))
     )
     docs, vectors = _data(40)
-    with store.transaction(DIM, "fp", "m", {"quantize": quantize, "on_disk": True}) as tx:
+    with store.transaction(DIM, "fp", "m", QdrantCollectionConfig(quantize=quantize, on_disk=True)) as tx:
         tx.upsert(docs[:30], vectors[:30])
-    with store.transaction(index={"quantize": quantize}) as tx:  # a small write with the same settings
+    with store.transaction(
+        index=QdrantCollectionConfig(quantize=quantize)
+    ) as tx:  # a small write with the same settings
         tx.upsert(docs[30:], vectors[30:])
         tx.delete(["d0", "d1", "missing"])
     with store.transaction() as tx:  # an update in place: d5 gets d2's vector
@@ -229,7 +233,7 @@ def test_small_writes_deletes_verify_and_hybrid_on_a_quantized_collection(quanti
 def test_verify_compares_the_collection_with_its_manifest() -> None:
     client = QdrantClient(location=":memory:")
     store = QdrantStore(":memory:", client=client)
-    store.prepare(DIM, "fp", "m", {"quantize": "sq8"})
+    store.prepare(DIM, "fp", "m", QdrantCollectionConfig(quantize="sq8"))
     docs, vectors = _data(5)
     store.upsert(docs, vectors)
     store.commit()

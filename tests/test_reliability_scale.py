@@ -14,6 +14,7 @@ from qdrant_client import QdrantClient
 from care_retriever.errors import InputError, StoreError
 from care_retriever.indexing.corpus import Document
 from care_retriever.stores import open_store
+from care_retriever.stores.config import FaissIndexConfig, IndexType, QdrantCollectionConfig
 from care_retriever.stores.faiss import FaissStore
 from care_retriever.stores.qdrant_store import QdrantStore
 
@@ -33,7 +34,7 @@ def test_ivfpq_store_writes_reopens_updates_and_finds_neighbours(tmp_path: Path)
     docs, vectors = _data(1200)
     spec = tmp_path / "pq"
     store = FaissStore(spec)
-    store.prepare(DIM, "fp", "m", {"type": "ivfpq", "nlist": 8, "pq_m": 16, "nprobe": 8})
+    store.prepare(DIM, "fp", "m", FaissIndexConfig(index_type=IndexType.IVFPQ, nlist=8, pq_m=16, nprobe=8))
     store.upsert(docs[:1000], vectors[:1000])  # the first batch trains the coarse quantiser and codebooks
     store.commit()
     store.upsert(docs[1000:], vectors[1000:])
@@ -58,11 +59,11 @@ def test_ivfpq_store_writes_reopens_updates_and_finds_neighbours(tmp_path: Path)
 def test_ivfpq_rejects_a_first_batch_too_small_to_train(tmp_path: Path) -> None:
     docs, vectors = _data(100)
     store = FaissStore(tmp_path / "pq")
-    store.prepare(DIM, "fp", "m", {"type": "ivfpq", "nlist": 8, "pq_m": 8})
+    store.prepare(DIM, "fp", "m", FaissIndexConfig(index_type=IndexType.IVFPQ, nlist=8, pq_m=8))
     with pytest.raises(InputError, match="needs at least 256 vectors in the first batch"):
         store.upsert(docs, vectors)
     with pytest.raises(InputError, match="must divide the dimension"):
-        FaissStore(tmp_path / "other").prepare(DIM, "fp", "m", {"type": "ivfpq", "pq_m": 7})
+        FaissStore(tmp_path / "other").prepare(DIM, "fp", "m", FaissIndexConfig(index_type=IndexType.IVFPQ, pq_m=7))
 
 
 def test_independent_jobs_join_one_qdrant_collection() -> None:
@@ -70,7 +71,10 @@ def test_independent_jobs_join_one_qdrant_collection() -> None:
     the other joins it; each writes its half and the union is the corpus."""
     client = QdrantClient(location=":memory:")
     first, second = QdrantStore(":memory:", client=client), QdrantStore(":memory:", client=client)
-    options = {"m": 16, "ef_construct": 64, "on_disk": True, "quantization": "int8", "shard_number": 2}
+    # the older names (quantization int8, shard_number) as a user gives them, read once into the config
+    options = QdrantCollectionConfig.from_manifest(
+        {"m": 16, "ef_construct": 64, "on_disk": True, "quantization": "int8", "shard_number": 2}
+    )
     first.prepare(DIM, "fp", "m", options)
     second.prepare(DIM, "fp", "m")  # lost the creation race
     # Recorded under the canonical names, with the defaults filled in; local mode has one shard, so none recorded.
@@ -97,9 +101,9 @@ def test_independent_jobs_join_one_qdrant_collection() -> None:
 
 def test_unknown_qdrant_options_are_refused() -> None:
     with pytest.raises(InputError, match="unknown Qdrant collection options"):
-        QdrantStore(":memory:").prepare(DIM, "fp", "m", {"nlist": 4})
+        QdrantStore(":memory:").prepare(DIM, "fp", "m", QdrantCollectionConfig.from_manifest({"nlist": 4}))
     with pytest.raises(InputError, match="quantization"):
-        QdrantStore(":memory:").prepare(DIM, "fp", "m", {"quantization": "int4"})
+        QdrantStore(":memory:").prepare(DIM, "fp", "m", QdrantCollectionConfig.from_manifest({"quantization": "int4"}))
 
 
 def test_large_index_benchmark_prints_its_table(tmp_path: Path) -> None:

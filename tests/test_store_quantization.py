@@ -16,18 +16,19 @@ import pytest
 from care_retriever.cli.main import main
 from care_retriever.errors import InputError, StoreError
 from care_retriever.indexing.corpus import Document
+from care_retriever.stores.config import FaissIndexConfig, IndexType, Quantize
 from care_retriever.stores.faiss import DELTA, INDEX, MANIFEST, VECTORS, FaissStore
 
 DIM, N = 64, 600
 CHARS = "高血压患者应低盐饮食规律服用降压药定期监测普通感冒多由病毒引起休息喝水糖尿病控制运动拉肚子补充电解质失眠"
 # (index options, label): flat codes for each kind, and the graph / inverted-list variants over codes
 SETTINGS = [
-    ({"quantize": "sq8"}, "sq8"),
-    ({"quantize": "binary"}, "binary"),
-    ({"quantize": "pq", "pq_m": 16}, "pq"),
-    ({"quantize": "sq8", "type": "hnsw", "m": 16}, "sq8-hnsw"),
-    ({"quantize": "sq8", "type": "ivf", "nlist": 8, "nprobe": 8}, "sq8-ivf"),
-    ({"quantize": "pq", "type": "ivf", "nlist": 8, "nprobe": 8, "pq_m": 16}, "pq-ivf"),
+    (FaissIndexConfig(quantize=Quantize.SQ8), "sq8"),
+    (FaissIndexConfig(quantize=Quantize.BINARY), "binary"),
+    (FaissIndexConfig(quantize=Quantize.PQ, pq_m=16), "pq"),
+    (FaissIndexConfig(quantize=Quantize.SQ8, index_type=IndexType.HNSW, m=16), "sq8-hnsw"),
+    (FaissIndexConfig(quantize=Quantize.SQ8, index_type=IndexType.IVF, nlist=8, nprobe=8), "sq8-ivf"),
+    (FaissIndexConfig(quantize=Quantize.PQ, index_type=IndexType.IVF, nlist=8, nprobe=8, pq_m=16), "pq-ivf"),
 ]
 
 
@@ -54,7 +55,7 @@ DOCS = [
 ]
 
 
-def build(folder: Path, options: dict, docs=DOCS, vectors=VECS, *, sparse: bool = False) -> FaissStore:
+def build(folder: Path, options: FaissIndexConfig, docs=DOCS, vectors=VECS, *, sparse: bool = False) -> FaissStore:
     store = FaissStore(folder)
     store.prepare(DIM, "fp", "model", options)
     store.upsert(docs, vectors)
@@ -76,12 +77,12 @@ def assert_exact(hits, want: list[tuple[str, float]]) -> None:
 
 
 @pytest.mark.parametrize(("options", "label"), SETTINGS, ids=[s[1] for s in SETTINGS])
-def test_rescored_search_equals_exact_top_k(tmp_path: Path, options: dict, label: str) -> None:
+def test_rescored_search_equals_exact_top_k(tmp_path: Path, options: FaissIndexConfig, label: str) -> None:
     build(tmp_path / "s", options).close()
     ids = [d.id for d in DOCS]
     with FaissStore(tmp_path / "s") as store:  # reopened: codes from index.faiss, vectors mapped from disk
         manifest = store.require_manifest()
-        assert manifest.index["quantize"] == options["quantize"] and manifest.index["oversample"] >= 1
+        assert manifest.index["quantize"] == options.quantization.value and manifest.index["oversample"] >= 1
         assert manifest.format_version == 3 and VECTORS in manifest.checksums
         assert (tmp_path / "s" / VECTORS).stat().st_size == N * DIM * 4
         for hits, query in zip(store.search(QUERIES, 10), QUERIES, strict=True):
@@ -92,13 +93,13 @@ def test_rescored_search_equals_exact_top_k(tmp_path: Path, options: dict, label
         assert store.verify() == N
         # the index searched holds codes (less than float32 vectors); the vectors are on disk
         footprint = store.footprint()
-        assert footprint["quantize"] == options["quantize"]
+        assert footprint["quantize"] == options.quantization.value
         assert footprint["ram_bytes_per_doc"] < DIM * 4 < footprint["disk_bytes_per_doc"]
 
 
 @pytest.mark.parametrize("quantize", ["sq8", "binary", "pq"])
 def test_filters_and_small_writes_and_deletes(tmp_path: Path, quantize: str) -> None:
-    options = {"quantize": quantize, "pq_m": 16}
+    options = FaissIndexConfig(quantize=Quantize(quantize), pq_m=16)
     build(tmp_path / "s", options).close()
     new = clustered(5, seed=7)
     with FaissStore(tmp_path / "s") as store, store.transaction() as tx:  # small write: in place, delta
@@ -125,8 +126,8 @@ def test_filters_and_small_writes_and_deletes(tmp_path: Path, quantize: str) -> 
 
 @pytest.mark.parametrize("quantize", ["sq8", "binary"])
 def test_hybrid_search_equals_the_unquantized_store(tmp_path: Path, quantize: str) -> None:
-    exact_store = build(tmp_path / "exact", {}, sparse=True)
-    store = build(tmp_path / "codes", {"quantize": quantize}, sparse=True)
+    exact_store = build(tmp_path / "exact", FaissIndexConfig(), sparse=True)
+    store = build(tmp_path / "codes", FaissIndexConfig(quantize=Quantize(quantize)), sparse=True)
     texts = ["高血压 降压药", "感冒 喝水", "拉肚子", "失眠 运动"]
     for got, want in zip(
         store.search_hybrid(QUERIES[:4], texts, 10), exact_store.search_hybrid(QUERIES[:4], texts, 10), strict=True
@@ -142,7 +143,7 @@ def test_hybrid_search_equals_the_unquantized_store(tmp_path: Path, quantize: st
 @pytest.mark.parametrize("damage", ["missing", "truncated", "truncated-after-small-write"])
 def test_missing_or_truncated_vectors_fail_open_and_verify(tmp_path: Path, damage: str, capsys) -> None:
     folder = tmp_path / "s"
-    build(folder, {"quantize": "binary"}).close()
+    build(folder, FaissIndexConfig(quantize=Quantize.BINARY)).close()
     if damage == "truncated-after-small-write":  # the manifest's sizes are gone: the rows must still be there
         with FaissStore(folder) as store, store.transaction() as tx:
             tx.upsert([Document(id="x", text="新")], clustered(1, seed=3))
@@ -161,7 +162,7 @@ def test_missing_or_truncated_vectors_fail_open_and_verify(tmp_path: Path, damag
 
 def test_flipped_bytes_in_the_vector_file_fail_verify(tmp_path: Path, capsys) -> None:
     folder = tmp_path / "s"
-    build(folder, {"quantize": "sq8"}).close()
+    build(folder, FaissIndexConfig(quantize=Quantize.SQ8)).close()
     data = bytearray((folder / VECTORS).read_bytes())
     data[4 * DIM * 10 + 3] ^= 0x40  # same size: open passes, verify reads every byte
     (folder / VECTORS).write_bytes(bytes(data))
@@ -171,30 +172,32 @@ def test_flipped_bytes_in_the_vector_file_fail_verify(tmp_path: Path, capsys) ->
 
 
 def test_quantization_is_fixed_and_bad_options_are_one_line(tmp_path: Path) -> None:
-    store = build(tmp_path / "s", {"quantize": "sq8"})
+    store = build(tmp_path / "s", FaissIndexConfig(quantize=Quantize.SQ8))
     with pytest.raises(InputError, match=r"built with quantize=sq8.*cannot change") as err:
-        store.prepare(DIM, "fp", "model", {"quantize": "binary"})
+        store.prepare(DIM, "fp", "model", FaissIndexConfig(quantize=Quantize.BINARY))
     assert "\n" not in str(err.value)
     with pytest.raises(
         InputError, match=r"Unknown FAISS quantize 'int4'\. Available: \['none', 'sq8', 'binary', 'pq'\]"
     ):
-        FaissStore(tmp_path / "t").prepare(DIM, "fp", "model", {"quantize": "int4"})
+        FaissIndexConfig(quantize="int4")
     with pytest.raises(InputError, match="oversample must be a number >= 1"):
-        FaissStore(tmp_path / "t").prepare(DIM, "fp", "model", {"quantize": "sq8", "oversample": 0.5})
+        FaissIndexConfig(quantize=Quantize.SQ8, oversample=0.5)
     with pytest.raises(InputError, match="binary works with index type flat only"):
-        FaissStore(tmp_path / "t").prepare(DIM, "fp", "model", {"quantize": "binary", "type": "hnsw"})
+        FaissIndexConfig(quantize=Quantize.BINARY, index_type=IndexType.HNSW)
     # The same quantization again, with another oversample: a search-time setting, recorded
-    store.prepare(DIM, "fp", "model", {"oversample": 7})
+    store.prepare(DIM, "fp", "model", FaissIndexConfig(oversample=7))
     store.finalize()
     assert FaissStore(tmp_path / "s").require_manifest().index["oversample"] == 7
-    store.prepare(DIM, "fp", "model", {"quantize": "sq8"})  # the same quantization, no oversample: kept
+    store.prepare(
+        DIM, "fp", "model", FaissIndexConfig(quantize=Quantize.SQ8)
+    )  # the same quantization, no oversample: kept
     store.finalize()
     assert FaissStore(tmp_path / "s").require_manifest().index["oversample"] == 7
     store.close()
 
 
 def test_search_time_oversample_overrides_the_manifest(tmp_path: Path) -> None:
-    build(tmp_path / "s", {"quantize": "binary", "oversample": 1}).close()
+    build(tmp_path / "s", FaissIndexConfig(quantize=Quantize.BINARY, oversample=1)).close()
     ids = [d.id for d in DOCS]
     want = [exact(VECS, ids, q, 10) for q in QUERIES]
     low = FaissStore(tmp_path / "s")
@@ -223,7 +226,7 @@ def test_binary_at_its_default_oversample_finds_the_exact_top_10_of_embeddings_s
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     vectors, queries = x[:n], x[n:]
     docs = [Document(id=f"a{i}", text="文档") for i in range(n)]
-    build(tmp_path / "s", {"quantize": "binary"}, docs=docs, vectors=vectors).close()
+    build(tmp_path / "s", FaissIndexConfig(quantize=Quantize.BINARY), docs=docs, vectors=vectors).close()
     ids = [d.id for d in docs]
     with FaissStore(tmp_path / "s") as store:
         assert store.require_manifest().index["oversample"] * 10 < n  # the codes choose: not every row rescored

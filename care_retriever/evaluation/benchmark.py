@@ -29,6 +29,7 @@ from care_retriever.documents import document_text
 from care_retriever.evaluation import speed
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.protocols import Embedder
+from care_retriever.stores.config import FaissIndexConfig, IndexType
 
 logger = logging.getLogger("care_retriever")
 
@@ -219,11 +220,11 @@ def bench_search(
         exact_hits: list[list[str]] | None = None
         with tempfile.TemporaryDirectory(prefix="care-bench-search-") as tmp:
             for backend in backends:
-                settings: dict[str, tuple[str, dict[str, Any] | None]] = {
-                    "faiss-flat": (f"faiss:{tmp}/flat", {"type": "flat"}),
+                settings: dict[str, tuple[str, FaissIndexConfig | None]] = {
+                    "faiss-flat": (f"faiss:{tmp}/flat", FaissIndexConfig(index_type=IndexType.FLAT)),
                     "faiss-hnsw": (
                         f"faiss:{tmp}/hnsw",
-                        {"type": "hnsw", "m": hnsw_m, "ef_search": ef_search},
+                        FaissIndexConfig(index_type=IndexType.HNSW, m=hnsw_m, ef_search=ef_search),
                     ),
                     # Local mode in memory: the same search code as a local folder, without its
                     # per-upsert persistence (which only slows the build, not the search).

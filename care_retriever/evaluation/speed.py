@@ -17,11 +17,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
+
+if TYPE_CHECKING:
+    from care_retriever.stores.config import StoreConfig
 
 
 @dataclass
@@ -126,7 +129,7 @@ def near_queries(corpus: np.ndarray, count: int, *, seed: int = 0) -> np.ndarray
     return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
 
 
-def fill_store(spec: str, vectors: np.ndarray, *, index: dict[str, Any] | None = None, chunk: int = 4096) -> Any:
+def fill_store(spec: str, vectors: np.ndarray, *, index: StoreConfig = None, chunk: int = 4096) -> Any:
     """A store at ``spec`` holding ``vectors`` as documents ``d0..dN`` (upserted directly: no encoding)."""
     from care_retriever.documents import Document
     from care_retriever.stores import open_store

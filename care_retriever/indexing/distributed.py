@@ -99,9 +99,7 @@ class ShardedEncoder:
         self.embedder = embedder
         self.group = group
         # this rank's limits ("auto": from its own GPU's free memory); halved on out-of-memory, then kept for the run
-        self.limits = auto_batch_limits(
-            getattr(embedder, "document_model", None), encode.batch_size, encode.max_batch_tokens
-        )
+        self.limits = auto_batch_limits(embedder.document_model, encode.batch_size, encode.max_batch_tokens)
         self.stats: dict[str, int] = {}  # truncated, tokens, padded_tokens of the slices this rank encoded
 
     @property
@@ -291,7 +289,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
         embedder = load_document_tower(settings, device)
         # the disk holds what the run will write, or one line says so before anything is encoded
         check_store_space(
-            target, total=total, corpus=file, dim=embedder.dim, sparse=settings.sparse, options=settings.index
+            target, total=total, corpus=file, dim=embedder.dim, sparse=settings.sparse, index=settings.index
         )
         encoder = ShardedEncoder(embedder, group, settings.encode) if group.active else None
         writer = DocumentStoreWriter(

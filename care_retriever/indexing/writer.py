@@ -45,9 +45,7 @@ from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
 from care_retriever.stores.config import (
     FaissIndexConfig,
-    IndexType,
     QdrantCollectionConfig,
-    Quantize,
     StoreKind,
     StoreOptions,
     store_config,
@@ -132,13 +130,6 @@ def _validated(chunk: list[Document]) -> list[Document]:
         latest.pop(doc.id, None)
         latest[doc.id] = doc
     return list(latest.values())
-
-
-def _trains_on_first_vectors(index: FaissIndexConfig | QdrantCollectionConfig | None) -> bool:
-    """Whether a new FAISS store with these settings trains its index on the first vectors written."""
-    if not isinstance(index, FaissIndexConfig):
-        return False
-    return index.index_type in (IndexType.IVF, IndexType.IVFPQ) or index.quantization is not Quantize.NONE
 
 
 class _StoreWrites:
@@ -251,7 +242,8 @@ class DocumentStoreWriter:
         # where the document tower runs on an accelerator. On CPU torch's threads already take every core, so
         # the child only competes with them (measured on 2 cores: no gain, and slower under load; docs/scale.md).
         if background_tokenizer is None:
-            background_tokenizer = str(getattr(embedder, "device", "cpu")).split(":")[0] not in ("cpu", "")
+            tower = embedder.document_model
+            background_tokenizer = tower is not None and str(tower.device).split(":")[0] not in ("cpu", "")
         self.background_tokenizer = background_tokenizer
         # Store writes on a thread of their own while the next slice encodes (_StoreWrites). None: for a FAISS store,
         # whose writes (hashing, docstore rows, index add) took about a quarter of a CPU run's time on the calling
@@ -271,13 +263,13 @@ class DocumentStoreWriter:
         embedder = self.embedder
         # A new FAISS store that trains its index on its first vectors (IVF, quantization) gets the corpus's first
         # documents first, not its longest (:meth:`_flush`).
-        self._first_slice = getattr(self.store, "manifest", None) is None and _trains_on_first_vectors(self.index)
+        self._first_slice = self.store.trains_on_first_vectors(self.index)
         self.store.prepare(
             embedder.dim,
             embedder.space_fingerprint,
             embedder.document_model_name,
             self.index,
-            metric=getattr(embedder, "similarity", "cosine"),
+            metric=embedder.similarity,
         )
         if self.sparse:
             self.store.enable_sparse(show_progress=self.show_progress)
@@ -340,8 +332,7 @@ class DocumentStoreWriter:
         if self._limits_resolved:
             return
         self._limits_resolved = True
-        model = getattr(self.embedder, "document_model", None)
-        resolved = auto_batch_limits(model, self.encode.batch_size, self.encode.max_batch_tokens)
+        resolved = auto_batch_limits(self.embedder.document_model, self.encode.batch_size, self.encode.max_batch_tokens)
         self.limits.texts, self.limits.tokens = resolved.texts, resolved.tokens
 
     def _flush(
@@ -424,13 +415,7 @@ class DocumentStoreWriter:
     def delete(self, ids: Sequence[str]) -> int:
         """Delete documents by id and publish the change."""
         embedder = self.embedder
-        self.store.prepare(
-            embedder.dim,
-            embedder.space_fingerprint,
-            "",
-            self.index,
-            metric=getattr(embedder, "similarity", "cosine"),
-        )
+        self.store.prepare(embedder.dim, embedder.space_fingerprint, "", self.index, metric=embedder.similarity)
         removed = self.store.delete(list(ids))
         self.store.finalize()
         return removed

@@ -100,6 +100,19 @@ class DocumentEncoder(EmbedderFace, Protocol):
         """The document tower's identity (hub id or folder), recorded in a store's manifest (for messages)."""
         ...
 
+    @property
+    def similarity(self) -> str:
+        """What the document vectors' scores are (:data:`care_retriever.stores.base.METRICS`): ``cosine`` (unit
+        vectors) or ``dot`` (normalised before a Matryoshka cut); a new store records it as its metric."""
+        ...
+
+    @property
+    def document_model(self) -> SentenceTransformer | None:
+        """The torch tower that encodes documents, or None where the document side has none. The index writer
+        reads where it runs (on an accelerator the BM25 side is tokenised in a child process beside it) and
+        measures a GPU's token budget on it (``max_batch_tokens="auto"``); with None it runs on the CPU's limits."""
+        ...
+
     def embed_documents(
         self,
         texts: Sequence[str],
@@ -223,6 +236,10 @@ class OneModelEmbedder(EmbedderBase):
     @property
     def mode(self) -> str:
         return "symmetric"
+
+    @property
+    def similarity(self) -> str:
+        return "cosine"  # what a baseline's store has always recorded: its scores are compared as cosines
 
     @property
     def loaded_towers(self) -> tuple[str, ...]:

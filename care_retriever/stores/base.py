@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from care_retriever import __version__
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.stores.config import StoreOptions
+from care_retriever.stores.config import StoreConfig
 
 if TYPE_CHECKING:
     from care_retriever.sparse.fusion import FusionConfig
@@ -92,6 +93,17 @@ class Manifest:
             raise StoreError(f"{source}: malformed manifest ({exc})") from exc
 
 
+@dataclass(frozen=True)
+class LocalFootprint:
+    """Where a store's data lives on this machine and what a bulk write into it adds there beside each document's
+    own bytes: what the ``index`` command checks the free space against before it encodes
+    (:mod:`care_retriever.indexing.space`)."""
+
+    path: Path  # the store's folder or local file (its file system's free space is checked)
+    published_bytes: int = 0  # a bulk write's copy of the published store (FAISS stages one beside it)
+    quantized: bool = False  # each vector written twice: compressed codes and the full vector that rescores them
+
+
 def default_versions(**extra: str) -> dict[str, str]:
     return {"care_retriever": __version__, **extra}
 
@@ -156,16 +168,31 @@ class VectorStore(ABC):
         dim: int,
         space_fingerprint: str,
         model_name: str,
-        index: StoreOptions = None,
+        index: StoreConfig = None,
         *,
         metric: str = "cosine",
     ) -> None:
         """Create the store, or check that an existing one matches; then accept writes.
 
+        ``index``: the config of the store's kind (:class:`~care_retriever.stores.config.FaissIndexConfig`,
+        :class:`~care_retriever.stores.config.QdrantCollectionConfig`), None for an existing store's own settings or
+        a new one's defaults; a dict or the other kind's config is one line (a user's dict is read once where it is
+        handed in: :func:`~care_retriever.stores.config.store_config`).
         ``metric``: what the model's scores are (:data:`METRICS`): ``cosine`` for unit vectors, ``dot`` for a
         model whose document vectors are normalised before a Matryoshka cut (norms below 1; the authors'
         released models). Recorded in the manifest; Qdrant compares vectors with it.
         """
+
+    @abstractmethod
+    def trains_on_first_vectors(self, index: StoreConfig = None) -> bool:
+        """Whether a write prepared with ``index`` trains the store's index on the first vectors it is given (a
+        new FAISS store with IVF lists or compressed codes): the index writer then writes the corpus's first
+        documents first, as read, rather than its longest."""
+
+    @abstractmethod
+    def local_footprint(self, index: StoreConfig = None) -> LocalFootprint | None:
+        """Where a bulk write with ``index`` writes on this machine, and what it adds there (:class:`LocalFootprint`);
+        None for a store held in memory or on a server (no local disk to check)."""
 
     @abstractmethod
     def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
@@ -268,7 +295,7 @@ class VectorStore(ABC):
         dim: int | None = None,
         space_fingerprint: str | None = None,
         model_name: str = "",
-        index: StoreOptions = None,
+        index: StoreConfig = None,
         *,
         metric: str | None = None,
     ) -> Iterator[VectorStore]:
@@ -297,7 +324,7 @@ class VectorStore(ABC):
         dim: int,
         space_fingerprint: str,
         model_name: str,
-        index: StoreOptions = None,
+        index: StoreConfig = None,
         *,
         metric: str = "cosine",
     ) -> None:

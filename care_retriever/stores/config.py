@@ -139,6 +139,11 @@ class FaissIndexConfig:
         return FAISS_DEFAULT_OVERSAMPLE.get(self.quantization, 1.0)
 
     @property
+    def trains_on_first_vectors(self) -> bool:
+        """Whether a new index with these settings is trained on the first vectors written (IVF lists, codes)."""
+        return self.index_type in (IndexType.IVF, IndexType.IVFPQ) or self.quantization is not Quantize.NONE
+
+    @property
     def supports_remove(self) -> bool:
         """HNSW cannot remove vectors: removed rows stay in it as tombstones that searches skip."""
         return self.index_type is not IndexType.HNSW
@@ -180,11 +185,24 @@ class FaissIndexConfig:
         return [inverse.get(f.name, f.name) for f in dataclasses.fields(FaissIndexConfig)]
 
 
-def as_faiss_config(index: StoreOptions) -> FaissIndexConfig:
-    """A config as it is, a manifest or user dict read once (None: the defaults)."""
-    if isinstance(index, QdrantCollectionConfig):
-        raise InputError("a FAISS store takes a FaissIndexConfig, not a QdrantCollectionConfig")
-    return index if isinstance(index, FaissIndexConfig) else FaissIndexConfig.from_manifest(index)
+def as_faiss_config(index: StoreConfig) -> FaissIndexConfig:
+    """What a FAISS store is handed: its config as it is, None its defaults; anything else is one line (a user's
+    dict is read once where it is handed in, :func:`store_config`; a manifest's by ``from_manifest``)."""
+    if index is None:
+        return FaissIndexConfig()
+    if not isinstance(index, FaissIndexConfig):
+        raise _refused("FAISS", FaissIndexConfig, index)
+    return index
+
+
+def _refused(store: str, wanted: type, given: object) -> InputError:
+    """One line for settings a store does not take: a config of the other kind, or a dict not read at the door."""
+    if isinstance(given, Mapping):
+        return InputError(
+            f"a {store} store takes a {wanted.__name__} or None, not a dict of settings: read it once with "
+            "care_retriever.stores.config.store_config"
+        )
+    return InputError(f"a {store} store takes a {wanted.__name__}, not a {type(given).__name__}")
 
 
 # ---------------------------------------------------------------------------------------------------- Qdrant
@@ -303,14 +321,21 @@ class QdrantCollectionConfig:
             raise InputError(f"Qdrant options {given} apply to a quantized collection: add quantize sq8 or binary")
 
 
-def as_qdrant_config(index: StoreOptions) -> QdrantCollectionConfig:
-    """A config as it is, a manifest or user dict read once (None: nothing given)."""
-    if isinstance(index, FaissIndexConfig):
-        raise InputError("a Qdrant store takes a QdrantCollectionConfig, not a FaissIndexConfig")
-    return index if isinstance(index, QdrantCollectionConfig) else QdrantCollectionConfig.from_manifest(index)
+def as_qdrant_config(index: StoreConfig) -> QdrantCollectionConfig:
+    """What a Qdrant store is handed: its config as it is, None nothing given; anything else is one line (a user's
+    dict is read once where it is handed in, :func:`store_config`; a manifest's by ``from_manifest``)."""
+    if index is None:
+        return QdrantCollectionConfig()
+    if not isinstance(index, QdrantCollectionConfig):
+        raise _refused("Qdrant", QdrantCollectionConfig, index)
+    return index
 
 
-# What a store's prepare/begin/transaction take: the config of its kind, or a dict read through it.
+# What a store's prepare/begin/transaction take: the config of its kind (the other kind's is refused in one line),
+# or None (an existing store's own settings, a new one's defaults).
+StoreConfig = FaissIndexConfig | QdrantCollectionConfig | None
+# What a user may hand in where settings enter (the writer's keywords, the integrations): a config, or a dict of
+# the store's settings read once by :func:`store_config`.
 StoreOptions = FaissIndexConfig | QdrantCollectionConfig | Mapping[str, Any] | None
 
 
@@ -323,7 +348,10 @@ def store_config(kind: StoreKind | str, options: StoreOptions) -> FaissIndexConf
     settings, a new one's defaults). A config of the other kind is one line."""
     if options is None:
         return None
-    return as_faiss_config(options) if StoreKind(kind) is StoreKind.FAISS else as_qdrant_config(options)
+    faiss = StoreKind(kind) is StoreKind.FAISS
+    if isinstance(options, Mapping):
+        return FaissIndexConfig.from_manifest(options) if faiss else QdrantCollectionConfig.from_manifest(options)
+    return as_faiss_config(options) if faiss else as_qdrant_config(options)
 
 
 def qdrant_only_fields() -> frozenset[str]:

@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,13 +38,14 @@ from care_retriever.errors import InputError, StoreError, WriteError
 from care_retriever.stores.base import (
     Filters,
     Hit,
+    LocalFootprint,
     Manifest,
     VectorStore,
     check_metric,
     default_versions,
     validate_filters,
 )
-from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, StoreOptions, as_qdrant_config
+from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, StoreConfig, as_qdrant_config
 from care_retriever.vectors import VectorContract
 
 logger = logging.getLogger("care_retriever")
@@ -116,11 +118,11 @@ def _client(location: str, api_key: str | None = None):
 SERVER_ONLY = ("shards", "replicas")
 # Settings local mode keeps in the collection config but does not act on (it searches the full vectors exactly).
 LOCAL_UNUSED = ("quantize", "always_ram", "oversample", "on_disk", "on_disk_payload", "m", "ef_construct")
-# a collection's settings: its config, or a manifest's or user's dict (read through QdrantCollectionConfig)
-QdrantOptions = StoreOptions
+# a collection's settings as a Qdrant store is handed them: its config or None (a user's dict is read at the door)
+QdrantOptions = StoreConfig
 
 
-def collection_options(dim: int, options: QdrantOptions, *, metric: str = "cosine") -> dict[str, Any]:
+def collection_options(dim: int, options: QdrantCollectionConfig, *, metric: str = "cosine") -> dict[str, Any]:
     """``create_collection`` arguments for a collection sized for millions of documents.
 
     ``m`` / ``ef_construct``: the HNSW graph; ``on_disk``: the original vectors memory-mapped from disk;
@@ -130,7 +132,7 @@ def collection_options(dim: int, options: QdrantOptions, *, metric: str = "cosin
     """
     from qdrant_client import models
 
-    resolved = as_qdrant_config(options).resolved().given()
+    resolved = options.resolved().given()
     hnsw = {k: resolved[k] for k in ("m", "ef_construct") if k in resolved}
     quantization: Any = None
     if resolved["quantize"] == "sq8":
@@ -226,6 +228,17 @@ class QdrantStore(VectorStore):
     def describe(self) -> str:
         return f"qdrant:{redact(self.location)} (collection {self.collection})"
 
+    def trains_on_first_vectors(self, index: QdrantOptions = None) -> bool:
+        as_qdrant_config(index)  # its config or None, as prepare takes it
+        return False  # Qdrant builds and quantizes its segments itself: the order points arrive in trains nothing
+
+    def local_footprint(self, index: QdrantOptions = None) -> LocalFootprint | None:
+        """Local mode's folder (it persists point by point: no staging copy); None in memory or on a server."""
+        as_qdrant_config(index)
+        if self.location == ":memory:" or is_server(self.location):
+            return None
+        return LocalFootprint(Path(self.location))
+
     def prepare(
         self,
         dim: int,
@@ -240,7 +253,7 @@ class QdrantStore(VectorStore):
         Several indexing jobs may start at once against one server (shards of a corpus on many nodes):
         if another job created the collection first, this one checks compatibility and joins it.
         """
-        given = as_qdrant_config(index)  # checked once: one line for a bad setting, nothing created
+        given = as_qdrant_config(index)  # its config or None, else one line: nothing created
         local = not is_server(self.location)
         requested = given.local_mode() if local else given
         if self.manifest is not None:
@@ -304,7 +317,7 @@ class QdrantStore(VectorStore):
         ``oversample`` is a search-time setting: a new value replaces the recorded one (saved by ``commit``).
         """
         manifest = self.require_manifest()
-        resolved = as_qdrant_config(manifest.index).resolved()
+        resolved = QdrantCollectionConfig.from_manifest(manifest.index).resolved()
         recorded, requested = resolved.given(), config.given()
         differ = [
             f"{k} {recorded.get(k)!r} (asked {v!r})"
@@ -330,7 +343,7 @@ class QdrantStore(VectorStore):
     def search_params(self) -> Any:
         """Search parameters of a quantized collection on a server: rescore ``oversample`` x ``top_k`` candidates
         from the original vectors. None without quantization, and in local mode (it searches exactly)."""
-        options = as_qdrant_config(self.require_manifest().index).resolved()
+        options = QdrantCollectionConfig.from_manifest(self.require_manifest().index).resolved()
         if options.quantize is QdrantQuantize.NONE or not is_server(self.location):
             return None
         from qdrant_client import models
@@ -343,7 +356,7 @@ class QdrantStore(VectorStore):
         """Check the collection's own settings against the manifest, then every point's payload and dense vector."""
         manifest = self.require_manifest()
         actual = self.collection_settings()
-        recorded = as_qdrant_config(manifest.index).resolved().given()
+        recorded = QdrantCollectionConfig.from_manifest(manifest.index).resolved().given()
         for key in ("quantize", "always_ram", "on_disk", "shards", "replicas"):
             if key in recorded and actual[key] != recorded[key]:
                 raise StoreError(

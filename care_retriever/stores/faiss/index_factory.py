@@ -15,18 +15,19 @@ from care_retriever.stores.config import (
     FaissIndexConfig,
     IndexType,
     Quantize,
-    StoreOptions,
+    StoreConfig,
     as_faiss_config,
 )
 
 QUANTIZE = tuple(q.value for q in Quantize)
 MIN_SQ_TRAIN = 256  # scalar codes take each dimension's range from the first batch: not from a handful of rows
-# what a store's prepare/begin are handed: its config, or a dict of it (read once, by checked_options)
-IndexOptions = StoreOptions
+# what a store's prepare/begin are handed: its config or None (a user's dict is read where it is handed in)
+IndexOptions = StoreConfig
 
 
 def checked_options(index: IndexOptions) -> FaissIndexConfig:
-    """The index settings handed to a store as a config (checked when it is built: one line for a bad value)."""
+    """The index settings handed to a store: its config (checked when it was built), None its defaults; a dict or
+    the other kind's config is one line."""
     return as_faiss_config(index)
 
 

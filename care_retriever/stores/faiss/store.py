@@ -38,13 +38,14 @@ from care_retriever.stores.base import (
     STORE_FORMAT_VERSION,
     Filters,
     Hit,
+    LocalFootprint,
     Manifest,
     VectorStore,
     check_metric,
     default_versions,
     validate_filters,
 )
-from care_retriever.stores.config import FaissIndexConfig
+from care_retriever.stores.config import FaissIndexConfig, Quantize
 from care_retriever.stores.faiss import docstore, files, journal, rescoring, sparse
 from care_retriever.stores.faiss.files import DELTA, DOCSTORE, INDEX, MANIFEST, VECTORS
 from care_retriever.stores.faiss.index_factory import (
@@ -225,7 +226,7 @@ class FaissStore(VectorStore):
         *,
         metric: str = "cosine",
     ) -> None:
-        options = checked_options(index)  # a config as it is, a dict read once
+        options = checked_options(index)  # its config or None; anything else is one line
         check_metric(metric)
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
@@ -308,6 +309,16 @@ class FaissStore(VectorStore):
             self._writer_lock.release()
             raise
         self.prepare(dim, space_fingerprint, model_name, index, metric=metric)
+
+    def trains_on_first_vectors(self, index: IndexOptions = None) -> bool:
+        """A new store whose index has IVF lists or compressed codes trains them on its first vectors."""
+        return self.manifest is None and checked_options(index).trains_on_first_vectors
+
+    def local_footprint(self, index: IndexOptions = None) -> LocalFootprint:
+        """The store's folder; a bulk write copies the published store into a staging folder beside it, and a
+        quantized store writes each vector twice (codes, and ``vectors.f32`` that rescores them)."""
+        quantized = checked_options(index).quantization is not Quantize.NONE
+        return LocalFootprint(self.path, published_bytes=faults.folder_size(self.path), quantized=quantized)
 
     def _unchanged(self) -> str:
         return "the published store is unchanged" if self.manifest is not None else "no store was published"
