@@ -226,3 +226,21 @@ def test_init_writes_each_tower_in_its_own_dtype(capsys: pytest.CaptureFixture[s
                 with safe_open(str(weights), "pt") as f:
                     dtypes.setdefault(route, set()).update(str(f.get_slice(k).get_dtype()) for k in f.keys())  # noqa: SIM118 (a safetensors file, not a dict)
     assert dtypes == {"query": {"F32"}, "document": {"BF16"}}
+
+
+def test_main_called_again_in_one_process_registers_its_commands_once(capsys) -> None:
+    """A program (or a test suite) calling ``main`` many times: the commands are registered once, not once per
+    call (typer rebuilt its group from every registration on each call: a few hundred calls took seconds each)."""
+    from care_retriever.cli import main as cli_main
+
+    for _ in range(3):
+        assert cli_main.main(["--help"]) == 0
+    registered = len(cli_main.app.registered_commands) + len(cli_main.app.registered_groups)
+    first = cli_main.command()
+    for _ in range(3):
+        assert cli_main.main(["info", "--store", "faiss:/nonexistent/store"]) != 0
+    assert len(cli_main.app.registered_commands) + len(cli_main.app.registered_groups) == registered
+    assert cli_main.command() is first
+    names = [c.name or c.callback.__name__ for c in cli_main.app.registered_commands]
+    assert len(names) == len(set(names)), names
+    capsys.readouterr()

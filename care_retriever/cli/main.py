@@ -12,7 +12,9 @@ import os
 import sqlite3
 import sys
 
+import click
 import typer
+import typer.main
 
 app = typer.Typer(
     name="care-retriever",
@@ -37,10 +39,21 @@ COMMAND_MODULES = (
 )
 
 
-def _register_all() -> None:
-    for module_name in COMMAND_MODULES:
-        if importlib.util.find_spec(module_name) is not None:
-            importlib.import_module(module_name).register(app)
+_COMMAND: click.Command | None = None
+
+
+def command() -> click.Command:
+    """The click command of ``app``, with every command module registered: built once per process. ``main`` may
+    be called many times in one process (tests, notebooks, a program embedding the CLI); registering the modules
+    on each call added their commands again, and typer rebuilds its command group from every registration on
+    each call, so each call was slower than the last (seconds after a few hundred calls)."""
+    global _COMMAND
+    if _COMMAND is None:
+        for module_name in COMMAND_MODULES:
+            if importlib.util.find_spec(module_name) is not None:
+                importlib.import_module(module_name).register(app)
+        _COMMAND = typer.main.get_command(app)
+    return _COMMAND
 
 
 def _quiet_libraries() -> None:
@@ -54,10 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     from care_retriever.errors import CareError
 
     _quiet_libraries()
-    _register_all()
     try:
         # standalone mode handles usage errors (exit 2 with usage) and --help itself.
-        app(args=argv, prog_name="care-retriever")
+        command()(args=argv, prog_name="care-retriever")
     except CareError as exc:
         if os.environ.get("CARE_DEBUG"):
             raise
