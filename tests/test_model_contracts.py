@@ -29,6 +29,8 @@ class DocumentOnly(_Face):
     """Encodes documents and nothing else (an indexing worker's embedder)."""
 
     document_model_name = "docs-only"
+    similarity = "cosine"
+    document_model = None  # no torch tower: the index writer runs it on the CPU's limits
 
     def embed_documents(self, texts: Sequence[str], **options: Any) -> np.ndarray:
         return np.ones((len(texts), self.dim), dtype=np.float32) / 2
