@@ -171,3 +171,23 @@ def test_the_space_check_reads_where_the_store_writes(tmp_path: Path) -> None:
     with pytest.raises(WriteError, match="not enough free space") as caught:
         check_store_space(faiss_store, total=10**15, corpus=corpus, dim=DIM, sparse=True, index=None)
     assert "\n" not in str(caught.value) and not (tmp_path / "s").exists()
+
+
+def test_an_encoder_of_its_own_needs_no_document_tower(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Vectors computed elsewhere (``encoder=``) are written for a model loaded with its query tower only: the
+    writer does not ask for the document tower (a search host filling a store, benchmarks/server_load.py)."""
+    from care_retriever.documents import Document
+    from care_retriever.indexing.writer import DocumentStoreWriter
+    from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.stores import open_store
+
+    embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir, load="query")
+
+    def unit_rows(texts: list[str]) -> np.ndarray:
+        rows = np.random.default_rng(0).standard_normal((len(texts), embedder.dim)).astype(np.float32)
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    spec = f"faiss:{tmp_path / 'store'}"
+    docs = [Document(id=str(i), text=f"文本{i}") for i in range(5)]
+    report = DocumentStoreWriter(embedder, spec, show_progress=False, encoder=unit_rows).write(docs)
+    assert report.encoded == 5 and open_store(spec).count() == 5
