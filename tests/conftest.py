@@ -281,3 +281,11 @@ def pytest_sessionfinish(session, exitstatus) -> None:
                 reporter.write_line(f"skip guard: not allowed to skip: {line}", red=True)
             reporter.write_line("skip guard: add the reason to ALLOWED_SKIPS in tests/conftest.py if the skip is meant")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Tests marked ``slow`` (end-to-end runs of tens of seconds: subprocesses, training, kills) run first, in
+    their collected order, the rest after them. Under ``-n 2`` xdist hands out tests in this order: the two workers
+    then share the long ones at the start and end together on short ones, instead of one worker finishing a long
+    test alone at the end while the other waits."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the order within each group

@@ -36,6 +36,7 @@ def ranx_scores(qrels: dict, run: dict, level: int) -> dict[str, float]:
     return {ours: float(scores[theirs]) for ours, theirs in names.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", [1, 2])
 def test_retrieval_metrics_match_ranx(level: int) -> None:
     qrels, run = synthetic()
@@ -47,6 +48,7 @@ def test_retrieval_metrics_match_ranx(level: int) -> None:
     assert 0 < ours["recall@100"] < 1  # a run that is neither empty nor perfect: the check means something
 
 
+@pytest.mark.slow
 def test_saved_bm25_run_rescored_by_ranx_matches(shared_data: Path, tmp_path: Path) -> None:
     """The same cross-check on a real run: BM25 on kuake-qtr (graded, relevance level 2), re-read from
     the TREC file ``--save-run`` writes."""

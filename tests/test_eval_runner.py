@@ -233,6 +233,7 @@ def test_suite_all_runs_every_task(tasks: dict[str, Path], capsys: pytest.Captur
     assert code == 2 and "none of the CMedTEB tasks" in err
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_bm25_reproduces_reference_on_kuake_qtr(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """shared/data/README.md: BM25 (jieba, bm25s) nDCG@10 0.546 on kuake-qtr-retrieval."""

@@ -105,6 +105,7 @@ def check_rerun(scenario: str, folder: Path) -> None:
     assert not leftovers, leftovers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_write_point_fails_in_one_line_and_loses_nothing(
     scenario: str, seeded: dict[str, Path], tmp_path: Path, record_property: Callable[[str, object], None]
@@ -144,6 +145,7 @@ def test_every_write_point_fails_in_one_line_and_loses_nothing(
     assert outcomes.get("old", 0) + outcomes.get("mixed", 0) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_a_writer_killed_at_each_write_point_leaves_old_or_new(
     scenario: str, seeded: dict[str, Path], tmp_path: Path, record_property: Callable[[str, object], None]

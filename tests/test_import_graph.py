@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -231,6 +233,7 @@ def test_no_import_runs_up_the_layers() -> None:
     assert not wrong, "imports up (or across) the layers of docs/architecture.md:\n" + "\n".join(wrong)
 
 
+@pytest.mark.slow
 def test_model_and_stores_import_without_indexing() -> None:
     """What the floors mean for a user: the model and the stores load with no module of the indexing room."""
     code = (

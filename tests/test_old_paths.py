@@ -41,6 +41,7 @@ def test_an_old_path_is_the_new_module_and_warns(old: str) -> None:
     assert said == [f"{old} moved to {new}; the old path goes in release {old_paths.MOVED_MODULES[old][1]}"]
 
 
+@pytest.mark.slow
 def test_a_module_under_an_old_package_path_is_not_loaded_twice() -> None:
     # a fresh process, as a user's: the path finder would load model/towers/release.py a second time under its old
     # name if the old-path finder did not come first
@@ -72,6 +73,7 @@ def test_old_names_of_the_index_module_warn_and_its_entry_runs() -> None:
     assert "--max-batch-tokens" in done.stdout
 
 
+@pytest.mark.slow
 def test_new_paths_import_without_a_warning() -> None:
     code = (
         "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"

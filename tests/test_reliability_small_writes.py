@@ -79,6 +79,7 @@ def test_a_kill_inside_the_commit_keeps_all_or_nothing(
         assert store.require_manifest().index.get("quantize", "none") == quantize
 
 
+@pytest.mark.slow
 def test_kills_at_random_moments_of_a_write_loop(tmp_path: Path) -> None:
     folder = tmp_path / "store"
     _seed(folder)

@@ -23,6 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
 from tests.serve_process import start_serve
 
+pytestmark = pytest.mark.slow  # end-to-end runs: scheduled first (tests/conftest.py)
+
 SAMPLE = Path(__file__).resolve().parents[1] / "care_retriever" / "data" / "sample"
 TOKEN = "care-load-token-93be2f17a4"
 FILTERS: list[dict | None] = [None, {"topic": "高血压"}, {"topic": ["感冒", "失眠", "胃炎", "哮喘"]}]

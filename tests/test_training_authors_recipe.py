@@ -20,6 +20,8 @@ from safetensors.torch import load_file
 
 from care_retriever.cli.main import main
 
+pytestmark = pytest.mark.slow  # end-to-end runs: scheduled first (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 AUTHORS = REPO / "training" / "recipes" / "authors.yaml"
 SAMPLE_CORPUS = REPO / "care_retriever" / "data" / "sample" / "corpus.jsonl"

@@ -24,6 +24,7 @@ def test_foundation_recipe_pretrains_both_towers_on_the_pretraining_corpus() -> 
     assert epochs["clm"] >= 4 * epochs["mlm"]
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_foundation_recipe_dry_run_on_shared_data(shared_data: Path, tmp_path: Path, capsys) -> None:
     import torch

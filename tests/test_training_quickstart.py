@@ -43,6 +43,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_quickstart_trains_indexes_searches_and_scores(tmp_path: Path, sample_corpus_path: Path, capfd, caplog) -> None:
     from care_retriever.training.quickstart import load_sample, split_queries
 

@@ -67,6 +67,7 @@ def test_ablation_recipe_exports_the_tables_models() -> None:
     assert recipe.stage("score-distillation").source == "stage0-document"
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_miniature_ablations_dry_run_on_shared_data(shared_data: Path, tmp_path: Path, capsys) -> None:
     import torch

@@ -123,6 +123,7 @@ def test_a_dry_run_saves_its_checkpoint_as_a_real_run_does(
     assert [Path(p).name for p in saved] == ["checkpoint-1"]
 
 
+@pytest.mark.slow
 # ----------------------------------------------------------------------------- what stays on disk
 def test_a_run_keeps_only_what_resume_and_the_final_model_need(data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
@@ -212,6 +213,7 @@ def test_run_json_records_the_process_group_timeout_of_one_process(data_dir: Pat
     assert processes["world_size"] == 1 and processes["timeout_seconds"] == 77
 
 
+@pytest.mark.slow
 def test_a_single_process_launched_by_torchrun_gets_the_recipes_timeout(data_dir: Path, tmp_path: Path) -> None:
     """torchrun --nproc-per-node 1 sets LOCAL_RANK: the trainer would create a gloo group with 1800 s."""
     with socket.socket() as sock:

@@ -37,6 +37,7 @@ def test_a_batch_larger_than_the_data_is_capped_with_one_warning(caplog: pytest.
         fit_batch_to_data(same, Dataset.from_dict({"x": []}), "s1")
 
 
+@pytest.mark.slow
 def test_the_authors_recipe_from_a_release_folder_trains_to_the_end_on_its_small_sample(
     released: Path,  # noqa: F811 - the fixture imported above
     tmp_path: Path,
