@@ -3,6 +3,7 @@ of it into docs/gpu.md (its own section, beside the indexing ones).
 
     care-retriever train --recipe paper --out /tmp/p --preset base --dry-run-steps 10   # on the GPU machine
     python -m benchmarks.training_walltime /tmp/p/run.json --device "NVIDIA H200, torch 2.11.0+cu130"
+    python -m benchmarks.training_walltime /tmp/p40/run.json --device "..." --command "..." --section training-40
 
 Per stage: its steps, ``seconds`` (the trainer's loop: forward, backward, optimizer, logging) and ``wall_seconds``
 (the whole stage: data reading and checks, loading the towers the stage starts from, a teacher cache or negative
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the command that made the run",
     )
     parser.add_argument("--docs", type=Path, default=DOC)
+    parser.add_argument("--section", default="training", help="the doc's section to write (one per run kept)")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     path = args.run / "run.json" if args.run.is_dir() else args.run
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(run, args.device, args.command)
     print(text)
     if not args.no_write:
-        write_section(args.docs, "training", text)
+        write_section(args.docs, args.section, text)
     return 0
 
 
