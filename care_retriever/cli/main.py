@@ -11,8 +11,9 @@ import logging
 import os
 import sqlite3
 import sys
+from collections.abc import Callable
+from typing import Any
 
-import click
 import typer
 import typer.main
 
@@ -39,10 +40,11 @@ COMMAND_MODULES = (
 )
 
 
-_COMMAND: click.Command | None = None
+# typer's click command (typer vendors its own click: only called here)
+_COMMAND: Callable[..., Any] | None = None
 
 
-def command() -> click.Command:
+def command() -> Callable[..., Any]:
     """The click command of ``app``, with every command module registered: built once per process. ``main`` may
     be called many times in one process (tests, notebooks, a program embedding the CLI); registering the modules
     on each call added their commands again, and typer rebuilds its command group from every registration on
