@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from care_retriever.errors import InputError
 from care_retriever.model.settings import Choice, choice, count, flag_of, meta, ratio
@@ -188,10 +188,18 @@ class FaissIndexConfig:
 def as_faiss_config(index: StoreConfig) -> FaissIndexConfig:
     """What a FAISS store is handed: its config as it is, None its defaults; anything else is one line (a user's
     dict is read once where it is handed in, :func:`store_config`; a manifest's by ``from_manifest``)."""
+    return _of_kind(index, FaissIndexConfig, "FAISS")
+
+
+_Config = TypeVar("_Config", "FaissIndexConfig", "QdrantCollectionConfig")
+
+
+def _of_kind(index: object, kind: type[_Config], store: str) -> _Config:
+    """``index`` if it is a ``kind``, ``kind()`` (its defaults) for None, else one line (:func:`_refused`)."""
     if index is None:
-        return FaissIndexConfig()
-    if not isinstance(index, FaissIndexConfig):
-        raise _refused("FAISS", FaissIndexConfig, index)
+        return kind()
+    if not isinstance(index, kind):
+        raise _refused(store, kind, index)
     return index
 
 
@@ -324,11 +332,7 @@ class QdrantCollectionConfig:
 def as_qdrant_config(index: StoreConfig) -> QdrantCollectionConfig:
     """What a Qdrant store is handed: its config as it is, None nothing given; anything else is one line (a user's
     dict is read once where it is handed in, :func:`store_config`; a manifest's by ``from_manifest``)."""
-    if index is None:
-        return QdrantCollectionConfig()
-    if not isinstance(index, QdrantCollectionConfig):
-        raise _refused("Qdrant", QdrantCollectionConfig, index)
-    return index
+    return _of_kind(index, QdrantCollectionConfig, "Qdrant")
 
 
 # What a store's prepare/begin/transaction take: the config of its kind (the other kind's is refused in one line),
