@@ -241,9 +241,11 @@ class DocumentStoreWriter:
         # The BM25 side's tokens computed in a child process while the chunk encodes (sparse.background). None:
         # where the document tower runs on an accelerator. On CPU torch's threads already take every core, so
         # the child only competes with them (measured on 2 cores: no gain, and slower under load; docs/scale.md).
+        # The document tower this writer runs, or None: an encoder of its own (torchrun's scatter, vectors computed
+        # elsewhere) batches for itself, and its model may hold no document tower.
+        self._document_tower = embedder.document_model if encoder is None else None
         if background_tokenizer is None:
-            # an encoder of its own (torchrun's scatter, vectors computed elsewhere) needs no document tower here
-            tower = embedder.document_model if encoder is None else None
+            tower = self._document_tower
             background_tokenizer = tower is not None and str(tower.device).split(":")[0] not in ("cpu", "")
         self.background_tokenizer = background_tokenizer
         # Store writes on a thread of their own while the next slice encodes (_StoreWrites). None: for a FAISS store,
@@ -333,9 +335,7 @@ class DocumentStoreWriter:
         if self._limits_resolved:
             return
         self._limits_resolved = True
-        # an encoder of its own batches for itself: the limits are not read, and the model may hold no document tower
-        tower = self.embedder.document_model if self.encoder is None else None
-        resolved = auto_batch_limits(tower, self.encode.batch_size, self.encode.max_batch_tokens)
+        resolved = auto_batch_limits(self._document_tower, self.encode.batch_size, self.encode.max_batch_tokens)
         self.limits.texts, self.limits.tokens = resolved.texts, resolved.tokens
 
     def _flush(
