@@ -202,6 +202,21 @@ def test_copy_into_a_compressed_hnsw_index(source: str, tmp_path: Path, capsys: 
     # the full vectors moved beside the codes: every search is rescored with them, so the hits are the exact ones
     assert _contents(target) == _contents(source)
     _same_results(source, target)
+    # copied on without index options, a store of one kind keeps its settings
+    onward = copy_store(target, f"faiss:{tmp_path / 'onward'}")
+    assert (onward.index["type"], onward.index["quantize"], onward.copied) == ("hnsw", "sq8", COUNT)
+
+
+def test_a_source_document_that_no_longer_matches_its_hash_is_refused(tmp_path: Path) -> None:
+    import sqlite3
+
+    spec = f"faiss:{tmp_path / 'damaged'}"
+    _write_store(spec, sparse=False)
+    with sqlite3.connect(tmp_path / "damaged" / "docstore.sqlite") as db:  # its text changed, its hash kept
+        db.execute("UPDATE documents SET text = text || '！' WHERE id = 'd100'")
+    with pytest.raises(StoreError, match="content hash mismatch for 'd100' in the source") as caught:
+        copy_store(spec, f"faiss:{tmp_path / 'target'}")
+    assert "\n" not in str(caught.value)
 
 
 def test_python_copy_with_an_index_config_and_open_stores(source: str, tmp_path: Path) -> None:
@@ -279,6 +294,49 @@ def test_a_killed_copy_is_finished_by_running_it_again(source: str, tmp_path: Pa
     assert (report.count, report.verified) == (COUNT, COUNT)
     assert _contents(target) == _contents(source)
     _same_results(source, target, bm25_scores=kind == "faiss")
+
+
+_WRITE_POINT_WORKER = """
+import sys
+sys.path.insert(0, "tests")
+import fault_injection
+from care_retriever.stores.copying import copy_store
+
+fault_injection.prepare_modules("staged")
+with fault_injection.armed(fault_injection.Injector(kill_at=int(sys.argv[3]))) as injector:
+    copy_store(sys.argv[1], sys.argv[2], batch=20, checkpoint_every=40, verify=False)
+print(injector.count)
+"""
+
+
+@pytest.mark.slow
+def test_a_copy_killed_at_a_write_point_of_a_faiss_target_is_finished_by_running_it_again(
+    source: str, tmp_path: Path
+) -> None:
+    """Killed at a sample of the FAISS target's write points (files opened, written, fsynced, renamed; SQLite
+    commits: tests/fault_injection.py), re-running the copy leaves the whole store, verified."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import fault_injection
+
+    with fault_injection.armed(fault_injection.Injector()) as counting:
+        copy_store(source, f"faiss:{tmp_path / 'clean'}", batch=20, checkpoint_every=40, verify=False)
+    points = counting.count
+    assert points > 20
+    for at in (points // 4, points // 2, points - 2):
+        target = f"faiss:{tmp_path / f'killed-{at}'}"
+        killed = subprocess.run(
+            [sys.executable, "-c", _WRITE_POINT_WORKER, source, target, str(at)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=REPO,
+            check=False,
+        )
+        assert killed.returncode == fault_injection.KILLED, (at, killed.stderr[-2000:])
+        report = copy_store(source, target)
+        assert (report.copied + report.unchanged, report.verified) == (COUNT, COUNT), at
+        assert _contents(target) == _contents(source)
+    assert report.unchanged > 0  # killed near its end, the last run resumed from a checkpoint
 
 
 def _cli_error(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

@@ -108,7 +108,8 @@ def copy_store(
         manifest = src.require_manifest()
         _check_source(src, manifest)
         dst = target if isinstance(target, VectorStore) else open_store(target_spec or str(target))
-        if dst is src or dst.describe() == src.describe():
+        # two stores opened on one folder or server collection (two in-memory stores are two stores)
+        if dst is src or (dst.describe() == src.describe() and ":memory:" not in dst.describe()):
             raise InputError(f"copy: source and target are the same store ({src.describe()}); name another target")
         _check_target(src, manifest, dst)
         report = CopyReport(
@@ -119,28 +120,16 @@ def copy_store(
             space_fingerprint=manifest.space_fingerprint,
             model_name=manifest.model_name,
         )
+        copier = _Copier(src, dst, manifest, report, batch)
         want_sparse = bool(manifest.sparse) if sparse is None else sparse
         total = src.count()
-        if _differs(src, dst, want_sparse, batch):
-            _write(
-                src,
-                dst,
-                manifest,
-                _target_config(src, dst, index),
-                want_sparse,
-                batch,
-                checkpoint_every,
-                report,
-                total,
-                show_progress,
-            )
+        if copier.differs(want_sparse):
+            copier.write(_target_config(src, dst, index), want_sparse, total, checkpoint_every, show_progress)
         else:
             report.unchanged = total
-        target_manifest = dst.require_manifest()
-        report.sparse = (
-            "rebuilt" if report.copied and target_manifest.sparse else ("kept" if target_manifest.sparse else "none")
-        )
-        report.index = dict(target_manifest.index)
+        held = dst.require_manifest()
+        report.sparse = "rebuilt" if report.copied and held.sparse else ("kept" if held.sparse else "none")
+        report.index = dict(held.index)
         report.count = dst.count()
         if verify:
             report.verified = dst.verify()
@@ -159,38 +148,52 @@ def copy_store(
             src.close()
 
 
-def _write(
-    src: VectorStore,
-    dst: VectorStore,
-    manifest: Manifest,
-    config: StoreConfig,
-    want_sparse: bool,
-    batch: int,
-    checkpoint_every: int,
-    report: CopyReport,
-    total: int,
-    show_progress: bool,
-) -> None:
-    """The copy proper: prepare the target with the source's space, then upsert what it lacks, checkpointing."""
-    trains = dst.trains_on_first_vectors(config)
-    dst.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name, config, metric=manifest.metric)
-    if want_sparse:
-        dst.enable_sparse()  # tokenised from the texts as they are written (and from any the target held)
-    since_checkpoint = 0
-    batches = _stored_batches(src, batch, TRAIN_SAMPLE if trains else batch)
-    with tqdm(total=total, desc="Copying", unit="doc", disable=not show_progress, dynamic_ncols=True) as bar:
-        for stored in batches:
-            documents, vectors = _missing(stored, dst)
-            report.unchanged += len(stored) - len(documents)
-            if documents:
-                dst.upsert(documents, vectors)
-                report.copied += len(documents)
-                since_checkpoint += len(documents)
-                if since_checkpoint >= checkpoint_every:
-                    dst.commit()
-                    since_checkpoint = 0
-            bar.update(len(stored))
-    dst.finalize()
+class _Copier:
+    """One copy's reads and writes: what the target lacks, and writing it."""
+
+    def __init__(self, src: VectorStore, dst: VectorStore, manifest: Manifest, report: CopyReport, batch: int) -> None:
+        self.src, self.dst, self.manifest, self.report, self.batch = src, dst, manifest, report, batch
+
+    def differs(self, want_sparse: bool) -> bool:
+        """Whether the target lacks anything of the source: a document, a content hash, the BM25 side. Stops at the
+        first difference (a new target: at once), so only an unchanged re-run reads every id; nothing is written
+        otherwise (a FAISS bulk write would first copy the whole published store)."""
+        held = self.dst.manifest
+        if held is None or (want_sparse and not held.sparse):
+            return True
+        ids: list[str] = []
+        for document in self.src.iter_documents(self.batch):
+            ids.append(document.id)
+            if len(ids) == self.batch:
+                if self.src.content_hashes(ids) != self.dst.content_hashes(ids):
+                    return True
+                ids = []
+        return bool(ids) and self.src.content_hashes(ids) != self.dst.content_hashes(ids)
+
+    def write(
+        self, config: StoreConfig, want_sparse: bool, total: int, checkpoint_every: int, show_progress: bool
+    ) -> None:
+        """Prepare the target with the source's space, then upsert what it lacks, checkpointing; publish."""
+        src, dst, manifest, report = self.src, self.dst, self.manifest, self.report
+        trains = dst.trains_on_first_vectors(config)
+        dst.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name, config, metric=manifest.metric)
+        if want_sparse:
+            dst.enable_sparse()  # tokenised from the texts as they are written (and from any the target held)
+        since_checkpoint = 0
+        batches = _stored_batches(src, self.batch, TRAIN_SAMPLE if trains else self.batch)
+        with tqdm(total=total, desc="Copying", unit="doc", disable=not show_progress, dynamic_ncols=True) as bar:
+            for stored in batches:
+                documents, vectors = _missing(stored, dst)
+                report.unchanged += len(stored) - len(documents)
+                if documents:
+                    dst.upsert(documents, vectors)
+                    report.copied += len(documents)
+                    since_checkpoint += len(documents)
+                    if since_checkpoint >= checkpoint_every:
+                        dst.commit()
+                        since_checkpoint = 0
+                bar.update(len(stored))
+        dst.finalize()
 
 
 def _stored_batches(src: VectorStore, batch: int, first: int) -> Iterator[StoredBatch]:
@@ -223,27 +226,6 @@ def _missing(stored: StoredBatch, dst: VectorStore) -> tuple[list[Document], np.
         i for i, (d, h) in enumerate(zip(stored.documents, stored.content_hashes, strict=True)) if held.get(d.id) != h
     ]
     return [stored.documents[i] for i in keep], stored.vectors[keep]
-
-
-def _differs(src: VectorStore, dst: VectorStore, want_sparse: bool, batch: int) -> bool:
-    """Whether the target lacks anything of the source: a document, a content hash, the BM25 side. Stops at the
-    first difference (a new target: at once), so only an unchanged re-run reads every id; nothing is written
-    otherwise (a FAISS bulk write would first copy the whole published store)."""
-    target = dst.manifest
-    if target is None or (want_sparse and not target.sparse):
-        return True
-    ids: list[str] = []
-    for document in src.iter_documents(batch):
-        ids.append(document.id)
-        if len(ids) == batch and _hashes_differ(src, dst, ids):
-            return True
-        if len(ids) == batch:
-            ids = []
-    return bool(ids) and _hashes_differ(src, dst, ids)
-
-
-def _hashes_differ(src: VectorStore, dst: VectorStore, ids: list[str]) -> bool:
-    return src.content_hashes(ids) != dst.content_hashes(ids)
 
 
 def _check_source(src: VectorStore, manifest: Manifest) -> None:
