@@ -10,6 +10,7 @@ import typer
 
 from care_retriever.cli.dataclass_options import with_options
 from care_retriever.stores.config import STORE_HELP, FaissIndexConfig, QdrantCollectionConfig
+from care_retriever.stores.copying import COPY_BATCH, COPY_CHECKPOINT_EVERY
 
 
 @with_options(FaissIndexConfig, QdrantCollectionConfig)
@@ -24,10 +25,10 @@ def copy(
             "--sparse/--no-sparse", help="Build the target's BM25 side from the copied texts (default: as the source)."
         ),
     ] = None,
-    batch_size: Annotated[int, typer.Option(help="Documents read and written at a time.")] = 1000,
+    batch_size: Annotated[int, typer.Option(help="Documents read and written at a time.")] = COPY_BATCH,
     checkpoint_every: Annotated[
         int, typer.Option(help="Documents between checkpoints of the target (a killed copy resumes from the last).")
-    ] = 50_000,
+    ] = COPY_CHECKPOINT_EVERY,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Read the whole target afterwards.")] = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,

@@ -44,6 +44,10 @@ from care_retriever.stores.config import (
 # Documents a new FAISS target that trains its index on its first vectors (IVF lists, compressed codes) is given
 # in its first write: the training sample (as many as ``index``'s first chunk gives by default).
 TRAIN_SAMPLE = 65_536
+# Documents copied between checkpoints of the target. Not ``index``'s (8,192 encoded documents, each costing a tower
+# pass): a FAISS checkpoint rewrites the whole index, and a copy writes tens of thousands of documents a second.
+COPY_CHECKPOINT_EVERY = 50_000
+COPY_BATCH = 1000  # documents read and written at a time
 
 StoreLike = str | StoreSpec | VectorStore
 
@@ -78,8 +82,8 @@ def copy_store(
     target_collection: str | None = None,
     index: StoreConfig = None,
     sparse: bool | None = None,
-    batch: int = 1000,
-    checkpoint_every: int = 50_000,
+    batch: int = COPY_BATCH,
+    checkpoint_every: int = COPY_CHECKPOINT_EVERY,
     verify: bool = True,
     show_progress: bool = False,
 ) -> CopyReport:
