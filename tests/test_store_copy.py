@@ -25,15 +25,16 @@ from care_retriever.stores.copying import copy_store
 
 REPO = Path(__file__).resolve().parents[1]
 DIM = 16
-COUNT = 300
+COUNT = 150
+TRAINED = 300  # documents of a source copied into a compressed index
 FINGERPRINT = "copy-test-space"
 TOPICS = ["高血压", "糖尿病", "冠心病", "肺炎", "胃炎", "偏头痛", "哮喘", "贫血", "湿疹", "痛风", "失眠", "肝炎"]
 KILLED = 86
 QUERIES = ["高血压 治疗", "肺炎 哮喘", "糖尿病 痛风 失眠"]
 
 
-def _documents() -> list[Document]:
-    words = np.random.default_rng(1).integers(0, len(TOPICS), size=(COUNT, 9))
+def _documents(count: int = COUNT) -> list[Document]:
+    words = np.random.default_rng(1).integers(0, len(TOPICS), size=(count, 9))
     return [
         Document(
             id=f"d{i:03d}",
@@ -41,7 +42,7 @@ def _documents() -> list[Document]:
             title=f"病例 {TOPICS[i % 12]}" if i % 2 else "",
             metadata={"topic": TOPICS[i % 12], "n": i} if i % 5 else {},
         )
-        for i in range(COUNT)
+        for i in range(count)
     ]
 
 
@@ -50,13 +51,15 @@ def _vectors(count: int = COUNT, dim: int = DIM, seed: int = 0) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def _write_store(spec: str, *, dim: int = DIM, fingerprint: str = FINGERPRINT, sparse: bool = True) -> None:
+def _write_store(
+    spec: str, *, dim: int = DIM, fingerprint: str = FINGERPRINT, sparse: bool = True, count: int = COUNT
+) -> None:
     store = open_store(spec)
     try:
         store.prepare(dim, fingerprint, "copy-test-model", metric="cosine")
         if sparse:
             store.enable_sparse()
-        store.upsert(_documents(), _vectors(dim=dim))
+        store.upsert(_documents(count), _vectors(count, dim=dim))
         store.finalize()
     finally:
         store.close()
@@ -184,14 +187,17 @@ def test_an_unchanged_rerun_writes_nothing_into_a_faiss_target(source: str, tmp_
     assert sorted(os.listdir(tmp_path)) == beside
 
 
-def test_copy_into_a_compressed_hnsw_index(source: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_copy_into_a_compressed_hnsw_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from care_retriever.cli.main import main
+
+    source = f"faiss:{tmp_path / 'source'}"  # sq8 codes train on the first write: 256 vectors at least
+    _write_store(source, count=TRAINED)
 
     target = f"faiss:{tmp_path / 'hnsw-sq8'}"
     assert main(["copy", "--from", source, "--to", target, "--index-type", "hnsw", "--quantize", "sq8", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["index"]["type"] == "hnsw" and report["index"]["quantize"] == "sq8"
-    assert report["verified"] == COUNT
+    assert report["verified"] == TRAINED
     store = open_store(target)
     try:
         config = FaissIndexConfig.from_manifest(store.require_manifest().index)
@@ -204,7 +210,7 @@ def test_copy_into_a_compressed_hnsw_index(source: str, tmp_path: Path, capsys: 
     _same_results(source, target)
     # copied on without index options, a store of one kind keeps its settings
     onward = copy_store(target, f"faiss:{tmp_path / 'onward'}")
-    assert (onward.index["type"], onward.index["quantize"], onward.copied) == ("hnsw", "sq8", COUNT)
+    assert (onward.index["type"], onward.index["quantize"], onward.copied) == ("hnsw", "sq8", TRAINED)
 
 
 def test_a_source_document_that_no_longer_matches_its_hash_is_refused(tmp_path: Path) -> None:
