@@ -211,6 +211,7 @@ def test_copy_into_a_compressed_hnsw_index(tmp_path: Path, capsys: pytest.Captur
     # copied on without index options, a store of one kind keeps its settings
     onward = copy_store(target, f"faiss:{tmp_path / 'onward'}")
     assert (onward.index["type"], onward.index["quantize"], onward.copied) == ("hnsw", "sq8", TRAINED)
+    assert _contents(f"faiss:{tmp_path / 'onward'}") == _contents(source)  # the full vectors, not decoded codes
 
 
 def test_a_source_document_that_no_longer_matches_its_hash_is_refused(tmp_path: Path) -> None:
