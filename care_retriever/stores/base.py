@@ -104,6 +104,19 @@ class LocalFootprint:
     quantized: bool = False  # each vector written twice: compressed codes and the full vector that rescores them
 
 
+@dataclass(frozen=True)
+class StoredBatch:
+    """A batch of what a store holds, as :meth:`VectorStore.iter_stored` reads it: the documents, their stored
+    vectors (one float32 row each, as the store's model gave them) and their stored content hashes, in one order."""
+
+    documents: list[Document]
+    vectors: np.ndarray
+    content_hashes: list[str]
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+
 def default_versions(**extra: str) -> dict[str, str]:
     return {"care_retriever": __version__, **extra}
 
@@ -246,6 +259,38 @@ class VectorStore(ABC):
     @abstractmethod
     def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
         """Stored vector of each id (None where the id is missing)."""
+
+    def iter_stored(self, batch: int = 1000) -> Iterator[StoredBatch]:
+        """Every live document with its stored vector and content hash, ``batch`` at a time, in
+        :meth:`iter_documents`' order: what moves a store to another without re-encoding
+        (:func:`care_retriever.stores.copying.copy_store`).
+
+        Built from :meth:`iter_documents`, :meth:`vectors` and :meth:`content_hashes`, so every store has it; a
+        document without a vector or a content hash is a corrupted store (one line).
+        """
+        if batch < 1:
+            raise InputError(f"batch must be >= 1, got {batch}")
+        documents: list[Document] = []
+        for document in self.iter_documents(batch):
+            documents.append(document)
+            if len(documents) == batch:
+                yield self._stored_batch(documents)
+                documents = []
+        if documents:
+            yield self._stored_batch(documents)
+
+    def _stored_batch(self, documents: list[Document]) -> StoredBatch:
+        ids = [d.id for d in documents]
+        vectors = self.vectors(ids)
+        hashes = self.content_hashes(ids)
+        missing = [i for i, v in zip(ids, vectors, strict=True) if v is None or i not in hashes]
+        if missing:
+            raise StoreError(
+                f"{self.describe()}: {len(missing)} documents have no stored vector or content hash (first: "
+                f"{missing[0]!r}); the store is corrupted: run `care-retriever verify`"
+            )
+        matrix = np.stack([np.asarray(v, dtype=np.float32) for v in vectors]) if ids else np.empty((0, self.dim))
+        return StoredBatch(documents, matrix.astype(np.float32, copy=False), [hashes[i] for i in ids])
 
     # ------------------------------------------------------------------ the sparse (BM25) side
     @abstractmethod
