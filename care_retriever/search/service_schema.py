@@ -8,7 +8,7 @@ docs/serving.md is the user's guide; :mod:`care_retriever.search.server` serves 
 
 # No ``from __future__ import annotations``: pydantic reads the fields' live annotations, and the request class is
 # built at runtime with the limits.
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -149,7 +149,8 @@ def _json_kind(value: Any) -> str:
         return "a boolean"
     if isinstance(value, (int, float)):
         return "a number"
-    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+    kinds: dict[type, str] = {str: "a string", list: "an array", dict: "an object"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def _refuse(message: str) -> PydanticCustomError:
@@ -271,5 +272,5 @@ class StrictJSONResponse(JSONResponse):
         return strict_json.dumps(content, compact=True).encode("utf-8")
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> StrictJSONResponse:
+def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> StrictJSONResponse:
     return StrictJSONResponse(ErrorBody(error=message).model_dump(), status_code=status, headers=headers)
