@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from care_retriever import strict_json
 from care_retriever.cli.dataclass_options import with_options
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import CareError, InputError, ModelError
@@ -195,7 +195,7 @@ def index(
     if report is None:  # a worker rank: rank 0 reports
         return
     if json_out:
-        typer.echo(json.dumps(report, ensure_ascii=False))
+        typer.echo(strict_json.dumps(report))
         return
     over = f" over {report['world_size']} processes" if report["world_size"] > 1 else ""
     typer.echo(
@@ -228,7 +228,7 @@ def _add_sparse_side(store: str, collection: str | None, progress: bool, json_ou
     finally:
         target.close()
     if json_out:
-        typer.echo(json.dumps(report, ensure_ascii=False))
+        typer.echo(strict_json.dumps(report))
     elif tokenized:
         typer.echo(f"{report['store']}: BM25 side built over {tokenized} documents in {report['seconds']:.1f}s")
     else:
@@ -295,7 +295,7 @@ def search(
                     for h in hits
                 ],
             }
-            sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+            sys.stdout.write(strict_json.dumps(row) + "\n")
         else:
             typer.echo(f"\n{query}")
             for rank, h in enumerate(hits, 1):
@@ -325,7 +325,7 @@ def info(
         data["collection"] = settings()
     target.close()
     if json_out:
-        typer.echo(json.dumps(data, ensure_ascii=False, indent=2))
+        typer.echo(strict_json.dumps(data, indent=2))
         return
     for key in (
         "store",

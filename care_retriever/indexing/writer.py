@@ -21,7 +21,6 @@ over the ranks of a torch.distributed job, so checkpointing, resume and skipping
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import queue
 import threading
@@ -35,7 +34,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from care_retriever.documents import Document, check_document_text
+from care_retriever.documents import Document, check_document_text, metadata_json
 from care_retriever.errors import InputError, ModelError
 from care_retriever.indexing.config import SPARSE, EncodeConfig
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
@@ -122,11 +121,8 @@ def _validated(chunk: list[Document]) -> list[Document]:
                 raise InputError(f"document {doc.id!r}: {name} must be a str, got {type(value).__name__}")
             check_unicode(value, f"document {doc.id!r} {name}")
         check_document_text(doc.id, doc.text, doc.title)  # as the CLI's corpus reader refuses it
-        try:  # (no metadata: nothing to check; this runs once per document)
-            if doc.metadata:
-                check_unicode(json.dumps(doc.metadata, ensure_ascii=False), f"document {doc.id!r} metadata")
-        except TypeError as exc:
-            raise InputError(f"document {doc.id!r}: metadata is not JSON-serialisable ({exc})") from exc
+        if doc.metadata:  # strict JSON (no NaN, no Infinity) in UTF-8; no metadata: nothing to check
+            check_unicode(metadata_json(doc.id, doc.metadata), f"document {doc.id!r} metadata")
         latest.pop(doc.id, None)
         latest[doc.id] = doc
     return list(latest.values())
@@ -426,3 +422,18 @@ class DocumentStoreWriter:
     def _prune(self, keep: set[str]) -> int:
         stale = [d.id for d in self.store.iter_documents() if d.id not in keep]
         return self.store.delete(stale) if stale else 0
+
+
+def check_prune(store: VectorStore, keep: set[str], *, confirmed: bool) -> int:
+    """How many stored documents ``--prune`` deletes (those whose id is not in ``keep``, the corpus's ids). A prune
+    that would delete more documents than the store keeps (an empty or wrong corpus deletes them all) is refused in
+    one line before anything is written, unless ``confirmed`` (``index --prune --yes``)."""
+    if store.manifest is None:
+        return 0
+    stale = sum(1 for d in store.iter_documents() if d.id not in keep)
+    if stale > len(keep) and not confirmed:
+        raise InputError(
+            f"--prune would delete {stale} of the {store.count()} documents in {store.describe()} and keep "
+            f"{len(keep)}: nothing was written; add --yes to delete them"
+        )
+    return stale
