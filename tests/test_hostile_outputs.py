@@ -12,6 +12,7 @@ import asyncio
 import codecs
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +268,13 @@ def test_prune_that_deletes_more_than_it_keeps_asks_for_yes(capsys, tiny_model_d
     code, out, err = index([], "--yes")
     assert code == 0 and "3 deleted; 0 documents" in out, err
     assert held() == []
+
+
+def test_no_door_prints_json_but_through_the_strict_writer() -> None:
+    """Every command and the service write JSON through ``strict_json.dumps``: a new ``json.dumps`` in a door (the
+    ``copy`` command's report once had one) could print ``NaN`` again."""
+    root = Path(__file__).resolve().parents[1] / "care_retriever"
+    doors = [*sorted((root / "cli").glob("*.py")), root / "search" / "server.py", root / "search" / "service_schema.py"]
+    printed = re.compile(r"(?:echo|write|write_text|Response)\((?:[^()]|\([^()]*\))*?(?<!strict_)json\.dumps\(")
+    offenders = [str(p.relative_to(root)) for p in doors if printed.search(p.read_text(encoding="utf-8"))]
+    assert offenders == []

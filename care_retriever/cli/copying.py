@@ -3,11 +3,11 @@ nothing (:func:`care_retriever.stores.copying.copy_store`)."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
 
+from care_retriever import strict_json
 from care_retriever.cli.dataclass_options import with_options
 from care_retriever.stores.config import STORE_HELP, FaissIndexConfig, QdrantCollectionConfig
 from care_retriever.stores.copying import COPY_BATCH, COPY_CHECKPOINT_EVERY
@@ -58,7 +58,7 @@ def copy(
         show_progress=progress and not json_out,
     ).to_dict()
     if json_out:
-        typer.echo(json.dumps(report, ensure_ascii=False))
+        typer.echo(strict_json.dumps(report))
         return
     checked = f"; verify: {report['verified']} documents, every check passed" if report["verified"] is not None else ""
     typer.echo(
