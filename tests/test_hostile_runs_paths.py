@@ -83,19 +83,19 @@ def writer_of(embedder, spec: str):
     from care_retriever.indexing.config import EncodeConfig
     from care_retriever.indexing.writer import DocumentStoreWriter
 
-    encode = EncodeConfig(checkpoint_every=200, sort_window=200, chunk_size=200)
+    encode = EncodeConfig(checkpoint_every=50, sort_window=50, chunk_size=50)
     return DocumentStoreWriter(embedder, spec, encode=encode, show_progress=False)
 
 
 @pytest.fixture
 def stopped_run(tmp_path: Path, embedder, tiny_model_dir: Path, capsys) -> tuple[str, str]:
-    """A published store of 5 documents, and a run of 450 more stopped by a bad document after two checkpoints
+    """A published store of 5 documents, and a run of 120 more stopped by a bad document after two checkpoints
     (its staged copy pending); (the store's spec, the stopped run's error line)."""
     spec = f"faiss:{tmp_path / 'st'}"
     assert index(capsys, tiny_model_dir, write_jsonl(tmp_path / "first.jsonl", rows("d", 5)), spec)[0] == 0
     writer = writer_of(embedder, spec)
     with pytest.raises(CareError) as stopped:
-        writer.write(documents("x", 450, bad_last=True), source="corpus-a")
+        writer.write(documents("x", 120, bad_last=True), source="corpus-a")
     writer.store.close()
     return spec, str(stopped.value)
 
@@ -113,7 +113,7 @@ def test_another_command_neither_publishes_nor_adopts_a_pending_run(
     command: str, stopped_run: tuple[str, str], tmp_path: Path, tiny_model_dir: Path, capsys
 ) -> None:
     spec, _ = stopped_run
-    if command == "index":  # another corpus: it would publish the stopped run's 400 checkpointed documents
+    if command == "index":  # another corpus: it would publish the stopped run's 100 checkpointed documents
         other = write_jsonl(tmp_path / "other.jsonl", rows("d", 5))
         code, _, err = index(capsys, tiny_model_dir, other, spec)
     elif command == "delete":
@@ -140,9 +140,9 @@ def test_discard_pending_drops_the_staged_copy_and_keeps_the_published_store(
 
 def test_the_same_run_with_its_input_fixed_resumes_and_publishes(stopped_run: tuple[str, str], embedder) -> None:
     spec, _ = stopped_run
-    report = writer_of(embedder, spec).write(documents("x", 450), source="corpus-a")
-    assert report.unchanged == 400 and report.added == 50  # the two checkpoints were resumed, not encoded again
-    assert stored_ids(spec) == {r["_id"] for r in rows("d", 5) + rows("x", 450)}
+    report = writer_of(embedder, spec).write(documents("x", 120), source="corpus-a")
+    assert report.unchanged == 100 and report.added == 20  # the two checkpoints were resumed, not encoded again
+    assert stored_ids(spec) == {r["_id"] for r in rows("d", 5) + rows("x", 120)}
 
 
 # ------------------------------------------------------------------------------------------ one real folder
@@ -262,3 +262,17 @@ def test_reading_a_missing_qdrant_store_creates_nothing(
         assert code == 2 and "does not exist" in one_line(err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
     assert list((tmp_path / "empty").iterdir()) == []
+
+
+def test_a_qdrant_run_stopped_by_bad_input_says_what_it_wrote(tmp_path: Path, embedder) -> None:
+    """Local Qdrant publishes each write as it is made: nothing is pending, and the line says what stays written."""
+    pytest.importorskip("qdrant_client")
+    spec = f"qdrant:{tmp_path / 'q'}"
+    writer = writer_of(embedder, spec)
+    with pytest.raises(CareError) as stopped:
+        writer.write(documents("x", 50, bad_last=True), source="corpus-a")
+    line = str(stopped.value)
+    assert "\n" not in line and "the 50 documents written before it stay in" in line
+    assert writer.store.pending_run() is None and writer.store.discard_pending() is None
+    assert writer.store.count() == 50
+    writer.store.close()

@@ -219,7 +219,7 @@ def _discard_pending(store: str, collection: str | None, json_out: bool) -> None
     """``index --discard-pending``: drop what an unfinished run staged (care_retriever.stores.runs)."""
     from care_retriever.stores import open_store
 
-    target = open_store(store, collection=collection)
+    target = open_store(store, collection=collection, create=False)
     try:
         discarded = target.discard_pending()
         count = target.count()
@@ -228,7 +228,7 @@ def _discard_pending(store: str, collection: str | None, json_out: bool) -> None
     if json_out:
         typer.echo(json.dumps({"store": target.describe(), "discarded": discarded, "count": count}, ensure_ascii=False))
     elif discarded:
-        typer.echo(f"discarded: {discarded}; the published store holds {count} documents")
+        typer.echo(f"{discarded}: discarded; the published store holds {count} documents")
     else:
         typer.echo(f"{target.describe()}: no unfinished run is pending; the store holds {count} documents")
 

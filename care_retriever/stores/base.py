@@ -291,6 +291,10 @@ class VectorStore(ABC):
         """Drop the writes since :meth:`prepare` (where the backend can) and release the writer lock."""
 
     # ------------------------------------------------------------------ runs left pending (care_retriever.stores.runs)
+    # Whether a bulk write is staged and published at its end (FAISS), or each write is published as it is made
+    # (Qdrant: a run that stops leaves what it wrote, and nothing pending).
+    stages_bulk_writes: ClassVar[bool] = False
+
     def claim_run(self, run: RunTag) -> None:  # noqa: B027 - stores that publish each write have nothing pending
         """The run the next :meth:`prepare` belongs to: a staged write resumes only its own run's staging copy."""
 

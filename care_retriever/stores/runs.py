@@ -21,7 +21,10 @@ PROGRAM = "write"
 class RunTag:
     """What a bulk write is: its command, the corpus it reads (resolved path; None: documents a program hands in),
     the model whose vectors it writes, and the options that decide what is written (store settings, BM25 side,
-    pruning). Two runs are the same when every field is equal."""
+    pruning). Two runs are the same when every field is equal, with one exception: documents that a program
+    hands in (no corpus named: the store's API, the index writer without ``source``) carry no identity but
+    their model, so a program's writes of one model resume each other as they always have; a command names its
+    corpus and never adopts a program's run, nor a program a command's."""
 
     command: str = PROGRAM
     corpus: str | None = None
@@ -41,7 +44,12 @@ class RunTag:
         return cls(**known, options=options if isinstance(options, dict) else {})
 
     def same_run(self, other: RunTag | None) -> bool:
-        return other is not None and self.to_dict() == other.to_dict()
+        return other is not None and self._key() == other._key()
+
+    def _key(self) -> dict[str, Any]:
+        if self.corpus is None and self.command in (PROGRAM, "index"):  # a program's write: its model alone
+            return {"command": PROGRAM, "space_fingerprint": self.space_fingerprint}
+        return self.to_dict()
 
     def describe(self) -> str:
         """``index`` of corpus X (model M), for the one line that names a pending run."""

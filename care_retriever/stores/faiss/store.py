@@ -71,6 +71,7 @@ class FaissStore(VectorStore):
     """FAISS + SQLite store in a folder. Safe for concurrent searches from many threads."""
 
     backend = "faiss"
+    stages_bulk_writes = True
 
     def __init__(self, path: str | Path, *, use_gpu: bool | None = None, oversample: float | None = None) -> None:
         self.named = Path(path)  # as the user named it (messages)
@@ -299,10 +300,10 @@ class FaissStore(VectorStore):
         """Remove the staging folder of an unfinished bulk write; the published store is kept (and, where a run
         died between the two renames of its publish, the previous version is put back in place)."""
         self._refuse_second_write()
+        if not self.staging.exists():
+            return None
         self._writer_lock.acquire()  # not while that run (or any writer) is still going
         try:
-            if not self.staging.exists():
-                return None
             said = pending.describe(self.describe(), self.staging) if (self.staging / MANIFEST).exists() else None
             with faults.writing(self.staging, "the removal of the staging copy", unchanged=self._unchanged()):
                 files.discard(self.staging)
