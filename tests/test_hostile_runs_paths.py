@@ -56,7 +56,8 @@ def test_a_failed_run_is_not_published_by_a_later_unrelated_run(tmp_path: Path, 
         encoding="utf-8",
     )
     code, _, err = index(capsys, tiny_model_dir, bad, spec)
-    assert code == 2 and "broken" in one_line(err)
+    line = one_line(err)
+    assert code == 2 and str(bad) in line and "'broken'" in line and "nothing was written" in line
     code, _, err = run_cli(capsys, "delete", "d0001", "--store", spec)
     assert code == 0, err  # nothing of the failed run stands in the way of a small write
     other = write_jsonl(tmp_path / "other.jsonl", [r for r in rows("d", 5) if r["_id"] != "d0001"])
@@ -246,11 +247,13 @@ def test_a_folder_that_cannot_be_swapped_at_publish_is_one_line(
     assert stored_ids(spec) == {r["_id"] for r in rows("a", 3)}
 
 
+@pytest.mark.parametrize("kind", ["faiss", "qdrant"])
 @pytest.mark.parametrize("command", ["info", "search", "delete"])
-def test_reading_a_missing_qdrant_store_creates_nothing(
-    command: str, tmp_path: Path, tiny_model_dir: Path, capsys
+def test_reading_a_missing_store_creates_nothing(
+    command: str, kind: str, tmp_path: Path, tiny_model_dir: Path, capsys
 ) -> None:
-    pytest.importorskip("qdrant_client")
+    if kind == "qdrant":
+        pytest.importorskip("qdrant_client")
     (tmp_path / "empty").mkdir()
     for name in ("missing", "empty"):
         args = {
@@ -258,7 +261,7 @@ def test_reading_a_missing_qdrant_store_creates_nothing(
             "delete": ["delete", "a"],
             "search": ["search", "高血压", "--model", tiny_model_dir],
         }[command]
-        code, _, err = run_cli(capsys, *args, "--store", f"qdrant:{tmp_path / name}")
+        code, _, err = run_cli(capsys, *args, "--store", f"{kind}:{tmp_path / name}")
         assert code == 2 and "does not exist" in one_line(err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
     assert list((tmp_path / "empty").iterdir()) == []

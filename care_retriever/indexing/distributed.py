@@ -283,7 +283,10 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
         # input leaves the store untouched: no checkpoint of a run that cannot finish is left staged.
         total = 0
         for document in read_corpus(file, skip_invalid=settings.skip_invalid):
-            check_storable(document)
+            try:
+                check_storable(document)
+            except InputError as exc:
+                raise InputError(f"{file}: {exc}; nothing was written") from exc
             total += 1
         target = open_store(settings.store)
         if settings.update and target.manifest is None:
