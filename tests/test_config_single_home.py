@@ -34,7 +34,8 @@ from care_retriever.stores.config import (
 
 REPO = Path(__file__).resolve().parents[1]
 FORMAT1 = REPO / "tests" / "fixtures" / "format1"
-CLI_ONLY = {"--json", "--sparse-only", "--help"}  # the command's own switches: no store or encoding setting
+# the command's own switches: no store or encoding setting
+CLI_ONLY = {"--json", "--sparse-only", "--discard-pending", "--help"}
 
 
 def _index_command() -> Any:

@@ -278,7 +278,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
     """Rank 0: validate the corpus and the store, then run the writer (its chunks scattered over the ranks)."""
     from care_retriever.indexing.corpus import corpus_file, read_corpus
     from care_retriever.indexing.space import check_store_space
-    from care_retriever.indexing.writer import DocumentStoreWriter, check_prune
+    from care_retriever.indexing.writer import DocumentStoreWriter, check_prune, check_storable
     from care_retriever.stores import open_store
 
     encoder: ShardedEncoder | None = None
@@ -287,12 +287,17 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
     try:
         assert settings.corpus is not None  # IndexSettings refuses a run without one
         file = corpus_file(settings.corpus)
-        # Validate the whole corpus before the first write, so bad input leaves the store untouched.
+        # Validate the whole corpus before the first write (each document as the writer will check it), so bad
+        # input leaves the store untouched: no checkpoint of a run that cannot finish is left staged.
         total, corpus_ids = 0, set()
-        for doc in read_corpus(file, skip_invalid=settings.skip_invalid):
+        for document in read_corpus(file, skip_invalid=settings.skip_invalid):
+            try:
+                check_storable(document)
+            except InputError as exc:
+                raise InputError(f"{file}: {exc}; nothing was written") from exc
             total += 1
             if settings.prune:  # the ids --prune keeps
-                corpus_ids.add(doc.id)
+                corpus_ids.add(document.id)
         target = open_store(settings.store)
         if settings.update and target.manifest is None:
             raise InputError(
@@ -316,7 +321,10 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
             sparse=settings.sparse,
         )
         report = writer.write(
-            read_corpus(file, skip_invalid=settings.skip_invalid), total=total, prune_ids_not_in=settings.prune
+            read_corpus(file, skip_invalid=settings.skip_invalid),
+            total=total,
+            prune_ids_not_in=settings.prune,
+            source=str(file.resolve()),
         )
     finally:
         if target is not None:

@@ -49,6 +49,7 @@ from care_retriever.stores.config import (
     StoreOptions,
     store_config,
 )
+from care_retriever.stores.runs import RunTag
 
 # texts -> (len(texts), dim) float32 unit rows, in input order
 Encoder = Callable[[list[str]], np.ndarray]
@@ -103,26 +104,31 @@ def _chunks(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
         yield chunk
 
 
+def check_storable(doc: Document) -> None:
+    """One line when ``doc`` cannot be stored: text that is not valid Unicode (a lone surrogate) would fail deep
+    inside the tokenizer or SQLite. ``index`` checks the whole corpus with it before the first write."""
+    if not isinstance(doc, Document):
+        raise InputError(f"expected care_retriever.documents.Document, got {type(doc).__name__}")
+    if not isinstance(doc.id, str) or not doc.id:
+        raise InputError(f"document id must be a non-empty str, got {doc.id!r}")
+    for name in ("id", "text", "title"):
+        value = getattr(doc, name)
+        if not isinstance(value, str):
+            raise InputError(f"document {doc.id!r}: {name} must be a str, got {type(value).__name__}")
+        check_unicode(value, f"document {doc.id!r} {name}")
+    check_document_text(doc.id, doc.text, doc.title)  # as the CLI's corpus reader refuses it
+    if doc.metadata:  # strict JSON (no NaN, no Infinity) in UTF-8; no metadata: nothing to check
+        check_unicode(metadata_json(doc.id, doc.metadata), f"document {doc.id!r} metadata")
+
+
 def _validated(chunk: list[Document]) -> list[Document]:
     """Check each document is storable, and keep the last of repeated ids (upsert semantics).
 
-    Two rows with one id in a chunk would otherwise both be inserted (FAISS docstore: UNIQUE violation);
-    text that is not valid Unicode would fail deep inside the tokenizer or SQLite.
+    Two rows with one id in a chunk would otherwise both be inserted (FAISS docstore: UNIQUE violation).
     """
     latest: dict[str, Document] = {}
     for doc in chunk:
-        if not isinstance(doc, Document):
-            raise InputError(f"expected care_retriever.documents.Document, got {type(doc).__name__}")
-        if not isinstance(doc.id, str) or not doc.id:
-            raise InputError(f"document id must be a non-empty str, got {doc.id!r}")
-        for name in ("id", "text", "title"):
-            value = getattr(doc, name)
-            if not isinstance(value, str):
-                raise InputError(f"document {doc.id!r}: {name} must be a str, got {type(value).__name__}")
-            check_unicode(value, f"document {doc.id!r} {name}")
-        check_document_text(doc.id, doc.text, doc.title)  # as the CLI's corpus reader refuses it
-        if doc.metadata:  # strict JSON (no NaN, no Infinity) in UTF-8; no metadata: nothing to check
-            check_unicode(metadata_json(doc.id, doc.metadata), f"document {doc.id!r} metadata")
+        check_storable(doc)
         latest.pop(doc.id, None)
         latest[doc.id] = doc
     return list(latest.values())
@@ -256,13 +262,25 @@ class DocumentStoreWriter:
         self._writes: _StoreWrites | None = None
 
     def write(
-        self, documents: Iterable[Document], *, total: int | None = None, prune_ids_not_in: bool = False
+        self,
+        documents: Iterable[Document],
+        *,
+        total: int | None = None,
+        prune_ids_not_in: bool = False,
+        source: str | None = None,
     ) -> WriteReport:
-        """Upsert ``documents``; with ``prune_ids_not_in``, also delete stored ids the input lacks."""
+        """Upsert ``documents``; with ``prune_ids_not_in``, also delete stored ids the input lacks.
+
+        ``source``: where the documents come from (``index`` gives the corpus file), recorded with a staged write:
+        a run stopped or killed is resumed only by the same run (same source, model and settings), and any other
+        write is refused in one line while its staged copy is pending (:mod:`care_retriever.stores.runs`). A run
+        that stops on a bad document keeps its last checkpoint staged, unpublished, and its error says so.
+        """
         embedder = self.embedder
         # A new FAISS store that trains its index on its first vectors (IVF, quantization) gets the corpus's first
         # documents first, not its longest (:meth:`_flush`).
         self._first_slice = self.store.trains_on_first_vectors(self.index)
+        self.store.claim_run(self._run_tag("index", source, sparse=self.sparse, prune=prune_ids_not_in))
         self.store.prepare(
             embedder.dim,
             embedder.space_fingerprint,
@@ -280,6 +298,64 @@ class DocumentStoreWriter:
         # Documents to encode, by id (the last of a repeated id wins), with whether the store held the id.
         pending: dict[str, tuple[Document, bool]] = {}
         self._since_checkpoint = 0
+        try:
+            self._write_all(documents, total, prune_ids_not_in, report, seen, stats, pending)
+        except InputError as exc:  # a bad document mid-run: said with what the run leaves behind
+            raise InputError(f"{exc}; {self._left_behind(report.encoded)}") from exc
+        if prune_ids_not_in:
+            report.deleted = self._prune(seen)
+        self.store.finalize()
+        report.seconds = time.perf_counter() - start
+        report.count = self.store.count()
+        report.truncated = stats.get("truncated", 0)
+        report.tokens = stats.get("tokens", 0)
+        report.padded_tokens = stats.get("padded_tokens", 0)
+        if report.truncated:
+            logger.warning(
+                "%d of %d encoded documents reached the document tower's max length and were truncated",
+                report.truncated,
+                report.encoded,
+            )
+        return report
+
+    def _run_tag(self, command: str, source: str | None, **options: Any) -> RunTag:
+        """This run, as a staged write records it (the store's settings, asked or default, among its options)."""
+        embedder = self.embedder
+        settings = dataclasses.asdict(self.index) if self.index is not None else None
+        return RunTag(
+            command=command,
+            corpus=source,
+            space_fingerprint=embedder.space_fingerprint,
+            model_name=embedder.document_model_name,
+            options={"index": settings, **options},
+        )
+
+    def _left_behind(self, written: int) -> str:
+        """What a run that stopped on bad input leaves: its last checkpoint staged (with how to finish or discard
+        it); with none taken, nothing (the staged copy is dropped); in a store that publishes each write as it is
+        made (Qdrant), the ``written`` documents."""
+        staged = self.store.pending_run()
+        if staged is not None:
+            return f"the run stopped there; fix the input: {staged}"
+        self.store.abort()
+        if self.store.stages_bulk_writes or not written:
+            return "the run stopped there; nothing of it was published"
+        return (
+            f"the run stopped there; the {written} documents written before it stay in {self.store.describe()} "
+            "(each write is published as it is made): fix the input and run the same command again "
+            "(they are skipped as unchanged)"
+        )
+
+    def _write_all(
+        self,
+        documents: Iterable[Document],
+        total: int | None,
+        prune_ids_not_in: bool,
+        report: WriteReport,
+        seen: set[str],
+        stats: dict[str, int],
+        pending: dict[str, tuple[Document, bool]],
+    ) -> None:
         with (
             tqdm(
                 total=total,
@@ -309,21 +385,6 @@ class DocumentStoreWriter:
                     pending.clear()
             if pending:
                 self._flush(list(pending.values()), report, bar, stats, tokenizer)
-        if prune_ids_not_in:
-            report.deleted = self._prune(seen)
-        self.store.finalize()
-        report.seconds = time.perf_counter() - start
-        report.count = self.store.count()
-        report.truncated = stats.get("truncated", 0)
-        report.tokens = stats.get("tokens", 0)
-        report.padded_tokens = stats.get("padded_tokens", 0)
-        if report.truncated:
-            logger.warning(
-                "%d of %d encoded documents reached the document tower's max length and were truncated",
-                report.truncated,
-                report.encoded,
-            )
-        return report
 
     def _resolve_limits(self) -> None:
         """``max_batch_tokens="auto"``: a token budget sized from the free memory of the GPU the document tower is
@@ -414,6 +475,7 @@ class DocumentStoreWriter:
     def delete(self, ids: Sequence[str]) -> int:
         """Delete documents by id and publish the change."""
         embedder = self.embedder
+        self.store.claim_run(self._run_tag("delete", None))
         self.store.prepare(embedder.dim, embedder.space_fingerprint, "", self.index, metric=embedder.similarity)
         removed = self.store.delete(list(ids))
         self.store.finalize()

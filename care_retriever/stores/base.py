@@ -22,6 +22,7 @@ from care_retriever.stores.config import StoreConfig
 
 if TYPE_CHECKING:
     from care_retriever.sparse.fusion import FusionConfig
+    from care_retriever.stores.runs import RunTag
 
 # 2: the FAISS store may hold an append-only vector delta (written by small in-place writes). Format 1
 # stores (no delta) are read as they are.
@@ -333,6 +334,22 @@ class VectorStore(ABC):
 
     def abort(self) -> None:  # noqa: B027 - stores without rollback keep what was written
         """Drop the writes since :meth:`prepare` (where the backend can) and release the writer lock."""
+
+    # ------------------------------------------------------------------ runs left pending (care_retriever.stores.runs)
+    # Whether a bulk write is staged and published at its end (FAISS), or each write is published as it is made
+    # (Qdrant: a run that stops leaves what it wrote, and nothing pending).
+    stages_bulk_writes: ClassVar[bool] = False
+
+    def claim_run(self, run: RunTag) -> None:  # noqa: B027 - stores that publish each write have nothing pending
+        """The run the next :meth:`prepare` belongs to: a staged write resumes only its own run's staging copy."""
+
+    def pending_run(self) -> str | None:
+        """One line on a bulk write left staged and unpublished (what run, how many documents, where); None: none."""
+        return None
+
+    def discard_pending(self) -> str | None:
+        """Remove a pending staged write (nothing published is touched); what was removed, or None: nothing was."""
+        return None
 
     @contextmanager
     def transaction(

@@ -89,6 +89,19 @@ def _async_client(location: str, api_key: str | None = None):
     return AsyncQdrantClient(url=location, api_key=api_key or os.environ.get("QDRANT_API_KEY") or None, timeout=60)
 
 
+def local_store_exists(location: str) -> bool:
+    """False only for a local folder where no Qdrant store was written (no ``meta.json``): opening it would create
+    the folder, its lock and ``meta.json``, so reads check this first. A server or ``:memory:`` is never ruled out."""
+    if location == ":memory:" or is_server(location):
+        return True
+    from pathlib import Path
+
+    folder = Path(location)
+    if folder.exists() and not folder.is_dir():
+        return True  # a file: opening it says so in one line, touching nothing
+    return (folder / "meta.json").is_file()
+
+
 def _client(location: str, api_key: str | None = None):
     try:
         from qdrant_client import QdrantClient

@@ -34,6 +34,7 @@ from care_retriever.stores.faiss.index_factory import (
     supports_remove,
     train_on_first_batch,
 )
+from care_retriever.stores.faiss.pending import RUN
 
 
 def read_staged_manifest(folder: Path) -> Manifest:
@@ -160,6 +161,8 @@ class StagedWrite(WriteSession):
         names = (INDEX, DOCSTORE, VECTORS) if (self.folder / VECTORS).exists() else (INDEX, DOCSTORE)
         files.seal(self.folder, self.manifest, names, time.time())
         files.publish(self.folder, path)
+        # the staging folder's run tag is not part of the store (a kill just before this leaves it there, unread)
+        files.remove_quietly(path / RUN)
 
     def abort(self) -> None:
         """Drop the staging folder, checkpoints included."""
