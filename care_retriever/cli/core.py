@@ -226,7 +226,7 @@ def _discard_pending(store: str, collection: str | None, json_out: bool) -> None
     finally:
         target.close()
     if json_out:
-        typer.echo(json.dumps({"store": target.describe(), "discarded": discarded, "count": count}, ensure_ascii=False))
+        typer.echo(strict_json.dumps({"store": target.describe(), "discarded": discarded, "count": count}))
     elif discarded:
         typer.echo(f"{discarded}: discarded; the published store holds {count} documents")
     else:
