@@ -139,6 +139,26 @@ def test_every_byte_flip_is_caught_after_a_fold(tmp_path: Path, monkeypatch: pyt
     _assert_every_flip_caught(folder)
 
 
+def test_appended_files_rehash_only_their_new_blocks_and_stay_true(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small blocks, several in-place writes: each write keeps the digests of the blocks before the first byte it
+    wrote and hashes the rest; every flip is still caught."""
+    from care_retriever.stores.faiss import integrity
+
+    monkeypatch.setattr(integrity, "BLOCK", 128)
+    folder = tmp_path / "store"
+    _bulk(folder, FaissIndexConfig(quantize=Quantize.BINARY))
+    with FaissStore(folder) as store:
+        for k in range(3):
+            with store.transaction() as tx:
+                tx.upsert(DOCS[N + 3 * k : N + 3 * k + 3], VECS[N + 3 * k : N + 3 * k + 3])
+                tx.delete([f"d{k}"])
+    blocks = json.loads((folder / MANIFEST).read_text())["block_checksums"]
+    assert len(blocks[DELTA]) > 3 and len(blocks[VECTORS]) > 3
+    _assert_every_flip_caught(folder)
+
+
 def test_a_write_killed_after_its_commit_is_sealed_by_the_next(tmp_path: Path) -> None:
     """The manifest of the version before a committed write (killed before its manifest): the store is consistent
     and verify passes; the next write records every checksum again, and a flip is caught."""
