@@ -29,7 +29,7 @@ import faiss
 
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
-from care_retriever.stores.faiss import files, journal
+from care_retriever.stores.faiss import docstore, files, journal
 from care_retriever.stores.faiss.files import DELTA, DOCSTORE, INDEX, MANIFEST, MANIFEST_DIGEST, VECTORS
 
 BLOCK = 64 << 20  # bytes hashed as one block of an appended file
@@ -116,7 +116,7 @@ def seal_published(db: sqlite3.Connection, folder: Path, manifest: Manifest, wri
 
 def seal_staged(folder: Path, manifest: Manifest) -> None:
     """A bulk write, before it publishes: every file of the staging ``folder`` hashed (its docstore closed)."""
-    db = sqlite3.connect(f"file:{folder / DOCSTORE}?mode=ro", uri=True)
+    db = docstore.open_published(folder / DOCSTORE, writable=False)
     try:
         meta = journal.read_meta(db, folder)
     finally:
@@ -177,7 +177,12 @@ def check_index(folder: Path, manifest: Manifest, index: faiss.Index) -> None:
 def check_manifest(path: Path) -> None:
     """The manifest file is byte for byte what care-retriever wrote (its own checksum, :data:`MANIFEST_DIGEST`)."""
     raw = path.read_bytes()
-    data = json.loads(raw)
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:  # not UTF-8, not JSON: changed since the store opened
+        raise StoreError(f"{path}: unreadable manifest ({exc})") from exc
+    if not isinstance(data, dict):
+        raise StoreError(f"{path}: malformed manifest (a JSON object expected)")
     if MANIFEST_DIGEST not in data:
         if data.get("sealed"):
             raise StoreError(f"{path}: field {MANIFEST_DIGEST!r} is missing; the manifest was edited or damaged")
