@@ -70,8 +70,8 @@ def block_sha256(path: Path, length: int, known: list[str] | None = None, start:
 def _lengths(folder: Path, meta: dict[str, int]) -> dict[str, int]:
     """The bytes of each store file that the checksums cover."""
     lengths = {name: (folder / name).stat().st_size for name in (INDEX, DOCSTORE, VECTORS) if (folder / name).exists()}
-    if (folder / DELTA).exists():
-        lengths[DELTA] = int(meta.get("delta_bytes", 0))
+    if meta.get("delta_bytes"):  # its committed records (a failed write may have appended to an empty one)
+        lengths[DELTA] = int(meta["delta_bytes"])
     return lengths
 
 
