@@ -19,6 +19,7 @@ from care_retriever import __version__
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.config import StoreConfig
+from care_retriever.stores.manifest_fields import METRICS, check_fields, check_format_version
 
 if TYPE_CHECKING:
     from care_retriever.sparse.fusion import FusionConfig
@@ -48,9 +49,6 @@ class Hit:
         return asdict(self)
 
 
-METRICS = ("cosine", "dot")
-
-
 def check_metric(metric: str) -> str:
     if metric not in METRICS:
         raise InputError(f"Unknown metric {metric!r}. Available metrics: {list(METRICS)}")
@@ -71,8 +69,14 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
-    checksums: dict[str, str] = field(default_factory=dict)
-    sizes: dict[str, int] = field(default_factory=dict)  # file sizes at publication, checked on open
+    checksums: dict[str, str] = field(default_factory=dict)  # SHA-256 of each file's first sizes[name] bytes
+    # Files that grow by appending (a FAISS store's delta and rescoring vectors): SHA-256 of each block, so that a
+    # small write hashes what it appended, not the whole file.
+    block_checksums: dict[str, list[str]] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # file sizes when the checksums were taken, checked on open
+    # The write the checksums describe (a FAISS store's journal bookkeeping when they were taken): a write killed
+    # after its commit and before its manifest leaves them describing the version before it.
+    sealed: dict[str, int] = field(default_factory=dict)
     sparse: dict[str, Any] = field(default_factory=dict)  # the BM25 side, when built (care_retriever.sparse)
     format_version: int = STORE_FORMAT_VERSION
 
@@ -81,12 +85,8 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str) -> Manifest:
-        version = data.get("format_version", 1)
-        if not isinstance(version, int) or version > READABLE_FORMAT_VERSION:
-            raise StoreError(
-                f"{source}: store format_version {version} is newer than this care-retriever reads "
-                f"({READABLE_FORMAT_VERSION}); upgrade care-retriever"
-            )
+        check_fields(data, source)
+        check_format_version(data, source, READABLE_FORMAT_VERSION)
         known = set(cls.__dataclass_fields__)
         try:
             return cls(**{k: v for k, v in data.items() if k in known})

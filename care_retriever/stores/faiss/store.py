@@ -46,7 +46,7 @@ from care_retriever.stores.base import (
     validate_filters,
 )
 from care_retriever.stores.config import FaissIndexConfig, Quantize
-from care_retriever.stores.faiss import docstore, files, journal, pending, rescoring, sparse
+from care_retriever.stores.faiss import docstore, files, integrity, journal, pending, rescoring, sparse
 from care_retriever.stores.faiss.files import DELTA, DOCSTORE, INDEX, MANIFEST, VECTORS
 from care_retriever.stores.faiss.index_factory import (
     IndexOptions,
@@ -144,8 +144,9 @@ class FaissStore(VectorStore):
                 raise StoreError(f"{folder / name}: missing; the store is incomplete")
         if self._read_db is not None:
             self._read_db.close()
-        self._read_db = docstore.connect(folder / DOCSTORE)
+        self._read_db = docstore.open_published(folder / DOCSTORE, writable=writable)
         meta = journal.read_meta(self._read_db, folder)
+        integrity.check_on_open(self._read_db, folder, self.manifest, meta)
         journal.roll_fold_forward(folder, meta)  # the docstore already counts a recorded fold
         journal.check_sizes(folder, meta, self.manifest.sizes.get(INDEX))
         # With no delta to apply, flat vectors are memory-mapped (opening reads headers and ids, not every
@@ -155,6 +156,7 @@ class FaissStore(VectorStore):
             self._read_index = faiss.read_index(str(folder / INDEX), faiss.IO_FLAG_MMAP_IFC if self._mapped else 0)
         except RuntimeError as exc:
             raise StoreError(f"{folder / INDEX}: corrupted FAISS index ({str(exc).splitlines()[0]})") from exc
+        integrity.check_index(folder, self.manifest, self._read_index)
         self._id_order = None
         self._replay_delta(folder, 0, int(meta.get("delta_bytes", 0)))
         if "count" in meta:
@@ -423,15 +425,14 @@ class FaissStore(VectorStore):
                 self._opened_as = (inode, committed)
             db, index = self._read_db, self._read_index
             assert self.manifest is not None and db is not None and index is not None
+            db.execute("PRAGMA query_only=0")  # opened to read: this connection now writes
             if not meta:  # a format-1 store takes its first small write: it becomes format 2
                 db.execute("PRAGMA journal_mode=WAL")
                 journal.start_meta(db, self.path / INDEX, self._count, self._tombstones)
-            if self.manifest.checksums or self.manifest.sizes:
-                # Whole-file checksums stop describing the files once they change in place: drop them first,
-                # so that no crash leaves a manifest whose checksums look like corruption.
-                self.manifest.checksums, self.manifest.sizes = {}, {}
                 self.manifest.format_version = max(self.manifest.format_version, STORE_FORMAT_VERSION)
-                files.write_manifest(self.path, self.manifest)
+            # Checksums left stale by a writer killed after its commit are taken again before this write changes
+            # the files: each write then records only what it changed (integrity.seal).
+            integrity.reseal_if_stale(db, self.path, self.manifest, force=not meta)
             return InPlaceWrite(self.path, self.manifest, index, db, self._count, self._tombstones, self._opened_as)
 
     def _new_staging(
@@ -478,7 +479,7 @@ class FaissStore(VectorStore):
                 manifest.format_version = rescoring.QUANTIZED_FORMAT_VERSION
                 (self.staging / VECTORS).touch()
                 files.fsync_file(self.staging / VECTORS)
-        manifest.checksums, manifest.sizes = {}, {}
+        manifest.checksums, manifest.block_checksums, manifest.sizes, manifest.sealed = {}, {}, {}, {}
         # The staging manifest marks a complete starting point: a run killed before it exists starts over.
         files.write_manifest(self.staging, manifest)
         return StagedWrite(self.staging)
@@ -802,16 +803,17 @@ class FaissStore(VectorStore):
             last = rows[-1][0]
 
     def verify(self) -> int:
-        """Read everything: checksums (while the manifest's still describe the files), SQLite integrity,
+        """Read everything: the manifest's own checksum, every file's (unless a writer killed after its commit left
+        them describing the version before: the next write records them again), SQLite integrity,
         the delta, the id sets of index and docstore, each row's content hash and each vector's norm."""
         manifest = self.require_manifest()
         db = self._require_db()
         if self._session is not None:
             raise StoreError(f"{self.describe()}: a write is in progress; verify after it")
         with self._lock:
-            for name, expected in manifest.checksums.items():
-                if files.sha256(self.path / name) != expected:
-                    raise StoreError(f"{self.path / name}: checksum mismatch with {MANIFEST}; the file is corrupted")
+            # The manifest first (its fields were typed on open; here its bytes), then every file against it.
+            integrity.check_manifest(self.path / MANIFEST)
+            integrity.check_files(self.path, manifest, journal.read_meta(db, self.path))
             rows = docstore.read_all(db, self.path / DOCSTORE)
             if len(rows) != self._count:
                 raise StoreError(
