@@ -250,7 +250,7 @@ def test_a_folder_that_cannot_be_swapped_at_publish_is_one_line(
 
 
 @pytest.mark.parametrize("kind", ["faiss", "qdrant"])
-@pytest.mark.parametrize("command", ["info", "search", "delete"])
+@pytest.mark.parametrize("command", ["info", "search", "delete", "verify"])
 def test_reading_a_missing_store_creates_nothing(
     command: str, kind: str, tmp_path: Path, tiny_model_dir: Path, capsys
 ) -> None:
@@ -261,6 +261,7 @@ def test_reading_a_missing_store_creates_nothing(
         args = {
             "info": ["info"],
             "delete": ["delete", "a"],
+            "verify": ["verify"],
             "search": ["search", "高血压", "--model", tiny_model_dir],
         }[command]
         code, _, err = run_cli(capsys, *args, "--store", f"{kind}:{tmp_path / name}")
