@@ -145,7 +145,7 @@ async def test_qdrant_async_reads_go_through_async_qdrant_client(embedder: Asymm
     from qdrant_client import AsyncQdrantClient
 
     from care_retriever.indexing.corpus import Document
-    from care_retriever.stores.qdrant_store import QdrantStore
+    from care_retriever.stores.qdrant import QdrantStore
 
     rows = read_jsonl(SAMPLE_DIR / "corpus.jsonl")[:60]
     docs = [Document(id=r["_id"], text=r["text"], title=r["title"], metadata=r.get("metadata") or {}) for r in rows]

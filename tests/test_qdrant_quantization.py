@@ -20,7 +20,7 @@ from care_retriever.errors import InputError, StoreError
 from care_retriever.indexing.corpus import Document
 from care_retriever.sparse import FusionConfig
 from care_retriever.stores.config import QdrantCollectionConfig
-from care_retriever.stores.qdrant_store import MANIFEST_KEY, QdrantStore
+from care_retriever.stores.qdrant import MANIFEST_KEY, QdrantStore
 
 # The server-located store runs on the local engine, which says once that it ignores these (what is tested here is
 # that the requests carrying them are valid and give the exact results).

@@ -16,7 +16,7 @@ from care_retriever.errors import StoreError
 from care_retriever.indexing.corpus import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import DOCSTORE, INDEX, MANIFEST, FaissStore
-from care_retriever.stores.qdrant_store import MANIFEST_KEY, QdrantStore
+from care_retriever.stores.qdrant import MANIFEST_KEY, QdrantStore
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWrite
 from care_retriever.indexing.writer import WriteReport
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import MANIFEST, FaissStore, index_ids
-from care_retriever.stores.qdrant_store import QdrantStore, dense_vector
+from care_retriever.stores.qdrant import QdrantStore, dense_vector
 
 pytestmark = pytest.mark.slow
 

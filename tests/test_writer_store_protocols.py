@@ -33,7 +33,7 @@ from care_retriever.stores.config import (
     store_config,
 )
 from care_retriever.stores.faiss import FaissStore
-from care_retriever.stores.qdrant_store import QdrantStore
+from care_retriever.stores.qdrant import QdrantStore
 
 DIM = 16
 DOCS = [Document(id=f"d{i}", text=f"第{i}号文档：高血压患者应低盐饮食，第{i}条建议") for i in range(40)]

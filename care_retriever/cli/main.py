@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "care_retriever.cli.serve",
     "care_retriever.cli.verify",
     "care_retriever.cli.export",
+    "care_retriever.cli.migrate",
 )
 
 

@@ -1,4 +1,4 @@
-"""Vector stores: FAISS (embedded default) and Qdrant (local mode or server).
+"""Vector stores: FAISS (embedded default) and Qdrant (Qdrant Edge embedded, or a server).
 
 ``open_store`` opens a store spec (:class:`~care_retriever.stores.config.StoreSpec`): ``faiss:DIR``,
 ``qdrant:PATH``, ``qdrant::memory:`` or ``qdrant:http(s)://host:port``. Qdrant is imported only when a Qdrant spec
@@ -32,6 +32,6 @@ def open_store(
         from care_retriever.stores.faiss import FaissStore
 
         return FaissStore(parsed.location, use_gpu=use_gpu)
-    from care_retriever.stores.qdrant_store import DEFAULT_COLLECTION, QdrantStore
+    from care_retriever.stores.qdrant import DEFAULT_COLLECTION, QdrantStore
 
     return QdrantStore(parsed.location, collection or parsed.collection or DEFAULT_COLLECTION)
