@@ -136,7 +136,7 @@ def test_a_qdrant_store_takes_only_its_config(settings: Any) -> None:
         with pytest.raises(InputError, match=r"a Qdrant store takes a QdrantCollectionConfig") as caught:
             call()
         assert "\n" not in str(caught.value)
-    assert not store.client.collection_exists("care")  # nothing created
+    assert store.manifest is None and not store.folder.exists()  # nothing created
     store.prepare(DIM, "fp", "m", QdrantCollectionConfig(quantize=QdrantQuantize.SQ8))
     assert store.require_manifest().index["quantize"] == "sq8"
 

@@ -341,7 +341,7 @@ class EdgeShard:
 
     def recorded_settings(self) -> dict[str, Any]:
         """The dense vector's settings the shard itself holds (``edge_config.json``): quantization, always_ram,
-        on_disk, m, ef_construct."""
+        on_disk, m, ef_construct, the metric, the BM25 vector's modifier (idf)."""
         config = json.loads((self.path / "edge_config.json").read_text())
         dense = config.get("vectors", {}).get("", {})
         quantization = dense.get("quantization_config") or {}
@@ -354,6 +354,7 @@ class EdgeShard:
             "m": hnsw.get("m"),
             "ef_construct": hnsw.get("ef_construct"),
             "distance": dense.get("distance"),
+            "sparse_modifier": (config.get("sparse_vectors", {}).get(SPARSE) or {}).get("modifier"),
         }
 
 
