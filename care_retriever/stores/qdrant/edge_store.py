@@ -15,7 +15,9 @@ object counts is what ``verify`` and the next process find. One process owns a f
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -51,6 +53,15 @@ SHARD_FOLDER = "shard"
 # settings of a server only: Edge has one shard and no replicas
 SERVER_ONLY = ("shards", "replicas")
 BATCH = 256
+# free space kept beyond a write's own bytes: the engine's log and mapped files grow by whole pages and chunks
+SPACE_MARGIN = 4 * 1024 * 1024
+# Opening or creating a shard writes a 32 MiB log segment in full (measured on a tmpfs: a load with less free space
+# dies of SIGBUS), besides ~3.2 MB of flag and doc_id index files: refused in one line below this
+OPEN_SHARD = 40 * 1024 * 1024
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_blocks * 512 for f in folder.rglob("*") if f.is_file())
 
 
 def metadata_kind(value: Any) -> str | None:
@@ -88,6 +99,15 @@ class EdgeStore(EdgeSearch, QdrantStore):
             legacy.refuse_local_mode(self.root, collection)
         folder = self.root / collection
         if (folder / SHARD_FOLDER).is_dir():  # reading opens what exists; creating anything waits for prepare
+            free = shutil.disk_usage(folder).free
+            if free < OPEN_SHARD:
+                raise faults.write_error(
+                    f"qdrant:{location}",
+                    f"the write-ahead log Qdrant Edge opens for collection {collection}",
+                    OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)),
+                    faults.REASONS[errno.ENOSPC],
+                    f"opening needs {OPEN_SHARD >> 20} MB free; nothing was changed",
+                )
             try:
                 self.shard = edge.EdgeShard.load(folder / SHARD_FOLDER)
             except edge.ShardBusy as exc:
@@ -162,6 +182,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         )
         with self._lock, self._write_faults("the new collection"):
             self.folder.mkdir(parents=True, exist_ok=True)
+            self._require_space(OPEN_SHARD)
             self.shard = edge.EdgeShard.create(self.folder / SHARD_FOLDER, settings)
             self.shard.index_field("doc_id", "keyword")
             self.shard.flush()
@@ -195,7 +216,10 @@ class EdgeStore(EdgeSearch, QdrantStore):
             shard = self.require_shard()
             self._index_metadata(shard, documents)
             for start in range(0, len(points), BATCH):
-                shard.upsert(points[start : start + BATCH])
+                batch = points[start : start + BATCH]
+                # the log, the vectors and the payloads: each point's bytes about three times over
+                self._require_space(3 * sum(4 * len(p.vector) + len(repr(p.payload).encode()) for p in batch))
+                shard.upsert(batch)
 
     def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
         """A payload index for each metadata field filters can match, created the first time the field is seen."""
@@ -229,8 +253,17 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self.commit()
         with self._lock, self._write_faults("the optimized segments"):
             shard = self.require_shard()
+            self._require_space(folder_bytes(self.folder / SHARD_FOLDER / "segments"))  # rebuilt beside the old
             if shard.optimize():
                 shard.flush()
+
+    def _require_space(self, needed: int) -> None:
+        """Refuse a write the disk cannot hold, before the engine runs it: Edge writes through memory-mapped
+        files, and a full disk there is a SIGBUS that ends the process, not an error (verified with a full tmpfs).
+        A disk filled by another writer during the engine's call still ends the process (docs/scale.md)."""
+        free = shutil.disk_usage(self.folder).free
+        if free < needed + SPACE_MARGIN:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.folder))
 
     @contextlib.contextmanager
     def _write_faults(self, what: str) -> Iterator[None]:
@@ -367,11 +400,10 @@ class EdgeStore(EdgeSearch, QdrantStore):
         return count
 
     def close(self) -> None:
-        """Release the folder (flushing what was written); a temporary store's folder is removed."""
+        """Release the folder; a temporary store's folder is removed. What was written since the last commit is in
+        the engine's log (replayed by the next open), made durable on the machine by a commit."""
         with self._lock:
             if self.shard is not None:
-                with contextlib.suppress(Exception):
-                    self.shard.flush()
                 self.shard.close()
                 self.shard = None
             if self._temporary:
