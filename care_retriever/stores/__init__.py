@@ -32,6 +32,6 @@ def open_store(
         from care_retriever.stores.faiss import FaissStore
 
         return FaissStore(parsed.location, use_gpu=use_gpu)
-    from care_retriever.stores.qdrant import DEFAULT_COLLECTION, QdrantStore
+    from care_retriever.stores.qdrant import DEFAULT_COLLECTION, open_qdrant
 
-    return QdrantStore(parsed.location, collection or parsed.collection or DEFAULT_COLLECTION)
+    return open_qdrant(parsed.location, collection or parsed.collection or DEFAULT_COLLECTION)

@@ -170,9 +170,9 @@ class CareStoreRetriever:
         if self._scheme != "qdrant" or not is_server(self._location) or not key:
             return open_store(self.store, collection=self.collection)
         # A key from a Secret other than QDRANT_API_KEY: the core store builds its client with it.
-        from care_retriever.stores.qdrant import DEFAULT_COLLECTION, QdrantStore
+        from care_retriever.stores.qdrant import DEFAULT_COLLECTION, open_qdrant
 
-        return QdrantStore(self._location, self.collection or DEFAULT_COLLECTION, api_key=key)
+        return open_qdrant(self._location, self.collection or DEFAULT_COLLECTION, api_key=key)
 
     def warm_up(self) -> None:
         """Open the store (once) and check it holds an index (and, with ``model=``, the model's space)."""

@@ -21,6 +21,7 @@ from care_retriever.stores.qdrant.common import (
     QdrantStore,
     dense_vector,
     is_server,
+    open_qdrant,
     point_id,
     redact,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "collection_settings",
     "dense_vector",
     "is_server",
+    "open_qdrant",
     "point_id",
     "redact",
 ]

@@ -175,3 +175,10 @@ class QdrantStore(VectorStore):
         if not entry.get("avgdl"):
             entry["avgdl"] = max(sum(map(len, tokens)) / len(tokens), 1.0)
         return [document_terms(t, entry["avgdl"], entry["k1"], entry["b"]) for t in tokens]
+
+
+def open_qdrant(
+    location: str, collection: str = DEFAULT_COLLECTION, client: Any = None, *, api_key: str | None = None
+) -> QdrantStore:
+    """The Qdrant store for ``location``: :class:`QdrantStore` picks the concrete kind (Edge or server)."""
+    return QdrantStore(location, collection, client, api_key=api_key)  # type: ignore[abstract]  # __new__ picks

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -151,7 +151,7 @@ class ServerSearch:
         """BM25 top-``k`` for each query text, scored by Qdrant (IDF modifier)."""
         return self.search_hybrid(None, queries, top_k, filters, fusion=None, payload=payload)
 
-    hybrid_fusions = ("rrf", "dbsf")  # fused server-side by the Query API; wsum fuses in care_retriever.search.hybrid
+    hybrid_fusions: ClassVar[tuple[str, ...]] = ("rrf", "dbsf")  # fused server-side by the Query API; wsum fuses in care_retriever.search.hybrid
 
     def search_hybrid(
         self,
@@ -173,7 +173,7 @@ class ServerSearch:
         from care_retriever.sparse.qdrant_sparse import VECTOR, query_vector
         from care_retriever.sparse.tokenizer import tokenize
 
-        require_sparse(self)
+        require_sparse(self)  # type: ignore[arg-type]  # a mixin of a VectorStore
         if top_k < 1:
             raise InputError(f"top_k must be >= 1, got {top_k}")
         flt = self._filter(filters)
