@@ -18,7 +18,7 @@ def migrate(
     from care_retriever.errors import InputError
     from care_retriever.stores.config import StoreKind, StoreSpec
     from care_retriever.stores.qdrant.common import DEFAULT_COLLECTION, is_server
-    from care_retriever.stores.qdrant.legacy import migrate_local
+    from care_retriever.stores.qdrant.migrate import migrate_local
 
     old, new = StoreSpec.parse(source, collection), StoreSpec.parse(target, collection)
     for spec, side in ((old, "--from"), (new, "--to")):

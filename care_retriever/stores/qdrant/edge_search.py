@@ -34,7 +34,10 @@ class EdgeSearch:
             self, payload: bool | Sequence[str] = True, vectors: bool = False, batch: int = 256
         ) -> Iterator[list[edge.EdgeRecord]]: ...
 
-    hybrid_fusions: ClassVar[tuple[str, ...]] = ("rrf", "dbsf")  # fused in the engine; wsum fuses in care_retriever.search.hybrid
+    hybrid_fusions: ClassVar[tuple[str, ...]] = (
+        "rrf",
+        "dbsf",
+    )  # fused in the engine; wsum fuses in care_retriever.search.hybrid
 
     def search_params(self) -> Any:
         """HNSW's ``ef`` (``ef_search``, if given) and, for quantized codes, rescoring ``oversample`` x ``top_k``

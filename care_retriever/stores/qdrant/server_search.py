@@ -151,7 +151,8 @@ class ServerSearch:
         """BM25 top-``k`` for each query text, scored by Qdrant (IDF modifier)."""
         return self.search_hybrid(None, queries, top_k, filters, fusion=None, payload=payload)
 
-    hybrid_fusions: ClassVar[tuple[str, ...]] = ("rrf", "dbsf")  # fused server-side by the Query API; wsum fuses in care_retriever.search.hybrid
+    # fused server-side by the Query API; wsum fuses in care_retriever.search.hybrid
+    hybrid_fusions: ClassVar[tuple[str, ...]] = ("rrf", "dbsf")
 
     def search_hybrid(
         self,
