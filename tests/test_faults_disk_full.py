@@ -148,7 +148,7 @@ def test_qdrant_edge_refuses_a_write_the_disk_cannot_hold(tmp_path: Path, reques
 
     from care_retriever.documents import Document
     from care_retriever.errors import WriteError
-    from care_retriever.stores.qdrant import EdgeStore, edge_store
+    from care_retriever.stores.qdrant import EdgeStore, edge_space
 
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -171,11 +171,11 @@ def test_qdrant_edge_refuses_a_write_the_disk_cannot_hold(tmp_path: Path, reques
         with open(disk / "ballast", "wb") as fh:
             fh.write(b"\0" * max(free - leave, 0))
 
-    ballast(edge_store.OPEN_SHARD // 2)  # too little to open a shard
+    ballast(edge_space.OPEN_SHARD // 2)  # too little to open a shard
     with pytest.raises(WriteError, match="the disk is full; opening needs 40 MB free") as caught:
         EdgeStore(str(disk / "q"))
     assert "\n" not in str(caught.value)
-    ballast(edge_store.OPEN_SHARD + 6 * 2**20)  # opens, then fills during the write
+    ballast(edge_space.OPEN_SHARD + 6 * 2**20)  # opens, then fills during the write
     store = EdgeStore(str(disk / "q"))
     with pytest.raises(WriteError, match="the disk is full") as caught:
         store.upsert(docs[100:], vectors[100:])

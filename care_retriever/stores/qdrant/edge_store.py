@@ -45,6 +45,7 @@ from care_retriever.stores.qdrant.common import (
 )
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
+from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
 from care_retriever.vectors import VectorContract
 
 logger = logging.getLogger("care_retriever")
@@ -53,15 +54,6 @@ SHARD_FOLDER = "shard"
 # settings of a server only: Edge has one shard and no replicas
 SERVER_ONLY = ("shards", "replicas")
 BATCH = 256
-# free space kept beyond a write's own bytes: the engine's log and mapped files grow by whole pages and chunks
-SPACE_MARGIN = 4 * 1024 * 1024
-# Opening or creating a shard writes a 32 MiB log segment in full (measured on a tmpfs: a load with less free space
-# dies of SIGBUS), besides ~3.2 MB of flag and doc_id index files: refused in one line below this
-OPEN_SHARD = 40 * 1024 * 1024
-
-
-def folder_bytes(folder: Path) -> int:
-    return sum(f.stat().st_blocks * 512 for f in folder.rglob("*") if f.is_file())
 
 
 def metadata_kind(value: Any) -> str | None:
@@ -182,7 +174,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         )
         with self._lock, self._write_faults("the new collection"):
             self.folder.mkdir(parents=True, exist_ok=True)
-            self._require_space(OPEN_SHARD)
+            require_space(self.folder, OPEN_SHARD)
             self.shard = edge.EdgeShard.create(self.folder / SHARD_FOLDER, settings)
             self.shard.index_field("doc_id", "keyword")
             self.shard.flush()
@@ -218,7 +210,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
             for start in range(0, len(points), BATCH):
                 batch = points[start : start + BATCH]
                 # the log, the vectors and the payloads: each point's bytes about three times over
-                self._require_space(3 * sum(4 * len(p.vector) + len(repr(p.payload).encode()) for p in batch))
+                require_space(self.folder, 3 * sum(4 * len(p.vector) + len(repr(p.payload).encode()) for p in batch))
                 shard.upsert(batch)
 
     def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
@@ -253,17 +245,9 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self.commit()
         with self._lock, self._write_faults("the optimized segments"):
             shard = self.require_shard()
-            self._require_space(folder_bytes(self.folder / SHARD_FOLDER / "segments"))  # rebuilt beside the old
+            require_space(self.folder, folder_bytes(self.folder / SHARD_FOLDER / "segments"))  # rebuilt beside the old
             if shard.optimize():
                 shard.flush()
-
-    def _require_space(self, needed: int) -> None:
-        """Refuse a write the disk cannot hold, before the engine runs it: Edge writes through memory-mapped
-        files, and a full disk there is a SIGBUS that ends the process, not an error (verified with a full tmpfs).
-        A disk filled by another writer during the engine's call still ends the process (docs/scale.md)."""
-        free = shutil.disk_usage(self.folder).free
-        if free < needed + SPACE_MARGIN:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.folder))
 
     @contextlib.contextmanager
     def _write_faults(self, what: str) -> Iterator[None]:
