@@ -7,6 +7,7 @@ the options typer parsed (by option name) into them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,27 @@ from care_retriever.stores.config import (
 )
 
 QDRANT_ONLY_FLAGS_HELP = "qdrant:PATH | qdrant:http://host:6333"
+# FAISS's HNSW fields -> a Qdrant collection's
+QDRANT_GRAPH = {"m": "m", "ef_construction": "ef_construct", "ef_search": "ef_search"}
+
+
+def qdrant_graph(config: QdrantCollectionConfig, values: Mapping[str, Any]) -> QdrantCollectionConfig:
+    """FAISS's HNSW flags acting on a Qdrant collection: ``--hnsw-m`` is its ``m``, ``--ef-construction`` its
+    ``ef_construct``, ``--ef-search`` its search-time ``hnsw_ef``; a flag left at its default leaves Qdrant's own.
+    ``--index-type`` flat or hnsw: a Qdrant collection is HNSW (exact below the indexing threshold); ivf and ivfpq
+    are FAISS's only, one line."""
+    graph: dict[str, Any] = {}
+    for option in cli_options(FaissIndexConfig):
+        (_, name), value = option.fields[0], values.get(option.name, option.default)
+        if value == option.default:
+            continue
+        if name == "index_type" and str(getattr(value, "value", value)) not in ("flat", "hnsw"):
+            raise InputError(
+                f"{option.flag} {getattr(value, 'value', value)}: a Qdrant collection is HNSW (flat or hnsw)"
+            )
+        if name in QDRANT_GRAPH:
+            graph[QDRANT_GRAPH[name]] = value
+    return dataclasses.replace(config, **graph) if graph else config
 
 
 def settings_from_options(values: Mapping[str, Any]) -> IndexSettings:
@@ -43,7 +65,7 @@ def store_index_config(spec: StoreSpec, values: Mapping[str, Any]) -> FaissIndex
     ``copy`` take them): an option of the other kind's only is refused (a FAISS option given to a Qdrant store
     is ignored: they share the HNSW/IVF vocabulary)."""
     if spec.kind is not StoreKind.FAISS:
-        return values_for(QdrantCollectionConfig, values)
+        return qdrant_graph(values_for(QdrantCollectionConfig, values), values)
     only = qdrant_only_fields()
     qdrant_only = [
         o.flag

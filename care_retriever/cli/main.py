@@ -38,6 +38,7 @@ COMMAND_MODULES = (
     "care_retriever.cli.verify",
     "care_retriever.cli.copying",
     "care_retriever.cli.export",
+    "care_retriever.cli.migrate",
 )
 
 

@@ -1,4 +1,4 @@
-"""Vector stores: FAISS (embedded default) and Qdrant (local mode or server).
+"""Vector stores: FAISS (embedded default) and Qdrant (Qdrant Edge embedded, or a server).
 
 ``open_store`` opens a store spec (:class:`~care_retriever.stores.config.StoreSpec`): ``faiss:DIR``,
 ``qdrant:PATH``, ``qdrant::memory:`` or ``qdrant:http(s)://host:port``. Qdrant is imported only when a Qdrant spec
@@ -40,12 +40,14 @@ def open_store(
         from care_retriever.stores.faiss import FaissStore
 
         return FaissStore(parsed.location, use_gpu=use_gpu)  # opening a FAISS folder creates nothing
-    from care_retriever.stores.qdrant_store import DEFAULT_COLLECTION, QdrantStore, local_store_exists
+    from care_retriever.stores.qdrant import DEFAULT_COLLECTION, is_server, open_qdrant
 
     name = collection or parsed.collection or DEFAULT_COLLECTION
-    if not create and not local_store_exists(parsed.location):
+    store = open_qdrant(parsed.location, name)  # an Edge folder is created by prepare, never by opening
+    if not create and store.manifest is None and parsed.location != ":memory:" and not is_server(parsed.location):
+        store.close()
         raise StoreError(
             f"qdrant:{parsed.location} (collection {name}): store is empty or does not exist "
             "(run `care-retriever index` first)"
         )
-    return QdrantStore(parsed.location, name)
+    return store
