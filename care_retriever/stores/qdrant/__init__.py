@@ -8,7 +8,8 @@
   dense, BM25 and hybrid search fused in the engine.
 * ``server.py``, ``server_search.py``, ``server_async.py``, ``server_settings.py``: a Qdrant server through
   qdrant-client (sync and async).
-* ``legacy.py``: stores of earlier releases (qdrant-client local mode) recognised and read; ``migrate.py`` converts them.
+* ``legacy.py``: stores of earlier releases (qdrant-client local mode) recognised and read; ``migrate.py``
+  converts them.
 * ``edge_space.py``: free space checked before Edge writes (a full disk under its mapped files is a SIGBUS).
 """
 
