@@ -24,7 +24,7 @@ def main(n: int = 20000, d: int = 768) -> None:
     docs = [Document(id=f"d{i}", text="x") for i in range(n)]
     print("| quantize | ef_search | upsert (s) | build incl. optimize (s) | ms/query | recall@10 |")
     print("|---|---|---|---|---|---|")
-    for quant, ef in (("none", None), ("none", 128), ("none", 512), ("sq8", None)):
+    for quant, ef in (("none", None), ("none", 100), ("none", 128), ("sq8", None)):
         store = EdgeStore(tempfile.mkdtemp() + "/q")
         start = time.perf_counter()
         options = {"quantize": quant, **({"ef_search": ef} if ef else {})}

@@ -20,6 +20,12 @@ from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize
 from care_retriever.stores.qdrant import edge
 from care_retriever.stores.qdrant.common import filter_conditions, hit_of
 
+# The search-time HNSW ``ef`` of an Edge store that records none. Edge's own default (its ef_construct, 100) gave
+# recall@10 0.80-0.84 against exact search on benchmarks/qdrant_edge_quick.py's 20,000 clustered 768-d vectors;
+# 512 gave 0.997-0.998 at about 3-4 ms a query on this 2-core machine. ``--ef-search`` (or ``index_options``)
+# overrides it per store.
+DEFAULT_EF_SEARCH = 512
+
 
 class EdgeSearch:
     manifest: Manifest | None
@@ -40,11 +46,12 @@ class EdgeSearch:
     )  # fused in the engine; wsum fuses in care_retriever.search.hybrid
 
     def search_params(self) -> Any:
-        """HNSW's ``ef`` (``ef_search``, if given) and, for quantized codes, rescoring ``oversample`` x ``top_k``
-        candidates from the original vectors."""
+        """HNSW's ``ef`` (``ef_search`` if given, else :data:`DEFAULT_EF_SEARCH`) and, for quantized codes,
+        rescoring ``oversample`` x ``top_k`` candidates from the original vectors."""
         options = QdrantCollectionConfig.from_manifest(self.require_manifest().index).resolved()
         quantized = options.quantize is not QdrantQuantize.NONE
-        return self.require_shard().search_params(options.ef_search, options.oversample if quantized else None)
+        ef = options.ef_search if options.ef_search is not None else DEFAULT_EF_SEARCH
+        return self.require_shard().search_params(ef, options.oversample if quantized else None)
 
     def _query_vectors(self, vectors: np.ndarray) -> np.ndarray:
         manifest = self.require_manifest()
