@@ -9,12 +9,13 @@ bf16, the ``base`` preset's 151,936-row embedding), on the CPU the ``tiny`` pres
 dev corpora: kuake-qtr's page titles and im-qa's doctor answers (``$CARE_SHARED_DATA``, default /work/shared/data;
 a corpus that is absent is skipped with a message; ``--corpus`` names others).
 
-Each side runs ``--rounds`` times, alternating, and keeps its best round. Reported per side: docs/s, tokens/s (the
-texts' own tokens), padding ratio (tokens computed / own tokens), MFU (the forward passes' FLOPs on the own tokens
-per second over a measured dense matmul: bf16 on a GPU, fp32 on the CPU), peak memory (GPU: allocated by torch;
-CPU: resident set growth), and the device that gave them. The ``index`` side is the writer into a fresh FAISS store
-(hashing, docstore and index writes included; the BM25 side off: it is not encoding) with the command's defaults
-(``--max-batch-tokens auto``) and the same ``--batch-size`` as sentence-transformers.
+Each side runs ``--rounds`` times, alternating (the side going first alternates too, each from a collected heap),
+and keeps its best round; the median of the rounds' own ratios is reported beside the best rounds' ratio. Reported
+per side: docs/s, tokens/s (the texts' own tokens), padding ratio (tokens computed / own tokens), MFU (the forward
+passes' FLOPs on the own tokens per second over a measured dense matmul: bf16 on a GPU, fp32 on the CPU), peak
+memory (GPU: allocated by torch; CPU: resident set growth), and the device that gave them. The ``index`` side is the
+writer into a fresh FAISS store (hashing, docstore and index writes included; the BM25 side off: it is not encoding)
+with the command's defaults (``--max-batch-tokens auto``) and the same ``--batch-size`` as sentence-transformers.
 """
 
 from __future__ import annotations
