@@ -187,6 +187,18 @@ def test_one_status_for_one_mistake_naming_the_field(retriever, body: bytes, sta
     assert "body." not in response.json()["error"]  # no FastAPI location: a byte offset is never a field
 
 
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_sent_without_the_json_content_type_is_judged_by_its_bytes(retriever, content_type: str | None) -> None:
+    """Malformed JSON is 400 whatever the header says (a client that names no content type, or curl -d's form
+    type, used to get 422 and a message about bytes); well-formed JSON sent so is one line naming the header."""
+    headers = {"content-type": content_type} if content_type else {}
+    with TestClient(create_app(retriever)) as client:
+        malformed = client.post("/search", content='{"query": "感冒", '.encode(), headers=headers)
+        well_formed = client.post("/search", content='{"query": "感冒"}'.encode(), headers=headers)
+    assert malformed.status_code == 400 and malformed.json()["error"].startswith("request body is not valid JSON")
+    assert well_formed.status_code == 422 and "Content-Type: application/json" in well_formed.json()["error"]
+
+
 def test_a_mode_the_store_cannot_search_is_named(tiny_model_dir: Path, small_corpus_path: Path, tmp_path: Path) -> None:
     from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
 

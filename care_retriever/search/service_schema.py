@@ -8,6 +8,7 @@ docs/serving.md is the user's guide; :mod:`care_retriever.search.server` serves 
 
 # No ``from __future__ import annotations``: pydantic reads the fields' live annotations, and the request class is
 # built at runtime with the limits.
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -257,6 +258,15 @@ def validation_answer(exc: RequestValidationError) -> tuple[int, str]:
         return 400, f"request body is not valid JSON ({_line_and_column(exc.body, offset)}: {reason})"
     if not where and first.get("type") == "missing":
         return 400, 'request body is empty: send a JSON object such as {"query": "..."}'
+    if not where and isinstance(first.get("input"), (bytes, str)):  # sent without a JSON content type: read raw
+        try:
+            json.loads(first["input"])
+        except json.JSONDecodeError as bad:
+            return 400, f"request body is not valid JSON (line {bad.lineno} column {bad.colno}: {bad.msg})"
+        except ValueError:  # not UTF-8
+            return 400, "request body is not valid JSON (not UTF-8 text)"
+        # JSON, but FastAPI read it as raw bytes: the request named another content type (curl -d sends a form's)
+        return 422, 'request body is JSON but not sent as JSON: send the header "Content-Type: application/json"'
     if not where:
         return 422, f"request body must be a JSON object, got {_json_kind(first.get('input'))}"
     parts = [f"{_location(e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors[:3]]
