@@ -129,3 +129,21 @@ def test_engine_errors_are_one_line(tmp_path: Path) -> None:
     fault = edge.os_error(Exception("Service internal error: No space left on device (os error 28)"))
     assert fault is not None and fault.errno == 28
     shard.close()
+
+
+def test_metadata_fields_filters_cannot_name_are_kept_not_indexed(tmp_path) -> None:
+    """A metadata field that is no JSON path (``""``, ``"a b"``) is stored and read back; only the fields filters
+    can name get a payload index (the engine refuses an index on the others, which failed the whole write)."""
+    import numpy as np
+
+    from care_retriever.documents import Document
+    from care_retriever.stores import open_store
+
+    store = open_store(f"qdrant:{tmp_path / 's'}")
+    store.prepare(8, "fp", "m")
+    vector = np.full((1, 8), 8**-0.5, dtype="float32")
+    store.upsert([Document(id="x", text="t", metadata={"": "", "a b": 1, "topic": "高血压"})], vector)
+    store.commit()
+    assert store.get(["x"])[0].metadata == {"": "", "a b": 1, "topic": "高血压"}
+    assert [h.id for h in store.search(vector, 3, filters={"topic": "高血压"})[0]] == ["x"]
+    store.close()

@@ -257,7 +257,7 @@ def _held(spec: str) -> list[tuple[str, str, bytes]]:
     try:
         documents = sorted(store.iter_documents(), key=lambda d: d.id)
         vectors = store.vectors([d.id for d in documents])
-        return [(d.id, d.text, v.tobytes() if v is not None else b"") for d, v in zip(documents, vectors)]
+        return [(d.id, d.text, v.tobytes() if v is not None else b"") for d, v in zip(documents, vectors, strict=True)]
     finally:
         store.close()
 

@@ -122,6 +122,12 @@ def default_versions(**extra: str) -> dict[str, str]:
     return {"care_retriever": __version__, **extra}
 
 
+def is_filter_field(name: object) -> bool:
+    """Whether filters can name the metadata field ``name`` (letters, digits, ``_``, ``-``, ``.``): the fields a
+    store indexes for filtering; others are kept, and not filterable."""
+    return isinstance(name, str) and _FILTER_KEY.match(name) is not None
+
+
 def validate_filters(filters: Filters | None) -> Filters | None:
     """Filters match metadata fields: ``{"topic": "高血压"}`` (equal) or ``{"topic": [a, b]}`` (any of)."""
     if not filters:
@@ -129,7 +135,7 @@ def validate_filters(filters: Filters | None) -> Filters | None:
     if not isinstance(filters, dict):
         raise InputError(f"filters must be a dict of metadata field -> value or list of values, got {filters!r}")
     for key, value in filters.items():
-        if not isinstance(key, str) or not _FILTER_KEY.match(key):
+        if not is_filter_field(key):
             raise InputError(f"invalid filter field {key!r}: use letters, digits, '_', '-' or '.'")
         values = value if isinstance(value, list) else [value]
         if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):

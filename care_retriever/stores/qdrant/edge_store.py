@@ -31,7 +31,7 @@ import numpy as np
 from care_retriever import faults
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError, WriteError
-from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
+from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions, is_filter_field
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
 from care_retriever.stores.qdrant import edge, legacy
 from care_retriever.stores.qdrant.common import (
@@ -214,10 +214,14 @@ class EdgeStore(EdgeSearch, QdrantStore):
                 shard.upsert(batch)
 
     def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
-        """A payload index for each metadata field filters can match, created the first time the field is seen."""
+        """A payload index for each metadata field filters can match, created the first time the field is seen (a
+        field filters cannot name, such as ``""`` or ``"a b"``, is no JSON path the engine indexes: kept, not
+        indexed)."""
         indexed = shard.payload_indexes()
         for document in documents:
             for name, value in document.metadata.items():
+                if not is_filter_field(name):
+                    continue
                 key, kind = f"metadata.{name}", metadata_kind(value)
                 if kind is not None and key not in indexed:
                     shard.index_field(key, kind)
