@@ -61,12 +61,13 @@ def _packed_matches_padded(model) -> None:
     padded = encode_texts(model, TEXTS, limits=limits, prefetch=False)
     stats: dict[str, int] = {}
     prepare_document_forward(model, forward="packed", compile="off")
-    seen: list[tuple[tuple[int, ...], bool, bool]] = []  # what each pass handed the transformers model
+    seen: list[tuple[tuple[int, ...], bool, bool]] = []  # what each pass handed the tower's Transformer module
 
-    def look(_module, args, kwargs) -> None:
-        seen.append((tuple(kwargs["input_ids"].shape), "cu_seq_lens_q" in kwargs, "attention_mask" in kwargs))
+    def look(_module, args) -> None:
+        features = args[0]
+        seen.append((tuple(features["input_ids"].shape), "cu_seq_lens_q" in features, "attention_mask" in features))
 
-    hook = model[0].auto_model.register_forward_pre_hook(look, with_kwargs=True)
+    hook = model[0].register_forward_pre_hook(look)
     try:
         assert is_packed(model) and forward_state(model).forward == "packed"
         assert forward_state(model).attention == "reference"  # the CPU: SDPA text by text
