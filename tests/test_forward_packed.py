@@ -150,7 +150,7 @@ def test_auto_pads_where_no_varlen_kernel_runs_and_says_why(tiny_model_dir: Path
 def test_a_query_tower_cannot_pack(tiny_model_dir: Path) -> None:
     embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), load="query", device="cpu")
     assert can_pack(embedder.query_model) == "the tower is not a decoder"
-    with pytest.raises(ModelError, match="^--forward packed: the tower is not a decoder"):
+    with pytest.raises(ModelError, match=r"^--forward packed: the tower is not a decoder"):
         prepare_document_forward(embedder.query_model, forward="packed")
 
 
@@ -187,7 +187,7 @@ def test_fp8_is_refused_in_one_line_where_it_does_not_run() -> None:
     assert "this one is 8.6" in str(fp8_refusal("cuda", capability=(8, 6)))
     assert fp8_refusal("cuda", capability=(8, 9)) is None  # Ada
     assert fp8_refusal("cuda", capability=(9, 0)) is None  # Hopper
-    with pytest.raises(ModelError, match="^--dtype fp8 runs on CUDA GPUs") as caught:
+    with pytest.raises(ModelError, match=r"^--dtype fp8 runs on CUDA GPUs") as caught:
         resolve_dtype("fp8", "cpu")
     assert "\n" not in str(caught.value)
 
@@ -210,7 +210,7 @@ def test_fp8_emulation_moves_the_vectors_a_little(tiny_model_dir: Path) -> None:
     assert emulate_fp8(model) == 2 * 7  # two layers: q, k, v, o, gate, up, down
     rounded = encode_texts(model, TEXTS, prefetch=False)
     cosine = (exact * rounded).sum(axis=1)
-    assert 0.95 < cosine.min() and cosine.min() < 1 - 1e-6  # rounded, not untouched (a random tower: wide weights)
+    assert 0.95 < cosine.min() < 1 - 1e-6  # rounded, not untouched (a random tower: wide weights)
     assert embedder.space_fingerprint == fingerprint
 
 

@@ -75,7 +75,7 @@ def _choose_packed(model: Any, forward: str) -> tuple[bool, str | None]:
 
             raise ModelError(f"--forward packed: {reason}; use --forward padded or auto")
         return True, None
-    if reason is None and varlen_backend(model.device) is None:
+    if reason is None and varlen_backend(torch.device(model.device)) is None:
         reason = f"no variable-length attention kernel on {torch.device(model.device).type}"
     return reason is None, reason
 
@@ -90,7 +90,9 @@ def _warm_up_passes(model: Any) -> list[dict[str, Any]]:
     return passes
 
 
-def prepare_document_forward(model: Any, forward: str = "auto", compile: str = "auto", dtype: str | None = None) -> ForwardState:
+def prepare_document_forward(
+    model: Any, forward: str = "auto", compile: str = "auto", dtype: str | None = None
+) -> ForwardState:
     """Set ``model``'s forward pass up once (a second call returns the first's state): ``forward`` auto | packed |
     padded, ``compile`` auto | on | off, ``dtype`` the precision asked for (``fp8`` quantizes the Linear layers;
     others were applied at loading)."""
@@ -102,15 +104,17 @@ def prepare_document_forward(model: Any, forward: str = "auto", compile: str = "
     packed, because = _choose_packed(model, forward)
     if packed:
         enable_packed(model)
-    backend = varlen_backend(model.device)
-    attention = ({"torch": "varlen_attn"}.get(backend, backend) or "reference") if packed else None
+    backend = varlen_backend(torch.device(model.device))
+    kernels = {"torch": "varlen_attn", "flash_attn": "flash_attn", None: "reference"}
+    attention = kernels[backend] if packed else None
     weights = str(next(model.parameters()).dtype).removeprefix("torch.")
     if dtype == FP8:
         weights = f"fp8 ({quantize_fp8(model)})"
     compiling = compile == "on" or (compile == "auto" and dtype == FP8)
     state = ForwardState("packed" if packed else "padded", attention, weights, "off", 0.0, because)
     if not packed:
-        state.attention = getattr(model[0].auto_model.config, "_attn_implementation", None)
+        config = getattr(getattr(model[0], "auto_model", None), "config", None)
+        state.attention = getattr(config, "_attn_implementation", None)
     if compiling and decoder_layers(model):
         try:
             compile_layers(model)

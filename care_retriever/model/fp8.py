@@ -54,8 +54,7 @@ def fp8_refusal(device: str | torch.device, capability: tuple[int, int] | None =
     if tuple(capability) < FP8_MIN_CAPABILITY:
         major, minor = capability
         return (
-            f"--dtype fp8 needs a GPU of compute capability >= 8.9 (Ada, Hopper); this one is {major}.{minor}: "
-            "use bf16"
+            f"--dtype fp8 needs a GPU of compute capability >= 8.9 (Ada, Hopper); this one is {major}.{minor}: use bf16"
         )
     return None
 
@@ -102,7 +101,7 @@ def emulate_fp8(model: Any) -> int:
     attribute beside them), so the tower's ``state_dict`` and fingerprint do not change. Returns the layers changed."""
     linears = _target_linears(model)
     for linear in linears:
-        linear.care_fp8_weight = _dequantised(linear.weight.detach())  # type: ignore[assignment]
+        linear.care_fp8_weight = _dequantised(linear.weight.detach())
         linear.forward = types.MethodType(_emulated_forward, linear)  # type: ignore[method-assign]
     return len(linears)
 
@@ -136,7 +135,7 @@ def quantize_fp8(model: Any, backend: str | None = None) -> str:
         return backend
     for linear in linears:
         w_q, w_scale = round_rowwise(linear.weight.detach())
-        linear.care_fp8_weight = w_q  # type: ignore[assignment]
-        linear.care_fp8_scale = w_scale  # type: ignore[assignment]
+        linear.care_fp8_weight = w_q
+        linear.care_fp8_scale = w_scale
         linear.forward = types.MethodType(_scaled_mm_forward, linear)  # type: ignore[method-assign]
     return "scaled_mm"

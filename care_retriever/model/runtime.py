@@ -82,7 +82,8 @@ def resolve_dtype(
     dtype: str | torch.dtype | None, device: str | torch.device, pretrained: str | None = None
 ) -> torch.dtype:
     """A torch dtype from ``auto`` (see :func:`auto_dtype`), ``saved`` (``pretrained``, fp32 when unknown), a name
-    in :data:`DTYPES`, ``fp8`` (bf16, refused in one line where FP8 does not run), or a torch dtype. fp16 for a tower pretrained in bf16 is refused in one line: it overflows."""
+    in :data:`DTYPES`, ``fp8`` (bf16, refused in one line where FP8 does not run), or a torch dtype. fp16 for a
+    tower pretrained in bf16 is refused in one line: it overflows."""
     if isinstance(dtype, torch.dtype):
         resolved = dtype
     elif dtype in (None, "auto"):

@@ -24,6 +24,7 @@ block-diagonal mask.
 from __future__ import annotations
 
 import inspect
+import itertools
 from typing import Any
 
 import numpy as np
@@ -132,11 +133,14 @@ def _varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: flo
     return out if isinstance(out, torch.Tensor) else out[0]
 
 
-def _varlen_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, cu: torch.Tensor) -> torch.Tensor:
+@torch.compiler.disable  # a loop over the texts of a pass: compiled, each pass's offsets would make a new graph
+def _varlen_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, cu: torch.Tensor
+) -> torch.Tensor:
     """Causal SDPA on each text's slice of the packed row: the same packing, computed the plain way (the CPU)."""
     out = torch.empty_like(q)
     bounds = cu.tolist()
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+    for start, end in itertools.pairwise(bounds):
         if end == start:
             continue
         qs, ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
@@ -182,13 +186,13 @@ def packed_attention(
 
 
 # ------------------------------------------------------------------ the tower
-def packed_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
+def packed_mask(**kwargs: Any) -> torch.Tensor | None:
     """The mask a pass gets: none for a packed pass (no ``attention_mask``), SDPA's for padded rows."""
-    if attention_mask is None:
+    if kwargs.get("attention_mask") is None:
         return None
     from transformers.masking_utils import sdpa_mask
 
-    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+    return sdpa_mask(**kwargs)
 
 
 def _register() -> None:
