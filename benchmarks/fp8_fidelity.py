@@ -47,7 +47,7 @@ def scores(embedder: Any, tasks: dict[str, Any]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a saved CARE model (default: the tiny random tower)")
-    parser.add_argument("--split", default="dev")
+    parser.add_argument("--split", default="test", help="the split the shared tasks ship (test)")
     parser.add_argument("--cosine-docs", type=int, default=4000, help="documents whose vectors are compared")
     parser.add_argument("--docs", type=Path, default=DOC)
     parser.add_argument("--no-write", action="store_true")

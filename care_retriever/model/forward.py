@@ -8,7 +8,8 @@ which ``index --json`` reports).
   the packed path is a reference (SDPA text by text) that proves packed = padded, not a faster path.
 * **Compiled** (:mod:`care_retriever.model.compiled`): ``auto`` compiles for ``fp8`` (the FP8 matmuls need
   compiling to fuse the rowwise scaling with the matmuls around it) and nowhere else until compiling is measured
-  faster there: on the 2-core CPU machines it was slower for the tiny tower (docs/gpu.md), and the GPU rows of
+  worth it there: on the 2-core CPU machines the compiled tiny tower ran its passes 1.48x faster but took 124 s to
+  compile, more than a CPU run of tens of thousands of texts saves (docs/gpu.md), and the GPU rows of
   ``benchmarks.gpu_index`` are what decide it on CUDA. A compile that fails falls back to eager, said in one line.
 * **FP8** (:mod:`care_retriever.model.fp8`): ``dtype="fp8"``; refused in one line off GPUs that compute it.
 """
