@@ -18,7 +18,7 @@ from care_retriever.model.batch_limits import BatchLimits
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.model.encoding import encode_texts
 from care_retriever.model.forward import forward_state, prepare_document_forward
-from care_retriever.model.fp8 import emulate_fp8, fp8_refusal, round_rowwise
+from care_retriever.model.fp8 import emulate_fp8, fp8_refusal, quantize_fp8, round_rowwise, scaled_mm_linear
 from care_retriever.model.runtime import resolve_dtype
 from care_retriever.model.towers.packed import (
     can_pack,
@@ -232,3 +232,26 @@ def test_a_compile_that_fails_falls_back_to_eager_in_one_line(
     assert state.compile == "off (failed: no C++ compiler found)"
     assert "torch.compile of the document tower failed (no C++ compiler found); running eager" in caplog.text
     np.testing.assert_allclose(encode_texts(model, TEXTS, prefetch=False), before, atol=1e-6)
+
+
+def test_the_fp8_matmul_computes_the_rounded_product() -> None:
+    """torch's scaled matmul (which also runs on the CPU) with the rowwise scales as the FP8 tower lays them out:
+    the product of the rounded operands, close to the exact one."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(32, 64, generator=generator)
+    bias = torch.randn(32, generator=generator)
+    x = torch.randn(3, 5, 64, generator=generator)
+    w_q, w_scale = round_rowwise(weight)
+    out = scaled_mm_linear(x, w_q, w_scale, bias)
+    x_q, x_scale = round_rowwise(x)
+    rounded = (x_q.float() * x_scale) @ (w_q.float() * w_scale).T + bias
+    assert out.shape == (3, 5, 32)
+    torch.testing.assert_close(out, rounded, rtol=1e-4, atol=1e-3)
+    cosine = torch.nn.functional.cosine_similarity(out.flatten(), (x @ weight.T + bias).flatten(), dim=0)
+    assert 0.998 < cosine < 1
+
+
+def test_quantizing_a_tower_to_fp8_is_refused_on_the_cpu(tiny_model_dir: Path) -> None:
+    embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), load="document", device="cpu")
+    with pytest.raises(ModelError, match=r"^--dtype fp8 runs on CUDA GPUs"):
+        quantize_fp8(embedder.document_model)

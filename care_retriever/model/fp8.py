@@ -32,6 +32,7 @@ __all__ = [
     "fp8_refusal",
     "quantize_fp8",
     "round_rowwise",
+    "scaled_mm_linear",
 ]
 
 FP8 = "fp8"
@@ -106,14 +107,22 @@ def emulate_fp8(model: Any) -> int:
     return len(linears)
 
 
-def _scaled_mm_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    w_q, w_scale = getattr(self, "care_fp8_weight"), getattr(self, "care_fp8_scale")  # noqa: B009
+def scaled_mm_linear(
+    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``x @ W.T + bias`` with ``W`` given as float8 rows ``w_q`` and their scales ``w_scale`` (out, 1): ``x`` rounded
+    per token, multiplied in FP8 by ``torch._scaled_mm`` with both scales applied to the output, in ``x``'s dtype."""
     rows = x.reshape(-1, x.shape[-1])
     x_q, x_scale = round_rowwise(rows)
     out = torch._scaled_mm(
-        x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale.t(), bias=self.bias, out_dtype=x.dtype, use_fast_accum=True
+        x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale.t(), bias=bias, out_dtype=x.dtype, use_fast_accum=True
     )
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _scaled_mm_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    w_q, w_scale = getattr(self, "care_fp8_weight"), getattr(self, "care_fp8_scale")  # noqa: B009
+    return scaled_mm_linear(x, w_q, w_scale, self.bias)
 
 
 def quantize_fp8(model: Any, backend: str | None = None) -> str:
