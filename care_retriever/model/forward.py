@@ -76,7 +76,7 @@ def _choose_packed(model: Any, forward: str) -> tuple[bool, str | None]:
 
             raise ModelError(f"--forward packed: {reason}; use --forward padded or auto")
         return True, None
-    if reason is None and varlen_backend(torch.device(model.device)) is None:
+    if reason is None and varlen_backend(torch.device(str(model.device))) is None:
         reason = f"no variable-length attention kernel on {torch.device(model.device).type}"
     return reason is None, reason
 
@@ -105,7 +105,7 @@ def prepare_document_forward(
     packed, because = _choose_packed(model, forward)
     if packed:
         enable_packed(model)
-    backend = varlen_backend(torch.device(model.device))
+    backend = varlen_backend(torch.device(str(model.device)))
     kernels = {"torch": "varlen_attn", "flash_attn": "flash_attn", None: "reference"}
     attention = kernels[backend] if packed else None
     weights = str(next(model.parameters()).dtype).removeprefix("torch.")
