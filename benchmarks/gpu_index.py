@@ -9,21 +9,24 @@ bf16, the ``base`` preset's 151,936-row embedding), on the CPU the ``tiny`` pres
 dev corpora: kuake-qtr's page titles and im-qa's doctor answers (``$CARE_SHARED_DATA``, default /work/shared/data;
 a corpus that is absent is skipped with a message; ``--corpus`` names others).
 
-Each side runs ``--rounds`` times, alternating, and keeps its best round. Reported per side: docs/s, tokens/s (the
-texts' own tokens), padding ratio (tokens computed / own tokens), MFU (the forward passes' FLOPs on the own tokens
-per second over a measured dense matmul: bf16 on a GPU, fp32 on the CPU), peak memory (GPU: allocated by torch;
-CPU: resident set growth), and the device that gave them. The ``index`` side is the writer into a fresh FAISS store
-(hashing, docstore and index writes included; the BM25 side off: it is not encoding) with the command's defaults
-(``--max-batch-tokens auto``) and the same ``--batch-size`` as sentence-transformers.
+Each side runs ``--rounds`` times, alternating (the side going first alternates too, each from a collected heap),
+and keeps its best round; the median of the rounds' own ratios is reported beside the best rounds' ratio. Reported
+per side: docs/s, tokens/s (the texts' own tokens), padding ratio (tokens computed / own tokens), MFU (the forward
+passes' FLOPs on the own tokens per second over a measured dense matmul: bf16 on a GPU, fp32 on the CPU), peak
+memory (GPU: allocated by torch; CPU: resident set growth), and the device that gave them. The ``index`` side is the
+writer into a fresh FAISS store (hashing, docstore and index writes included; the BM25 side off: it is not encoding)
+with the command's defaults (``--max-batch-tokens auto``) and the same ``--batch-size`` as sentence-transformers.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
 import shlex
+import statistics
 import sys
 import tempfile
 import threading
@@ -309,7 +312,11 @@ def measure(
     results: dict[str, list[dict[str, Any]]] = {label: [] for label in runners}
     for r in range(rounds):  # the matmul peak measured beside each round too: the best is the machine's
         peaks.append(matmul_peak(device, matmul_dtype))
-        for label, runner in runners.items():
+        # each side starts from a collected heap (a full collection of the process's half-million objects took
+        # about 0.25 s on the CPU, and fell in whichever side crossed the threshold), and the sides take turns
+        # at going first
+        for label, runner in list(runners.items()) if r % 2 == 0 else list(runners.items())[::-1]:
+            gc.collect()
             results[label].append(runner(r))
 
     def side(label: str) -> dict[str, Any]:
@@ -346,6 +353,15 @@ def measure(
             figures["vs_encode_document"] = round(figures["docs_per_second"] / base["docs_per_second"], 3)
     if row["index"] and "docs_per_second" in row["index"] and "docs_per_second" in base:
         row["ratio"] = row["index"]["vs_encode_document"]
+        # the two sides of each round compared (they ran back to back): steadier than the best rounds on a machine
+        # whose load changes from round to round
+        row["ratio_median_of_rounds"] = round(
+            statistics.median(
+                st["seconds"] / ix["seconds"]
+                for st, ix in zip(results["encode_document"], results["index"], strict=True)
+            ),
+            3,
+        )
     return row
 
 
@@ -394,7 +410,8 @@ def markdown(result: dict[str, Any]) -> str:
             )
     lines.append("")
     lines += [
-        f"* {row['corpus']}: `index` / `encode_document` = **{row['ratio']:.3f}**"
+        f"* {row['corpus']}: `index` / `encode_document` = **{row['ratio']:.3f}** (best rounds; median of the "
+        f"rounds' ratios {row['ratio_median_of_rounds']:.3f})"
         for row in result["rows"]
         if "ratio" in row
     ]

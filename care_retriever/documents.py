@@ -2,21 +2,31 @@
 
 Every room may import this module (the stores keep :class:`Document`, the model's fingerprint folds in
 :func:`document_text`, the corpus reader, the eval tasks and training read JSONL with :func:`iter_jsonl`); it imports
-nothing of the package but its errors, and nothing heavy.
+nothing of the package but its errors and the JSON rule (:mod:`care_retriever.strict_json`), and nothing heavy.
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from care_retriever.errors import InputError, at
+from care_retriever.strict_json import non_finite_field
 
-__all__ = ["Document", "check_document_text", "document_text", "empty_text_message", "iter_jsonl"]
+__all__ = [
+    "Document",
+    "check_document_text",
+    "decode_line",
+    "document_text",
+    "empty_text_message",
+    "iter_jsonl",
+    "metadata_json",
+]
 
 
 def document_text(title: str, text: str) -> str:
@@ -45,6 +55,30 @@ def check_document_text(doc_id: object, text: str, title: str = "") -> None:
         raise InputError(empty_text_message(doc_id))
 
 
+# What metadata a document may carry: what strict JSON holds, the one rule every door applies (the corpus reader
+# naming the file and line, the Python writer, the Haystack and LangChain adapters). Python's json reads and writes
+# NaN and Infinity, which JSON has not: stored, they would come back in `search --json` and the service's bodies as
+# tokens a strict parser refuses. Refused before anything is written, naming the field, rather than changed to null
+# behind the user's back.
+def metadata_json(doc_id: object, metadata: Mapping[str, Any]) -> str:
+    """``metadata`` as JSON text (the form the stores keep), or one line (:class:`InputError`) naming the field that
+    holds a NaN or an infinite number, or saying what is not JSON at all."""
+    try:
+        return json.dumps(metadata, ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        found = non_finite_field(metadata)
+        if found is None:  # not a number: a circular reference
+            raise InputError(f"document {doc_id!r}: metadata is not JSON ({exc})") from exc
+        field_path, number = found
+        token = "NaN" if number != number else ("Infinity" if number > 0 else "-Infinity")
+        raise InputError(
+            f"document {doc_id!r}: metadata.{field_path} is {token}: JSON has no NaN or Infinity "
+            "(write null, or the number as a string)"
+        ) from exc
+    except TypeError as exc:
+        raise InputError(f"document {doc_id!r}: metadata is not JSON-serialisable ({exc})") from exc
+
+
 @dataclass
 class Document:
     id: str
@@ -62,6 +96,36 @@ class Document:
         return hashlib.blake2b(payload.encode("utf-8"), digest_size=16).hexdigest()
 
 
+# Input files are UTF-8. Editors on Windows start a UTF-8 file with a byte-order mark: it is not part of the first
+# line. A UTF-16 or UTF-32 file (Notepad's "Unicode") is refused at its first line, saying which encoding it is; one
+# without a byte-order mark shows NUL bytes, which no UTF-8 text line holds (JSON writes the character as \u0000).
+_WIDE_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def decode_line(raw: bytes, lineno: int, path: Path) -> str:
+    """Line ``lineno`` of an input file as text: UTF-8, a UTF-8 byte-order mark at the start of the file skipped;
+    undecodable bytes or a NUL byte are one line naming the file and line (:class:`InputError`)."""
+    if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        wide = next((name for bom, name in _WIDE_BOMS if lineno == 1 and raw.startswith(bom)), None)
+        hint = f": the file is {wide} (it starts with a {wide} byte-order mark); save it as UTF-8" if wide else ""
+        if not wide and b"\x00" in raw:
+            hint = " (a UTF-16 or binary file? save it as UTF-8)"
+        raise InputError(f"{at(path, lineno)}: not valid UTF-8 (byte {exc.start}){hint}") from exc
+    nul = line.find("\x00")
+    if nul >= 0:
+        raise InputError(f"{at(path, lineno)}: NUL byte at character {nul} (a UTF-16 or binary file? save it as UTF-8)")
+    return line
+
+
 # Reading JSONL input files row by row, with errors that name the file and line. Corpora have their own reader
 # (:mod:`care_retriever.indexing.corpus`: documents, plain text, BEIR folders); task files and training files share
 # this one so a bad row reads the same wherever it is found.
@@ -69,10 +133,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for every non-blank line; bad bytes, bad JSON or a non-object name the line."""
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{at(path, lineno)}: not valid UTF-8 (byte {exc.start})") from exc
+            line = decode_line(raw, lineno, path)
             if not line.strip():
                 continue
             try:

@@ -32,6 +32,7 @@ REASONS = {
     errno.ENOTDIR: "a file is in the way where a folder is wanted",
     errno.EISDIR: "a folder is in the way where a file is wanted",
     errno.EEXIST: "a file is in the way where a folder is wanted",
+    errno.EBUSY: "the folder cannot be renamed (a mount point, or busy)",
 }
 # SQLite's messages (sqlite3.OperationalError carries no errno) -> what the user is told
 SQLITE_REASONS = {

@@ -50,6 +50,8 @@ MOVED_MODULES: dict[str, tuple[str, str]] = {
     # moved under the room that uses them, so that no import runs up the layers (docs/architecture.md)
     "care_retriever.sparse.hybrid": ("care_retriever.search.hybrid", "0.3.0"),
     "care_retriever.evaluation.bm25": ("care_retriever.sparse.bm25", "0.3.0"),
+    # the Qdrant store, one module per concern (Qdrant Edge for a folder, qdrant-client for a server)
+    "care_retriever.stores.qdrant_store": ("care_retriever.stores.qdrant", "0.3.0"),
 }
 MOVED: dict[str, str] = {old: new for old, (new, _) in MOVED_MODULES.items()}
 

@@ -9,7 +9,6 @@ of the core store, a metadata key in the frameworks).
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -19,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from care_retriever.documents import Document, check_document_text
+from care_retriever.documents import Document, check_document_text, metadata_json
 from care_retriever.errors import InputError, ModelError
 from care_retriever.model.config import CONFIG_NAME, CareConfig
 from care_retriever.model.loading import local_model_dir
@@ -201,10 +200,7 @@ def to_core_document(doc_id: str, text: str, meta: Mapping[str, Any]) -> Documen
     check_document_text(doc_id, text, title)
     if title:
         del metadata["title"]
-    try:
-        json.dumps(metadata, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"document {doc_id!r}: metadata must be JSON-serialisable ({exc})") from exc
+    metadata_json(doc_id, metadata)  # strict JSON, as every door refuses NaN and Infinity (naming the field)
     return Document(id=doc_id, text=text, title=title, metadata=metadata)
 
 

@@ -5,7 +5,7 @@ a run is made to fail at the Nth point (ENOSPC or EIO, as the operating system o
 die there (``os._exit``).
 
 The functions are wrapped where the stores' code looks them up (os, shutil, sqlite3 and the ``open`` of
-the stores' own modules and of qdrant-client's local mode); the stores themselves run unchanged.
+the stores' own modules, and the write calls of the Qdrant Edge adapter); the stores themselves run unchanged.
 
 Run as a script it is the subprocess of the kill tests: ``python tests/fault_injection.py SCENARIO DIR N`` runs
 SCENARIO's write in DIR and exits with KILLED at the Nth point.
@@ -36,9 +36,11 @@ OPEN_MODULES = (
     "care_retriever.stores.faiss.files",
     "care_retriever.stores.faiss.journal",
     "care_retriever.stores.faiss.rescoring",
-    "qdrant_client.local.qdrant_local",
-    "qdrant_client.local.persistence",
+    "care_retriever.stores.qdrant.edge_manifest",
 )
+# Qdrant Edge writes in Rust, out of reach of Python's os and open: each call of the engine adapter that writes is
+# a point, failing before the engine runs it (the engine's own failures mid-write: tests/test_faults_disk_full.py)
+EDGE_WRITES = ("upsert", "delete", "set_sparse", "index_field", "flush", "optimize")
 
 
 class Injector:
@@ -156,8 +158,21 @@ def armed(injector: Injector) -> Iterator[Injector]:
     patch(shutil, "copy2", before("shutil.copy2", shutil.copy2, 1))
     patch(sqlite3, "connect", connect)
     for name in OPEN_MODULES:
-        if name in sys.modules:  # (local Qdrant's modules only where the run uses them: they take long to import)
+        if name in sys.modules:  # (the Qdrant modules only where the run uses them)
             patch(sys.modules[name], "open", opening)
+    edge = sys.modules.get("care_retriever.stores.qdrant.edge")
+    if edge is not None:
+
+        def engine(label: str, real: Any) -> Any:
+            def wrapped(shard: Any, *args: Any, **kwargs: Any) -> Any:
+                if injector.point(label, shard.path):
+                    raise injector.os_error(shard.path)
+                return real(shard, *args, **kwargs)
+
+            return wrapped
+
+        for name in EDGE_WRITES:
+            patch(edge.EdgeShard, name, engine(f"edge {name}", getattr(edge.EdgeShard, name)))
     try:
         yield injector
     finally:
@@ -231,7 +246,7 @@ def open_scenario_store(kind: str, folder: Path) -> Any:
 def write(kind: str, folder: Path) -> None:
     """The write under test, from a store opened afresh: ``staged`` (a bulk write through the staging folder,
     checkpointed half-way), ``in-place`` (one transaction on the published store), ``fold`` (the same, folding its
-    delta into index.faiss), ``qdrant`` (local Qdrant)."""
+    delta into index.faiss), ``qdrant`` (Qdrant Edge)."""
     store = open_scenario_store(kind, folder)
     try:
         if kind in ("staged", "qdrant"):

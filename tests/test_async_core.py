@@ -140,17 +140,19 @@ async def test_an_encoder_error_reaches_the_caller_and_the_next_call_works(embed
 
 
 async def test_qdrant_async_reads_go_through_async_qdrant_client(embedder: AsymmetricEmbedder, tmp_path: Path) -> None:
-    """A store's async reads awaiting an ``AsyncQdrantClient`` (here on Qdrant's embedded local mode, which it
-    supports; a server store opens one itself) give the sync client's hits, documents and counts."""
-    from qdrant_client import AsyncQdrantClient
+    """A server store's async reads awaiting an ``AsyncQdrantClient`` (here on qdrant-client's local mode, the
+    stand-in for a server, which it supports; a server store opens one itself) give the sync client's hits,
+    documents and counts."""
+    from qdrant_client import AsyncQdrantClient, QdrantClient
 
     from care_retriever.indexing.corpus import Document
-    from care_retriever.stores.qdrant_store import QdrantStore
+    from care_retriever.stores.qdrant import QdrantStore
 
     rows = read_jsonl(SAMPLE_DIR / "corpus.jsonl")[:60]
     docs = [Document(id=r["_id"], text=r["text"], title=r["title"], metadata=r.get("metadata") or {}) for r in rows]
     folder = str(tmp_path / "qdrant")
-    store = QdrantStore(folder)
+    client = QdrantClient(path=folder)
+    store = QdrantStore(folder, client=client)
     with store.transaction(embedder.dim, embedder.space_fingerprint, "tiny") as writer:
         writer.upsert(docs, embedder.embed_documents([d.embedding_text() for d in docs]))
     topic = docs[0].metadata["topic"]
@@ -158,7 +160,7 @@ async def test_qdrant_async_reads_go_through_async_qdrant_client(embedder: Asymm
     expected = (store.search(queries, 5), store.search(queries, 5, {"topic": topic}))
     ids = [docs[2].id, "missing", docs[0].id]
     expected_get, expected_count = store.get(ids), (store.count(), store.count({"topic": topic}))
-    store.client.close()  # local mode: one client per folder, the async one from here on
+    client.close()  # local mode: one client per folder, the async one from here on
     store.async_client = AsyncQdrantClient(path=folder)
     try:
         got = (await store.search_async(queries, 5), await store.search_async(queries, 5, {"topic": topic}))
@@ -171,3 +173,36 @@ async def test_qdrant_async_reads_go_through_async_qdrant_client(embedder: Asymm
     finally:
         await store.aclose()
     assert store.async_client is None
+
+
+async def test_qdrant_edge_async_reads_run_off_the_event_loop(embedder: AsymmetricEmbedder, tmp_path: Path) -> None:
+    """Qdrant Edge's binding holds the GIL for each call: an Edge store's async reads run in a worker thread, never
+    on the loop's own, and give the sync reads' hits, documents and counts."""
+    import threading
+
+    from care_retriever.indexing.corpus import Document
+    from care_retriever.stores.qdrant import EdgeStore, QdrantStore
+
+    rows = read_jsonl(SAMPLE_DIR / "corpus.jsonl")[:40]
+    docs = [Document(id=r["_id"], text=r["text"], title=r["title"], metadata=r.get("metadata") or {}) for r in rows]
+    store = QdrantStore(str(tmp_path / "edge"))
+    assert isinstance(store, EdgeStore)
+    with store.transaction(embedder.dim, embedder.space_fingerprint, "tiny") as writer:
+        writer.upsert(docs, embedder.embed_documents([d.embedding_text() for d in docs]))
+    queries = embedder.embed_queries(sample_queries()[:3])
+    expected, expected_get = store.search(queries, 5), store.get([docs[1].id, "missing"])
+    threads: list[int] = []
+    real_search = store.search
+
+    def search(*args: object, **kwargs: object) -> object:
+        threads.append(threading.get_ident())
+        return real_search(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.search = search  # type: ignore[method-assign]
+    try:
+        assert await store.search_async(queries, 5) == expected
+        assert await store.get_async([docs[1].id, "missing"]) == expected_get
+        assert await store.count_async() == len(docs)
+    finally:
+        await store.aclose()
+    assert threads and threading.get_ident() not in threads

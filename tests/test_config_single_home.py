@@ -34,7 +34,8 @@ from care_retriever.stores.config import (
 
 REPO = Path(__file__).resolve().parents[1]
 FORMAT1 = REPO / "tests" / "fixtures" / "format1"
-CLI_ONLY = {"--json", "--sparse-only", "--help"}  # the command's own switches: no store or encoding setting
+# the command's own switches: no store or encoding setting
+CLI_ONLY = {"--json", "--sparse-only", "--discard-pending", "--help"}
 
 
 def _index_command() -> Any:
@@ -101,7 +102,11 @@ def test_settings_from_the_cli_options_hold_the_configs() -> None:
     values.update(store="qdrant::memory:", collection="c", quantize="binary")
     settings = settings_from_options(values)
     assert settings.store == StoreSpec(StoreKind.QDRANT, ":memory:", "c")
-    assert settings.index == QdrantCollectionConfig(quantize=QdrantQuantize.BINARY)
+    # FAISS's HNSW flags act on a Qdrant collection too (--hnsw-m 8 is its m); an IVF index is FAISS's only
+    assert settings.index == QdrantCollectionConfig(quantize=QdrantQuantize.BINARY, m=8)
+    values.update(index_type="ivf")
+    with pytest.raises(InputError, match="a Qdrant collection is HNSW"):
+        settings_from_options(values)
 
 
 # ---------------------------------------------------------------------------------------------------- one check

@@ -1,6 +1,6 @@
 """Every door gives the same answer: the CLI, the Python API, Haystack, LangChain, ``CareStoreRetriever`` and the
 HTTP server, for every kind of model (this package's format, one built from hub-format towers, the authors'
-release layout with a BERT and with a gte query tower) and both stores (FAISS, local Qdrant).
+release layout with a BERT and with a gte query tower) and both stores (FAISS, Qdrant Edge).
 
 A door is a small function ``door(model, store_kind, folder) -> ranked hits`` (:data:`DOORS`): it writes the
 corpus through its own write path where it has one (else searches the store the CLI wrote), then searches the
@@ -307,7 +307,7 @@ DOORS: dict[str, tuple[Door, tuple[str, ...]]] = {
     "store_retriever": (door_store_retriever, STORE_KINDS),
     "server": (door_server, STORE_KINDS),
 }
-# Every model kind on FAISS; on local Qdrant (slower to write, and the same vectors reach it) this package's own
+# Every model kind on FAISS; on Qdrant Edge (the same vectors reach it) this package's own
 # model and a release: the cosine and the dot-product convention.
 QDRANT_MODEL_KINDS = ("care", "release-bert")
 CELLS = [

@@ -2,9 +2,9 @@
 crash tests (tests/fault_injection.py numbers the points).
 
 For a FAISS bulk write through the staging folder, a FAISS in-place transaction (with and without a fold) and
-local Qdrant: each point is made to fail in turn with ENOSPC, then with EIO, and (in a subprocess) to die there.
+Qdrant Edge: each point is made to fail in turn with ENOSPC, then with EIO, and (in a subprocess) to die there.
 After each: the error is one line naming a file (a :class:`WriteError`), ``verify`` passes, the store holds
-exactly the old version or exactly the new one (local Qdrant: every point whole, each document old or new, and
+exactly the old version or exactly the new one (Qdrant Edge: every point whole, each document old or new, and
 the count ``info`` gives is what ``verify`` finds), and running the write again completes with every document,
 leaving no staging folder. The suite is red when a point is skipped: the failures injected must equal the points
 a clean run passes, and every injected failure must surface as a WriteError.
@@ -88,7 +88,7 @@ def check_after_fault(scenario: str, folder: Path) -> str:
         return "old"
     if found == new:
         return "new"
-    # local Qdrant persists point by point: each document is whole, in its old or its new version
+    # Qdrant Edge keeps each update the engine ran (its log is replayed): each document whole, old or new
     assert scenario == "qdrant", f"{scenario}: the store holds neither the old nor the new version: {found}"
     for doc_id, content in found.items():
         assert content in (old.get(doc_id), new.get(doc_id)), doc_id

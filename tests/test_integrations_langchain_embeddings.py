@@ -123,7 +123,7 @@ def _langchain_store(kind: str, embeddings: CareEmbeddings, corpus: Path):
 
 
 def _uuid(doc_id: str) -> str:
-    from care_retriever.stores.qdrant_store import point_id
+    from care_retriever.stores.qdrant import point_id
 
     return point_id(doc_id)
 

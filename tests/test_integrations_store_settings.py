@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from haystack import Document as HaystackDocument
 from langchain_core.embeddings import DeterministicFakeEmbedding
-from qdrant_client import models
 
 from care_retriever.errors import InputError, StoreError
 from care_retriever.integrations.haystack import CareFaissDocumentStore
@@ -35,10 +34,8 @@ def test_langchain_qdrant_collection_takes_every_setting(tmp_path: Path) -> None
     store = CareVectorStore(spec, DeterministicFakeEmbedding(size=DIM), index_options=options)
     assert store.index_options == options
     ids = store.add_texts(TEXTS, ids=[f"t{i}" for i in range(len(TEXTS))])
-    info = store.store.client.get_collection("care")  # what Qdrant holds, not our manifest
-    vector = info.config.params.vectors
-    assert isinstance(vector.quantization_config, models.BinaryQuantization) and vector.on_disk is True
-    assert vector.quantization_config.binary.always_ram is True
+    held = store.store.collection_settings()  # what Qdrant Edge holds, not our manifest
+    assert (held["quantize"], held["on_disk"], held["always_ram"], held["shards"]) == ("binary", True, True, 1)
     assert store.store.manifest is not None and store.store.manifest.index["oversample"] == 4.0
     assert store.similarity_search(TEXTS[3], k=1)[0].page_content == TEXTS[3]
     store.delete(ids[:2])

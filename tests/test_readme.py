@@ -21,3 +21,13 @@ def test_readme_opens_with_two_commands_and_ci_runs_the_test_one() -> None:
     assert "torch==2.13.0" in main_job and "torch==2.13.0" in tests
     ci = (REPO / ".ci" / "run").read_text("utf-8")
     assert tests in ci.splitlines()
+
+
+def test_the_command_line_section_shows_the_store_commands_and_the_service() -> None:
+    import re
+
+    section = (REPO / "README.md").read_text("utf-8").split("## Command line", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    shown = set(re.findall(r"^care-retriever ([a-z-]+)", block, flags=re.MULTILINE))
+    assert {"init", "index", "search", "info", "delete", "serve"} <= shown, shown
+    assert "docs/serving.md" in block and (REPO / "docs" / "serving.md").is_file()

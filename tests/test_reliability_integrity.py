@@ -16,7 +16,7 @@ from care_retriever.errors import StoreError
 from care_retriever.indexing.corpus import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import DOCSTORE, INDEX, MANIFEST, FaissStore
-from care_retriever.stores.qdrant_store import MANIFEST_KEY, QdrantStore
+from care_retriever.stores.qdrant import QdrantStore
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +37,10 @@ def faiss_dir(embedder, docs, tmp_path: Path) -> Path:
 
 
 def _drop_checksums(folder: Path) -> None:
+    """The manifest of a store written before checksums were kept (nothing for verify to compare)."""
     manifest = json.loads((folder / MANIFEST).read_text())
-    (folder / MANIFEST).write_text(json.dumps({**manifest, "checksums": {}}))
+    legacy = {k: v for k, v in manifest.items() if k not in ("block_checksums", "sealed", "manifest_sha256")}
+    (folder / MANIFEST).write_text(json.dumps({**legacy, "checksums": {}}))
 
 
 def test_truncated_index_without_checksums_is_reported_by_faiss(faiss_dir: Path) -> None:
@@ -176,36 +178,39 @@ def test_qdrant_newer_format_version_is_refused(embedder, docs, tmp_path: Path) 
     writer.write(docs)
     store = writer.store
     assert isinstance(store, QdrantStore) and store.manifest is not None
-    store.client.update_collection("care", metadata={MANIFEST_KEY: {**store.manifest.to_dict(), "format_version": 7}})
     store.close()
+    manifest = tmp_path / "q" / "care" / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "format_version": 7}))
     with pytest.raises(StoreError, match="format_version 7 is newer"):
         open_store(f"qdrant:{path}")
 
 
-@pytest.mark.parametrize("damage", ["meta.json", "storage.sqlite"])
-def test_qdrant_corrupted_local_storage_is_named(embedder, docs, tmp_path: Path, damage: str) -> None:
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [("manifest.json", "damaged .*manifest.json"), ("shard/edge_config.json", "Qdrant Edge: ")],
+)
+def test_qdrant_corrupted_storage_is_named(embedder, docs, tmp_path: Path, damage: str, message: str) -> None:
     path = tmp_path / "q"
     writer = DocumentStoreWriter(embedder, f"qdrant:{path}", show_progress=False)
     writer.write(docs)
     writer.store.close()
-    if damage == "meta.json":
-        (path / "meta.json").write_text('{"collections": {"care": {"vectors": 12')
-    else:
-        db = path / "collection" / "care" / "storage.sqlite"
-        con = sqlite3.connect(db)
-        con.execute("UPDATE points SET point = ?", (b"\x80garbage",))
-        con.commit()
-        con.close()
-    with pytest.raises(StoreError, match=rf"qdrant:{path}: corrupted local Qdrant storage"):
+    (path / "care" / damage).write_text('{"vectors": {"": {"size": 12')
+    with pytest.raises(StoreError, match=message) as caught:
         open_store(f"qdrant:{path}")
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
 
 
-def test_qdrant_local_folder_is_single_process(embedder, docs, tmp_path: Path) -> None:
+def test_qdrant_folder_has_one_owner_at_a_time(embedder, docs, tmp_path: Path) -> None:
     path = f"qdrant:{tmp_path / 'q'}"
+    writer = DocumentStoreWriter(embedder, path, show_progress=False)
+    writer.write(docs)
+    writer.store.close()
     first = open_store(path)
-    with pytest.raises(StoreError, match="already accessed by another instance"):
+    with pytest.raises(StoreError, match="is open in another process") as caught:
         open_store(path)
+    assert "\n" not in str(caught.value)
     first.close()
+    open_store(path).close()  # released by close
 
 
 def test_search_never_returns_rows_missing_from_the_docstore(embedder, docs, faiss_dir: Path) -> None:

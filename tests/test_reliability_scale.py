@@ -16,7 +16,7 @@ from care_retriever.indexing.corpus import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.config import FaissIndexConfig, IndexType, QdrantCollectionConfig
 from care_retriever.stores.faiss import FaissStore
-from care_retriever.stores.qdrant_store import QdrantStore
+from care_retriever.stores.qdrant import QdrantStore
 
 REPO = Path(__file__).resolve().parents[1]
 DIM = 32

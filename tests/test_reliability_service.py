@@ -62,12 +62,12 @@ def test_search_matches_the_in_process_retriever(server: ServeProcess, expected)
 
 
 MALFORMED: list[tuple[str, bytes | str, dict[str, str], int]] = [
-    ("not json", b"{query: ", {}, 422),
-    ("empty body", b"", {}, 422),
+    ("not json", b"{query: ", {}, 400),
+    ("empty body", b"", {}, 400),
     ("array", b"[1, 2]", {}, 422),
     ("missing query", b'{"top_k": 3}', {}, 422),
     ("empty query", b'{"query": ""}', {}, 422),
-    ("blank query", b'{"query": "   "}', {}, 400),
+    ("blank query", b'{"query": "   "}', {}, 422),
     ("empty list", b'{"query": []}', {}, 422),
     ("too many queries", b'{"query": ["a", "b", "c", "d", "e"]}', {}, 422),
     ("query too long", b'{"query": "' + "长".encode() * 201 + b'"}', {}, 422),
@@ -78,9 +78,9 @@ MALFORMED: list[tuple[str, bytes | str, dict[str, str], int]] = [
     ("null query", b'{"query": null}', {}, 422),
     ("number query", b'{"query": 12}', {}, 422),
     ("unknown field", b'{"query": "a", "topk": 3}', {}, 422),
-    ("bad filter key", b'{"query": "a", "filters": {"a b": 1}}', {}, 400),
+    ("bad filter key", b'{"query": "a", "filters": {"a b": 1}}', {}, 422),
     ("nested filter", b'{"query": "a", "filters": {"a": {"b": 1}}}', {}, 422),
-    ("NaN filter", b'{"query": "a", "filters": {"a": NaN}}', {}, 400),
+    ("NaN filter", b'{"query": "a", "filters": {"a": NaN}}', {}, 422),
     ("lone surrogate", b'{"query": "\\ud800"}', {}, 422),
     ("invalid utf-8", b'{"query": "\xff\xfe"}', {}, 400),
     ("deep nesting", b"[" * 2000 + b"]" * 2000, {}, 400),

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
+from care_retriever.errors import InputError
 from care_retriever.search.server import ServiceLimits, create_app
 
 SAMPLE = Path(__file__).resolve().parents[1] / "care_retriever" / "data" / "sample"
@@ -125,15 +126,25 @@ def test_batching_off_runs_one_request_per_forward_pass(retriever) -> None:
     assert seen["care_batch_queries_count"] == 12 and seen["care_batch_queries_sum"] == 12
 
 
-def test_a_bad_request_in_a_batch_fails_alone(retriever) -> None:
-    """A filter the store refuses fails its own request (400), not the others searched in the same batch."""
+def test_a_bad_request_in_a_batch_fails_alone(retriever, monkeypatch) -> None:
+    """A search the store refuses fails its own request (422), not the others searched in the same batch. (The
+    service's schema refuses every filter the stores refuse before a request joins a batch: the store's search is
+    made to refuse one filter value here.)"""
+    search = retriever.store.search
+
+    def refusing(vectors, top_k, filters=None):
+        if filters == {"topic": "refused"}:
+            raise InputError("filter 'topic': the store refuses this value")
+        return search(vectors, top_k, filters)
+
+    monkeypatch.setattr(retriever.store, "search", refusing)
     queries = _queries()[:6]
     bodies = [{"query": q, "top_k": 3} for q in queries]
-    bodies[2]["filters"] = {"bad key!": 1}
+    bodies[2]["filters"] = {"topic": "refused"}
     app = create_app(retriever, ServiceLimits(max_batch_size=16, max_wait_ms=50))
     responses = asyncio.run(_post_all(app, bodies))
-    assert [r.status_code for r in responses] == [200, 200, 400, 200, 200, 200]
-    assert "filter" in responses[2].json()["error"]
+    assert [r.status_code for r in responses] == [200, 200, 422, 200, 200, 200]
+    assert "refuses" in responses[2].json()["error"]
     for q, r in zip(queries, responses, strict=True):
         if r.status_code == 200:
             assert _same(_hits(r.json()["results"][0]["hits"]), _hits([h.to_dict() for h in retriever.search(q, 3)]))

@@ -83,7 +83,7 @@ def test_rescored_search_equals_exact_top_k(tmp_path: Path, options: FaissIndexC
     with FaissStore(tmp_path / "s") as store:  # reopened: codes from index.faiss, vectors mapped from disk
         manifest = store.require_manifest()
         assert manifest.index["quantize"] == options.quantization.value and manifest.index["oversample"] >= 1
-        assert manifest.format_version == 3 and VECTORS in manifest.checksums
+        assert manifest.format_version == 3 and VECTORS in manifest.block_checksums
         assert (tmp_path / "s" / VECTORS).stat().st_size == N * DIM * 4
         for hits, query in zip(store.search(QUERIES, 10), QUERIES, strict=True):
             assert_exact(hits, exact(VECS, ids, query, 10))

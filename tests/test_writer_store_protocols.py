@@ -33,7 +33,7 @@ from care_retriever.stores.config import (
     store_config,
 )
 from care_retriever.stores.faiss import FaissStore
-from care_retriever.stores.qdrant_store import QdrantStore
+from care_retriever.stores.qdrant import QdrantStore
 
 DIM = 16
 DOCS = [Document(id=f"d{i}", text=f"第{i}号文档：高血压患者应低盐饮食，第{i}条建议") for i in range(40)]
@@ -136,7 +136,7 @@ def test_a_qdrant_store_takes_only_its_config(settings: Any) -> None:
         with pytest.raises(InputError, match=r"a Qdrant store takes a QdrantCollectionConfig") as caught:
             call()
         assert "\n" not in str(caught.value)
-    assert not store.client.collection_exists("care")  # nothing created
+    assert store.manifest is None and not store.folder.exists()  # nothing created
     store.prepare(DIM, "fp", "m", QdrantCollectionConfig(quantize=QdrantQuantize.SQ8))
     assert store.require_manifest().index["quantize"] == "sq8"
 

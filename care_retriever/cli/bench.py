@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from care_retriever import strict_json
 from care_retriever.cli.eval import GreedyCommand, display_name
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
@@ -112,7 +112,7 @@ def bench_command(
     B.attach_accuracy(result.models, evals)
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result.to_dict(), ensure_ascii=False, indent=2) + "\n")
+    (out / "bench.json").write_text(strict_json.dumps(result.to_dict(), indent=2) + "\n")
     table = bench_markdown(result)
     (out / "bench.md").write_text(table + "\n")
     plot_accuracy_vs_qps(result, out / "bench.png")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from care_retriever import strict_json
 from care_retriever.cli.dataclass_options import with_options
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import CareError, InputError, ModelError
@@ -176,6 +176,13 @@ def index(
             "no model, nothing re-encoded."
         ),
     ] = False,
+    discard_pending: Annotated[
+        bool,
+        typer.Option(
+            help="Remove the staged, unpublished copy an unfinished run left beside the store; "
+            "the published store is kept. No model, no corpus."
+        ),
+    ] = False,
     options: dict[str, Any] | None = None,
 ) -> None:
     """Encode a corpus with the document tower and write it into a FAISS or Qdrant store.
@@ -187,6 +194,9 @@ def index(
     from care_retriever.indexing.distributed import run_index
 
     values = options or {}
+    if discard_pending:
+        _discard_pending(values["store"], values["collection"], json_out)
+        return
     if sparse_only:
         _add_sparse_side(values["store"], values["collection"], values["progress"], json_out)
         return
@@ -195,7 +205,7 @@ def index(
     if report is None:  # a worker rank: rank 0 reports
         return
     if json_out:
-        typer.echo(json.dumps(report, ensure_ascii=False))
+        typer.echo(strict_json.dumps(report))
         return
     over = f" over {report['world_size']} processes" if report["world_size"] > 1 else ""
     typer.echo(
@@ -205,16 +215,39 @@ def index(
     )
 
 
+def _discard_pending(store: str, collection: str | None, json_out: bool) -> None:
+    """``index --discard-pending``: drop what an unfinished run staged (care_retriever.stores.runs)."""
+    from care_retriever.stores import open_store
+
+    target = open_store(store, collection=collection, create=False)
+    try:
+        discarded = target.discard_pending()
+        count = target.count()
+    finally:
+        target.close()
+    if json_out:
+        typer.echo(strict_json.dumps({"store": target.describe(), "discarded": discarded, "count": count}))
+    elif discarded:
+        typer.echo(f"{discarded}: discarded; the published store holds {count} documents")
+    else:
+        typer.echo(f"{target.describe()}: no unfinished run is pending; the store holds {count} documents")
+
+
 def _add_sparse_side(store: str, collection: str | None, progress: bool, json_out: bool) -> None:
     """``index --sparse-only``: the BM25 side of an existing store, written in one publish (care_retriever.sparse)."""
     import time
 
     from care_retriever.stores import open_store
+    from care_retriever.stores.runs import RunTag
 
     target = open_store(store, collection=collection)
     manifest = target.require_manifest()
     start = time.perf_counter()
     try:
+        # a run of its own: it neither resumes nor publishes another run's staged copy
+        target.claim_run(
+            RunTag("index --sparse-only", space_fingerprint=manifest.space_fingerprint, model_name=manifest.model_name)
+        )
         target.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name)
         tokenized = target.enable_sparse(show_progress=progress)
         target.finalize()  # publishes both sides at once; a failure above leaves the published store as it was
@@ -228,7 +261,7 @@ def _add_sparse_side(store: str, collection: str | None, progress: bool, json_ou
     finally:
         target.close()
     if json_out:
-        typer.echo(json.dumps(report, ensure_ascii=False))
+        typer.echo(strict_json.dumps(report))
     elif tokenized:
         typer.echo(f"{report['store']}: BM25 side built over {tokenized} documents in {report['seconds']:.1f}s")
     else:
@@ -273,7 +306,7 @@ def search(
     check_mode(mode)
     fusion_config = FusionConfig(fusion, k=rrf_k, dense_weight=dense_weight)
     filters = _parse_filters(filter_)
-    target = open_store(store, collection=collection)
+    target = open_store(store, collection=collection, create=False)
     target.require_manifest()
     if mode != "dense":
         require_sparse(target)  # before loading the model
@@ -295,7 +328,7 @@ def search(
                     for h in hits
                 ],
             }
-            sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+            sys.stdout.write(strict_json.dumps(row) + "\n")
         else:
             typer.echo(f"\n{query}")
             for rank, h in enumerate(hits, 1):
@@ -312,7 +345,7 @@ def info(
     """Describe a store: backend, model fingerprint, dim, metric, count, index, versions."""
     from care_retriever.stores import open_store
 
-    target = open_store(store, collection=collection)
+    target = open_store(store, collection=collection, create=False)
     manifest = target.require_manifest()
     data = {**manifest.to_dict(), "live_count": target.count(), "store": target.describe()}
     # the documents the store holds, as verify counts them (a manifest's count can lag a write that failed half-way)
@@ -325,7 +358,7 @@ def info(
         data["collection"] = settings()
     target.close()
     if json_out:
-        typer.echo(json.dumps(data, ensure_ascii=False, indent=2))
+        typer.echo(strict_json.dumps(data, indent=2))
         return
     for key in (
         "store",
@@ -360,7 +393,7 @@ def delete(
     """Delete documents by id (no model needed)."""
     from care_retriever.stores import open_store
 
-    target = open_store(store, collection=collection)
+    target = open_store(store, collection=collection, create=False)
     manifest = target.require_manifest()
     with target.transaction(manifest.dim, manifest.space_fingerprint, manifest.model_name):
         removed = target.delete(ids)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from care_retriever import strict_json
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
 
@@ -217,7 +217,7 @@ def label(
         f"{report.discarded} discarded (no unanimity), {report.unparsable} unparsable grades; "
         f"{len(rows)} queries -> {out}"
     )
-    typer.echo(json.dumps(report.per_judge, ensure_ascii=False))
+    typer.echo(strict_json.dumps(report.per_judge))
 
 
 def register(app: typer.Typer) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ import typer
 from typer._click import Context as TyperClickContext  # typer vendors click: its commands get this Context
 from typer.core import TyperCommand
 
+from care_retriever import strict_json
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
 from care_retriever.sparse.fusion import DEFAULT_FUSION
@@ -201,7 +201,7 @@ def eval_command(
 
 def _emit(result, json_out: bool) -> None:
     if json_out:
-        sys.stdout.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+        sys.stdout.write(strict_json.dumps(result.to_dict()) + "\n")
         sys.stdout.flush()
     elif result.skipped:
         typer.echo(f"{result.model} / {result.task}: skipped ({result.skipped})", err=True)

@@ -36,7 +36,9 @@ COMMAND_MODULES = (
     "care_retriever.cli.bench",
     "care_retriever.cli.serve",
     "care_retriever.cli.verify",
+    "care_retriever.cli.copying",
     "care_retriever.cli.export",
+    "care_retriever.cli.migrate",
 )
 
 

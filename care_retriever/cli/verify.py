@@ -14,7 +14,7 @@ def verify(
     """Check every byte of a store: checksums, docstore integrity, ids, content hashes, vector norms."""
     from care_retriever.stores import open_store
 
-    target = open_store(store, collection=collection)
+    target = open_store(store, collection=collection, create=False)
     try:
         count = target.verify()
     finally:

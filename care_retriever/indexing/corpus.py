@@ -4,21 +4,40 @@ Accepted: JSONL rows ``{"_id" | "id", "text", "title"?, "metadata"?}`` (a BEIR `
 reads as is), a BEIR folder (its ``corpus.jsonl``), or plain text with one document per line (ids
 are line numbers). Rows are validated as they stream, so a corpus larger than memory goes through,
 and errors name the file and line.
+
+Which of the two a file is (:func:`corpus_format`): the name decides when it says JSONL (``.jsonl``, ``.ndjson``,
+``.json``); otherwise the content does: JSONL when the first non-blank line, after a UTF-8 byte-order mark and
+spaces, starts with ``{``, plain text otherwise. A plain-text corpus whose first line starts with ``{`` is thus read
+as JSONL and refused at its first line that is not a JSON object (one line, nothing indexed): text is never indexed
+as the wrong format with exit 0. Such a corpus is given as JSONL (``{"id": ..., "text": ...}`` per line).
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
-from care_retriever.documents import Document, document_text, empty_text_message, iter_jsonl
+from care_retriever.documents import (
+    Document,
+    decode_line,
+    document_text,
+    empty_text_message,
+    iter_jsonl,
+    metadata_json,
+)
 from care_retriever.errors import InputError, at
+from care_retriever.model.protocols import check_unicode
 
 # Document, document_text and iter_jsonl live on the ground floor (care_retriever.documents) where the stores and
 # the model read them too; imported here for the reader, and for code that imports them from here
 # (care_retriever.old_paths lists these names with the release that drops them).
-__all__ = ["Document", "corpus_file", "document_text", "iter_jsonl", "read_corpus"]
+__all__ = ["Document", "corpus_file", "corpus_format", "document_text", "iter_jsonl", "read_corpus"]
+
+JSONL_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json"})
+CorpusFormat = Literal["jsonl", "text"]
 
 
 def corpus_file(path: str | Path) -> Path:
@@ -34,14 +53,17 @@ def corpus_file(path: str | Path) -> Path:
     return p
 
 
-def _is_jsonl(path: Path) -> bool:
-    if path.suffix in {".jsonl", ".json", ".ndjson"}:
-        return True
+def corpus_format(path: Path) -> CorpusFormat:
+    """``"jsonl"`` when the name says so, else when the first non-blank line starts with ``{`` (a UTF-8 byte-order
+    mark and spaces before it skipped); ``"text"`` otherwise (the module's docstring gives the rule and why)."""
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        return "jsonl"
     with path.open("rb") as fh:
         for raw in fh:
-            if raw.strip():
-                return raw.lstrip().startswith(b"{")
-    return False
+            line = raw.removeprefix(codecs.BOM_UTF8).strip()
+            if line:
+                return "jsonl" if line.startswith(b"{") else "text"
+    return "text"
 
 
 def read_corpus(path: str | Path, *, skip_invalid: bool = False, check_duplicates: bool = True) -> Iterator[Document]:
@@ -51,12 +73,14 @@ def read_corpus(path: str | Path, *, skip_invalid: bool = False, check_duplicate
     line; with ``skip_invalid`` such rows are skipped instead (the count is logged by the writer).
     """
     file = corpus_file(path)
-    jsonl = _is_jsonl(file)
+    jsonl = corpus_format(file) == "jsonl"
+    # where the content chose JSONL, a line that is not JSON says why the file was read as JSONL
+    why = "" if file.suffix.lower() in JSONL_SUFFIXES else " (read as JSONL: its first line starts with '{')"
     seen: set[str] = set()
     with file.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             try:
-                doc = _parse_line(raw, lineno, file, jsonl)
+                doc = _parse_line(raw, lineno, file, jsonl, why)
                 if doc is None:
                     continue
                 if check_duplicates:
@@ -70,11 +94,8 @@ def read_corpus(path: str | Path, *, skip_invalid: bool = False, check_duplicate
             yield doc
 
 
-def _parse_line(raw: bytes, lineno: int, file: Path, jsonl: bool) -> Document | None:
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{at(file, lineno)}: not valid UTF-8 (byte {exc.start})") from exc
+def _parse_line(raw: bytes, lineno: int, file: Path, jsonl: bool, why: str = "") -> Document | None:
+    line = decode_line(raw, lineno, file)
     if not line.strip():
         return None
     if not jsonl:
@@ -83,9 +104,9 @@ def _parse_line(raw: bytes, lineno: int, file: Path, jsonl: bool) -> Document | 
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{at(file, lineno)}: invalid JSON ({exc.msg})") from exc
+        raise InputError(f"{at(file, lineno)}: invalid JSON ({exc.msg}){why}") from exc
     if not isinstance(row, dict):
-        raise InputError(f"{at(file, lineno)}: expected a JSON object, got {type(row).__name__}")
+        raise InputError(f"{at(file, lineno)}: expected a JSON object, got {type(row).__name__}{why}")
     doc_id = row.get("_id", row.get("id"))
     if doc_id is None or (isinstance(doc_id, str) and not doc_id.strip()):
         raise InputError(f'{at(file, lineno)}: missing document id ("_id" or "id")')
@@ -102,10 +123,19 @@ def _parse_line(raw: bytes, lineno: int, file: Path, jsonl: bool) -> Document | 
         raise InputError(f'{at(file, lineno)}: "metadata" must be an object')
     if not (text.strip() or title.strip()):
         raise InputError(f"{at(file, lineno)}: {empty_text_message(doc_id)}")
+    # JSON escapes may spell what UTF-8 cannot hold (a lone surrogate such as \ud800), and Python's json reads NaN
+    # and Infinity, which JSON has not: refused here, naming the line, before the writer sees the corpus
+    try:
+        for name, value in (("id", str(doc_id)), ("text", text), ("title", title)):
+            check_unicode(value, f'"{name}"')
+        if metadata:
+            check_unicode(metadata_json(doc_id, metadata), '"metadata"')
+    except InputError as exc:
+        raise InputError(f"{at(file, lineno)}: {exc}") from exc
     return Document(id=str(doc_id), text=text, title=title, metadata=metadata)
 
 
 def _check_text(text: str, file: Path, lineno: int) -> str:
     if not text.strip():
         raise InputError(f"{at(file, lineno)}: empty text")
-    return text
+    return text  # decoded from UTF-8 bytes: no lone surrogate can be in it

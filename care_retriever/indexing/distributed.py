@@ -195,6 +195,14 @@ class IndexSettings:
         ),
     )
     prune: bool = field(default=False, metadata=meta("Also delete stored documents whose id is not in the corpus."))
+    yes: bool = field(
+        default=False,
+        metadata=meta(
+            "With --prune: delete even when more stored documents would go than the store keeps (without it such a "
+            "run stops before writing anything).",
+            flag="--yes",
+        ),
+    )
     skip_invalid: bool = field(default=False, metadata=meta("Skip invalid rows instead of stopping at the first."))
     device: str | None = field(
         default=None, metadata=meta("cpu | cuda | cuda:N (default: auto; cuda:LOCAL_RANK under torchrun).")
@@ -273,7 +281,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
     """Rank 0: validate the corpus and the store, then run the writer (its chunks scattered over the ranks)."""
     from care_retriever.indexing.corpus import corpus_file, read_corpus
     from care_retriever.indexing.space import check_store_space
-    from care_retriever.indexing.writer import DocumentStoreWriter
+    from care_retriever.indexing.writer import DocumentStoreWriter, check_prune, check_storable
     from care_retriever.stores import open_store
 
     encoder: ShardedEncoder | None = None
@@ -282,13 +290,24 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
     try:
         assert settings.corpus is not None  # IndexSettings refuses a run without one
         file = corpus_file(settings.corpus)
-        # Validate the whole corpus before the first write, so bad input leaves the store untouched.
-        total = sum(1 for _ in read_corpus(file, skip_invalid=settings.skip_invalid))
+        # Validate the whole corpus before the first write (each document as the writer will check it), so bad
+        # input leaves the store untouched: no checkpoint of a run that cannot finish is left staged.
+        total, corpus_ids = 0, set()
+        for document in read_corpus(file, skip_invalid=settings.skip_invalid):
+            try:
+                check_storable(document)
+            except InputError as exc:
+                raise InputError(f"{file}: {exc}; nothing was written") from exc
+            total += 1
+            if settings.prune:  # the ids --prune keeps
+                corpus_ids.add(document.id)
         target = open_store(settings.store)
         if settings.update and target.manifest is None:
             raise InputError(
                 f"--update: {target.describe()} holds no index yet (a mistyped path?); drop --update to build a new one"
             )
+        if settings.prune:
+            check_prune(target, corpus_ids, confirmed=settings.yes)
         embedder = load_document_tower(settings, device)
         # the disk holds what the run will write, or one line says so before anything is encoded
         check_store_space(
@@ -305,7 +324,10 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
             sparse=settings.sparse,
         )
         report = writer.write(
-            read_corpus(file, skip_invalid=settings.skip_invalid), total=total, prune_ids_not_in=settings.prune
+            read_corpus(file, skip_invalid=settings.skip_invalid),
+            total=total,
+            prune_ids_not_in=settings.prune,
+            source=str(file.resolve()),
         )
     finally:
         if target is not None:

@@ -21,7 +21,6 @@ over the ranks of a torch.distributed job, so checkpointing, resume and skipping
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import queue
 import threading
@@ -35,13 +34,13 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from care_retriever.documents import Document, check_document_text
+from care_retriever.documents import Document, check_document_text, metadata_json
 from care_retriever.errors import InputError, ModelError
 from care_retriever.indexing.config import SPARSE, EncodeConfig
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.encoding import BatchLimits, auto_batch_limits, check_unicode
 from care_retriever.model.forward import prepare_document_forward
-from care_retriever.model.protocols import DocumentEncoder
+from care_retriever.model.protocols import DocumentEncoder, all_unicode
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
 from care_retriever.stores.config import (
@@ -51,6 +50,7 @@ from care_retriever.stores.config import (
     StoreOptions,
     store_config,
 )
+from care_retriever.stores.runs import RunTag
 
 # texts -> (len(texts), dim) float32 unit rows, in input order
 Encoder = Callable[[list[str]], np.ndarray]
@@ -105,32 +105,53 @@ def _chunks(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
         yield chunk
 
 
+def check_storable(doc: Document) -> None:
+    """One line when ``doc`` cannot be stored: text that is not valid Unicode (a lone surrogate) would fail deep
+    inside the tokenizer or SQLite. ``index`` checks the whole corpus with it before the first write."""
+    if not isinstance(doc, Document):
+        raise InputError(f"expected care_retriever.documents.Document, got {type(doc).__name__}")
+    if not isinstance(doc.id, str) or not doc.id:
+        raise InputError(f"document id must be a non-empty str, got {doc.id!r}")
+    for name in ("id", "text", "title"):
+        value = getattr(doc, name)
+        if not isinstance(value, str):
+            raise InputError(f"document {doc.id!r}: {name} must be a str, got {type(value).__name__}")
+        check_unicode(value, f"document {doc.id!r} {name}")
+    check_document_text(doc.id, doc.text, doc.title)  # as the CLI's corpus reader refuses it
+    if doc.metadata:  # strict JSON (no NaN, no Infinity) in UTF-8; no metadata: nothing to check
+        check_unicode(metadata_json(doc.id, doc.metadata), f"document {doc.id!r} metadata")
+
+
 def _validated(chunk: list[Document]) -> list[Document]:
     """Check each document is storable, and keep the last of repeated ids (upsert semantics).
 
-    Two rows with one id in a chunk would otherwise both be inserted (FAISS docstore: UNIQUE violation);
-    text that is not valid Unicode would fail deep inside the tokenizer or SQLite.
+    Two rows with one id in a chunk would otherwise both be inserted (FAISS docstore: UNIQUE violation).
     """
+    if not _plainly_valid(chunk):  # some document is not: checked one by one, the first one's error raised
+        for doc in chunk:
+            check_storable(doc)
     latest: dict[str, Document] = {}
     for doc in chunk:
-        if not isinstance(doc, Document):
-            raise InputError(f"expected care_retriever.documents.Document, got {type(doc).__name__}")
-        if not isinstance(doc.id, str) or not doc.id:
-            raise InputError(f"document id must be a non-empty str, got {doc.id!r}")
-        for name in ("id", "text", "title"):
-            value = getattr(doc, name)
-            if not isinstance(value, str):
-                raise InputError(f"document {doc.id!r}: {name} must be a str, got {type(value).__name__}")
-            check_unicode(value, f"document {doc.id!r} {name}")
-        check_document_text(doc.id, doc.text, doc.title)  # as the CLI's corpus reader refuses it
-        try:  # (no metadata: nothing to check; this runs once per document)
-            if doc.metadata:
-                check_unicode(json.dumps(doc.metadata, ensure_ascii=False), f"document {doc.id!r} metadata")
-        except TypeError as exc:
-            raise InputError(f"document {doc.id!r}: metadata is not JSON-serialisable ({exc})") from exc
         latest.pop(doc.id, None)
         latest[doc.id] = doc
     return list(latest.values())
+
+
+def _plainly_valid(chunk: list[Document]) -> bool:
+    """Whether every document of ``chunk`` passes :func:`check_storable`, found in bulk (a Unicode check per 1,024
+    strings instead of three a document: the check was about a twentieth of a CPU run of short titles). False: some
+    document may not (the caller checks each, for the first one's message)."""
+    try:
+        if not all(isinstance(d, Document) and d.id and (d.text.strip() or d.title.strip()) for d in chunk):
+            return False
+        if not all_unicode([value for d in chunk for value in (d.id, d.text, d.title)]):
+            return False
+        for doc in chunk:  # strict JSON (no NaN, no Infinity) in UTF-8; no metadata: nothing to check
+            if doc.metadata and not all_unicode([metadata_json(doc.id, doc.metadata)]):
+                return False
+    except (AttributeError, TypeError, ValueError, InputError):  # a field of another type than str, bad metadata
+        return False
+    return True
 
 
 class _StoreWrites:
@@ -263,13 +284,25 @@ class DocumentStoreWriter:
         self._writes: _StoreWrites | None = None
 
     def write(
-        self, documents: Iterable[Document], *, total: int | None = None, prune_ids_not_in: bool = False
+        self,
+        documents: Iterable[Document],
+        *,
+        total: int | None = None,
+        prune_ids_not_in: bool = False,
+        source: str | None = None,
     ) -> WriteReport:
-        """Upsert ``documents``; with ``prune_ids_not_in``, also delete stored ids the input lacks."""
+        """Upsert ``documents``; with ``prune_ids_not_in``, also delete stored ids the input lacks.
+
+        ``source``: where the documents come from (``index`` gives the corpus file), recorded with a staged write:
+        a run stopped or killed is resumed only by the same run (same source, model and settings), and any other
+        write is refused in one line while its staged copy is pending (:mod:`care_retriever.stores.runs`). A run
+        that stops on a bad document keeps its last checkpoint staged, unpublished, and its error says so.
+        """
         embedder = self.embedder
         # A new FAISS store that trains its index on its first vectors (IVF, quantization) gets the corpus's first
         # documents first, not its longest (:meth:`_flush`).
         self._first_slice = self.store.trains_on_first_vectors(self.index)
+        self.store.claim_run(self._run_tag("index", source, sparse=self.sparse, prune=prune_ids_not_in))
         self.store.prepare(
             embedder.dim,
             embedder.space_fingerprint,
@@ -287,6 +320,64 @@ class DocumentStoreWriter:
         # Documents to encode, by id (the last of a repeated id wins), with whether the store held the id.
         pending: dict[str, tuple[Document, bool]] = {}
         self._since_checkpoint = 0
+        try:
+            self._write_all(documents, total, prune_ids_not_in, report, seen, stats, pending)
+        except InputError as exc:  # a bad document mid-run: said with what the run leaves behind
+            raise InputError(f"{exc}; {self._left_behind(report.encoded)}") from exc
+        if prune_ids_not_in:
+            report.deleted = self._prune(seen)
+        self.store.finalize()
+        report.seconds = time.perf_counter() - start
+        report.count = self.store.count()
+        report.truncated = stats.get("truncated", 0)
+        report.tokens = stats.get("tokens", 0)
+        report.padded_tokens = stats.get("padded_tokens", 0)
+        if report.truncated:
+            logger.warning(
+                "%d of %d encoded documents reached the document tower's max length and were truncated",
+                report.truncated,
+                report.encoded,
+            )
+        return report
+
+    def _run_tag(self, command: str, source: str | None, **options: Any) -> RunTag:
+        """This run, as a staged write records it (the store's settings, asked or default, among its options)."""
+        embedder = self.embedder
+        settings = dataclasses.asdict(self.index) if self.index is not None else None
+        return RunTag(
+            command=command,
+            corpus=source,
+            space_fingerprint=embedder.space_fingerprint,
+            model_name=embedder.document_model_name,
+            options={"index": settings, **options},
+        )
+
+    def _left_behind(self, written: int) -> str:
+        """What a run that stopped on bad input leaves: its last checkpoint staged (with how to finish or discard
+        it); with none taken, nothing (the staged copy is dropped); in a store that publishes each write as it is
+        made (Qdrant), the ``written`` documents."""
+        staged = self.store.pending_run()
+        if staged is not None:
+            return f"the run stopped there; fix the input: {staged}"
+        self.store.abort()
+        if self.store.stages_bulk_writes or not written:
+            return "the run stopped there; nothing of it was published"
+        return (
+            f"the run stopped there; the {written} documents written before it stay in {self.store.describe()} "
+            "(each write is published as it is made): fix the input and run the same command again "
+            "(they are skipped as unchanged)"
+        )
+
+    def _write_all(
+        self,
+        documents: Iterable[Document],
+        total: int | None,
+        prune_ids_not_in: bool,
+        report: WriteReport,
+        seen: set[str],
+        stats: dict[str, int],
+        pending: dict[str, tuple[Document, bool]],
+    ) -> None:
         with (
             tqdm(
                 total=total,
@@ -307,7 +398,8 @@ class DocumentStoreWriter:
                     if pending.pop(doc.id, None) is not None:
                         bar.update(1)
                 stored = self.store.content_hashes([d.id for d in chunk])
-                todo = [d for d in chunk if stored.get(d.id) != d.content_hash()]
+                # (an id the store does not hold is encoded whatever its hash: hashed only when written)
+                todo = [d for d in chunk if d.id not in stored or stored[d.id] != d.content_hash()]
                 report.unchanged += len(chunk) - len(todo)
                 bar.update(len(chunk) - len(todo))
                 pending.update((d.id, (d, d.id in stored)) for d in todo)
@@ -316,21 +408,6 @@ class DocumentStoreWriter:
                     pending.clear()
             if pending:
                 self._flush(list(pending.values()), report, bar, stats, tokenizer)
-        if prune_ids_not_in:
-            report.deleted = self._prune(seen)
-        self.store.finalize()
-        report.seconds = time.perf_counter() - start
-        report.count = self.store.count()
-        report.truncated = stats.get("truncated", 0)
-        report.tokens = stats.get("tokens", 0)
-        report.padded_tokens = stats.get("padded_tokens", 0)
-        if report.truncated:
-            logger.warning(
-                "%d of %d encoded documents reached the document tower's max length and were truncated",
-                report.truncated,
-                report.encoded,
-            )
-        return report
 
     def _resolve_limits(self) -> None:
         """``max_batch_tokens="auto"``: a token budget sized from the free memory of the GPU the document tower is
@@ -421,6 +498,7 @@ class DocumentStoreWriter:
     def delete(self, ids: Sequence[str]) -> int:
         """Delete documents by id and publish the change."""
         embedder = self.embedder
+        self.store.claim_run(self._run_tag("delete", None))
         self.store.prepare(embedder.dim, embedder.space_fingerprint, "", self.index, metric=embedder.similarity)
         removed = self.store.delete(list(ids))
         self.store.finalize()
@@ -429,3 +507,18 @@ class DocumentStoreWriter:
     def _prune(self, keep: set[str]) -> int:
         stale = [d.id for d in self.store.iter_documents() if d.id not in keep]
         return self.store.delete(stale) if stale else 0
+
+
+def check_prune(store: VectorStore, keep: set[str], *, confirmed: bool) -> int:
+    """How many stored documents ``--prune`` deletes (those whose id is not in ``keep``, the corpus's ids). A prune
+    that would delete more documents than the store keeps (an empty or wrong corpus deletes them all) is refused in
+    one line before anything is written, unless ``confirmed`` (``index --prune --yes``)."""
+    if store.manifest is None:
+        return 0
+    stale = sum(1 for d in store.iter_documents() if d.id not in keep)
+    if stale > len(keep) and not confirmed:
+        raise InputError(
+            f"--prune would delete {stale} of the {store.count()} documents in {store.describe()} and keep "
+            f"{len(keep)}: nothing was written; add --yes to delete them"
+        )
+    return stale

@@ -257,7 +257,10 @@ class _Tokenised:
             if self._backend is None:
                 return None
         prompt = self.prompt or ""
-        return [e.ids for e in self._backend.encode_batch([prompt + self.texts[i] for i in idx])]
+        texts = [prompt + self.texts[i] for i in idx] if prompt else [self.texts[i] for i in idx]
+        # encode_batch_fast (tokenizers >= 0.21): the same ids without the character offsets (about a sixth faster)
+        encode = getattr(self._backend, "encode_batch_fast", None) or self._backend.encode_batch
+        return [e.ids for e in encode(texts)]
 
     def add(self, idx: np.ndarray, more: bool = False) -> np.ndarray:
         """Tokenise the texts at ``idx``; return their token counts. ``more``: other groups follow (worth checking

@@ -6,10 +6,13 @@
 Every limit is explicit (:class:`ServiceLimits`): body size and how long its upload may take,
 queries per request, characters per query, ``top_k``, the batch and the queue. Concurrent requests
 are micro-batched (:mod:`care_retriever.search.batching`): their queries go through the query tower in one
-forward pass, then each request's hits come from its own store search. Bad input is answered with a
-4xx and ``{"error": "<one line>"}``; a full queue with 503 and Retry-After; a 5xx means a bug. With
-``api_token`` every route wants ``Authorization: Bearer <token>``. ``care-retriever serve``
-(:mod:`care_retriever.cli.serve`) runs it under uvicorn, bound to 127.0.0.1 unless told otherwise.
+forward pass, then each request's hits come from its own store search. Every error is answered with
+``{"error": "<one line>"}`` (:class:`ErrorBody`, declared in ``/openapi.json`` for each status a route returns,
+:data:`ERROR_STATUSES`): 400 a body that is not JSON, 422 JSON the schema refuses (naming the field), 413 and 408
+the body's size and time limits, 401 the token, 503 a full queue (with Retry-After), 500 a bug or a store that
+cannot answer. With ``api_token`` every route wants ``Authorization: Bearer <token>``. ``care-retriever serve``
+(:mod:`care_retriever.cli.serve`) runs it under uvicorn, bound to 127.0.0.1 unless told otherwise; docs/serving.md
+is the user's guide.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the /search body type from the live
@@ -20,60 +23,38 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal, cast
+from dataclasses import asdict
+from typing import Any, cast
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from care_retriever import strict_json
 from care_retriever.errors import CareError, InputError
 from care_retriever.search.batching import Job, Overloaded, QueryBatcher
 from care_retriever.search.retriever import CareRetriever
+from care_retriever.search.service_schema import (
+    EVERY_ROUTE,
+    ErrorBody,
+    HealthReport,
+    SearchBody,
+    SearchResponse,
+    ServiceLimits,
+    StrictJSONResponse,
+    error_response,
+    error_responses,
+    request_model,
+    validation_answer,
+)
+
+__all__ = ["ServiceLimits", "create_app", "search_batch"]  # ServiceLimits: where the service's callers import it
 
 logger = logging.getLogger("care_retriever")
 CLIENT_CLOSED = 499  # status recorded in the metrics for a request its client abandoned
-
-
-@dataclass(frozen=True)
-class ServiceLimits:
-    """Bounds on what one request may ask for, so no request can exhaust memory or CPU."""
-
-    max_top_k: int = 100
-    max_queries: int = 32
-    max_query_chars: int = 2048
-    max_body_bytes: int = 64 * 1024
-    max_concurrency: int = 1  # batches in the query tower at once
-    max_batch_size: int = 32  # queries per forward pass (1 = no batching)
-    max_wait_ms: float = 5.0  # how long a batch waits for more queries once it has one
-    max_queue: int = 256  # queries waiting for a forward pass before 503
-    body_timeout_s: float = 10.0  # a request body must arrive within this, else 408
-
-    def __post_init__(self) -> None:
-        for name in (
-            "max_top_k",
-            "max_queries",
-            "max_query_chars",
-            "max_body_bytes",
-            "max_concurrency",
-            "max_batch_size",
-            "max_queue",
-        ):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_wait_ms < 0 or self.body_timeout_s <= 0:
-            raise InputError(
-                f"max_wait_ms must be >= 0 and body_timeout_s > 0, got {self.max_wait_ms} and {self.body_timeout_s}"
-            )
-        if self.max_queue < self.max_queries:
-            raise InputError(
-                f"max_queue ({self.max_queue}) must be >= max_queries ({self.max_queries}), "
-                "else a full request could never be queued"
-            )
 
 
 class BodyLimit:
@@ -134,7 +115,7 @@ class BodyLimit:
 
 
 async def _send_error(send: Send, status: int, message: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
-    body = json.dumps({"error": message}).encode()
+    body = strict_json.dumps(ErrorBody(error=message).model_dump(), compact=True).encode()
     await send(
         {
             "type": "http.response.start",
@@ -276,39 +257,6 @@ class RequestMetrics:
             self.metrics.observe_request(scope.get("path", ""), status or CLIENT_CLOSED, time.perf_counter() - started)
 
 
-def _one_line(exc: RequestValidationError) -> str:
-    """Pydantic's error list as one line: ``body.top_k: Input should be less than or equal to 100``."""
-    parts = []
-    for err in exc.errors()[:3]:
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
-    more = len(exc.errors()) - 3
-    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
-
-
-class SearchBody(BaseModel):
-    """What the /search handler reads of a body; :func:`_request_model`'s class adds the limits' validation."""
-
-    query: str | list[str]
-
-
-def _request_model(limits: ServiceLimits) -> type[SearchBody]:
-    """The /search body, with the limits baked into its validation."""
-    query_text = Annotated[StrictStr, StringConstraints(min_length=1, max_length=limits.max_query_chars)]
-    scalar = StrictStr | StrictBool | StrictInt | StrictFloat
-    filter_value = scalar | Annotated[list[scalar], Field(min_length=1, max_length=256)]
-
-    class SearchRequest(SearchBody):
-        model_config = ConfigDict(extra="forbid")
-
-        query: query_text | Annotated[list[query_text], Field(min_length=1, max_length=limits.max_queries)]
-        top_k: StrictInt = Field(10, ge=1, le=limits.max_top_k)
-        filters: Annotated[dict[str, filter_value], Field(max_length=32)] | None = None
-        mode: Literal["dense", "sparse", "hybrid"] = "dense"  # hybrid: the store's BM25 side fused (docs/hybrid.md)
-
-    return SearchRequest
-
-
 def search_batch(retriever: CareRetriever, jobs: Sequence[Job]) -> list[Any]:
     """Answer a batch of jobs: one forward pass for all their queries, one store search per parameter set.
 
@@ -358,7 +306,7 @@ def create_app(
     page included). ``api_docs``: publish the OpenAPI schema at ``/openapi.json`` and its page at ``/docs``.
     """
     limits = limits or ServiceLimits()
-    search_request = _request_model(limits)
+    search_request = request_model(limits, retriever.store)
     metrics = ServiceMetrics()
     batcher = QueryBatcher(
         lambda jobs: search_batch(retriever, jobs),
@@ -385,29 +333,44 @@ def create_app(
         redoc_url=None,
         openapi_url="/openapi.json" if api_docs else None,
         lifespan=lifespan,
+        default_response_class=StrictJSONResponse,
     )
+    # the statuses every route may answer (the middlewares' and a bug's); 401 only where a token is set
+    every_route = [status for status in EVERY_ROUTE if status != 401 or api_token]
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"error": _one_line(exc)}, status_code=422)
+        return error_response(*validation_answer(exc))
 
     @app.exception_handler(CareError)
     async def care_error(_: Request, exc: CareError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, status_code=400)
+        # a value of the request the store or the tower refused; any other CareError: a store that cannot answer
+        return error_response(422 if isinstance(exc, InputError) else 500, str(exc))
 
     @app.exception_handler(Overloaded)
     async def overloaded(_: Request, exc: Overloaded) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after)})
+        return error_response(503, str(exc), headers={"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(RecursionError)
     async def too_deep(_: Request, exc: RecursionError) -> JSONResponse:  # a JSON body nested thousands deep
-        return JSONResponse({"error": "request body is nested too deeply"}, status_code=400)
+        return error_response(400, "request body is nested too deeply")
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+    async def httperror_response(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI answers a body it could not parse with a bare "There was an error parsing the body": say why
+        cause = exc.__cause__
+        message = str(exc.detail)
+        if isinstance(cause, UnicodeDecodeError):
+            message = f"request body is not valid UTF-8 (byte {cause.start})"
+        elif isinstance(cause, RecursionError):
+            message = "request body is nested too deeply"
+        return error_response(exc.status_code, message, headers=exc.headers)
 
-    @app.get("/health")
+    @app.exception_handler(Exception)
+    async def bug(_: Request, exc: Exception) -> JSONResponse:  # logged by the server as well (it is re-raised)
+        return error_response(500, f"internal error ({type(exc).__name__}); the service's log has the details")
+
+    @app.get("/health", response_model=HealthReport, responses=error_responses(every_route))
     async def health() -> dict[str, Any]:
         store = retriever.store
         count = await anyio.to_thread.run_sync(store.count, limiter=health_limiter)
@@ -425,18 +388,15 @@ def create_app(
             "queue_depth": batcher.depth,
         }
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=error_responses(every_route, json_route=False))
     async def prometheus() -> Response:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
-    @app.post("/search")
+    @app.post("/search", response_model=SearchResponse, responses=error_responses([*every_route, 422, 503]))
     async def search(request: search_request) -> dict[str, Any]:  # type: ignore[valid-type]  # built per limits
         request = cast(SearchBody, request)
         queries = [request.query] if isinstance(request.query, str) else list(request.query)
-        for i, q in enumerate(queries):  # refused here, so a blank query never joins (and fails) a batch
-            if not q.strip():
-                raise InputError(f"query {i}: empty query" if len(queries) > 1 else "empty query")
         params = request.model_dump(exclude={"query"})  # top_k, filters, ...: the job's search parameters
         hits = await batcher.submit(queries, params)
         return {

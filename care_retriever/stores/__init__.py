@@ -1,4 +1,4 @@
-"""Vector stores: FAISS (embedded default) and Qdrant (local mode or server).
+"""Vector stores: FAISS (embedded default) and Qdrant (Qdrant Edge embedded, or a server).
 
 ``open_store`` opens a store spec (:class:`~care_retriever.stores.config.StoreSpec`): ``faiss:DIR``,
 ``qdrant:PATH``, ``qdrant::memory:`` or ``qdrant:http(s)://host:port``. Qdrant is imported only when a Qdrant spec
@@ -7,6 +7,7 @@ is used.
 
 from __future__ import annotations
 
+from care_retriever.errors import StoreError
 from care_retriever.stores.base import Hit, Manifest, VectorStore
 from care_retriever.stores.config import StoreKind, StoreSpec
 
@@ -22,16 +23,31 @@ def parse_store_spec(spec: str) -> tuple[str, str]:
 
 
 def open_store(
-    spec: str | StoreSpec | VectorStore, *, collection: str | None = None, use_gpu: bool | None = None
+    spec: str | StoreSpec | VectorStore,
+    *,
+    collection: str | None = None,
+    use_gpu: bool | None = None,
+    create: bool = True,
 ) -> VectorStore:
-    """Open (or get ready to create) the store named by ``spec`` (``collection``: the spec's, or Qdrant's default)."""
+    """Open (or get ready to create) the store named by ``spec`` (``collection``: the spec's, or Qdrant's default).
+
+    ``create=False`` (reads, deletes): a store that does not exist is one line and nothing is created (opening a
+    local Qdrant folder would otherwise make it, its lock and its ``meta.json``)."""
     if isinstance(spec, VectorStore):
         return spec
     parsed = StoreSpec.parse(spec) if isinstance(spec, str) else spec
     if parsed.kind is StoreKind.FAISS:
         from care_retriever.stores.faiss import FaissStore
 
-        return FaissStore(parsed.location, use_gpu=use_gpu)
-    from care_retriever.stores.qdrant_store import DEFAULT_COLLECTION, QdrantStore
+        return FaissStore(parsed.location, use_gpu=use_gpu)  # opening a FAISS folder creates nothing
+    from care_retriever.stores.qdrant import DEFAULT_COLLECTION, is_server, open_qdrant
 
-    return QdrantStore(parsed.location, collection or parsed.collection or DEFAULT_COLLECTION)
+    name = collection or parsed.collection or DEFAULT_COLLECTION
+    store = open_qdrant(parsed.location, name)  # an Edge folder is created by prepare, never by opening
+    if not create and store.manifest is None and parsed.location != ":memory:" and not is_server(parsed.location):
+        store.close()
+        raise StoreError(
+            f"qdrant:{parsed.location} (collection {name}): store is empty or does not exist "
+            "(run `care-retriever index` first)"
+        )
+    return store

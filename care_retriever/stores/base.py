@@ -19,9 +19,11 @@ from care_retriever import __version__
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.config import StoreConfig
+from care_retriever.stores.manifest_fields import METRICS, check_fields, check_format_version
 
 if TYPE_CHECKING:
     from care_retriever.sparse.fusion import FusionConfig
+    from care_retriever.stores.runs import RunTag
 
 # 2: the FAISS store may hold an append-only vector delta (written by small in-place writes). Format 1
 # stores (no delta) are read as they are.
@@ -47,9 +49,6 @@ class Hit:
         return asdict(self)
 
 
-METRICS = ("cosine", "dot")
-
-
 def check_metric(metric: str) -> str:
     if metric not in METRICS:
         raise InputError(f"Unknown metric {metric!r}. Available metrics: {list(METRICS)}")
@@ -70,8 +69,14 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
-    checksums: dict[str, str] = field(default_factory=dict)
-    sizes: dict[str, int] = field(default_factory=dict)  # file sizes at publication, checked on open
+    checksums: dict[str, str] = field(default_factory=dict)  # SHA-256 of each file's first sizes[name] bytes
+    # Files that grow by appending (a FAISS store's delta and rescoring vectors): SHA-256 of each block, so that a
+    # small write hashes what it appended, not the whole file.
+    block_checksums: dict[str, list[str]] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # file sizes when the checksums were taken, checked on open
+    # The write the checksums describe (a FAISS store's journal bookkeeping when they were taken): a write killed
+    # after its commit and before its manifest leaves them describing the version before it.
+    sealed: dict[str, int] = field(default_factory=dict)
     sparse: dict[str, Any] = field(default_factory=dict)  # the BM25 side, when built (care_retriever.sparse)
     format_version: int = STORE_FORMAT_VERSION
 
@@ -80,12 +85,8 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str) -> Manifest:
-        version = data.get("format_version", 1)
-        if not isinstance(version, int) or version > READABLE_FORMAT_VERSION:
-            raise StoreError(
-                f"{source}: store format_version {version} is newer than this care-retriever reads "
-                f"({READABLE_FORMAT_VERSION}); upgrade care-retriever"
-            )
+        check_fields(data, source)
+        check_format_version(data, source, READABLE_FORMAT_VERSION)
         known = set(cls.__dataclass_fields__)
         try:
             return cls(**{k: v for k, v in data.items() if k in known})
@@ -102,6 +103,19 @@ class LocalFootprint:
     path: Path  # the store's folder or local file (its file system's free space is checked)
     published_bytes: int = 0  # a bulk write's copy of the published store (FAISS stages one beside it)
     quantized: bool = False  # each vector written twice: compressed codes and the full vector that rescores them
+
+
+@dataclass(frozen=True)
+class StoredBatch:
+    """A batch of what a store holds, as :meth:`VectorStore.iter_stored` reads it: the documents, their stored
+    vectors (one float32 row each, as the store's model gave them) and their stored content hashes, in one order."""
+
+    documents: list[Document]
+    vectors: np.ndarray
+    content_hashes: list[str]
+
+    def __len__(self) -> int:
+        return len(self.documents)
 
 
 def default_versions(**extra: str) -> dict[str, str]:
@@ -247,6 +261,38 @@ class VectorStore(ABC):
     def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
         """Stored vector of each id (None where the id is missing)."""
 
+    def iter_stored(self, batch: int = 1000) -> Iterator[StoredBatch]:
+        """Every live document with its stored vector and content hash, ``batch`` at a time, in
+        :meth:`iter_documents`' order: what moves a store to another without re-encoding
+        (:func:`care_retriever.stores.copying.copy_store`).
+
+        Built from :meth:`iter_documents`, :meth:`vectors` and :meth:`content_hashes`, so every store has it; a
+        document without a vector or a content hash is a corrupted store (one line).
+        """
+        if batch < 1:
+            raise InputError(f"batch must be >= 1, got {batch}")
+        documents: list[Document] = []
+        for document in self.iter_documents(batch):
+            documents.append(document)
+            if len(documents) == batch:
+                yield self._stored_batch(documents)
+                documents = []
+        if documents:
+            yield self._stored_batch(documents)
+
+    def _stored_batch(self, documents: list[Document]) -> StoredBatch:
+        ids = [d.id for d in documents]
+        vectors = self.vectors(ids)
+        hashes = self.content_hashes(ids)
+        missing = [i for i, v in zip(ids, vectors, strict=True) if v is None or i not in hashes]
+        if missing:
+            raise StoreError(
+                f"{self.describe()}: {len(missing)} documents have no stored vector or content hash (first: "
+                f"{missing[0]!r}); the store is corrupted: run `care-retriever verify`"
+            )
+        matrix = np.stack([np.asarray(v, dtype=np.float32) for v in vectors]) if ids else np.empty((0, self.dim))
+        return StoredBatch(documents, matrix.astype(np.float32, copy=False), [hashes[i] for i in ids])
+
     # ------------------------------------------------------------------ the sparse (BM25) side
     @abstractmethod
     def enable_sparse(self, *, rebuild: bool = False, show_progress: bool = False) -> int:
@@ -288,6 +334,22 @@ class VectorStore(ABC):
 
     def abort(self) -> None:  # noqa: B027 - stores without rollback keep what was written
         """Drop the writes since :meth:`prepare` (where the backend can) and release the writer lock."""
+
+    # ------------------------------------------------------------------ runs left pending (care_retriever.stores.runs)
+    # Whether a bulk write is staged and published at its end (FAISS), or each write is published as it is made
+    # (Qdrant: a run that stops leaves what it wrote, and nothing pending).
+    stages_bulk_writes: ClassVar[bool] = False
+
+    def claim_run(self, run: RunTag) -> None:  # noqa: B027 - stores that publish each write have nothing pending
+        """The run the next :meth:`prepare` belongs to: a staged write resumes only its own run's staging copy."""
+
+    def pending_run(self) -> str | None:
+        """One line on a bulk write left staged and unpublished (what run, how many documents, where); None: none."""
+        return None
+
+    def discard_pending(self) -> str | None:
+        """Remove a pending staged write (nothing published is touched); what was removed, or None: nothing was."""
+        return None
 
     @contextmanager
     def transaction(

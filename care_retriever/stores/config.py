@@ -244,8 +244,14 @@ class QdrantCollectionConfig:
     # given through an integration's dict only (no flag of `index`)
     always_ram: bool | None = field(default=None, metadata=meta(cli=False))
     on_disk_payload: bool | None = field(default=None, metadata=meta(cli=False))
+    # the HNSW graph: given by ``--hnsw-m`` / ``--ef-construction`` / ``--ef-search`` (FAISS's flags, read for a
+    # Qdrant store by cli.index_settings) or an integration's dict
     m: int | None = field(default=None, metadata=meta(cli=False))
     ef_construct: int | None = field(default=None, metadata=meta(cli=False))
+    ef_search: int | None = field(default=None, metadata=meta(cli=False))  # search time (hnsw_ef), kept in manifest
+    # Qdrant Edge: a segment past this many KB of vectors gets its HNSW graph and quantized codes when the store
+    # is finalized (optimize); below it the segment is searched exactly. None: Qdrant's default (10,000 KB).
+    indexing_threshold: int | None = field(default=None, metadata=meta(cli=False))
 
     def __post_init__(self) -> None:
         if self.quantize is not None:
@@ -263,7 +269,7 @@ class QdrantCollectionConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise InputError(f"Qdrant option {name} must be true or false, got {value!r}")
-        for name in ("m", "ef_construct", "shards", "replicas"):
+        for name in ("m", "ef_construct", "ef_search", "indexing_threshold", "shards", "replicas"):
             if getattr(self, name) is not None:
                 count(getattr(self, name), f"Qdrant option {name}")
 
@@ -319,7 +325,8 @@ class QdrantCollectionConfig:
         )
 
     def local_mode(self) -> QdrantCollectionConfig:
-        """The settings local mode keeps (it has one shard and no replicas)."""
+        """The settings an embedded engine keeps (Qdrant Edge, like local mode before it, has one shard and no
+        replicas)."""
         return dataclasses.replace(self, shards=None, replicas=None)
 
     def require_quantized(self, quantize: QdrantQuantize | None) -> None:

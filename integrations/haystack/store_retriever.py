@@ -39,7 +39,7 @@ from care_retriever.integrations.haystack.document_store import NO_EMBEDDING
 from care_retriever.integrations.haystack.filters import filtered_top_k, to_core_filters, validate_filters
 from care_retriever.sparse.fusion import DEFAULT_FUSION
 from care_retriever.stores import VectorStore, open_store, parse_store_spec
-from care_retriever.stores.qdrant_store import is_server
+from care_retriever.stores.qdrant import is_server
 
 
 def _pre_filter(backend: str, filters: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -170,9 +170,9 @@ class CareStoreRetriever:
         if self._scheme != "qdrant" or not is_server(self._location) or not key:
             return open_store(self.store, collection=self.collection)
         # A key from a Secret other than QDRANT_API_KEY: the core store builds its client with it.
-        from care_retriever.stores.qdrant_store import DEFAULT_COLLECTION, QdrantStore
+        from care_retriever.stores.qdrant import DEFAULT_COLLECTION, open_qdrant
 
-        return QdrantStore(self._location, self.collection or DEFAULT_COLLECTION, api_key=key)
+        return open_qdrant(self._location, self.collection or DEFAULT_COLLECTION, api_key=key)
 
     def warm_up(self) -> None:
         """Open the store (once) and check it holds an index (and, with ``model=``, the model's space)."""

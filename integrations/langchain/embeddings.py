@@ -102,16 +102,22 @@ class CareEmbeddings(BaseModel, Embeddings):
         vector = embedder.embed_queries([text], instruction=self.instruction, batch_size=self.query_batch_size)[0]
         return vector.tolist()
 
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+    @staticmethod
+    def _document_texts(texts: list[str]) -> list[str]:
+        """The texts of ``embed_documents`` and ``aembed_documents``, checked alike: a list of str, none empty."""
         if isinstance(texts, str):
             raise InputError("embed_documents expects a list of texts, got a single str (wrap it in a list)")
         texts = list(texts)
-        if not texts:
-            return []
         for n, text in enumerate(texts):  # as every door refuses it (care_retriever.documents)
             if not isinstance(text, str):
                 raise InputError(f"embed_documents expects str texts, got {type(text).__name__} at {n}")
             check_document_text(f"#{n}", text)
+        return texts
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        texts = self._document_texts(texts)
+        if not texts:
+            return []
         embedder = self._towers.document()
         vectors = embedder.embed_documents(texts, batch_size=self.document_batch_size, show_progress=self.show_progress)
         return vectors.tolist()
@@ -142,9 +148,7 @@ class CareEmbeddings(BaseModel, Embeddings):
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
         """``embed_documents`` in a worker thread: the loop keeps serving while the document tower runs."""
-        if isinstance(texts, str):
-            raise InputError("embed_documents expects a list of texts, got a single str (wrap it in a list)")
-        texts = list(texts)
+        texts = self._document_texts(texts)
         if not texts:
             return []
         vectors = await self._async_encoder().embed_documents(

@@ -2,7 +2,8 @@
 
 Layout (also read by the Haystack and LangChain adapters)::
 
-    DIR/manifest.json      Manifest: model fingerprint, dim, metric, count, index type, versions, checksums
+    DIR/manifest.json      Manifest: model fingerprint, dim, metric, count, index type, versions, the checksums
+                           and sizes of every file as the last write left them, its own checksum (last field)
     DIR/index.faiss        faiss.IndexIDMap (format 1: IndexIDMap2) over Flat (exact IP), HNSW or IVF; ids = row ids
     DIR/docstore.sqlite    documents(row_id INTEGER PRIMARY KEY, id TEXT UNIQUE, text, title, metadata JSON,
                            content_hash)
@@ -17,7 +18,8 @@ Layout (also read by the Haystack and LangChain adapters)::
 
 Modules, one concern each:
 
-* ``files``: file names, durable atomic writes, checksums, the writer lock, the staging folder and its swap
+* ``files``: file names, durable atomic writes, the manifest file, the writer lock, the staging folder and its swap
+* ``integrity``: the checksums every write records and ``verify`` checks, and the cheap checks of an open
 * ``index_factory``: index options, the FAISS index built for them (vectors or codes), ids, search parameters
 * ``rescoring``: vectors.f32 (memory-mapped read, offset writes) and the rescoring of oversampled candidates
 * ``docstore``: the SQLite documents table

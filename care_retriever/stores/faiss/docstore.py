@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS documents (
     content_hash TEXT NOT NULL
 );
 """
+COLUMNS = {"row_id", "id", "text", "title", "metadata", "content_hash"}
 CHUNK = 500  # ids bound in one IN (...) query: well under SQLite's limit on bound parameters
 
 
@@ -36,6 +37,27 @@ def connect(path: Path) -> sqlite3.Connection:
         return db
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{path}: corrupted docstore ({exc})") from exc
+
+
+def open_published(path: Path, *, writable: bool) -> sqlite3.Connection:
+    """A published store's docstore, as it is: nothing is created in it, and a reader's connection refuses writes
+    (reading never changes a store file). An empty or foreign database is one line here, not 0 hits later."""
+    try:
+        db = sqlite3.connect(str(path), check_same_thread=False, isolation_level="DEFERRED")
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path}: corrupted docstore ({exc})") from exc
+    try:
+        db.execute(f"PRAGMA query_only={0 if writable else 1}")
+        db.execute("PRAGMA synchronous=FULL")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(documents)")}
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise StoreError(f"{path}: corrupted docstore ({exc})") from exc
+    if not columns >= COLUMNS:
+        db.close()
+        what = "is empty" if not path.stat().st_size else "is another database (no care-retriever documents table)"
+        raise StoreError(f"{path}: the docstore {what}; restore the file from a copy or re-index into a new store")
+    return db
 
 
 def backup(db: sqlite3.Connection, path: Path) -> None:

@@ -22,6 +22,7 @@ DOCSTORE = "docstore.sqlite"
 DELTA = "vectors.delta"
 NEXT_INDEX = "index.faiss.next"  # a fold's new index, renamed over INDEX once the docstore records it
 VECTORS = "vectors.f32"  # quantized stores: full-precision vectors by row id, the rescoring source
+MANIFEST_DIGEST = "manifest_sha256"  # the manifest's own checksum, its last field (not a Manifest field)
 
 
 def staging_path(path: Path) -> Path:
@@ -111,36 +112,28 @@ def write_index_atomic(index: faiss.Index, path: Path) -> None:
         raise
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_manifest(path: Path, *, checkpoint_of: Path | None = None) -> Manifest:
     """The manifest at ``path``; ``checkpoint_of``: the staging folder it belongs to (named in the error)."""
     try:
         data = json.loads(path.read_text("utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
         if checkpoint_of is None:
             raise StoreError(f"{path}: unreadable manifest ({exc})") from exc
         raise StoreError(f"{path}: unreadable checkpoint manifest ({exc}); remove {checkpoint_of}") from exc
     return Manifest.from_dict(data, str(path))
 
 
+def manifest_bytes(data: dict[str, Any]) -> bytes:
+    """The manifest file for the fields ``data``: their JSON, closed by the SHA-256 of that JSON (written last, as
+    :data:`MANIFEST_DIGEST`), so that any byte changed in the file is caught (``integrity.check_manifest``)."""
+    fields = {k: v for k, v in data.items() if k != MANIFEST_DIGEST}
+    digest = hashlib.sha256(json.dumps(fields, indent=2).encode()).hexdigest()
+    return json.dumps({**fields, MANIFEST_DIGEST: digest}, indent=2).encode()
+
+
 def write_manifest(folder: Path, manifest: Manifest) -> None:
-    write_atomic(folder / MANIFEST, json.dumps(manifest.to_dict(), indent=2).encode())
+    write_atomic(folder / MANIFEST, manifest_bytes(manifest.to_dict()))
     fsync_dir(folder)
-
-
-def seal(folder: Path, manifest: Manifest, names: tuple[str, ...], now: float) -> None:
-    """Record the final checksums and sizes of ``names`` in ``folder``'s manifest (bulk writes, before publish)."""
-    manifest.checksums = {name: sha256(folder / name) for name in names}
-    manifest.updated_at = now
-    manifest.sizes = {name: (folder / name).stat().st_size for name in names}
-    write_manifest(folder, manifest)
 
 
 def publish(staging: Path, path: Path) -> None:

@@ -33,7 +33,7 @@ def check_vectors_file(folder: Path, dim: int, rows: np.ndarray, recorded: int |
         )
     size, row_bytes = path.stat().st_size, 4 * dim
     need = (int(rows.max()) + 1) * row_bytes if len(rows) else 0
-    if size < need or (recorded is not None and size != recorded):
+    if size < need or (recorded is not None and size < recorded):  # rows past it: an uncommitted write's
         raise StoreError(
             f"{path}: truncated ({size} bytes; the store's rows need {max(need, recorded or 0)}); "
             "restore the file or re-index"

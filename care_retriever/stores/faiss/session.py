@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,8 +24,8 @@ import numpy as np
 from care_retriever.documents import Document
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
-from care_retriever.stores.faiss import docstore, files, journal, rescoring, sparse
-from care_retriever.stores.faiss.files import DOCSTORE, INDEX, MANIFEST, VECTORS
+from care_retriever.stores.faiss import docstore, files, integrity, journal, rescoring, sparse
+from care_retriever.stores.faiss.files import DELTA, DOCSTORE, INDEX, MANIFEST, VECTORS
 from care_retriever.stores.faiss.index_factory import (
     index_ids,
     manifest_config,
@@ -34,6 +33,7 @@ from care_retriever.stores.faiss.index_factory import (
     supports_remove,
     train_on_first_batch,
 )
+from care_retriever.stores.faiss.pending import RUN
 
 
 def read_staged_manifest(folder: Path) -> Manifest:
@@ -157,9 +157,10 @@ class StagedWrite(WriteSession):
         """Seal the committed checkpoint and swap it into place at ``path``."""
         self.vector_writer.close()
         self.db.close()  # the last connection's close folds any WAL into the file: hash the final bytes
-        names = (INDEX, DOCSTORE, VECTORS) if (self.folder / VECTORS).exists() else (INDEX, DOCSTORE)
-        files.seal(self.folder, self.manifest, names, time.time())
+        integrity.seal_staged(self.folder, self.manifest)
         files.publish(self.folder, path)
+        # the staging folder's run tag is not part of the store (a kill just before this leaves it there, unread)
+        files.remove_quietly(path / RUN)
 
     def abort(self) -> None:
         """Drop the staging folder, checkpoints included."""
@@ -191,6 +192,10 @@ class InPlaceWrite(WriteSession):
         super().__init__(folder, manifest, index, db, count, tombstones)
         self.opened_as = opened_as  # (inode of index.faiss, committed delta bytes) as of the last commit
         self.delta: list[np.ndarray] = []  # delta records since the last commit, appended by commit()
+        # What this write changes, for the checksums its commit records (integrity.seal): the first row it writes
+        # in vectors.f32, and the journal's count of committed writes.
+        self.first_row = self.next_row_id
+        self.writes = int(journal.read_meta(db, folder).get("writes", 0))
 
     def _record(self, op: int, rows: np.ndarray, vectors: np.ndarray | None) -> None:
         self.delta.append(journal.records(op, rows, vectors, self.manifest.dim))
@@ -202,16 +207,23 @@ class InPlaceWrite(WriteSession):
         self.vector_writer.sync()  # the rows' full vectors are durable before the commit point
         if self.delta:
             committed = journal.append(self.folder, committed, np.concatenate(self.delta).tobytes())
-        journal.set_meta(self.db, count=self.count, tombstones=self.tombstones, delta_bytes=committed)
+        self.writes += 1  # every commit changes the journal's meta: the manifest's checksums then describe it
+        journal.set_meta(
+            self.db, count=self.count, tombstones=self.tombstones, delta_bytes=committed, writes=self.writes
+        )
         self.db.commit()
         self.delta = []
+        start = self.opened_as[1]
         self.opened_as = (self.opened_as[0], committed)
         self.manifest.count = self.count
         self.manifest.index["tombstones"] = self.tombstones
-        self.manifest.updated_at = time.time()
-        files.write_manifest(self.folder, self.manifest)  # informative: the docstore's counts are the truth
+        written = {DOCSTORE: 0, DELTA: start, VECTORS: self.first_row * 4 * self.manifest.dim}
         if journal.needs_fold(self.folder, committed):
             self.opened_as = (journal.fold(self.db, self.index, self.folder), 0)
+            written.update({INDEX: 0, DELTA: 0})
+        # The checksums and sizes of what this write changed, and the counts (the docstore's are the truth).
+        integrity.seal_published(self.db, self.folder, self.manifest, written)
+        self.first_row = self.next_row_id
         return self.opened_as
 
     def abort(self) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from care_retriever import faults
+from care_retriever import faults, paths
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError, WriteError
 from care_retriever.sparse.fusion import FUSIONS, FusionConfig
@@ -46,7 +46,7 @@ from care_retriever.stores.base import (
     validate_filters,
 )
 from care_retriever.stores.config import FaissIndexConfig, Quantize
-from care_retriever.stores.faiss import docstore, files, journal, rescoring, sparse
+from care_retriever.stores.faiss import docstore, files, integrity, journal, pending, rescoring, sparse
 from care_retriever.stores.faiss.files import DELTA, DOCSTORE, INDEX, MANIFEST, VECTORS
 from care_retriever.stores.faiss.index_factory import (
     IndexOptions,
@@ -63,6 +63,7 @@ from care_retriever.stores.faiss.index_factory import (
     takes_search_params,
 )
 from care_retriever.stores.faiss.session import InPlaceWrite, StagedWrite, read_staged_manifest
+from care_retriever.stores.runs import RunTag
 from care_retriever.vectors import VectorContract
 
 
@@ -70,9 +71,12 @@ class FaissStore(VectorStore):
     """FAISS + SQLite store in a folder. Safe for concurrent searches from many threads."""
 
     backend = "faiss"
+    stages_bulk_writes = True
 
     def __init__(self, path: str | Path, *, use_gpu: bool | None = None, oversample: float | None = None) -> None:
-        self.path = Path(path)
+        self.named = Path(path)  # as the user named it (messages)
+        # the real folder (links followed, `.` and relative forms resolved): one lock and one publish per folder
+        self.path = paths.real_folder(self.named, f"the FAISS store faiss:{path}")
         self.staging = files.staging_path(self.path)
         self.use_gpu = use_gpu
         # Quantized stores: candidates taken from the codes per result wanted; None: the manifest's value.
@@ -82,6 +86,7 @@ class FaissStore(VectorStore):
         # The write open now, if any: it owns the state of its mode (see session.py); one at a time.
         self._session: StagedWrite | InPlaceWrite | None = None
         self._checkpointed = False  # the staged write open now has a checkpoint a re-run would resume
+        self._claimed_run: RunTag | None = None  # the run the next prepare() belongs to (claim_run)
         # The read state: the published version this object serves (closed during a staged write, which reads
         # its staging version instead).
         self._vector_file = rescoring.VectorFile()  # vectors.f32 memory-mapped read-only, rows = row ids
@@ -108,7 +113,7 @@ class FaissStore(VectorStore):
             self._open(old)
 
     def describe(self) -> str:
-        return f"faiss:{self.path}"
+        return f"faiss:{self.named}"
 
     @property
     def lock_path(self) -> Path:
@@ -139,8 +144,9 @@ class FaissStore(VectorStore):
                 raise StoreError(f"{folder / name}: missing; the store is incomplete")
         if self._read_db is not None:
             self._read_db.close()
-        self._read_db = docstore.connect(folder / DOCSTORE)
+        self._read_db = docstore.open_published(folder / DOCSTORE, writable=writable)
         meta = journal.read_meta(self._read_db, folder)
+        integrity.check_on_open(self._read_db, folder, self.manifest, meta)
         journal.roll_fold_forward(folder, meta)  # the docstore already counts a recorded fold
         journal.check_sizes(folder, meta, self.manifest.sizes.get(INDEX))
         # With no delta to apply, flat vectors are memory-mapped (opening reads headers and ids, not every
@@ -150,6 +156,7 @@ class FaissStore(VectorStore):
             self._read_index = faiss.read_index(str(folder / INDEX), faiss.IO_FLAG_MMAP_IFC if self._mapped else 0)
         except RuntimeError as exc:
             raise StoreError(f"{folder / INDEX}: corrupted FAISS index ({str(exc).splitlines()[0]})") from exc
+        integrity.check_index(folder, self.manifest, self._read_index)
         self._id_order = None
         self._replay_delta(folder, 0, int(meta.get("delta_bytes", 0)))
         if "count" in meta:
@@ -226,21 +233,23 @@ class FaissStore(VectorStore):
         *,
         metric: str = "cosine",
     ) -> None:
+        run, self._claimed_run = self._claimed_run or RunTag(space_fingerprint=space_fingerprint), None
         options = checked_options(index)  # its config or None; anything else is one line
         check_metric(metric)
         if self.manifest is not None:
             self.check_compatible(space_fingerprint, dim)
             self._check_same_quantization(options)
         self._refuse_second_write()
+        paths.require_swappable(self.path, f"the FAISS store {self.describe()}")  # publish renames the folder
         self._writer_lock.acquire()
         try:
             resumed = (self.staging / MANIFEST).exists()
             if resumed:
-                session = self._resume_staging(dim, space_fingerprint)
+                session = self._resume_staging(dim, space_fingerprint, run)
             else:
                 with faults.writing(self.staging, "the staging copy of the store", unchanged=self._unchanged()):
                     try:
-                        session = self._new_staging(dim, space_fingerprint, model_name, options, metric)
+                        session = self._new_staging(dim, space_fingerprint, model_name, options, metric, run)
                     except BaseException:
                         files.discard(self.staging)  # no checkpoint yet: nothing to resume, and the space is freed
                         raise
@@ -279,6 +288,37 @@ class FaissStore(VectorStore):
         """True while an interrupted bulk writer's checkpoint (a staging folder) waits to be resumed."""
         return (self.staging / MANIFEST).exists() and not isinstance(self._session, StagedWrite)
 
+    def claim_run(self, run: RunTag) -> None:
+        self._claimed_run = run
+
+    def pending_run(self) -> str | None:
+        """Another run's staged write (or, while this object writes, its own once checkpointed), in one line."""
+        mine = isinstance(self._session, StagedWrite)
+        if not (self.staging / MANIFEST).exists() or (mine and not self._checkpointed):
+            return None
+        return f"{pending.describe(self.describe(), self.staging)}; {pending.how_to_end(self.describe())}"
+
+    def discard_pending(self) -> str | None:
+        """Remove the staging folder of an unfinished bulk write; the published store is kept (and, where a run
+        died between the two renames of its publish, the previous version is put back in place)."""
+        self._refuse_second_write()
+        if not self.staging.exists():
+            return None
+        self._writer_lock.acquire()  # not while that run (or any writer) is still going
+        try:
+            said = pending.describe(self.describe(), self.staging) if (self.staging / MANIFEST).exists() else None
+            with faults.writing(self.staging, "the removal of the staging copy", unchanged=self._unchanged()):
+                files.discard(self.staging)
+                old = files.old_path(self.path)
+                if not self.path.exists() and (old / MANIFEST).exists():
+                    old.rename(self.path)
+                    files.fsync_dir(self.path.parent)
+            if (self.path / MANIFEST).exists():
+                self._open(self.path)
+        finally:
+            self._writer_lock.release()
+        return said
+
     def begin(
         self,
         dim: int,
@@ -296,11 +336,8 @@ class FaissStore(VectorStore):
         self._refuse_second_write()
         self._writer_lock.acquire()  # fails fast while another writer is running
         try:
-            if self.pending_write:
-                raise StoreError(
-                    f"{self.describe()}: an interrupted `care-retriever index` run is pending in {self.staging}; "
-                    "finish it by running the same command again, or remove that folder"
-                )
+            if self.pending_write:  # a small write now would be lost when that run publishes its copy
+                raise pending.refusal(self.describe(), self.staging)
             if (self.path / MANIFEST).exists() and self.manifest is not None:
                 with faults.writing(self.path, "the start of a transaction", unchanged=self._unchanged()):
                     self._session = self._begin_in_place()
@@ -388,15 +425,14 @@ class FaissStore(VectorStore):
                 self._opened_as = (inode, committed)
             db, index = self._read_db, self._read_index
             assert self.manifest is not None and db is not None and index is not None
+            db.execute("PRAGMA query_only=0")  # opened to read: this connection now writes
             if not meta:  # a format-1 store takes its first small write: it becomes format 2
                 db.execute("PRAGMA journal_mode=WAL")
                 journal.start_meta(db, self.path / INDEX, self._count, self._tombstones)
-            if self.manifest.checksums or self.manifest.sizes:
-                # Whole-file checksums stop describing the files once they change in place: drop them first,
-                # so that no crash leaves a manifest whose checksums look like corruption.
-                self.manifest.checksums, self.manifest.sizes = {}, {}
                 self.manifest.format_version = max(self.manifest.format_version, STORE_FORMAT_VERSION)
-                files.write_manifest(self.path, self.manifest)
+            # Checksums left stale by a writer killed after its commit are taken again before this write changes
+            # the files: each write then records only what it changed (integrity.seal).
+            integrity.reseal_if_stale(db, self.path, self.manifest, force=not meta)
             return InPlaceWrite(self.path, self.manifest, index, db, self._count, self._tombstones, self._opened_as)
 
     def _new_staging(
@@ -405,10 +441,12 @@ class FaissStore(VectorStore):
         space_fingerprint: str,
         model_name: str,
         options: FaissIndexConfig,
-        metric: str = "cosine",
+        metric: str,
+        run: RunTag,
     ) -> StagedWrite:
         """Start a write: a copy of the published store (or an empty index); its manifest is written last."""
         files.empty_folder(self.staging)
+        pending.write_tag(self.staging, run)  # the copy belongs to this run: no other resumes or publishes it
         source = self.path if (self.path / MANIFEST).exists() else files.old_path(self.path)
         if self.manifest is not None:  # update an existing store: work on a copy
             if self._opened_as[1] and self._read_index is not None:  # a delta is applied in memory: write it whole
@@ -441,18 +479,19 @@ class FaissStore(VectorStore):
                 manifest.format_version = rescoring.QUANTIZED_FORMAT_VERSION
                 (self.staging / VECTORS).touch()
                 files.fsync_file(self.staging / VECTORS)
-        manifest.checksums, manifest.sizes = {}, {}
+        manifest.checksums, manifest.block_checksums, manifest.sizes, manifest.sealed = {}, {}, {}, {}
         # The staging manifest marks a complete starting point: a run killed before it exists starts over.
         files.write_manifest(self.staging, manifest)
         return StagedWrite(self.staging)
 
-    def _resume_staging(self, dim: int, space_fingerprint: str) -> StagedWrite:
-        """Continue a writer that was killed: reconcile the last checkpoint of index and docstore."""
+    def _resume_staging(self, dim: int, space_fingerprint: str, run: RunTag) -> StagedWrite:
+        """Continue the same run, killed or stopped: reconcile the last checkpoint of index and docstore. Another
+        run's staging copy is neither resumed nor published: one line says what is pending."""
+        if not run.same_run(pending.read_tag(self.staging)):
+            raise pending.refusal(self.describe(), self.staging, why=f"this is {run.describe()}, another run")
         staged = read_staged_manifest(self.staging)
         if staged.space_fingerprint != space_fingerprint or staged.dim != dim:
-            raise StoreError(
-                f"{self.staging}: an interrupted write by another model is pending; remove that folder to start over"
-            )
+            raise pending.refusal(self.describe(), self.staging, why="it was written by another model")
         session = StagedWrite(self.staging)
         try:
             session.reconcile()
@@ -764,16 +803,17 @@ class FaissStore(VectorStore):
             last = rows[-1][0]
 
     def verify(self) -> int:
-        """Read everything: checksums (while the manifest's still describe the files), SQLite integrity,
+        """Read everything: the manifest's own checksum, every file's (unless a writer killed after its commit left
+        them describing the version before: the next write records them again), SQLite integrity,
         the delta, the id sets of index and docstore, each row's content hash and each vector's norm."""
         manifest = self.require_manifest()
         db = self._require_db()
         if self._session is not None:
             raise StoreError(f"{self.describe()}: a write is in progress; verify after it")
         with self._lock:
-            for name, expected in manifest.checksums.items():
-                if files.sha256(self.path / name) != expected:
-                    raise StoreError(f"{self.path / name}: checksum mismatch with {MANIFEST}; the file is corrupted")
+            # The manifest first (its fields were typed on open; here its bytes), then every file against it.
+            integrity.check_manifest(self.path / MANIFEST)
+            integrity.check_files(self.path, manifest, journal.read_meta(db, self.path))
             rows = docstore.read_all(db, self.path / DOCSTORE)
             if len(rows) != self._count:
                 raise StoreError(

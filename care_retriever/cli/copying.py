@@ -1,0 +1,72 @@
+"""``care-retriever copy``: a store into another of any kind (FAISS, Qdrant folder, Qdrant server), re-encoding
+nothing (:func:`care_retriever.stores.copying.copy_store`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from care_retriever import strict_json
+from care_retriever.cli.dataclass_options import with_options
+from care_retriever.stores.config import STORE_HELP, FaissIndexConfig, QdrantCollectionConfig
+from care_retriever.stores.copying import COPY_BATCH, COPY_CHECKPOINT_EVERY
+
+
+@with_options(FaissIndexConfig, QdrantCollectionConfig)
+def copy(
+    source: Annotated[str, typer.Option("--from", help=f"The store to copy: {STORE_HELP}.")],
+    target: Annotated[str, typer.Option("--to", help=f"The store to write: {STORE_HELP}.")],
+    from_collection: Annotated[str | None, typer.Option(help="Qdrant collection of the source.")] = None,
+    to_collection: Annotated[str | None, typer.Option(help="Qdrant collection of the target.")] = None,
+    sparse: Annotated[
+        bool | None,
+        typer.Option(
+            "--sparse/--no-sparse", help="Build the target's BM25 side from the copied texts (default: as the source)."
+        ),
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="Documents read and written at a time.")] = COPY_BATCH,
+    checkpoint_every: Annotated[
+        int, typer.Option(help="Documents between checkpoints of the target (a killed copy resumes from the last).")
+    ] = COPY_CHECKPOINT_EVERY,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Read the whole target afterwards.")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    options: dict[str, Any] | None = None,
+) -> None:
+    """Copy a store's vectors, ids, texts and metadata into another store, encoding nothing.
+
+    The target records the source's model fingerprint, width and metric; one of another model is refused. The
+    index options (--index-type, --quantize, ...) set a new target's index; without them a target of the source's
+    kind gets the source's. Re-running finishes a killed copy and writes nothing when the target is up to date.
+    """
+    from care_retriever.cli.index_settings import store_index_config, store_options_given
+    from care_retriever.stores.config import StoreSpec
+    from care_retriever.stores.copying import copy_store
+
+    values = options or {}
+    target_spec = StoreSpec.parse(target, to_collection)
+    index = store_index_config(target_spec, values) if store_options_given(values) else None
+    report = copy_store(
+        StoreSpec.parse(source, from_collection),
+        target_spec,
+        index=index,
+        sparse=sparse,
+        batch=batch_size,
+        checkpoint_every=checkpoint_every,
+        verify=verify,
+        show_progress=progress and not json_out,
+    ).to_dict()
+    if json_out:
+        typer.echo(strict_json.dumps(report))
+        return
+    checked = f"; verify: {report['verified']} documents, every check passed" if report["verified"] is not None else ""
+    typer.echo(
+        f"{report['target']}: {report['copied']} copied, {report['unchanged']} unchanged from {report['source']}; "
+        f"{report['count']} documents, BM25 side {report['sparse']} ({report['seconds']:.1f}s, nothing encoded)"
+        f"{checked}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(copy)

@@ -1,0 +1,226 @@
+"""Checksums that stay true: every write that changes a FAISS store's files records their checksums and sizes in
+its manifest (the bulk write when it publishes, an in-place write after its commit), and ``verify`` checks every
+file against them; the manifest carries its own checksum. Opening a store checks what is cheap (sizes, the
+docstore's tables, counts and the manifest's fields against the files), never hashing a byte.
+
+What each checksum covers (``Manifest.sizes[name]`` bytes from the start):
+
+* ``index.faiss`` and ``docstore.sqlite``: the whole file, hashed again by each write that changes it (a bulk
+  write rewrites them; an in-place write rewrites SQLite pages anywhere in the docstore, and the index on a fold).
+* ``vectors.delta`` (its committed length) and ``vectors.f32`` grow by appending: hashed in blocks of
+  :data:`BLOCK` bytes, so that a small write hashes the blocks it wrote, not the whole file. Bytes past the
+  recorded size are an uncommitted write's, which the next writer overwrites.
+
+``Manifest.sealed`` is the journal's bookkeeping (``care_meta``, committed with every write) that the checksums
+describe. A writer killed after its commit and before its manifest leaves them describing the version before
+it: the store is consistent, ``verify`` checks everything but the checksums (and says so nowhere else), and the
+next write records them again. Stores sealed before this bookkeeping existed keep their checksums as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import faiss
+
+from care_retriever.errors import StoreError
+from care_retriever.stores.base import Manifest
+from care_retriever.stores.faiss import docstore, files, journal
+from care_retriever.stores.faiss.files import DELTA, DOCSTORE, INDEX, MANIFEST, MANIFEST_DIGEST, VECTORS
+
+BLOCK = 64 << 20  # bytes hashed as one block of an appended file
+WHOLE = (INDEX, DOCSTORE)  # hashed whole by each write that changes them
+APPENDED = (DELTA, VECTORS)  # hashed by blocks: a write hashes again from the first byte it wrote
+READ = 1 << 20
+
+
+def _hash_range(fh, length: int, path: Path) -> str:
+    digest = hashlib.sha256()
+    while length > 0:
+        chunk = fh.read(min(READ, length))
+        if not chunk:
+            raise StoreError(f"{path}: truncated (shorter than the store recorded); the file is corrupted")
+        digest.update(chunk)
+        length -= len(chunk)
+    return digest.hexdigest()
+
+
+def prefix_sha256(path: Path, length: int) -> str:
+    """SHA-256 of the first ``length`` bytes of ``path``."""
+    with open(path, "rb") as fh:
+        return _hash_range(fh, length, path)
+
+
+def block_sha256(path: Path, length: int, known: list[str] | None = None, start: int = 0) -> list[str]:
+    """SHA-256 of each :data:`BLOCK` of the first ``length`` bytes; blocks wholly before ``start`` (the first byte
+    written since ``known`` was taken) keep their ``known`` digest."""
+    keep = min(len(known or []), start // BLOCK)
+    digests = list((known or [])[:keep])
+    with open(path, "rb") as fh:
+        fh.seek(keep * BLOCK)
+        for offset in range(keep * BLOCK, length, BLOCK):
+            digests.append(_hash_range(fh, min(BLOCK, length - offset), path))
+    return digests
+
+
+def _lengths(folder: Path, meta: dict[str, int]) -> dict[str, int]:
+    """The bytes of each store file that the checksums cover."""
+    lengths = {name: (folder / name).stat().st_size for name in (INDEX, DOCSTORE, VECTORS) if (folder / name).exists()}
+    if meta.get("delta_bytes"):  # its committed records (a failed write may have appended to an empty one)
+        lengths[DELTA] = int(meta["delta_bytes"])
+    return lengths
+
+
+def stale(manifest: Manifest, meta: dict[str, int]) -> bool:
+    """Whether the manifest's checksums describe another version than the committed one (a writer killed between
+    its commit and its manifest). Checksums recorded before ``sealed`` existed describe the published files."""
+    if not manifest.sealed:
+        return not manifest.checksums
+    return manifest.sealed != meta
+
+
+def seal(folder: Path, manifest: Manifest, meta: dict[str, int], written: dict[str, int] | None = None) -> None:
+    """Record in ``manifest`` the checksums and sizes of ``folder``'s files as the commit ``meta`` left them.
+
+    ``written``: file name -> first byte a write changed since the manifest's checksums were taken (files not
+    named are unchanged); None: every file is hashed from its first byte."""
+    lengths = _lengths(folder, meta)
+    checksums, blocks = {}, {}
+    for name, length in lengths.items():
+        changed = written is None or name in written or manifest.sizes.get(name) != length
+        if name in WHOLE:
+            known = manifest.checksums.get(name)
+            checksums[name] = prefix_sha256(folder / name, length) if changed or known is None else known
+        else:
+            start = 0 if written is None else min(written.get(name, length), manifest.sizes.get(name, 0))
+            blocks[name] = block_sha256(folder / name, length, manifest.block_checksums.get(name), start)
+    manifest.checksums, manifest.block_checksums, manifest.sizes = checksums, blocks, lengths
+    manifest.sealed = dict(meta)
+    manifest.updated_at = time.time()
+
+
+def seal_published(db: sqlite3.Connection, folder: Path, manifest: Manifest, written: dict[str, int] | None) -> None:
+    """After an in-place commit (``db``: the writer's connection): fold the docstore's WAL into the file (a store
+    upgraded from format 1 keeps one), then record the checksums and write the manifest."""
+    busy = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    if busy is not None and busy[0]:  # a reader holds WAL pages: the file's bytes are not final yet
+        manifest.updated_at = time.time()  # the checksums stay stale; the next write records them
+    else:
+        seal(folder, manifest, journal.read_meta(db, folder), written)
+    files.write_manifest(folder, manifest)
+
+
+def seal_staged(folder: Path, manifest: Manifest) -> None:
+    """A bulk write, before it publishes: every file of the staging ``folder`` hashed (its docstore closed)."""
+    db = docstore.open_published(folder / DOCSTORE, writable=False)
+    try:
+        meta = journal.read_meta(db, folder)
+    finally:
+        db.close()
+    seal(folder, manifest, meta)
+    files.write_manifest(folder, manifest)
+
+
+def reseal_if_stale(db: sqlite3.Connection, folder: Path, manifest: Manifest, *, force: bool = False) -> None:
+    """Before an in-place write: checksums left stale by a killed writer (or ``force``: a format-1 store whose
+    docstore just took the journal's table) are recorded again, so that this write's own are true."""
+    if force or stale(manifest, journal.read_meta(db, folder)):
+        seal_published(db, folder, manifest, None)
+
+
+# ------------------------------------------------------------------ checks
+def check_on_open(db: sqlite3.Connection, folder: Path, manifest: Manifest, meta: dict[str, int]) -> None:
+    """Cheap checks of a published store (no byte hashed): the journal's table where the format has one, the
+    docstore's size and the manifest's count against the committed version."""
+    if not meta and manifest.format_version >= 2:
+        raise StoreError(
+            f"{folder / DOCSTORE}: the docstore has no journal table (care_meta) although {MANIFEST} says "
+            f"format {manifest.format_version}; it is not this store's docstore: restore it or re-index"
+        )
+    if stale(manifest, meta) or not manifest.sealed:
+        return
+    # Inside a read transaction: no writer commits (and changes the file) between the meta read and the stat.
+    opened = not db.in_transaction
+    if opened:
+        db.execute("BEGIN")
+    try:
+        now = journal.read_meta(db, folder)
+        size = (folder / DOCSTORE).stat().st_size
+    finally:
+        if opened:
+            db.rollback()
+    if now == manifest.sealed and DOCSTORE in manifest.sizes and size != manifest.sizes[DOCSTORE]:
+        raise StoreError(
+            f"{folder / DOCSTORE}: size mismatch ({size} bytes, {MANIFEST} records {manifest.sizes[DOCSTORE]}); "
+            "the file is truncated, replaced or corrupted"
+        )
+    if now == manifest.sealed and "count" in now and manifest.count != now["count"]:
+        raise StoreError(
+            f"{folder / MANIFEST}: field 'count' is {manifest.count}, the docstore records {now['count']} documents; "
+            "the manifest is damaged"
+        )
+
+
+def check_index(folder: Path, manifest: Manifest, index: faiss.Index) -> None:
+    """The index read from ``folder`` holds vectors of the manifest's width."""
+    if index.d != manifest.dim:
+        raise StoreError(
+            f"{folder / MANIFEST}: field 'dim' is {manifest.dim}, but {INDEX} holds {index.d}-dim vectors; "
+            "the manifest is damaged"
+        )
+
+
+def check_manifest(path: Path) -> None:
+    """The manifest file is byte for byte what care-retriever wrote (its own checksum, :data:`MANIFEST_DIGEST`)."""
+    raw = path.read_bytes()
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:  # not UTF-8, not JSON: changed since the store opened
+        raise StoreError(f"{path}: unreadable manifest ({exc})") from exc
+    if not isinstance(data, dict):
+        raise StoreError(f"{path}: malformed manifest (a JSON object expected)")
+    if MANIFEST_DIGEST not in data:
+        if data.get("sealed"):
+            raise StoreError(f"{path}: field {MANIFEST_DIGEST!r} is missing; the manifest was edited or damaged")
+        return  # written before the manifest had its own checksum
+    if files.manifest_bytes(data) != raw:
+        raise StoreError(
+            f"{path}: checksum mismatch (field {MANIFEST_DIGEST!r}): the manifest was changed after it was written"
+        )
+
+
+def check_files(folder: Path, manifest: Manifest, meta: dict[str, int]) -> bool:
+    """Every store file against the manifest's checksums; False when they describe an earlier version (nothing
+    to compare: see the module docstring)."""
+    if stale(manifest, meta):
+        return False
+    if manifest.sealed:  # every file present has its checksum
+        for name in _lengths(folder, meta):
+            if name not in manifest.checksums and name not in manifest.block_checksums:
+                raise StoreError(f"{folder / MANIFEST}: no checksum for {name}; the manifest was edited or damaged")
+    for name, expected in manifest.checksums.items():
+        path = folder / name
+        if not path.exists():
+            raise StoreError(f"{path}: missing; the store is incomplete")
+        length = manifest.sizes.get(name, path.stat().st_size)
+        if prefix_sha256(path, length) != expected:
+            raise StoreError(f"{path}: checksum mismatch with {MANIFEST}; the file is corrupted")
+    for name, expected_blocks in manifest.block_checksums.items():
+        path = folder / name
+        if not path.exists():
+            raise StoreError(f"{path}: missing; the store is incomplete")
+        found = block_sha256(path, manifest.sizes.get(name, 0))
+        for number, (got, want) in enumerate(zip(found, expected_blocks, strict=False)):
+            if got != want:
+                first = number * BLOCK
+                raise StoreError(
+                    f"{path}: checksum mismatch with {MANIFEST} in bytes {first}-{first + BLOCK - 1}; "
+                    "the file is corrupted"
+                )
+        if len(found) != len(expected_blocks):
+            raise StoreError(f"{path}: checksum mismatch with {MANIFEST} (size); the file is corrupted")
+    return True

@@ -1,0 +1,372 @@
+"""The one adapter between this package and Qdrant Edge (``qdrant-edge-py``, pinned: its API changed at every 0.x
+release). Every call into the engine goes through :class:`EdgeShard` here, in this package's own terms (plain
+lists, dicts and :class:`EdgePoint`), so that a new Edge release is met in this file and its contract tests
+(``tests/test_qdrant_edge_adapter.py``) alone.
+
+What Edge 0.9 does, as verified against the engine (docs/scale.md lists how):
+
+* ``update()`` appends to the write-ahead log and returns without an fsync; ``load()`` replays the log, so what an
+  update wrote survives the death of its process (kill -9), but not of the machine until ``flush()`` has returned:
+  :meth:`EdgeShard.flush` is the store's commit point.
+* One open shard per folder: the log is locked exclusively; a second open fails (:class:`ShardBusy`).
+* Every call holds the GIL, ``optimize()`` included: async callers run it in a worker thread.
+* HNSW graphs and quantized codes are built by ``optimize()`` only, for segments past the indexing threshold;
+  until then a segment is searched by brute force.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from care_retriever.errors import StoreError
+
+SPARSE = "bm25"  # the named sparse vector of the BM25 side (care_retriever.sparse.qdrant_sparse.VECTOR)
+# Qdrant's defaults for a graph the user did not size
+DEFAULT_M, DEFAULT_EF_CONSTRUCT, FULL_SCAN_KB = 16, 100, 10_000
+_OS_ERROR = re.compile(r"os error (\d+)")
+
+
+class ShardBusy(StoreError):
+    """The shard's folder is open in another process (or another object of this one)."""
+
+
+@dataclass(frozen=True)
+class EdgePoint:
+    """A point as the store writes it: dense vector, optional BM25 terms (ids, weights), payload."""
+
+    id: str
+    vector: Sequence[float]
+    payload: dict[str, Any]
+    sparse: tuple[list[int], list[float]] | None = None
+
+
+@dataclass(frozen=True)
+class EdgeRecord:
+    """A point as read back: id, payload (maybe partial), dense vector (when asked), score (of a query)."""
+
+    id: str
+    payload: dict[str, Any]
+    vector: list[float] | None = None
+    sparse: tuple[list[int], list[float]] | None = None
+    score: float = 0.0
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    """What a new shard is created with (from the store's QdrantCollectionConfig, resolved)."""
+
+    dim: int
+    metric: str  # "cosine" | "dot"
+    quantize: str = "none"  # "none" | "sq8" | "binary"
+    always_ram: bool | None = None
+    on_disk: bool | None = None
+    on_disk_payload: bool | None = None
+    m: int | None = None
+    ef_construct: int | None = None
+    indexing_threshold_kb: int | None = None  # segments past it get HNSW and codes at optimize(); None: Qdrant's
+
+
+def os_error(exc: BaseException) -> OSError | None:
+    """The OSError an engine error reports (Rust's ``... (os error 28)``), else None."""
+    if isinstance(exc, OSError):
+        return exc
+    found = _OS_ERROR.search(str(exc))
+    if found:
+        code = int(found.group(1))
+        return OSError(code, str(exc).splitlines()[0] if str(exc) else errno.errorcode.get(code, "os error"))
+    lowered = str(exc).lower()
+    if "no space left" in lowered:
+        return OSError(errno.ENOSPC, str(exc).splitlines()[0])
+    return None
+
+
+def _engine() -> Any:
+    try:
+        import qdrant_edge
+    except ImportError as exc:
+        raise StoreError("qdrant:PATH stores need Qdrant Edge: pip install 'care-retriever[qdrant]'") from exc
+    return qdrant_edge
+
+
+def _config(settings: ShardSettings) -> Any:
+    qe = _engine()
+    quantization: Any = None
+    if settings.quantize == "sq8":
+        quantization = qe.ScalarQuantizationConfig(qe.ScalarType.Int8, always_ram=settings.always_ram)
+    elif settings.quantize == "binary":
+        quantization = qe.BinaryQuantizationConfig(always_ram=settings.always_ram)
+    hnsw = qe.HnswIndexConfig(
+        m=settings.m or DEFAULT_M,
+        ef_construct=settings.ef_construct or DEFAULT_EF_CONSTRUCT,
+        full_scan_threshold=FULL_SCAN_KB,
+    )
+    dense = qe.EdgeVectorParams(
+        size=settings.dim,
+        # cosine would renormalise the stored vectors: a model that scores by dot product gets Dot
+        distance=qe.Distance.Dot if settings.metric == "dot" else qe.Distance.Cosine,
+        on_disk=settings.on_disk,
+        quantization_config=quantization,
+        hnsw_config=hnsw,
+    )
+    optimizers = (
+        qe.EdgeOptimizersConfig(indexing_threshold=settings.indexing_threshold_kb)
+        if settings.indexing_threshold_kb is not None
+        else None
+    )
+    return qe.EdgeConfig(
+        vectors=dense,
+        sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},  # IDF computed by the engine
+        on_disk_payload=settings.on_disk_payload,
+        optimizers=optimizers,
+    )
+
+
+def _record(point: Any) -> EdgeRecord:
+    vector, sparse = point.vector, None
+    if isinstance(vector, dict):
+        terms = vector.get(SPARSE)
+        sparse = (list(terms.indices), list(terms.values)) if terms is not None else None
+        vector = vector.get("")
+    return EdgeRecord(
+        id=str(point.id),
+        payload=dict(point.payload or {}),
+        vector=list(vector) if vector is not None else None,
+        sparse=sparse,
+        score=float(getattr(point, "score", 0.0)),
+    )
+
+
+def _payload(fields: bool | Sequence[str]) -> Any:
+    return fields if isinstance(fields, bool) else _engine().PayloadSelector.Include(list(fields))
+
+
+def build_filter(conditions: Sequence[tuple[str, Sequence[Any]]] | None) -> Any:
+    """An Edge filter: every ``(key, values)`` must match one of its values (a float as a point range)."""
+    if not conditions:
+        return None
+    qe = _engine()
+
+    def one(key: str, value: Any) -> Any:
+        if isinstance(value, float):  # Qdrant matches only str/int/bool exactly
+            return qe.FieldCondition(key, range=qe.RangeFloat(gte=value, lte=value))
+        return qe.FieldCondition(key, match=qe.MatchValue(value))
+
+    must: list[Any] = []
+    for key, values in conditions:
+        if len(values) == 1:
+            must.append(one(key, values[0]))
+        elif all(isinstance(v, str) for v in values) or all(type(v) is int for v in values):
+            must.append(qe.FieldCondition(key, match=qe.MatchAny(list(values))))
+        else:
+            must.append(qe.Filter(should=[one(key, v) for v in values]))
+    return qe.Filter(must=must)
+
+
+class EdgeShard:
+    """One open Edge shard (a folder). Not thread-safe by itself: the store serialises calls."""
+
+    def __init__(self, shard: Any, path: Path) -> None:
+        self._shard = shard
+        self.path = path
+
+    @classmethod
+    def create(cls, path: Path, settings: ShardSettings) -> EdgeShard:
+        return cls(_call(lambda: _engine().EdgeShard.create(str(path), _config(settings)), path), path)
+
+    @classmethod
+    def load(cls, path: Path) -> EdgeShard:
+        return cls(_call(lambda: _engine().EdgeShard.load(str(path)), path), path)
+
+    # ------------------------------------------------------------------ writes
+    def upsert(self, points: Sequence[EdgePoint]) -> None:
+        qe = _engine()
+        converted = []
+        for p in points:
+            vector: dict[str, Any] = {"": list(p.vector)}
+            if p.sparse is not None:
+                vector[SPARSE] = qe.SparseVector(p.sparse[0], p.sparse[1])
+            converted.append(qe.Point(p.id, vector, p.payload))
+        _call(lambda: self._shard.update(qe.UpdateOperation.upsert_points(converted)), self.path)
+
+    def set_sparse(self, terms: dict[str, tuple[list[int], list[float]]]) -> None:
+        qe = _engine()
+        vectors = [qe.PointVectors(i, {SPARSE: qe.SparseVector(t[0], t[1])}) for i, t in terms.items()]
+        _call(lambda: self._shard.update(qe.UpdateOperation.update_vectors(vectors)), self.path)
+
+    def delete(self, ids: Sequence[str]) -> None:
+        qe = _engine()
+        _call(lambda: self._shard.update(qe.UpdateOperation.delete_points(list(ids))), self.path)
+
+    def index_field(self, key: str, kind: str) -> None:
+        """A payload index on ``key``: kind keyword | integer | float | bool."""
+        qe = _engine()
+        schema = {
+            "keyword": qe.PayloadSchemaType.Keyword,
+            "integer": qe.PayloadSchemaType.Integer,
+            "float": qe.PayloadSchemaType.Float,
+            "bool": qe.PayloadSchemaType.Bool,
+        }[kind]
+        _call(lambda: self._shard.update(qe.UpdateOperation.create_field_index(key, schema)), self.path)
+
+    def flush(self) -> None:
+        """The commit point: the log and the segments on disk (msync + fsync)."""
+        _call(self._shard.flush, self.path)
+
+    def optimize(self) -> bool:
+        """Build HNSW and quantized codes for segments past the indexing threshold (holds the GIL)."""
+        return bool(_call(self._shard.optimize, self.path))
+
+    def close(self) -> None:
+        _call(self._shard.close, self.path)
+
+    # ------------------------------------------------------------------ reads
+    def count(self, conditions: Sequence[tuple[str, Sequence[Any]]] | None = None) -> int:
+        qe = _engine()
+        return int(
+            _call(lambda: self._shard.count(qe.CountRequest(exact=True, filter=build_filter(conditions))), self.path)
+        )
+
+    def retrieve(
+        self, ids: Sequence[str], payload: bool | Sequence[str] = True, vectors: bool = False
+    ) -> list[EdgeRecord]:
+        found = _call(lambda: self._shard.retrieve(list(ids), _payload(payload), vectors), self.path)
+        return [_record(p) for p in found]
+
+    def scroll(
+        self, offset: str | None, limit: int, payload: bool | Sequence[str] = True, vectors: bool = False
+    ) -> tuple[list[EdgeRecord], str | None]:
+        qe = _engine()
+        request = qe.ScrollRequest(offset=offset, limit=limit, with_payload=_payload(payload), with_vector=vectors)
+        points, following = _call(lambda: self._shard.scroll(request), self.path)
+        return [_record(p) for p in points], (str(following) if following is not None else None)
+
+    def search_params(self, hnsw_ef: int | None, oversample: float | None) -> Any:
+        qe = _engine()
+        quantization = (
+            qe.QuantizationSearchParams(rescore=True, oversampling=oversample) if oversample is not None else None
+        )
+        return qe.SearchParams(hnsw_ef=hnsw_ef, quantization=quantization)
+
+    def dense_query(self, vector: Sequence[float]) -> Any:
+        return _engine().Query.Nearest(list(vector))
+
+    def sparse_query(self, terms: tuple[list[int], list[float]]) -> Any:
+        qe = _engine()
+        return qe.Query.Nearest(qe.SparseVector(terms[0], terms[1]), using=SPARSE)
+
+    def request(
+        self,
+        query: Any,
+        limit: int,
+        *,
+        conditions: Sequence[tuple[str, Sequence[Any]]] | None = None,
+        payload: bool | Sequence[str] = True,
+        params: Any = None,
+    ) -> Any:
+        """One query: ``query`` from :meth:`dense_query` / :meth:`sparse_query`."""
+        qe = _engine()
+        return qe.QueryRequest(
+            limit=limit, query=query, filter=build_filter(conditions), with_payload=_payload(payload), params=params
+        )
+
+    def fused_request(
+        self,
+        dense: Any,
+        sparse: Any,
+        limit: int,
+        candidates: int,
+        *,
+        method: str,
+        rrf_k: int = 60,
+        conditions: Sequence[tuple[str, Sequence[Any]]] | None = None,
+        payload: bool | Sequence[str] = True,
+        params: Any = None,
+    ) -> Any:
+        """Dense and sparse candidates fused in the engine (prefetch + fusion): rrf or dbsf.
+
+        Edge's RRF gives rank r (from 1) ``1 / (k + r - 1)``, as the server's; ours (and ranx's) ``1 / (k + r)``:
+        the engine is handed ``k + 1``."""
+        qe = _engine()
+        flt = build_filter(conditions)
+        prefetches = [
+            qe.Prefetch(limit=candidates, query=dense, filter=flt, params=params),
+            qe.Prefetch(limit=candidates, query=sparse, filter=flt),
+        ]
+        fusion = qe.Fusion.Rrf(k=rrf_k + 1) if method == "rrf" else qe.Fusion.Dbsf()
+        return qe.QueryRequest(limit=limit, query=fusion, prefetches=prefetches, with_payload=_payload(payload))
+
+    def query_batch(self, requests: Sequence[Any]) -> list[list[EdgeRecord]]:
+        if not requests:
+            return []
+        qe = _engine()
+        answers = _call(lambda: self._shard.query_batch(qe.QueryBatchRequest(list(requests))), self.path)
+        return [[_record(p) for p in points] for points in answers]
+
+    def payload_indexes(self) -> dict[str, str]:
+        """Payload fields the engine indexes, with their type (keyword, integer, ...)."""
+        schema = _call(lambda: self._shard.info().payload_schema, self.path)
+        return {key: str(info.data_type).rsplit(".", 1)[-1].lower() for key, info in schema.items()}
+
+    def built(self) -> dict[str, Any]:
+        """What the engine built, as it reports it: points, segments, indexed vectors (dense and sparse indexes
+        counted), and for each segment the dense vector's index (plain | hnsw) and quantization, read from the
+        segment's own ``segment.json``."""
+        info = _call(self._shard.info, self.path)
+        segments = []
+        for config_file in sorted((self.path / "segments").glob("*/segment.json")):
+            try:
+                dense = json.loads(config_file.read_text())["config"]["vector_data"][""]
+            except (OSError, ValueError, KeyError):
+                continue  # a segment being replaced by the optimizer
+            quantization = dense.get("quantization_config") or {}
+            segments.append(
+                {
+                    "index": dense.get("index", {}).get("type", "plain"),
+                    "quantization": "sq8" if "scalar" in quantization else next(iter(quantization), "none"),
+                    "storage": dense.get("storage_type"),
+                }
+            )
+        return {
+            "points": int(info.points_count),
+            "segments": int(info.segments_count),
+            "indexed_vectors": int(info.indexed_vectors_count),
+            "segment_indexes": segments,
+        }
+
+    def recorded_settings(self) -> dict[str, Any]:
+        """The dense vector's settings the shard itself holds (``edge_config.json``): quantization, always_ram,
+        on_disk, m, ef_construct, the metric, the BM25 vector's modifier (idf)."""
+        config = json.loads((self.path / "edge_config.json").read_text())
+        dense = config.get("vectors", {}).get("", {})
+        quantization = dense.get("quantization_config") or {}
+        kind = "sq8" if "scalar" in quantization else next(iter(quantization), "none")
+        hnsw = dense.get("hnsw_config") or {}
+        return {
+            "quantize": kind,
+            "always_ram": (quantization.get(kind if kind != "sq8" else "scalar") or {}).get("always_ram"),
+            "on_disk": dense.get("on_disk"),
+            "m": hnsw.get("m"),
+            "ef_construct": hnsw.get("ef_construct"),
+            "distance": dense.get("distance"),
+            "sparse_modifier": (config.get("sparse_vectors", {}).get(SPARSE) or {}).get("modifier"),
+        }
+
+
+def _call(call: Any, path: Path) -> Any:
+    """Run an engine call; its errors as an OSError (a file-system fault), :class:`ShardBusy` or StoreError."""
+    try:
+        return call()
+    except Exception as exc:  # the binding raises plain Exception for every engine error
+        text = str(exc)
+        if "WouldBlock" in text or "Resource temporarily unavailable" in text:
+            raise ShardBusy(f"{path}: the shard is open in another process (one owner per folder)") from exc
+        fault = os_error(exc)
+        if fault is not None and fault.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise fault from exc
+        raise StoreError(f"{path}: Qdrant Edge: {text.splitlines()[0] if text else type(exc).__name__}") from exc

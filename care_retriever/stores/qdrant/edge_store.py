@@ -1,0 +1,394 @@
+"""``qdrant:PATH``: a Qdrant collection on Qdrant Edge, Qdrant's own engine in this process.
+
+A store folder holds one collection per subfolder: ``PATH/NAME/shard`` (the Edge shard: write-ahead log,
+segments, HNSW graphs, quantized codes, payload indexes) and ``PATH/NAME/manifest.json`` (this package's manifest,
+written atomically at each commit). ``qdrant::memory:`` is the same engine in a temporary folder, removed at
+``close``: tests and notebooks run the engine users deploy.
+
+Writes: ``upsert`` / ``delete`` go to the engine's log (they survive the death of the process); ``commit`` flushes
+the shard, the commit point that survives the machine, then writes the manifest; ``finalize`` commits, then runs
+the engine's optimizer (HNSW and quantization are built there, once per bulk write, not per batch). A file-system
+fault (disk full, I/O error) ends a write in one line and the shard is reopened from disk, so that what this
+object counts is what ``verify`` and the next process find. One process owns a folder at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from care_retriever import faults
+from care_retriever.documents import Document
+from care_retriever.errors import InputError, StoreError, WriteError
+from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
+from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
+from care_retriever.stores.qdrant import edge, legacy
+from care_retriever.stores.qdrant.common import (
+    DEFAULT_COLLECTION,
+    QdrantOptions,
+    QdrantStore,
+    document_of,
+    is_server,
+    payload_of,
+    point_id,
+)
+from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, read_manifest, write_manifest
+from care_retriever.stores.qdrant.edge_search import EdgeSearch
+from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
+from care_retriever.vectors import VectorContract
+
+logger = logging.getLogger("care_retriever")
+
+SHARD_FOLDER = "shard"
+# settings of a server only: Edge has one shard and no replicas
+SERVER_ONLY = ("shards", "replicas")
+BATCH = 256
+
+
+def metadata_kind(value: Any) -> str | None:
+    """The payload index a metadata value gets (the first value seen of a field decides)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "keyword"
+    return None
+
+
+class EdgeStore(EdgeSearch, QdrantStore):
+    """A Qdrant collection in a Qdrant Edge shard (``qdrant:PATH``, ``qdrant::memory:``)."""
+
+    @classmethod
+    def serves(cls, location: str, client: Any) -> bool:
+        return client is None and not is_server(location)
+
+    def __init__(
+        self, location: str, collection: str = DEFAULT_COLLECTION, client: Any = None, *, api_key: str | None = None
+    ) -> None:
+        self.location = location
+        self.collection = collection
+        self.manifest: Manifest | None = None
+        self.shard: edge.EdgeShard | None = None
+        self._lock = threading.RLock()  # the binding holds the GIL per call; this keeps a write's calls together
+        self._temporary = location == ":memory:"
+        self.root = Path(tempfile.mkdtemp(prefix="care-qdrant-edge-")) if self._temporary else Path(location)
+        if not self._temporary:
+            faults.require_folder(self.root, f"the Qdrant Edge store qdrant:{location}")  # a file there stays
+            legacy.refuse_local_mode(self.root, collection)
+        folder = self.root / collection
+        if (folder / SHARD_FOLDER).is_dir():  # reading opens what exists; creating anything waits for prepare
+            free = shutil.disk_usage(folder).free
+            if free < OPEN_SHARD:
+                raise faults.write_error(
+                    f"qdrant:{location}",
+                    f"the write-ahead log Qdrant Edge opens for collection {collection}",
+                    OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)),
+                    faults.REASONS[errno.ENOSPC],
+                    f"opening needs {OPEN_SHARD >> 20} MB free; nothing was changed",
+                )
+            try:
+                self.shard = edge.EdgeShard.load(folder / SHARD_FOLDER)
+            except edge.ShardBusy as exc:
+                raise StoreError(
+                    f"{self.describe()} is open in another process (or object): one owner per folder at a time"
+                ) from exc
+            self.manifest = self._read_manifest()
+
+    @property
+    def folder(self) -> Path:
+        return self.root / self.collection
+
+    def _read_manifest(self) -> Manifest:
+        return read_manifest(self.folder / MANIFEST_FILE, self.describe())
+
+    def _write_manifest(self, manifest: Manifest) -> None:
+        write_manifest(self.folder / MANIFEST_FILE, manifest)
+
+    # ------------------------------------------------------------------ creating
+    def local_footprint(self, index: QdrantOptions = None) -> LocalFootprint | None:
+        """The store's folder (Edge writes in place: no staging copy); None for a temporary store."""
+        config = as_qdrant_config(index)
+        if self._temporary:
+            return None
+        return LocalFootprint(self.root, quantized=config.quantize not in (None, QdrantQuantize.NONE))
+
+    def prepare(
+        self,
+        dim: int,
+        space_fingerprint: str,
+        model_name: str,
+        index: QdrantOptions = None,
+        *,
+        metric: str = "cosine",
+    ) -> None:
+        """Create the shard with ``index``'s settings, or check the existing collection's."""
+        given = as_qdrant_config(index)  # its config or None, else one line: nothing created
+        dropped = [k for k in SERVER_ONLY if k in given.given()]
+        requested = given.local_mode()
+        if self.manifest is not None:
+            self.check_compatible(space_fingerprint, dim)
+            self.check_settings(requested)
+            return
+        options = requested.resolved()
+        if dropped:
+            logger.warning(
+                "%s: Qdrant Edge has one shard and no replicas (ignoring %s); a Qdrant server applies them",
+                self.describe(),
+                ", ".join(dropped),
+            )
+        import qdrant_edge
+
+        manifest = Manifest(
+            backend="qdrant",
+            dim=dim,
+            space_fingerprint=space_fingerprint,
+            model_name=model_name,
+            metric=check_metric(metric),
+            index=options.to_manifest(),
+            versions=default_versions(engine="qdrant-edge", qdrant_edge=getattr(qdrant_edge, "__version__", "0.9.0")),
+        )
+        settings = edge.ShardSettings(
+            dim=dim,
+            metric=metric,
+            quantize=options.quantize.value if options.quantize else "none",
+            always_ram=options.always_ram,
+            on_disk=options.on_disk,
+            on_disk_payload=options.on_disk_payload,
+            m=options.m,
+            ef_construct=options.ef_construct,
+            indexing_threshold_kb=options.indexing_threshold,
+        )
+        with self._lock, self._write_faults("the new collection"):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            require_space(self.folder, OPEN_SHARD)
+            self.shard = edge.EdgeShard.create(self.folder / SHARD_FOLDER, settings)
+            self.shard.index_field("doc_id", "keyword")
+            self.shard.flush()
+            self._write_manifest(manifest)
+        self.manifest = manifest
+
+    def require_shard(self) -> edge.EdgeShard:
+        if self.shard is None:
+            self.require_manifest()
+            raise StoreError(f"{self.describe()}: the shard is closed")
+        return self.shard
+
+    # ------------------------------------------------------------------ writes
+    def upsert(
+        self, documents: Sequence[Document], vectors: np.ndarray, *, sparse_tokens: Sequence[list[str]] | None = None
+    ) -> None:
+        manifest = self.require_manifest()
+        if len(documents) != len(vectors):
+            raise InputError(f"{len(documents)} documents but {len(vectors)} vectors")
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if len(documents) and (vectors.ndim != 2 or vectors.shape[1] != manifest.dim):
+            raise InputError(
+                f"{self.describe()}: vectors have shape {vectors.shape}; the store holds {manifest.dim}-dim"
+            )
+        sparse = self.sparse_terms(documents, sparse_tokens)
+        points = [
+            edge.EdgePoint(point_id(d.id), v.tolist(), payload_of(d), sparse[i] if sparse is not None else None)
+            for i, (d, v) in enumerate(zip(documents, vectors, strict=True))
+        ]
+        with self._lock, self._write_faults("the points"):
+            shard = self.require_shard()
+            self._index_metadata(shard, documents)
+            for start in range(0, len(points), BATCH):
+                batch = points[start : start + BATCH]
+                # the log, the vectors and the payloads: each point's bytes about three times over
+                require_space(self.folder, 3 * sum(4 * len(p.vector) + len(repr(p.payload).encode()) for p in batch))
+                shard.upsert(batch)
+
+    def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
+        """A payload index for each metadata field filters can match, created the first time the field is seen."""
+        indexed = shard.payload_indexes()
+        for document in documents:
+            for name, value in document.metadata.items():
+                key, kind = f"metadata.{name}", metadata_kind(value)
+                if kind is not None and key not in indexed:
+                    shard.index_field(key, kind)
+                    indexed[key] = kind
+
+    def delete(self, ids: Sequence[str]) -> int:
+        existing = list(self.content_hashes(list(ids)))
+        if existing:
+            with self._lock, self._write_faults("the deletion"):
+                self.require_shard().delete([point_id(i) for i in existing])
+        return len(existing)
+
+    def commit(self) -> None:
+        """Flush the shard (the commit point), then record the count in the manifest."""
+        manifest = self.require_manifest()
+        with self._lock, self._write_faults("the commit"):
+            shard = self.require_shard()
+            shard.flush()
+            manifest.count = shard.count()
+            manifest.updated_at = time.time()
+            self._write_manifest(manifest)
+
+    def finalize(self) -> None:
+        """Commit, then build the engine's HNSW graphs and quantized codes for what was written, and flush them."""
+        self.commit()
+        with self._lock, self._write_faults("the optimized segments"):
+            shard = self.require_shard()
+            require_space(self.folder, folder_bytes(self.folder / SHARD_FOLDER / "segments"))  # rebuilt beside the old
+            if shard.optimize():
+                shard.flush()
+
+    @contextlib.contextmanager
+    def _write_faults(self, what: str) -> Iterator[None]:
+        """A file-system fault ends the write in one line; the shard is reopened from disk, so that this object
+        counts what the next process will (what each update had written to the log is replayed)."""
+        try:
+            yield
+        except WriteError:
+            raise
+        except OSError as exc:
+            reason = faults.reason_of(exc)
+            if reason is None:
+                raise
+            self._reopen()
+            raise faults.write_error(
+                f"qdrant:{self.location}",
+                f"{what} into collection {self.collection}",
+                exc,
+                reason,
+                "the points written before the failure are kept whole and the rest are not stored; "
+                "run the same command again once there is space",
+            ) from exc
+
+    def _reopen(self) -> None:
+        if self.shard is not None:
+            with contextlib.suppress(Exception):
+                self.shard.close()
+            self.shard = None
+        if (self.folder / SHARD_FOLDER).is_dir():
+            with contextlib.suppress(StoreError, OSError):
+                self.shard = edge.EdgeShard.load(self.folder / SHARD_FOLDER)
+
+    # ------------------------------------------------------------------ reads
+    def count(self, filters: Any = None) -> int:
+        from care_retriever.stores.qdrant.common import filter_conditions
+
+        if self.manifest is None:
+            return 0
+        conditions = filter_conditions(filters)
+        with self._lock:
+            return self.require_shard().count(conditions)
+
+    def _records(self, ids: Sequence[str], payload: bool | Sequence[str], vectors: bool) -> list[edge.EdgeRecord]:
+        out: list[edge.EdgeRecord] = []
+        for start in range(0, len(ids), BATCH):
+            with self._lock:
+                out += self.require_shard().retrieve(
+                    [point_id(i) for i in ids[start : start + BATCH]], payload, vectors
+                )
+        return out
+
+    def get(self, ids: Sequence[str]) -> list[Document | None]:
+        if self.manifest is None:
+            return [None] * len(ids)
+        found = {r.payload["doc_id"]: document_of(r.payload) for r in self._records(list(ids), True, False)}
+        return [found.get(i) for i in ids]
+
+    def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
+        if self.manifest is None or not ids:
+            return {}
+        records = self._records(list(ids), ["doc_id", "content_hash"], False)
+        return {r.payload["doc_id"]: r.payload["content_hash"] for r in records}
+
+    def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
+        if self.manifest is None:
+            return [None] * len(ids)
+        records = self._records(list(ids), ["doc_id"], True)
+        found = {r.payload["doc_id"]: np.asarray(r.vector, dtype=np.float32) for r in records if r.vector is not None}
+        return [found.get(i) for i in ids]
+
+    def scroll(
+        self, payload: bool | Sequence[str] = True, vectors: bool = False, batch: int = BATCH
+    ) -> Iterator[list[edge.EdgeRecord]]:
+        """Every point, ``batch`` at a time."""
+        if self.manifest is None:
+            return
+        offset: str | None = None
+        while True:
+            with self._lock:
+                records, offset = self.require_shard().scroll(offset, batch, payload, vectors)
+            if records:
+                yield records
+            if offset is None:
+                return
+
+    def iter_documents(self, batch: int = BATCH) -> Iterator[Document]:
+        for records in self.scroll(True, False, batch):
+            yield from (document_of(r.payload) for r in records)
+
+    def collection_settings(self) -> dict[str, Any]:
+        """The settings the shard holds (quantize, always_ram, on_disk, m, ef_construct; one shard, no replicas)
+        and what the engine built: points, segments, indexed vectors, each segment's index (plain | hnsw) and
+        quantization, the payload indexes. ``info`` prints it."""
+        with self._lock:
+            shard = self.require_shard()
+            return {
+                "engine": "qdrant-edge",
+                **shard.recorded_settings(),
+                "shards": 1,
+                "replicas": 1,
+                **shard.built(),
+                "payload_indexes": shard.payload_indexes(),
+            }
+
+    def verify(self) -> int:
+        """The shard's own settings against the manifest, then every point's payload and dense vector."""
+        manifest = self.require_manifest()
+        with self._lock:
+            actual = self.require_shard().recorded_settings()
+        recorded = QdrantCollectionConfig.from_manifest(manifest.index).resolved().given()
+        for key in ("quantize", "always_ram", "on_disk", "m", "ef_construct"):
+            if key in recorded and actual[key] is not None and actual[key] != recorded[key]:
+                raise StoreError(
+                    f"{self.describe()}: the shard holds {key}={actual[key]!r}; its manifest says {recorded[key]!r}"
+                )
+        contract = VectorContract.for_metric(manifest.metric)  # the norms the store's model promises
+        count = 0
+        for records in self.scroll(["doc_id", "content_hash"], True):
+            for r in records:
+                doc_id, content = r.payload.get("doc_id"), r.payload.get("content_hash")
+                if not doc_id or not content:
+                    raise StoreError(f"{self.describe()}: point {r.id} has no doc_id or content_hash")
+                if r.id != point_id(doc_id):
+                    raise StoreError(f"{self.describe()}: point {r.id} does not carry the id of {doc_id!r}")
+                vector = np.asarray(r.vector if r.vector is not None else [], dtype=np.float32)
+                if vector.shape != (manifest.dim,) or not np.isfinite(vector).all():
+                    raise StoreError(f"{self.describe()}: {doc_id!r} has no finite {manifest.dim}-dim dense vector")
+                if contract.bad_norms(np.asarray([np.linalg.norm(vector)])).any():
+                    raise StoreError(
+                        f"{self.describe()}: {doc_id!r} has a vector not {contract.describe_norms()} as its "
+                        f"{manifest.metric} model's are"
+                    )
+            count += len(records)
+        return count
+
+    def close(self) -> None:
+        """Release the folder; a temporary store's folder is removed. What was written since the last commit is in
+        the engine's log (replayed by the next open), made durable on the machine by a commit."""
+        with self._lock:
+            if self.shard is not None:
+                self.shard.close()
+                self.shard = None
+            if self._temporary:
+                shutil.rmtree(self.root, ignore_errors=True)
