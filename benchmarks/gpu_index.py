@@ -157,6 +157,16 @@ def st_padding(texts: list[str], lengths: list[int], batch_size: int) -> int:
     )
 
 
+def tower_copy(embedder: Any) -> Any:
+    """A model over a fresh copy of ``embedder``'s document tower: each side sets its own forward pass up (packed,
+    compiled, FP8) on a tower of its own, from the same weights."""
+    import copy
+    import dataclasses
+
+    tower = embedder.tower("document")
+    return embedder.with_tower("document", dataclasses.replace(tower, modules=copy.deepcopy(list(tower.modules))))
+
+
 def run_st(embedder: Any, texts: list[str], batch_size: int, device: str) -> dict[str, float]:
     model = embedder.document_model
     prompt = embedder.config.document_prompt
@@ -170,11 +180,15 @@ def run_st(embedder: Any, texts: list[str], batch_size: int, device: str) -> dic
     return {"seconds": seconds, "peak_bytes": memory.peak}
 
 
-def run_index(embedder: Any, docs: list[Any], batch_size: int, device: str, folder: Path) -> dict[str, Any]:
+def run_index(
+    embedder: Any, docs: list[Any], batch_size: int, device: str, folder: Path, **encode: Any
+) -> dict[str, Any]:
+    from care_retriever.indexing.config import EncodeConfig
     from care_retriever.indexing.writer import DocumentStoreWriter
 
     # the BM25 side is not encoding: off, as the module docstring says (the writer's default is on)
-    writer = DocumentStoreWriter(embedder, f"faiss:{folder}", batch_size=batch_size, show_progress=False, sparse=False)
+    config = EncodeConfig(batch_size=batch_size, **encode)
+    writer = DocumentStoreWriter(embedder, f"faiss:{folder}", encode=config, show_progress=False, sparse=False)
     with PeakMemory(device) as memory:
         sync(device)
         report = writer.write(docs)
@@ -189,6 +203,54 @@ def run_index(embedder: Any, docs: list[Any], batch_size: int, device: str, fold
     }
 
 
+# The sides of a corpus's rows. `index` sides: the writer with these EncodeConfig fields (``forward``, ``compile``,
+# ``dtype``), each on a copy of the tower; `auto` is the command's default. sentence-transformers' sides:
+# ``encode_document`` at the benchmark's batch, at its own defaults (batch 32), and at the best a user could set (its
+# ``compile(dynamic=True)`` and the largest batch that fits, from ``--st-best-batch`` down, halved on out-of-memory).
+INDEX_SIDES: dict[str, dict[str, str]] = {
+    "index": {},
+    "index padded": {"forward": "padded", "compile": "off"},
+    "index padded+compiled": {"forward": "padded", "compile": "on"},
+    "index packed": {"forward": "packed", "compile": "off"},
+    "index packed+compiled": {"forward": "packed", "compile": "on"},
+    "index fp8": {"dtype": "fp8", "compile": "on"},
+}
+ST_SIDES = ("encode_document", "encode_document defaults", "encode_document best")
+ST_DEFAULT_BATCH = 32
+
+
+def cannot_run(label: str, device: str) -> str | None:
+    """Why a side does not run on ``device``, or None."""
+    from care_retriever.model.fp8 import fp8_refusal
+
+    if "fp8" in label:
+        return fp8_refusal(device)
+    return None
+
+
+def st_best(embedder: Any, texts: list[str], batch: int, device: str) -> tuple[Any, int, float]:
+    """sentence-transformers at its best settings: its own compile and the largest batch that fits (from ``batch``,
+    halved on out-of-memory); returns the model, the batch and the seconds of the first (compiling) call."""
+    import torch
+
+    from care_retriever.model.encoding import OOM_ERRORS
+
+    model = tower_copy(embedder)
+    model.document_model.compile(dynamic=True)
+    longest = sorted(texts, key=len)[-batch:]
+    while True:
+        try:
+            start = time.perf_counter()
+            run_st(model, longest, batch, device)  # the longest texts: the batch that fits them fits every batch
+            return model, batch, time.perf_counter() - start
+        except OOM_ERRORS:
+            if batch <= 1:
+                raise
+            batch //= 2
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+
+
 def measure(
     embedder: Any,
     name: str,
@@ -199,58 +261,108 @@ def measure(
     peaks: list[float],
     matmul_dtype: Any,
     work: Path,
+    sides: list[str] | None = None,
+    best_batch: int = 2048,
 ) -> dict[str, Any]:
-    """Both sides on ``docs``, alternating for ``rounds``; ``peaks``: the matmul peaks measured so far (appended to)."""
+    """Every side on ``docs``, alternating for ``rounds``; ``peaks``: the matmul peaks measured so far (appended
+    to). ``sides``: the labels to run (default: ``index`` and ``encode_document``)."""
+    from care_retriever.model.forward import forward_state
+
+    sides = sides or ["index", "encode_document"]
     texts = [d.embedding_text() for d in docs]
     model = embedder.document_model
     lengths = token_lengths(model, texts, embedder.config.document_prompt)
     own = sum(lengths)
-    st_padded = st_padding(texts, lengths, batch_size)
     config = model[0].auto_model.config
     flops = flops_per_token(config, own / len(texts)) * own
-    run_st(embedder, texts[: min(len(texts), batch_size)], batch_size, device)  # warm-up both sides
-    run_index(embedder, docs[: min(len(docs), batch_size)], batch_size, device, work / f"{name}-warm")
-    st_runs, index_runs = [], []
+    runners: dict[str, Any] = {}
+    info: dict[str, dict[str, Any]] = {}
+    for label in sides:
+        reason = cannot_run(label, device)
+        if reason is not None:
+            info[label] = {"not_run": reason}
+            continue
+        if label in INDEX_SIDES:
+            copy, encode = tower_copy(embedder), INDEX_SIDES[label]
+            warm = run_index(copy, docs[:batch_size], batch_size, device, work / f"{name}-{label}-warm", **encode)
+            state = forward_state(copy.document_model)
+            info[label] = {"forward": state.forward, "compile": state.compile, "dtype": state.dtype}
+            info[label]["compile_seconds"] = round(state.compile_seconds, 2)
+
+            def runner(r: int, copy: Any = copy, label: str = label, encode: dict[str, str] = encode) -> Any:
+                return run_index(copy, docs, batch_size, device, work / f"{name}-{label}-{r}", **encode)
+
+            runners[label] = runner
+            del warm
+        else:
+            if label == "encode_document best":
+                copy, batch, first = st_best(embedder, texts, best_batch, device)
+                info[label] = {"batch": batch, "compile": "on", "compile_seconds": round(first, 2)}
+            else:
+                batch = ST_DEFAULT_BATCH if label == "encode_document defaults" else batch_size
+                copy = embedder
+                run_st(copy, texts[:batch], batch, device)  # warm-up
+                info[label] = {"batch": batch, "compile": "off", "compile_seconds": 0.0}
+            info[label]["padded_tokens"] = st_padding(texts, lengths, batch)
+
+            def st_runner(r: int, copy: Any = copy, batch: int = batch) -> Any:
+                return run_st(copy, texts, batch, device)
+
+            runners[label] = st_runner
+    results: dict[str, list[dict[str, Any]]] = {label: [] for label in runners}
     for r in range(rounds):  # the matmul peak measured beside each round too: the best is the machine's
         peaks.append(matmul_peak(device, matmul_dtype))
         # each side starts from a collected heap (a full collection of the process's half-million objects took
         # about 0.25 s on the CPU, and fell in whichever side crossed the threshold), and the sides take turns
         # at going first
-        for side in ("st", "index") if r % 2 == 0 else ("index", "st"):
+        for label, runner in list(runners.items()) if r % 2 == 0 else list(runners.items())[::-1]:
             gc.collect()
-            if side == "st":
-                st_runs.append(run_st(embedder, texts, batch_size, device))
-            else:
-                index_runs.append(run_index(embedder, docs, batch_size, device, work / f"{name}-{r}"))
+            results[label].append(runner(r))
 
-    def side(runs: list[dict[str, float]], padded: int) -> dict[str, Any]:
+    def side(label: str) -> dict[str, Any]:
+        runs = results.get(label)
+        if not runs:
+            return {**info.get(label, {}), "not_run": info.get(label, {}).get("not_run", "not asked for")}
         best = min(runs, key=lambda run: run["seconds"])
+        padded = runs[-1].get("padded_tokens", info[label].get("padded_tokens", own))
+        compile_seconds = float(info[label].get("compile_seconds", 0.0))
         return {
+            **info[label],
             "docs_per_second": round(len(texts) / best["seconds"], 1),
             "docs_per_second_rounds": [round(len(texts) / run["seconds"], 1) for run in runs],
+            # one run's docs/s with the compiling counted: the first pass of a run on a fresh process pays it
+            "docs_per_second_with_compile": round(len(texts) / (best["seconds"] + compile_seconds), 1),
             "tokens_per_second": round(own / best["seconds"], 1),
             "padding_ratio": round(padded / own, 3),
             "flops_per_second": flops / best["seconds"],  # MFU: over the best matmul of the whole run (main)
             "peak_mib": round(max(run["peak_bytes"] for run in runs) / 2**20, 1),
+            "max_batch_tokens": runs[-1].get("max_batch_tokens"),
         }
 
-    ours = side(index_runs, int(index_runs[-1]["padded_tokens"]))
-    ours["max_batch_tokens"] = index_runs[-1]["max_batch_tokens"]
-    theirs = side(st_runs, st_padded)
-    return {
+    row: dict[str, Any] = {
         "corpus": name,
         "docs": len(texts),
         "tokens_per_doc": round(own / len(texts), 1),
         "batch_size": batch_size,
-        "index": ours,
-        "encode_document": theirs,
-        "ratio": round(ours["docs_per_second"] / theirs["docs_per_second"], 3),
+        "sides": {label: side(label) for label in sides},
+    }
+    row["index"], row["encode_document"] = row["sides"].get("index"), row["sides"].get("encode_document")
+    base = row["sides"].get("encode_document") or {}
+    for figures in row["sides"].values():
+        if "docs_per_second" in figures and base.get("docs_per_second"):
+            figures["vs_encode_document"] = round(figures["docs_per_second"] / base["docs_per_second"], 3)
+    if row["index"] and "docs_per_second" in row["index"] and "docs_per_second" in base:
+        row["ratio"] = row["index"]["vs_encode_document"]
         # the two sides of each round compared (they ran back to back): steadier than the best rounds on a machine
         # whose load changes from round to round
-        "ratio_median_of_rounds": round(
-            statistics.median(st["seconds"] / ix["seconds"] for st, ix in zip(st_runs, index_runs, strict=True)), 3
-        ),
-    }
+        row["ratio_median_of_rounds"] = round(
+            statistics.median(
+                st["seconds"] / ix["seconds"]
+                for st, ix in zip(results["encode_document"], results["index"], strict=True)
+            ),
+            3,
+        )
+    return row
 
 
 # ------------------------------------------------------------------ the report
@@ -275,26 +387,33 @@ def markdown(result: dict[str, Any]) -> str:
         f"measured: {result['matmul_tflops']:.3f} TFLOP/s ({result['matmul_dtype']}). {result['date']}.",
         f"Command: `{result['command']}`",
         "",
-        "| corpus | docs | tokens/doc | batch | side | docs/s (best) | docs/s per round | tokens/s | padding | MFU "
-        "| peak MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| corpus | docs | tokens/doc | batch | side | forward | docs/s (best) | docs/s per round | x encode_document "
+        "| docs/s with compile | compile s | tokens/s | padding | MFU | peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
-        for label, key in (("`index`", "index"), ("`encode_document`", "encode_document")):
-            side = row[key]
-            budget = f" (budget {side['max_batch_tokens']})" if side.get("max_batch_tokens") else ""
+        for label, side in row["sides"].items():
+            head = f"| {row['corpus']} | {row['docs']:,} | {row['tokens_per_doc']} "
+            batch = side.get("batch", row["batch_size"])
+            if "docs_per_second" not in side:
+                lines.append(f"{head}| {batch} | `{label}` | not run: {side.get('not_run')} |" + " |" * 9)
+                continue
+            budget = f", budget {side['max_batch_tokens']}" if side.get("max_batch_tokens") else ""
+            forward = side.get("forward", "padded (sentence-transformers)")
+            dtype = f", {side['dtype']}" if "fp8" in str(side.get("dtype", "")) else ""
             lines.append(
-                f"| {row['corpus']} | {row['docs']:,} | {row['tokens_per_doc']} | {row['batch_size']} "
-                f"| {label}{budget} "
+                f"{head}| {batch} | `{label}` | {forward}{dtype}, compile {side.get('compile', 'off')}{budget} "
                 f"| {side['docs_per_second']:,.1f} | {', '.join(f'{v:,.1f}' for v in side['docs_per_second_rounds'])} "
-                f"| {side['tokens_per_second']:,.0f} | {side['padding_ratio']:.3f} | {side['mfu']:.2%} "
-                f"| {side['peak_mib']:,.1f} |"
+                f"| {side.get('vs_encode_document', 1.0):.3f} | {side['docs_per_second_with_compile']:,.1f} "
+                f"| {side.get('compile_seconds', 0.0):.1f} | {side['tokens_per_second']:,.0f} "
+                f"| {side['padding_ratio']:.3f} | {side['mfu']:.2%} | {side['peak_mib']:,.1f} |"
             )
     lines.append("")
     lines += [
         f"* {row['corpus']}: `index` / `encode_document` = **{row['ratio']:.3f}** (best rounds; median of the "
         f"rounds' ratios {row['ratio_median_of_rounds']:.3f})"
         for row in result["rows"]
+        if "ratio" in row
     ]
     for name in result["skipped"]:
         lines.append(f"* {name}: skipped (corpus not found)")
@@ -324,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
     parser.add_argument("--docs", type=Path, default=DOC, help="the doc whose section is written")
+    parser.add_argument(
+        "--sides",
+        default="index,encode_document",
+        help=f"comma-separated, or all: {', '.join([*INDEX_SIDES, *ST_SIDES])}",
+    )
+    parser.add_argument("--st-best-batch", type=int, default=None, help="encode_document best: from this batch down")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
@@ -354,15 +479,33 @@ def main(argv: list[str] | None = None) -> int:
     matmul_dtype = dtype if device.startswith("cuda") else torch.float32
     peaks = [matmul_peak(device, matmul_dtype)]
     rows = []
+    sides = [*INDEX_SIDES, *ST_SIDES] if args.sides == "all" else [s.strip() for s in args.sides.split(",")]
+    unknown = sorted(set(sides) - {*INDEX_SIDES, *ST_SIDES})
+    if unknown:
+        parser.error(f"unknown sides {unknown}")
+    best_batch = args.st_best_batch or (4 * args.batch_size if device.startswith("cuda") else args.batch_size)
     with tempfile.TemporaryDirectory(prefix="gpu-index-") as tmp:
         for name, docs in loaded.items():
             rows.append(
-                measure(embedder, name, docs, args.batch_size, args.rounds, device, peaks, matmul_dtype, Path(tmp))
+                measure(
+                    embedder,
+                    name,
+                    docs,
+                    args.batch_size,
+                    args.rounds,
+                    device,
+                    peaks,
+                    matmul_dtype,
+                    Path(tmp),
+                    sides,
+                    best_batch,
+                )
             )
     peak = max(peaks)
     for row in rows:
-        for key in ("index", "encode_document"):
-            row[key]["mfu"] = round(row[key].pop("flops_per_second") / peak, 4)
+        for figures in row["sides"].values():
+            if "flops_per_second" in figures:
+                figures["mfu"] = round(figures.pop("flops_per_second") / peak, 4)
     config = model[0].auto_model.config
     command = "python -m benchmarks.gpu_index " + shlex.join(argv if argv is not None else sys.argv[1:])
     result: dict[str, Any] = {

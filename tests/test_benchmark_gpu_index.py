@@ -66,7 +66,7 @@ def test_the_sides_take_turns_from_a_collected_heap(
     args = ["--corpus", str(sample_corpus_path), "--limit", "30", "--batch-size", "8", "--rounds", "3"]
     assert gpu_index.main([*args, "--no-write", "--json"]) == 0
     timed = calls[2:]  # after the warm-up of each side
-    assert timed == ["gc", "st", "gc", "index", "gc", "index", "gc", "st", "gc", "st", "gc", "index"]
+    assert timed == ["gc", "index", "gc", "st", "gc", "st", "gc", "index", "gc", "index", "gc", "st"]
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     ratios = sorted(st / ix for st, ix in zip(seconds["st"], seconds["index"], strict=True))
     assert row["ratio_median_of_rounds"] == pytest.approx(ratios[1], abs=1e-3)
@@ -135,3 +135,20 @@ def test_training_walltime_flags_a_stage_below_half(tmp_path: Path) -> None:
     text = doc.read_text()
     assert "prose kept" in text and "| stage0-query | stage0_query | 10 | 40 | 8.00 | 10.00 | 80% |" in text
     assert "below one half: stage1" in text and "teacher cache 0.50 s for 80 texts" in text
+
+
+def test_the_forward_sides_run_or_say_why_not(capsys, tmp_path: Path, sample_corpus_path: Path) -> None:
+    """The CPU runs the padded and packed sides of the index and sentence-transformers at its defaults; the fp8 side
+    says in its row why it did not run."""
+    sides = "index padded,index packed,index fp8,encode_document,encode_document defaults"
+    args = ["--corpus", str(sample_corpus_path), "--limit", "40", "--batch-size", "16", "--rounds", "1"]
+    assert gpu_index.main([*args, "--sides", sides, "--no-write", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[0])["rows"][0]
+    by_side = row["sides"]
+    assert by_side["index packed"]["forward"] == "packed" and by_side["index packed"]["padding_ratio"] == 1.0
+    assert by_side["index padded"]["forward"] == "padded" and by_side["index padded"]["padding_ratio"] >= 1.0
+    assert by_side["encode_document defaults"]["batch"] == gpu_index.ST_DEFAULT_BATCH
+    assert "docs_per_second" not in by_side["index fp8"]
+    assert by_side["index fp8"]["not_run"].startswith("--dtype fp8 runs on CUDA GPUs")
+    for label in ("index padded", "index packed", "encode_document defaults"):
+        assert by_side[label]["docs_per_second"] > 0 and by_side[label]["vs_encode_document"] > 0

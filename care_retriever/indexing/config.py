@@ -19,6 +19,12 @@ from care_retriever.model.batch_limits import (
 from care_retriever.model.loading import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES, DTYPE_NAMES
 from care_retriever.model.settings import count, meta
 
+# The document tower's forward pass (care_retriever.model.forward): how a pass is laid out, and whether the tower's
+# layers are compiled. "fp8" is a document-side precision only (the Linear layers in float8, on GPUs that compute it).
+FORWARD_PATHS = ("auto", "packed", "padded")
+COMPILE_MODES = ("auto", "on", "off")
+FP8 = "fp8"
+
 # An indexing run also writes the BM25 side of the store (IndexSettings.sparse, DocumentStoreWriter's sparse).
 SPARSE = True
 
@@ -53,7 +59,22 @@ class EncodeConfig:
         metadata=meta(
             "Document tower precision: auto (bf16 on GPUs with native bf16; on older GPUs fp16, or fp32 for a "
             "tower pretrained in bf16, which overflows fp16; fp32 on CPU) | saved (the tower's own) "
-            "| fp32 | bf16 | fp16."
+            "| fp32 | bf16 | fp16 | fp8 (opt-in: the Linear layers in float8, rowwise scaled, compiled; GPUs of "
+            "compute capability >= 8.9 only)."
+        ),
+    )
+    forward: str = field(
+        default=AUTO,
+        metadata=meta(
+            "auto | packed | padded: packed lays the texts of a pass end to end (no padding, no mask; variable-length "
+            "attention) for a decoder tower on CUDA; auto packs where that runs, else padded (SDPA)."
+        ),
+    )
+    compile: str = field(
+        default=AUTO,
+        metadata=meta(
+            "auto | on | off: torch.compile of the document tower's layers (falls back to eager in one line where "
+            "compiling fails). auto: on for --dtype fp8, off elsewhere until measured faster there (docs/gpu.md)."
         ),
     )
     attn_implementation: str = field(
@@ -75,8 +96,12 @@ class EncodeConfig:
         count(self.sort_window, "--sort-window")
         count(self.chunk_size, "--chunk-size")
         count(self.checkpoint_every, "--checkpoint-every")
-        if self.dtype not in DTYPE_NAMES:
-            raise InputError(f"Unknown --dtype {self.dtype!r}. Available: {list(DTYPE_CHOICES)}")
+        if self.dtype not in (*DTYPE_NAMES, FP8):
+            raise InputError(f"Unknown --dtype {self.dtype!r}. Available: {[*DTYPE_CHOICES, FP8]}")
+        if self.forward not in FORWARD_PATHS:
+            raise InputError(f"Unknown --forward {self.forward!r}. Available: {list(FORWARD_PATHS)}")
+        if self.compile not in COMPILE_MODES:
+            raise InputError(f"Unknown --compile {self.compile!r}. Available: {list(COMPILE_MODES)}")
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise InputError(
                 f"Unknown --attn-implementation {self.attn_implementation!r}. Available: {list(ATTN_IMPLEMENTATIONS)}"

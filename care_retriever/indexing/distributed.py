@@ -95,9 +95,12 @@ class ShardedEncoder:
         encode: EncodeConfig,
     ) -> None:
         from care_retriever.model.encoding import auto_batch_limits
+        from care_retriever.model.forward import prepare_document_forward
 
         self.embedder = embedder
         self.group = group
+        if embedder.document_model is not None:  # this rank's tower: packed / compiled / fp8 as asked
+            prepare_document_forward(embedder.document_model, encode.forward, encode.compile, encode.dtype)
         # this rank's limits ("auto": from its own GPU's free memory); halved on out-of-memory, then kept for the run
         self.limits = auto_batch_limits(embedder.document_model, encode.batch_size, encode.max_batch_tokens)
         self.stats: dict[str, int] = {}  # truncated, tokens, padded_tokens of the slices this rank encoded
@@ -349,10 +352,16 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
 
 
 def tower_runtime(loaded: AsymmetricEmbedder) -> dict[str, Any]:
-    """What ``auto`` resolved to: the document tower's precision and attention implementation as loaded."""
+    """What ``auto`` resolved to: the document tower's precision and attention implementation as loaded, and how its
+    forward passes ran (:class:`care_retriever.model.forward.ForwardState`: ``forward``, ``attention``, ``compile``,
+    ``compile_seconds``, ``padded_because``)."""
+    from care_retriever.model.forward import forward_state
+
     model = loaded.document_model
     config = getattr(getattr(model[0], "auto_model", None), "config", None)
+    state = forward_state(model)  # the forward path (packed / padded), FP8 and compile state, compile seconds
     return {
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "dtype": state.dtype,
         "attn_implementation": getattr(config, "_attn_implementation", None),
+        **{k: v for k, v in state.to_dict().items() if k != "dtype"},
     }

@@ -39,6 +39,7 @@ from care_retriever.errors import InputError, ModelError
 from care_retriever.indexing.config import SPARSE, EncodeConfig
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.encoding import BatchLimits, auto_batch_limits, check_unicode
+from care_retriever.model.forward import prepare_document_forward
 from care_retriever.model.protocols import DocumentEncoder, all_unicode
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
@@ -265,6 +266,8 @@ class DocumentStoreWriter:
         # The document tower this writer runs, or None: an encoder of its own (torchrun's scatter, vectors computed
         # elsewhere) batches for itself, and its model may hold no document tower.
         self._document_tower = embedder.document_model if encoder is None else None
+        if self._document_tower is not None:  # packed / compiled / fp8 passes, decided once per tower
+            prepare_document_forward(self._document_tower, self.encode.forward, self.encode.compile, self.encode.dtype)
         if background_tokenizer is None:
             tower = self._document_tower
             background_tokenizer = tower is not None and str(tower.device).split(":")[0] not in ("cpu", "")

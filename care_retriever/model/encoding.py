@@ -33,6 +33,7 @@ from care_retriever.model.batch_limits import (
     parse_max_batch_tokens,
 )
 from care_retriever.model.protocols import check_texts, check_unicode
+from care_retriever.model.towers.packed import is_packed, pack_features
 
 __all__ = [
     "BatchLimits",
@@ -148,6 +149,8 @@ def measure_token_budget(
     rows = max(1, 4096 // length)
     with _tokenizer_lock(model):
         features = model.preprocess([text] * rows)
+    if is_packed(model):  # probed as it will run
+        features = pack_features(features)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
@@ -229,7 +232,9 @@ class _Tokenised:
         self.shared: dict[str, Any] = {}  # values of the whole batch (modality, prompt_length)
         self.token_keys: set[str] = set()  # features with one value per token
         self.regroup = True
-        self.packed = False
+        # passes laid out packed (texts end to end, budgeted by their tokens' sum): a tower whose forward packs them
+        self.pack = is_packed(model)
+        self.packed = self.pack
         # The tokenizer's Rust backend called directly (ids only: no per-text Python objects, no padding), once it
         # gave the tower's own ids for a whole group: None until checked.
         with _LOCKS_GUARD:
@@ -240,6 +245,11 @@ class _Tokenised:
     def preprocess(self, idx: Sequence[int] | np.ndarray) -> dict[str, Any]:
         with self.lock:
             return self.model.preprocess([self.texts[i] for i in idx], prompt=self.prompt)
+
+    def batch_features(self, idx: Sequence[int] | np.ndarray) -> dict[str, Any]:
+        """The features of one pass over the texts at ``idx``, tokenised again (packed where the tower packs)."""
+        features = self.preprocess(idx)
+        return pack_features(features) if self.pack else features
 
     def _backend_ids(self, idx: np.ndarray) -> list[list[int]] | None:
         if self._backend is None:
@@ -325,7 +335,7 @@ class _Tokenised:
 
     def collate(self, idx: np.ndarray, lengths: np.ndarray, pin: bool) -> _Batch:
         if not self.regroup:
-            features = self.preprocess(idx)
+            features = self.batch_features(idx)
         else:
             rows = [self.rows.pop(i) for i in idx.tolist()]
             features = dict(self.shared)
@@ -358,6 +368,8 @@ class _Tokenised:
                     )
                 else:
                     features[key] = torch.stack([r[key] for r in rows])
+        if self.pack and "attention_mask" in features:
+            features = pack_features(features)
         if pin:
             features = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in features.items()}
         return _Batch(idx, lengths, features, self.packed, self.side)
@@ -456,7 +468,7 @@ def _split(batch: _Batch, limits: BatchLimits, tokens: _Tokenised) -> list[_Batc
     for cut in Batches(np.arange(len(batch.idx)), batch.lengths, limits, packed=batch.packed):
         idx, lengths = batch.idx[cut], batch.lengths[cut]
         if batch.packed or not tokens.regroup:  # not padded rows: tokenised again
-            parts.append(_Batch(idx, lengths, tokens.preprocess(idx), batch.packed, batch.side))
+            parts.append(_Batch(idx, lengths, tokens.batch_features(idx), batch.packed, batch.side))
             continue
         width = int(lengths.max())
         n, full = len(batch.idx), batch.width

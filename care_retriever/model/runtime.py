@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from care_retriever.errors import ModelError
+from care_retriever.model.fp8 import FP8, check_fp8
 from care_retriever.model.loading import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES
 
 __all__ = [
@@ -81,13 +82,17 @@ def resolve_dtype(
     dtype: str | torch.dtype | None, device: str | torch.device, pretrained: str | None = None
 ) -> torch.dtype:
     """A torch dtype from ``auto`` (see :func:`auto_dtype`), ``saved`` (``pretrained``, fp32 when unknown), a name
-    in :data:`DTYPES`, or a torch dtype. fp16 for a tower pretrained in bf16 is refused in one line: it overflows."""
+    in :data:`DTYPES`, ``fp8`` (bf16, refused in one line where FP8 does not run), or a torch dtype. fp16 for a
+    tower pretrained in bf16 is refused in one line: it overflows."""
     if isinstance(dtype, torch.dtype):
         resolved = dtype
     elif dtype in (None, "auto"):
         return auto_dtype(device, pretrained)
     elif dtype == "saved":
         return DTYPES.get(str(pretrained), torch.float32)
+    elif dtype == FP8:  # loaded in bf16, its Linear layers then in float8 (care_retriever.model.forward)
+        check_fp8(device)
+        return torch.bfloat16
     else:
         try:
             resolved = DTYPES[str(dtype)]

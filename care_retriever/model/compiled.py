@@ -1,0 +1,71 @@
+"""Compiled document towers: ``torch.compile`` of the tower's decoder layers, with a one-line fallback to eager.
+
+Eager Qwen3 runs RMSNorm (in fp32), the q/k norms, RoPE and SiLU x mul as separate memory-bound kernels; compiled,
+inductor fuses them. Each decoder layer's ``forward`` is replaced by a compiled one on the instance (the module, its
+parameters and its ``state_dict`` keys stay as they were, so saving and the space fingerprint see the same tower),
+with dynamic shapes: the number of texts and tokens of a pass varies over a corpus, and a graph specialised to each
+would compile once per batch. The layers share one compiled graph (same code, parameters as inputs), so a long run
+compiles a bounded number of times: the first shapes, then once more when the shapes turn dynamic. The compile time
+is paid in the first passes; :func:`warm_up` runs those passes up front so that it is measured on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["compile_layers", "decoder_layers", "is_compiled", "uncompile_layers", "warm_up"]
+
+logger = logging.getLogger("care_retriever")
+
+_COMPILED_FLAG = "care_compiled_forward"
+
+
+def decoder_layers(model: Any) -> list[torch.nn.Module]:
+    """The decoder layers of a sentence-transformers tower's transformers model (``model.layers`` or
+    ``model.model.layers``); empty where it has none."""
+    hf = getattr(model[0], "auto_model", None) if len(model) else None
+    for owner in (hf, getattr(hf, "model", None)):
+        layers = getattr(owner, "layers", None)
+        if isinstance(layers, torch.nn.ModuleList):
+            return list(layers)
+    return []
+
+
+def is_compiled(model: Any) -> bool:
+    return bool(getattr(model, _COMPILED_FLAG, False))
+
+
+def compile_layers(model: Any, compiler: Callable[..., Any] | None = None) -> int:
+    """Replace each decoder layer's ``forward`` by a compiled one (dynamic shapes); returns the layers compiled.
+    Compiling itself happens at the first pass (:func:`warm_up`)."""
+    compiler = compiler or torch.compile
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.forward = compiler(layer.forward, dynamic=True)
+    setattr(model, _COMPILED_FLAG, bool(layers))
+    return len(layers)
+
+
+def uncompile_layers(model: Any) -> None:
+    """Back to eager: drop the instance ``forward`` each layer got (its class's own is used again)."""
+    for layer in decoder_layers(model):
+        if "forward" in vars(layer):
+            del layer.forward
+    setattr(model, _COMPILED_FLAG, False)
+
+
+@torch.inference_mode()
+def warm_up(model: Any, passes: list[dict[str, Any]]) -> float:
+    """Run ``passes`` (features already on the tower's device) through ``model``; the seconds they took, the
+    compilation included (raised where compiling fails)."""
+    start = time.perf_counter()
+    for features in passes:
+        model(dict(features))
+    if torch.device(model.device).type == "cuda":
+        torch.cuda.synchronize(model.device)
+    return time.perf_counter() - start

@@ -1,0 +1,130 @@
+"""How the document tower's forward pass runs, decided once per tower: packed or padded passes, compiled or eager
+layers, FP8 Linear layers or not (:func:`prepare_document_forward`), and what was decided (:func:`forward_state`,
+which ``index --json`` reports).
+
+* **Packed** (:mod:`care_retriever.model.towers.packed`): where the tower can pack (a decoder on transformers'
+  attention registry, pooled by sentence-transformers' ``Pooling``) and a variable-length kernel runs on its device
+  (CUDA: torch's ``varlen_attn`` or the ``flash_attn`` package). ``auto`` packs there and pads elsewhere: on the CPU
+  the packed path is a reference (SDPA text by text) that proves packed = padded, not a faster path.
+* **Compiled** (:mod:`care_retriever.model.compiled`): ``auto`` compiles for ``fp8`` (the FP8 matmuls need
+  compiling to fuse the rowwise scaling with the matmuls around it) and nowhere else until compiling is measured
+  worth it there: on the 2-core CPU machines the compiled tiny tower ran its passes 1.48x faster but took 124 s to
+  compile, more than a CPU run of tens of thousands of texts saves (docs/gpu.md), and the GPU rows of
+  ``benchmarks.gpu_index`` are what decide it on CUDA. A compile that fails falls back to eager, said in one line.
+* **FP8** (:mod:`care_retriever.model.fp8`): ``dtype="fp8"``; refused in one line off GPUs that compute it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from care_retriever.model.compiled import compile_layers, decoder_layers, uncompile_layers, warm_up
+from care_retriever.model.fp8 import FP8, quantize_fp8
+from care_retriever.model.towers.packed import can_pack, enable_packed, is_packed, pack_features, varlen_backend
+
+__all__ = ["ForwardState", "forward_state", "prepare_document_forward"]
+
+logger = logging.getLogger("care_retriever")
+
+_STATE = "care_forward_state"
+# Texts of the warm-up passes that compile the layers before the first timed pass (two shapes: a compiled graph
+# turns dynamic at the second).
+_WARM_UP = (["医学检查报告"] * 4, ["高血压患者应低盐饮食，规律服用降压药，定期监测血压。" * 4] * 2)
+
+
+@dataclass
+class ForwardState:
+    """What the document tower's forward pass runs: ``forward`` (``packed`` / ``padded``), ``attention`` (the
+    kernel of a packed pass: ``varlen_attn``, ``flash_attn``, ``reference``; ``sdpa`` / ... padded), ``dtype`` (its
+    weights', or ``fp8 (torchao)`` / ``fp8 (scaled_mm)``), ``compile`` (``on`` / ``off`` / ``off (failed: ...)``),
+    ``compile_seconds`` (the warm-up passes that compiled it), and why it is not packed (``padded_because``)."""
+
+    forward: str
+    attention: str | None
+    dtype: str
+    compile: str
+    compile_seconds: float = 0.0
+    padded_because: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "compile_seconds": round(self.compile_seconds, 3)}
+
+
+def forward_state(model: Any) -> ForwardState:
+    """What :func:`prepare_document_forward` decided for ``model``; for a tower it never saw, what it runs as
+    loaded (padded, eager)."""
+    state = getattr(model, _STATE, None)
+    if isinstance(state, ForwardState):
+        return state
+    hf = getattr(model[0], "auto_model", None) if len(model) else None
+    attn = getattr(getattr(hf, "config", None), "_attn_implementation", None)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return ForwardState("packed" if is_packed(model) else "padded", attn, dtype, "off")
+
+
+def _choose_packed(model: Any, forward: str) -> tuple[bool, str | None]:
+    if forward == "padded":
+        return False, "asked for (--forward padded)"
+    reason = can_pack(model)
+    if forward == "packed":
+        if reason is not None:
+            from care_retriever.errors import ModelError
+
+            raise ModelError(f"--forward packed: {reason}; use --forward padded or auto")
+        return True, None
+    if reason is None and varlen_backend(torch.device(str(model.device))) is None:
+        reason = f"no variable-length attention kernel on {torch.device(model.device).type}"
+    return reason is None, reason
+
+
+def _warm_up_passes(model: Any) -> list[dict[str, Any]]:
+    passes = []
+    for texts in _WARM_UP:
+        features = model.preprocess(list(texts))
+        if is_packed(model):
+            features = pack_features(features)
+        passes.append({k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()})
+    return passes
+
+
+def prepare_document_forward(
+    model: Any, forward: str = "auto", compile: str = "auto", dtype: str | None = None
+) -> ForwardState:
+    """Set ``model``'s forward pass up once (a second call returns the first's state): ``forward`` auto | packed |
+    padded, ``compile`` auto | on | off, ``dtype`` the precision asked for (``fp8`` quantizes the Linear layers;
+    others were applied at loading)."""
+    state = getattr(model, _STATE, None)
+    if isinstance(state, ForwardState):
+        return state
+    if not isinstance(model, torch.nn.Sequential) or not len(model):  # not a sentence-transformers tower
+        return ForwardState("padded", None, dtype or "unknown", "off", 0.0, "not a sentence-transformers tower")
+    packed, because = _choose_packed(model, forward)
+    if packed:
+        enable_packed(model)
+    backend = varlen_backend(torch.device(str(model.device)))
+    kernels = {"torch": "varlen_attn", "flash_attn": "flash_attn", None: "reference"}
+    attention = kernels[backend] if packed else None
+    weights = str(next(model.parameters()).dtype).removeprefix("torch.")
+    if dtype == FP8:
+        weights = f"fp8 ({quantize_fp8(model)})"
+    compiling = compile == "on" or (compile == "auto" and dtype == FP8)
+    state = ForwardState("packed" if packed else "padded", attention, weights, "off", 0.0, because)
+    if not packed:
+        config = getattr(getattr(model[0], "auto_model", None), "config", None)
+        state.attention = getattr(config, "_attn_implementation", None)
+    if compiling and decoder_layers(model):
+        try:
+            compile_layers(model)
+            state.compile_seconds = warm_up(model, _warm_up_passes(model))
+            state.compile = "on"
+        except Exception as exc:  # any failure of the compiler stack: the tower runs eager, said once
+            uncompile_layers(model)
+            first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+            state.compile = f"off (failed: {first})"
+            logger.warning("torch.compile of the document tower failed (%s); running eager", first)
+    setattr(model, _STATE, state)
+    return state

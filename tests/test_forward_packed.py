@@ -1,0 +1,257 @@
+"""The document tower's forward pass: packed passes give the padded passes' vectors, the packing itself (offsets,
+positions restarting per text, pooled rows), the choice of path and its report, the FP8 refusal and its CPU
+emulation, and the fallback of a compile that fails. All on tiny towers, on the CPU: the packed pass here runs the
+reference attention (SDPA text by text), the same packing the CUDA kernels compute."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from care_retriever.errors import InputError, ModelError
+from care_retriever.indexing.config import EncodeConfig
+from care_retriever.model.batch_limits import BatchLimits
+from care_retriever.model.embedder import AsymmetricEmbedder
+from care_retriever.model.encoding import encode_texts
+from care_retriever.model.forward import forward_state, prepare_document_forward
+from care_retriever.model.fp8 import emulate_fp8, fp8_refusal, quantize_fp8, round_rowwise, scaled_mm_linear
+from care_retriever.model.runtime import resolve_dtype
+from care_retriever.model.towers.packed import (
+    can_pack,
+    disable_packed,
+    is_packed,
+    pack_features,
+    torch_varlen_kwargs,
+    varlen_backend,
+)
+from tests.conftest import run_cli
+from tests.fixtures.release import make_release_fixtures as release
+from tests.hub_towers import write_qwen3_embedding
+
+# mixed lengths, one-character texts (a token or two with the appended end token), repeats, a long one
+TEXTS = [
+    "高血压患者应低盐饮食，规律服用降压药，定期监测血压。" * 3,
+    "a",
+    "感冒",
+    "糖尿病患者需要控制饮食、适量运动，并遵医嘱使用降糖药物。",
+    "咳",
+    "失眠可以通过规律作息、睡前避免咖啡和手机来改善。",
+    "宝宝发烧超过三十八度五或精神差时应及时就医。" * 2,
+    "What should a patient with hypertension eat?",
+    "b",
+    "拉肚子时注意补充水分和电解质。",
+]
+
+
+def _tokens(model, texts: list[str]) -> np.ndarray:
+    return model.preprocess(texts)["attention_mask"].sum(dim=1).numpy()
+
+
+def _packed_matches_padded(model) -> None:
+    """Vectors of every text, padded passes vs packed ones, with a token budget one text fills exactly."""
+    assert can_pack(model) is None, can_pack(model)
+    lengths = _tokens(model, TEXTS)
+    assert lengths.min() <= 2, "a text of one or two tokens is part of the check"
+    budget = int(lengths.max())  # the longest text fills a packed pass exactly
+    limits = BatchLimits(4, budget)
+    padded = encode_texts(model, TEXTS, limits=limits, prefetch=False)
+    stats: dict[str, int] = {}
+    prepare_document_forward(model, forward="packed", compile="off")
+    seen: list[tuple[tuple[int, ...], bool, bool]] = []  # what each pass handed the tower's Transformer module
+
+    def look(_module, args) -> None:
+        features = args[0]
+        seen.append((tuple(features["input_ids"].shape), "cu_seq_lens_q" in features, "attention_mask" in features))
+
+    hook = model[0].register_forward_pre_hook(look)
+    try:
+        assert is_packed(model) and forward_state(model).forward == "packed"
+        assert forward_state(model).attention == "reference"  # the CPU: SDPA text by text
+        packed = encode_texts(model, TEXTS, limits=BatchLimits(4, budget), stats=stats, prefetch=False)
+    finally:
+        hook.remove()
+        disable_packed(model)
+    assert seen and all(shape[0] == 1 and cu and not mask for shape, cu, mask in seen), seen
+    assert max(shape[1] for shape, _, _ in seen) == budget  # the longest text fills a pass exactly
+    norms = np.linalg.norm(padded, axis=1) * np.linalg.norm(packed, axis=1)  # the release layout cuts unnormalised
+    cosine = (padded * packed).sum(axis=1) / norms
+    assert cosine.min() >= 0.9999, cosine
+    # nothing padded in a packed pass, and no pass over the budget (the longest alone, exactly at it)
+    assert stats["padded_tokens"] == stats["tokens"] == int(lengths.sum())
+    assert stats["batches"] >= int(np.ceil(lengths.sum() / budget))
+
+
+def test_packed_equals_padded_on_the_tiny_tower(tiny_model_dir: Path) -> None:
+    embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), load="document", device="cpu")
+    _packed_matches_padded(embedder.document_model)
+
+
+def test_packed_equals_padded_on_a_qwen3_embedding_tower(tmp_path: Path) -> None:
+    folder = write_qwen3_embedding(tmp_path / "qwen3-embedding")  # left padding, grouped-query heads (4 / 2)
+    embedder = AsymmetricEmbedder.from_towers(str(folder), str(folder), device="cpu")
+    config = embedder.document_model[0].auto_model.config
+    assert config.num_attention_heads != config.num_key_value_heads
+    _packed_matches_padded(embedder.document_model)
+
+
+def test_packed_equals_padded_on_the_release_layout(tmp_path: Path) -> None:
+    root = release.build_release_fixture("bert", tmp_path / "release")
+    embedder = AsymmetricEmbedder.from_release(str(root), load="document", device="cpu")
+    _packed_matches_padded(embedder.document_model)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_pack_features_lays_texts_end_to_end(side: str) -> None:
+    lengths = [3, 1, 5]
+    width = max(lengths)
+    ids = torch.zeros(3, width, dtype=torch.long)
+    mask = torch.zeros(3, width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        cols = slice(width - n, width) if side == "left" else slice(0, n)
+        ids[row, cols] = torch.arange(1, n + 1) + 10 * (row + 1)
+        mask[row, cols] = 1
+    packed = pack_features({"input_ids": ids, "attention_mask": mask, "prompt_length": 0})
+    assert packed["input_ids"].tolist() == [[11, 12, 13, 21, 31, 32, 33, 34, 35]]
+    assert packed["position_ids"].tolist() == [[0, 1, 2, 0, 0, 1, 2, 3, 4]]
+    assert packed["cu_seq_lens_q"].tolist() == packed["cu_seq_lens_k"].tolist() == [0, 3, 4, 9]
+    assert packed["cu_seq_lens_q"].dtype == torch.int32
+    assert packed["max_length_q"] == packed["max_length_k"] == 5
+    assert "attention_mask" not in packed and packed["prompt_length"] == 0
+    # the last token of each text, where last-token pooling reads it
+    last = packed["input_ids"][0, packed["cu_seq_lens_q"][1:].long() - 1]
+    assert last.tolist() == [13, 21, 35]
+
+
+def test_torch_varlen_is_asked_for_causal_grouped_query_attention_as_its_version_takes_it() -> None:
+    # torch 2.10: is_causal, no enable_gqa (the key/value heads are repeated); later: window_size (-1, 0), enable_gqa
+    assert torch_varlen_kwargs({"is_causal", "scale"}, 32, 8) == ({"is_causal": True}, True)
+    assert torch_varlen_kwargs({"window_size", "scale"}, 32, 8) == ({"window_size": (-1, 0)}, True)
+    assert torch_varlen_kwargs({"window_size", "enable_gqa"}, 32, 8) == (
+        {"window_size": (-1, 0), "enable_gqa": True},
+        False,
+    )
+    assert torch_varlen_kwargs({"window_size", "enable_gqa"}, 8, 8) == ({"window_size": (-1, 0)}, False)
+
+
+def test_auto_pads_where_no_varlen_kernel_runs_and_says_why(tiny_model_dir: Path) -> None:
+    assert varlen_backend("cpu") is None
+    embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), load="document", device="cpu")
+    state = prepare_document_forward(embedder.document_model)
+    assert (state.forward, state.compile, state.dtype) == ("padded", "off", "float32")
+    assert state.padded_because == "no variable-length attention kernel on cpu"
+    assert not is_packed(embedder.document_model)
+    assert prepare_document_forward(embedder.document_model, forward="packed") is state  # decided once per tower
+
+
+def test_a_query_tower_cannot_pack(tiny_model_dir: Path) -> None:
+    embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), load="query", device="cpu")
+    assert can_pack(embedder.query_model) == "the tower is not a decoder"
+    with pytest.raises(ModelError, match=r"^--forward packed: the tower is not a decoder"):
+        prepare_document_forward(embedder.query_model, forward="packed")
+
+
+def test_index_json_names_the_forward_path_dtype_and_compile_state(
+    capsys, tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path
+) -> None:
+    args = ["--model", tiny_model_dir, "--corpus", small_corpus_path, "--no-progress", "--json", "--no-sparse"]
+    code, out, err = run_cli(capsys, "index", *args, "--store", f"faiss:{tmp_path / 'a'}")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["forward"], report["dtype"], report["compile"]) == ("padded", "float32", "off")
+    assert report["compile_seconds"] == 0.0
+    code, out, err = run_cli(capsys, "index", *args, "--store", f"faiss:{tmp_path / 'b'}", "--forward", "packed")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["forward"], report["attention"]) == ("packed", "reference")
+    assert report["padding_ratio"] == 1.0
+    code, _, err = run_cli(capsys, "index", *args, "--store", f"faiss:{tmp_path / 'c'}", "--dtype", "fp8")
+    assert code != 0 and "--dtype fp8 runs on CUDA GPUs of compute capability >= 8.9" in err
+    assert "Traceback" not in err and not (tmp_path / "c").exists()
+
+
+def test_encode_config_checks_the_forward_options() -> None:
+    assert EncodeConfig(dtype="fp8", forward="packed", compile="on").compile == "on"
+    with pytest.raises(InputError, match="Unknown --forward 'flat'"):
+        EncodeConfig(forward="flat")
+    with pytest.raises(InputError, match="Unknown --compile 'yes'"):
+        EncodeConfig(compile="yes")
+
+
+def test_fp8_is_refused_in_one_line_where_it_does_not_run() -> None:
+    assert "not on cpu" in str(fp8_refusal("cpu"))
+    assert "this one is 8.0" in str(fp8_refusal("cuda", capability=(8, 0)))  # A100
+    assert "this one is 8.6" in str(fp8_refusal("cuda", capability=(8, 6)))
+    assert fp8_refusal("cuda", capability=(8, 9)) is None  # Ada
+    assert fp8_refusal("cuda", capability=(9, 0)) is None  # Hopper
+    with pytest.raises(ModelError, match=r"^--dtype fp8 runs on CUDA GPUs") as caught:
+        resolve_dtype("fp8", "cpu")
+    assert "\n" not in str(caught.value)
+
+
+def test_fp8_rounding_is_rowwise_e4m3() -> None:
+    x = torch.tensor([[1.0, -3.0, 448.0 * 2], [1e-3, 2e-3, -4e-3]])
+    q, scale = round_rowwise(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (2, 1)
+    assert scale[:, 0].tolist() == pytest.approx([2.0, 4e-3 / 448])  # each row's largest maps to e4m3's 448
+    back = q.float() * scale
+    assert torch.allclose(back, x, rtol=0.07)  # e4m3 keeps 3 mantissa bits
+    assert back[0, 2] == x[0, 2]
+
+
+def test_fp8_emulation_moves_the_vectors_a_little(tiny_model_dir: Path) -> None:
+    embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), load="document", device="cpu")
+    model = embedder.document_model
+    fingerprint = embedder.space_fingerprint
+    exact = encode_texts(model, TEXTS, prefetch=False)
+    assert emulate_fp8(model) == 2 * 7  # two layers: q, k, v, o, gate, up, down
+    rounded = encode_texts(model, TEXTS, prefetch=False)
+    cosine = (exact * rounded).sum(axis=1)
+    assert 0.95 < cosine.min() < 1 - 1e-6  # rounded, not untouched (a random tower: wide weights)
+    assert embedder.space_fingerprint == fingerprint
+
+
+def test_a_compile_that_fails_falls_back_to_eager_in_one_line(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), load="document", device="cpu")
+    model = embedder.document_model
+    before = encode_texts(model, TEXTS, prefetch=False)
+
+    def no_compiler(fn, **kwargs):
+        def broken(*args, **kw):
+            raise RuntimeError("no C++ compiler found\nsecond line")
+
+        return broken
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    state = prepare_document_forward(model, compile="on")
+    assert state.compile == "off (failed: no C++ compiler found)"
+    assert "torch.compile of the document tower failed (no C++ compiler found); running eager" in caplog.text
+    np.testing.assert_allclose(encode_texts(model, TEXTS, prefetch=False), before, atol=1e-6)
+
+
+def test_the_fp8_matmul_computes_the_rounded_product() -> None:
+    """torch's scaled matmul (which also runs on the CPU) with the rowwise scales as the FP8 tower lays them out:
+    the product of the rounded operands, close to the exact one."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(32, 64, generator=generator)
+    bias = torch.randn(32, generator=generator)
+    x = torch.randn(3, 5, 64, generator=generator)
+    w_q, w_scale = round_rowwise(weight)
+    out = scaled_mm_linear(x, w_q, w_scale, bias)
+    x_q, x_scale = round_rowwise(x)
+    rounded = (x_q.float() * x_scale) @ (w_q.float() * w_scale).T + bias
+    assert out.shape == (3, 5, 32)
+    torch.testing.assert_close(out, rounded, rtol=1e-4, atol=1e-3)
+    cosine = torch.nn.functional.cosine_similarity(out.flatten(), (x @ weight.T + bias).flatten(), dim=0)
+    assert 0.998 < cosine < 1
+
+
+def test_quantizing_a_tower_to_fp8_is_refused_on_the_cpu(tiny_model_dir: Path) -> None:
+    embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), load="document", device="cpu")
+    with pytest.raises(ModelError, match=r"^--dtype fp8 runs on CUDA GPUs"):
+        quantize_fp8(embedder.document_model)
