@@ -156,6 +156,19 @@ class QdrantStore(VectorStore):
             if getattr(config, key) is not None:
                 manifest.index = {**manifest.index, key: getattr(config, key)}
 
+    def checked_vectors(self, documents: Sequence[Document], vectors: np.ndarray) -> np.ndarray:
+        """``vectors`` as float32, one row of the store's width per document, else one line (what an upsert
+        takes, on Edge and on a server alike)."""
+        from care_retriever.errors import InputError
+
+        dim = self.require_manifest().dim
+        if len(documents) != len(vectors):
+            raise InputError(f"{len(documents)} documents but {len(vectors)} vectors")
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if len(documents) and (vectors.ndim != 2 or vectors.shape[1] != dim):
+            raise InputError(f"{self.describe()}: vectors have shape {vectors.shape}; the store holds {dim}-dim")
+        return vectors
+
     def sparse_terms(
         self, documents: Sequence[Document], tokens: Sequence[list[str]] | None = None
     ) -> list[tuple[list[int], list[float]]] | None:

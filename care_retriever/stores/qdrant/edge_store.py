@@ -30,7 +30,7 @@ import numpy as np
 
 from care_retriever import faults
 from care_retriever.documents import Document
-from care_retriever.errors import InputError, StoreError, WriteError
+from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions, is_filter_field
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
 from care_retriever.stores.qdrant import edge, legacy
@@ -191,14 +191,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
     def upsert(
         self, documents: Sequence[Document], vectors: np.ndarray, *, sparse_tokens: Sequence[list[str]] | None = None
     ) -> None:
-        manifest = self.require_manifest()
-        if len(documents) != len(vectors):
-            raise InputError(f"{len(documents)} documents but {len(vectors)} vectors")
-        vectors = np.asarray(vectors, dtype=np.float32)
-        if len(documents) and (vectors.ndim != 2 or vectors.shape[1] != manifest.dim):
-            raise InputError(
-                f"{self.describe()}: vectors have shape {vectors.shape}; the store holds {manifest.dim}-dim"
-            )
+        vectors = self.checked_vectors(documents, vectors)
         sparse = self.sparse_terms(documents, sparse_tokens)
         points = [
             edge.EdgePoint(point_id(d.id), v.tolist(), payload_of(d), sparse[i] if sparse is not None else None)

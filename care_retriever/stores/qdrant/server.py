@@ -21,7 +21,7 @@ import numpy as np
 
 from care_retriever import faults
 from care_retriever.documents import Document
-from care_retriever.errors import InputError, StoreError, WriteError
+from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import Filters, LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, as_qdrant_config
 from care_retriever.stores.qdrant import server_settings
@@ -229,14 +229,7 @@ class ServerStore(ServerAsync, ServerSearch, QdrantStore):
     ) -> None:
         from qdrant_client import models
 
-        manifest = self.require_manifest()
-        if len(documents) != len(vectors):
-            raise InputError(f"{len(documents)} documents but {len(vectors)} vectors")
-        vectors = np.asarray(vectors, dtype=np.float32)
-        if len(documents) and (vectors.ndim != 2 or vectors.shape[1] != manifest.dim):
-            raise InputError(
-                f"{self.describe()}: vectors have shape {vectors.shape}; the store holds {manifest.dim}-dim"
-            )
+        vectors = self.checked_vectors(documents, vectors)
         from care_retriever.sparse.qdrant_sparse import VECTOR
 
         terms = self.sparse_terms(documents, sparse_tokens)
