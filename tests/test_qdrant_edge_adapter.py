@@ -147,3 +147,22 @@ def test_metadata_fields_filters_cannot_name_are_kept_not_indexed(tmp_path) -> N
     assert store.get(["x"])[0].metadata == {"": "", "a b": 1, "topic": "高血压"}
     assert [h.id for h in store.search(vector, 3, filters={"topic": "高血压"})[0]] == ["x"]
     store.close()
+
+
+def test_an_upsert_of_vectors_that_do_not_fit_is_one_line(tmp_path) -> None:
+    import numpy as np
+    import pytest
+
+    from care_retriever.documents import Document
+    from care_retriever.errors import InputError
+    from care_retriever.stores import open_store
+
+    store = open_store(f"qdrant:{tmp_path / 's'}")
+    store.prepare(8, "fp", "m")
+    documents = [Document(id="x", text="t")]
+    with pytest.raises(InputError, match=r"vectors have shape \(1, 4\); the store holds 8-dim"):
+        store.upsert(documents, np.ones((1, 4), dtype="float32"))
+    with pytest.raises(InputError, match="1 documents but 2 vectors"):
+        store.upsert(documents, np.ones((2, 8), dtype="float32"))
+    assert store.count() == 0
+    store.close()
