@@ -25,7 +25,12 @@ Modules, one concern each:
 * ``docstore``: the SQLite documents table
 * ``journal``: the delta journal (vectors.delta and care_meta), its replay and fold
 * ``sparse``: the BM25 side and the hybrid fusion on row ids
-* ``store``: :class:`FaissStore`, which ties them together (opening, the two write paths, search, verify)
+* ``pending``: the run tag of a staged write and the one-line refusal naming what is pending
+* ``session``: a staged bulk write and an in-place transaction as session objects
+* ``opening``: the read state: the published version opened and checked, and followed across other writers
+* ``reading``: search (dense, rescored, BM25, hybrid), filters, documents and vectors by id, counts
+* ``writing``: ``begin`` in place, upsert, delete, commit, publish, abort and the BM25 side of either write
+* ``store``: :class:`FaissStore`, which ties them together (the folder, the bulk write's staging copy, verify)
 """
 
 from __future__ import annotations

@@ -1,0 +1,226 @@
+"""Reading a FAISS store: dense search (rescored where the index holds codes), BM25 and hybrid search, filters,
+documents and vectors by id, counts and listing.
+
+A mixin of :class:`~care_retriever.stores.faiss.store.FaissStore`: its methods read the version the store has
+open (:class:`~care_retriever.stores.faiss.opening.OpenedVersion`) under the store's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import faiss
+import numpy as np
+
+from care_retriever.documents import Document
+from care_retriever.errors import InputError
+from care_retriever.sparse.fusion import FUSIONS, FusionConfig
+from care_retriever.stores.base import Filters, Hit, Manifest, validate_filters
+from care_retriever.stores.faiss import docstore, rescoring, sparse
+from care_retriever.stores.faiss.index_factory import (
+    inner_index,
+    manifest_config,
+    quantization,
+    reconstruct,
+    search_params,
+    search_with,
+    takes_search_params,
+)
+from care_retriever.stores.faiss.opening import OpenedVersion
+from care_retriever.stores.faiss.session import InPlaceWrite
+
+
+class Reading(OpenedVersion):
+    """The read side of a FaissStore. Safe for concurrent searches from many threads."""
+
+    def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
+        db = self._require_db()
+        with self._lock:
+            return docstore.content_hashes(db, ids)
+
+    def search_sparse(
+        self, queries: Sequence[str], top_k: int, filters: Filters | None = None, *, payload: bool = True
+    ) -> list[list[Hit]]:
+        """BM25 top-``k`` hits for each query text (an empty list for a query with no indexed token)."""
+        from care_retriever.sparse import require_sparse
+
+        sparse.check_search(self.describe(), self._session is not None, top_k)
+        self._follow_writes()
+        require_sparse(self)
+        filters = validate_filters(filters)
+        ranked = self._sparse_ranked(queries, top_k, self._filtered_row_ids(filters) if filters else None)
+        docs = self._rows({r for row in ranked for r, _ in row}, payload=payload)
+        return [docstore.hits(row, docs, top_k) for row in ranked]
+
+    hybrid_fusions = FUSIONS  # every fusion runs in this process, on row ids
+
+    def search_hybrid(
+        self,
+        vectors: np.ndarray,
+        queries: Sequence[str],
+        top_k: int,
+        filters: Filters | None = None,
+        *,
+        fusion: FusionConfig | None = None,
+        payload: bool = True,
+    ) -> list[list[Hit]]:
+        """Dense and BM25 rankings fused on row ids (care_retriever.sparse.fusion): only the fused top-``k``
+        documents are read from the docstore, not each side's candidates (which cost as much as the BM25
+        scoring). A query with no indexed token gets its dense hits."""
+        from care_retriever.sparse import require_sparse
+
+        sparse.check_search(self.describe(), self._session is not None, top_k)
+        self._follow_writes()
+        require_sparse(self)
+        fusion = fusion or FusionConfig()
+        filters = validate_filters(filters)
+        allowed = self._filtered_row_ids(filters) if filters else None  # one filter query for both sides
+        depth = max(fusion.candidates, top_k)
+        dense = self._dense_ranked(vectors, depth, filters, allowed)
+        if self._current_tombstones():  # removed rows still in the index (HNSW): dropped before they are fused
+            live = self._rows({r for row in dense for r, _ in row}, payload=False)
+            dense = [[(r, s) for r, s in row if r in live][:depth] for row in dense]
+        cuts = sparse.fused_cuts(dense, self._sparse_ranked(queries, depth, allowed), fusion, top_k)
+        docs = self._rows({r for row in cuts for r, _ in row}, payload=payload)
+        return sparse.hybrid_hits(cuts, docs, top_k)
+
+    def _sparse_ranked(
+        self, queries: Sequence[str], top_k: int, allowed: np.ndarray | None
+    ) -> list[list[tuple[int, float]]]:
+        """Each query's BM25 top-``k`` (row id, score), best first, ties by row id."""
+        db = self._require_db()
+        tokens = sparse.query_tokens(queries)
+        with self._lock:
+            return self._bm25.ranked(db, tokens, top_k, allowed)
+
+    def count(self, filters: Filters | None = None) -> int:
+        if self._db is None:
+            return 0
+        self._follow_writes()
+        filters = validate_filters(filters)
+        if filters:
+            return len(self._filtered_row_ids(filters))
+        session = self._session
+        if session is None:
+            return self._count
+        if isinstance(session, InPlaceWrite):
+            return session.count
+        with self._lock:
+            return docstore.count(session.db)
+
+    def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
+        """Stored vector of each id (None where the id is missing)."""
+        if self._db is None or self._index is None:
+            return [None] * len(ids)
+        self._follow_writes()
+        ids = list(ids)
+        with self._lock:
+            rows = docstore.row_ids(self._db, ids)
+            manifest = self._current_manifest()
+            if quantization(manifest_config(manifest.index)) != "none":  # the exact vectors, not decoded codes
+                found = np.asarray([rows[i] for i in ids if i in rows], dtype=np.int64)
+                full = iter(self._full_vectors(found))
+                return [next(full).copy() if i in rows else None for i in ids]
+            wanted = np.asarray([rows.get(i, -1) for i in ids], dtype=np.int64)
+            vectors, self._id_order = reconstruct(self._index, wanted, self._id_order)
+            return vectors
+
+    def _searchable(self) -> faiss.Index:
+        if self._search_index is None:
+            assert self._index is not None
+            index = self._index
+            if self.use_gpu is not False and hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0:
+                index = faiss.index_cpu_to_all_gpus(index)
+            self._search_index = index
+        return self._search_index
+
+    def search(
+        self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
+    ) -> list[list[Hit]]:
+        self._follow_writes()
+        filters = validate_filters(filters)
+        ranked = self._dense_ranked(vectors, top_k, filters, self._filtered_row_ids(filters) if filters else None)
+        docs = self._rows({r for row in ranked for r, _ in row}, payload=payload)
+        return [docstore.hits(row, docs, top_k) for row in ranked]
+
+    def _dense_ranked(
+        self, vectors: np.ndarray, top_k: int, filters: Filters | None, allowed: np.ndarray | None
+    ) -> list[list[tuple[int, float]]]:
+        """Each vector's nearest (row id, score), best first: ``top_k`` plus as many as the index holds
+        tombstones (removed rows an HNSW index still returns; the caller drops them)."""
+        if self._index is None:
+            self.require_manifest()
+        assert self._index is not None
+        if top_k < 1:
+            raise InputError(f"top_k must be >= 1, got {top_k}")
+        vectors = np.ascontiguousarray(np.atleast_2d(vectors), dtype=np.float32)
+        manifest = self._current_manifest()
+        if vectors.shape[1] != manifest.dim:
+            raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
+        if len(vectors) == 0 or self._index.ntotal == 0:
+            return [[] for _ in range(len(vectors))]
+        if quantization(manifest_config(manifest.index)) != "none":
+            return self._rescored(vectors, top_k, manifest, filters, allowed)
+        k = min(top_k + self._current_tombstones(), self._index.ntotal)
+        params = search_params(self._index, manifest_config(manifest.index), allowed if filters else None)
+        if params is False:
+            return [[] for _ in range(len(vectors))]
+        scores, ids = search_with(self._searchable() if params is None else self._index, vectors, k, params)
+        return [
+            [(int(r), float(s)) for r, s in zip(row_ids, row_scores, strict=True) if r >= 0]
+            for row_scores, row_ids in zip(scores, ids, strict=True)
+        ]
+
+    def _rescored(
+        self, vectors: np.ndarray, top_k: int, manifest: Manifest, filters: Filters | None, allowed: np.ndarray | None
+    ) -> list[list[tuple[int, float]]]:
+        """Quantized stores: ``top_k x oversample`` candidates from the codes, re-scored with exact inner products
+        from vectors.f32, best ``top_k`` (plus tombstones) returned. The scores are exact cosines."""
+        assert self._index is not None
+        tombstones = self._current_tombstones()
+        want = top_k + tombstones
+        oversample = float(self.oversample if self.oversample is not None else manifest.index.get("oversample", 1.0))
+        if filters and not takes_search_params(inner_index(self._index)):
+            # Sign-bit and flat PQ codes take no id selector: the matching rows are scored exactly instead
+            # (cost grows with the number of matches, not with the store).
+            assert allowed is not None
+            candidates = [allowed] * len(vectors)
+        else:
+            k = rescoring.candidates_wanted(top_k, tombstones, oversample, self._index.ntotal)
+            params = search_params(self._index, manifest_config(manifest.index), allowed if filters else None)
+            if params is False:
+                return [[] for _ in range(len(vectors))]
+            _, ids = search_with(self._index, vectors, k, params)
+            candidates = [row[row >= 0] for row in ids]
+        return rescoring.rescore(vectors, candidates, self._full_vectors, want)
+
+    def _filtered_row_ids(self, filters: Filters) -> np.ndarray:
+        db = self._require_db()
+        with self._lock:
+            return docstore.filtered_row_ids(db, filters)
+
+    def _rows(self, row_ids: set[int], payload: bool = True) -> dict[int, Document]:
+        """Stored documents by row id; without ``payload``, their ids alone (no text, no metadata parsing)."""
+        db = self._require_db()
+        with self._lock:
+            return docstore.documents_by_row(db, row_ids, payload)
+
+    def get(self, ids: Sequence[str]) -> list[Document | None]:
+        db = self._require_db()
+        ids = list(ids)
+        with self._lock:
+            found = docstore.documents_by_id(db, ids)
+        return [found.get(i) for i in ids]
+
+    def iter_documents(self, batch: int = 1000) -> Iterator[Document]:
+        """All live documents in row order (adapters use this to list a store)."""
+        db = self._require_db()
+        last = -1
+        while True:
+            with self._lock:
+                rows = docstore.page(db, last, batch)
+            if not rows:
+                return
+            for _rid, doc in rows:
+                yield doc
+            last = rows[-1][0]
