@@ -103,3 +103,14 @@ def test_the_script_folders_are_not_installed_with_the_wheel() -> None:
     assert packages is not None
     listed = re.findall(r'"([\w.]+)"', packages.group(1))
     assert listed and all(name.split(".")[0] == "care_retriever" for name in listed)
+
+
+def test_no_store_module_is_over_400_lines() -> None:
+    """The stores are split by concern (faiss/, qdrant/): a module that grows past 400 lines does more than one job."""
+    stores = Path(__file__).resolve().parents[1] / "care_retriever" / "stores"
+    long = {
+        str(p.relative_to(stores)): n
+        for p in sorted(stores.rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400
+    }
+    assert long == {}

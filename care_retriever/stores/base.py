@@ -1,11 +1,10 @@
-"""What every vector store provides, and the manifest that ties a store to a model."""
+"""What every vector store provides (the manifest tying a store to a model: :mod:`care_retriever.stores.manifest`)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import re
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -15,22 +14,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from care_retriever import __version__
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.config import StoreConfig
-from care_retriever.stores.manifest_fields import METRICS, check_fields, check_format_version
+from care_retriever.stores.manifest import READABLE_FORMAT_VERSION as READABLE_FORMAT_VERSION
+from care_retriever.stores.manifest import STORE_FORMAT_VERSION as STORE_FORMAT_VERSION
+from care_retriever.stores.manifest import Manifest as Manifest
+from care_retriever.stores.manifest import check_metric as check_metric
+from care_retriever.stores.manifest import default_versions as default_versions
 
 if TYPE_CHECKING:
     from care_retriever.sparse.fusion import FusionConfig
     from care_retriever.stores.runs import RunTag
 
-# 2: the FAISS store may hold an append-only vector delta (written by small in-place writes). Format 1
-# stores (no delta) are read as they are.
-STORE_FORMAT_VERSION = 2
-# 3: a FAISS store with compressed codes and a rescoring vector file (index option "quantize"); only such
-# stores are written as 3, so that an older reader refuses them instead of searching the codes alone.
-READABLE_FORMAT_VERSION = 3
 Filters = dict[str, Any]
 _FILTER_KEY = re.compile(r"^[\w.\-]+$")
 
@@ -47,51 +43,6 @@ class Hit:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def check_metric(metric: str) -> str:
-    if metric not in METRICS:
-        raise InputError(f"Unknown metric {metric!r}. Available metrics: {list(METRICS)}")
-    return metric
-
-
-@dataclass
-class Manifest:
-    """Describes a store: who built it (model fingerprint), its width, metric, size and versions."""
-
-    backend: str
-    dim: int
-    space_fingerprint: str
-    model_name: str = ""
-    metric: str = "cosine"
-    count: int = 0
-    index: dict[str, Any] = field(default_factory=dict)
-    versions: dict[str, str] = field(default_factory=dict)
-    created_at: float = field(default_factory=time.time)
-    updated_at: float = field(default_factory=time.time)
-    checksums: dict[str, str] = field(default_factory=dict)  # SHA-256 of each file's first sizes[name] bytes
-    # Files that grow by appending (a FAISS store's delta and rescoring vectors): SHA-256 of each block, so that a
-    # small write hashes what it appended, not the whole file.
-    block_checksums: dict[str, list[str]] = field(default_factory=dict)
-    sizes: dict[str, int] = field(default_factory=dict)  # file sizes when the checksums were taken, checked on open
-    # The write the checksums describe (a FAISS store's journal bookkeeping when they were taken): a write killed
-    # after its commit and before its manifest leaves them describing the version before it.
-    sealed: dict[str, int] = field(default_factory=dict)
-    sparse: dict[str, Any] = field(default_factory=dict)  # the BM25 side, when built (care_retriever.sparse)
-    format_version: int = STORE_FORMAT_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str) -> Manifest:
-        check_fields(data, source)
-        check_format_version(data, source, READABLE_FORMAT_VERSION)
-        known = set(cls.__dataclass_fields__)
-        try:
-            return cls(**{k: v for k, v in data.items() if k in known})
-        except TypeError as exc:
-            raise StoreError(f"{source}: malformed manifest ({exc})") from exc
 
 
 @dataclass(frozen=True)
@@ -116,10 +67,6 @@ class StoredBatch:
 
     def __len__(self) -> int:
         return len(self.documents)
-
-
-def default_versions(**extra: str) -> dict[str, str]:
-    return {"care_retriever": __version__, **extra}
 
 
 def is_filter_field(name: object) -> bool:
