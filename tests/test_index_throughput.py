@@ -25,7 +25,7 @@ TEXTS = [f"{title}{i}：{text}" for i in range(1000) for _, title, text in MEDIC
 @pytest.mark.parametrize(
     ("flag", "value", "names"),
     [
-        ("--dtype", "half", "['auto', 'saved', 'fp32', 'bf16', 'fp16']"),
+        ("--dtype", "half", "['auto', 'saved', 'fp32', 'bf16', 'fp16', 'fp8']"),
         ("--attn-implementation", "flash", "['auto', 'sdpa', 'flash_attention_2', 'eager']"),
         ("--max-batch-tokens", "0", "must be an integer >= 1"),
     ],
