@@ -166,3 +166,22 @@ def test_an_upsert_of_vectors_that_do_not_fit_is_one_line(tmp_path) -> None:
         store.upsert(documents, np.ones((2, 8), dtype="float32"))
     assert store.count() == 0
     store.close()
+
+
+def test_a_query_that_does_not_fit_is_one_line(tmp_path) -> None:
+    import numpy as np
+    import pytest
+
+    from care_retriever.documents import Document
+    from care_retriever.errors import InputError
+    from care_retriever.stores import open_store
+
+    store = open_store(f"qdrant:{tmp_path / 's'}")
+    store.prepare(8, "fp", "m")
+    store.upsert([Document(id="x", text="t")], np.full((1, 8), 8**-0.5, dtype="float32"))
+    store.commit()
+    with pytest.raises(InputError, match="query vectors have 4 dims; the store holds 8"):
+        store.search(np.ones((1, 4), dtype="float32"), 3)
+    with pytest.raises(InputError, match="top_k must be >= 1, got 0"):
+        store.search(np.ones((1, 8), dtype="float32"), 0)
+    store.close()

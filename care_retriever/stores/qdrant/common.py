@@ -98,6 +98,19 @@ def filter_conditions(filters: Filters | None) -> list[tuple[str, list[Any]]] | 
     return [(f"metadata.{name}", value if isinstance(value, list) else [value]) for name, value in filters.items()]
 
 
+def query_rows(vectors: np.ndarray, top_k: int, dim: int) -> np.ndarray:
+    """``vectors`` as float32 query rows of the store's width ``dim``, and ``top_k`` at least 1, else one line (what
+    a dense search takes, on Edge and on a server, sync and async alike)."""
+    from care_retriever.errors import InputError
+
+    if top_k < 1:
+        raise InputError(f"top_k must be >= 1, got {top_k}")
+    vectors = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
+    if vectors.shape[1] != dim:
+        raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {dim}")
+    return vectors
+
+
 class QdrantStore(VectorStore):
     """A Qdrant collection: ``QdrantStore(location, collection)`` opens the store kind the location names."""
 

@@ -18,7 +18,7 @@ from care_retriever.errors import InputError
 from care_retriever.stores.base import Filters, Hit, Manifest
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize
 from care_retriever.stores.qdrant import edge
-from care_retriever.stores.qdrant.common import filter_conditions, hit_of
+from care_retriever.stores.qdrant.common import filter_conditions, hit_of, query_rows
 
 # The search-time HNSW ``ef`` of an Edge store that records none. Edge's own default (its ef_construct, 100) gave
 # recall@10 0.80-0.84 against exact search on benchmarks/qdrant_edge_quick.py's 20,000 clustered 768-d vectors;
@@ -53,19 +53,10 @@ class EdgeSearch:
         ef = options.ef_search if options.ef_search is not None else DEFAULT_EF_SEARCH
         return self.require_shard().search_params(ef, options.oversample if quantized else None)
 
-    def _query_vectors(self, vectors: np.ndarray) -> np.ndarray:
-        manifest = self.require_manifest()
-        vectors = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
-        if vectors.shape[1] != manifest.dim:
-            raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
-        return vectors
-
     def search(
         self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
     ) -> list[list[Hit]]:
-        if top_k < 1:
-            raise InputError(f"top_k must be >= 1, got {top_k}")
-        vectors = self._query_vectors(vectors)
+        vectors = query_rows(vectors, top_k, self.require_manifest().dim)
         conditions = filter_conditions(filters)
         fields: bool | list[str] = True if payload else ["doc_id"]
         with self._lock:
@@ -103,9 +94,9 @@ class EdgeSearch:
         from care_retriever.sparse.tokenizer import tokenize
 
         require_sparse(self)  # type: ignore[arg-type]  # a mixin of a VectorStore
-        if top_k < 1:
+        if top_k < 1:  # a BM25-only query has no rows to check it with
             raise InputError(f"top_k must be >= 1, got {top_k}")
-        dense_vectors = self._query_vectors(vectors) if vectors is not None else None
+        dense_vectors = query_rows(vectors, top_k, self.require_manifest().dim) if vectors is not None else None
         conditions = filter_conditions(filters)
         fields: bool | list[str] = True if payload else ["doc_id"]
         with self._lock:

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from care_retriever.documents import Document
-from care_retriever.errors import InputError
 from care_retriever.stores.base import Filters, Hit, Manifest
-from care_retriever.stores.qdrant.common import document_of, is_server, point_id
+from care_retriever.stores.qdrant.common import document_of, is_server, point_id, query_rows
 from care_retriever.stores.qdrant.server_settings import async_client as open_async_client
 
 
@@ -44,12 +43,7 @@ class ServerAsync:
         """The Query API requests :meth:`search` sends, one per row of ``vectors``."""
         from qdrant_client import models
 
-        manifest = self.require_manifest()
-        if top_k < 1:
-            raise InputError(f"top_k must be >= 1, got {top_k}")
-        vectors = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
-        if vectors.shape[1] != manifest.dim:
-            raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
+        vectors = query_rows(vectors, top_k, self.require_manifest().dim)
         flt = self._filter(filters)
         fields = True if payload else ["doc_id"]
         params = self.search_params()

@@ -17,7 +17,7 @@ from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.base import Filters, Hit, Manifest
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize
-from care_retriever.stores.qdrant.common import filter_conditions, hit_of, is_server
+from care_retriever.stores.qdrant.common import filter_conditions, hit_of, is_server, query_rows
 
 
 class ServerSearch:
@@ -76,12 +76,7 @@ class ServerSearch:
     ) -> list[list[Hit]]:
         from qdrant_client import models
 
-        manifest = self.require_manifest()
-        if top_k < 1:
-            raise InputError(f"top_k must be >= 1, got {top_k}")
-        vectors = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
-        if vectors.shape[1] != manifest.dim:
-            raise InputError(f"query vectors have {vectors.shape[1]} dims; the store holds {manifest.dim}")
+        vectors = query_rows(vectors, top_k, self.require_manifest().dim)
         flt = self._filter(filters)
         fields = True if payload else ["doc_id"]
         params = self.search_params()
