@@ -36,9 +36,12 @@ def copy(
 ) -> None:
     """Copy a store's vectors, ids, texts and metadata into another store, encoding nothing.
 
-    The target records the source's model fingerprint, width and metric; one of another model is refused. The
-    index options (--index-type, --quantize, ...) set a new target's index; without them a target of the source's
-    kind gets the source's. Re-running finishes a killed copy and writes nothing when the target is up to date.
+    The target records the source's model fingerprint, width and metric; one of another model is refused.
+
+    The index options (--index-type, --quantize, ...) set a new target's index; without them, a target of the
+    source's kind takes the source's.
+
+    Re-running finishes a killed copy and writes nothing when the target is up to date.
     """
     from care_retriever.cli.index_settings import store_index_config, store_options_given
     from care_retriever.stores.config import StoreSpec

@@ -13,8 +13,11 @@ def migrate(
     target: Annotated[str, typer.Option("--to", help="qdrant:NEW_FOLDER, the Qdrant Edge store to write")],
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
 ) -> None:
-    """Convert a local-mode Qdrant store to Qdrant Edge, re-encoding nothing: ids, vectors, payloads, the BM25 side
-    and the model's fingerprint carried over, counts verified. The old folder is kept as it was."""
+    """Convert a Qdrant store of an earlier release (local mode) to Qdrant Edge, re-encoding nothing.
+
+    Ids, vectors, payloads, the BM25 side and the model's fingerprint are carried over and the counts verified.
+
+    The old folder is kept as it was."""
     from care_retriever.errors import InputError
     from care_retriever.stores.config import StoreKind, StoreSpec
     from care_retriever.stores.qdrant.common import DEFAULT_COLLECTION, is_server
