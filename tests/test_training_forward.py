@@ -156,9 +156,9 @@ def test_stage2_pads_a_tower_with_attention_dropout_which_the_packed_attention_l
     embedder.document_model[0].auto_model.config.attention_dropout = 0.1
     with stage_document_forward(embedder, "auto", "stage 'joint'") as state:
         assert state["forward"] == "padded" and "attention dropout (0.1)" in state["padded_because"]
-    with pytest.raises(InputError, match=r"^stage 'joint': forward: packed computes no attention dropout"):
-        with stage_document_forward(embedder, "packed", "stage 'joint'"):
-            pass
+    refused = r"^stage 'joint': forward: packed computes no attention dropout"
+    with pytest.raises(InputError, match=refused), stage_document_forward(embedder, "packed", "stage 'joint'"):
+        pass
     assert not is_packed(embedder.document_model)
 
 
@@ -185,3 +185,38 @@ def test_recipe_forward_and_compile_keys_are_checked() -> None:
     }
     with pytest.raises(InputError, match=r"defaults: forward must be one of"):
         parse_recipe(raw, "r.yaml")
+
+
+def test_a_recipe_trains_stage1_and_stage2_on_the_packed_forward_and_reports_it(tmp_path: Path) -> None:
+    """Through the trainer (its collator pads; the document tower's passes arrive packed): Stage I's cache and a
+    recomputed teacher, Stage II with LoRA, each reports the path it ran; the saved towers run as loaded."""
+    from care_retriever.training.runner import run_recipe
+    from tests.conftest import condition_pairs, write_jsonl
+
+    write_jsonl(tmp_path / "pairs.jsonl", condition_pairs())
+    raw = {
+        "name": "packed",
+        "model": {"preset": "tiny", "vocab_from": ["pairs.jsonl"], "max_length": 32, "query_pooling": "mean"},
+        "datasets": {"pairs": {"path": "pairs.jsonl"}},
+        "defaults": {"per_device_train_batch_size": 8, "learning_rate": 2e-3, "forward": "packed"},
+        "stages": [
+            {"name": "stage1", "type": "stage1_align", "alignment": {"queries": ["pairs"], "documents": ["pairs"]}},
+            {"name": "recompute", "type": "stage1_align", "datasets": ["pairs"], "teacher": "recompute"},
+            {"name": "stage2", "type": "stage2_joint", "datasets": ["pairs"], "lora": {"r": 4, "alpha": 8}},
+        ],
+    }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny towers train faster on one thread, and the CI machine is shared
+    try:
+        result = run_recipe(parse_recipe(raw), tmp_path / "out", tmp_path, dry_run_steps=1, show_progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    reports = {r["name"]: r for r in result.reports}
+    assert reports["stage1"]["teacher_forward"]["forward"] == "packed"
+    assert reports["recompute"]["teacher_forward"]["forward"] == "packed"
+    assert reports["stage2"]["document_forward"]["forward"] == "packed"
+    assert all(reports[name]["steps"] == 1 for name in reports)
+    run = json.loads((tmp_path / "out" / "run.json").read_text("utf-8"))
+    assert next(r for r in run["reports"] if r["name"] == "stage2")["document_forward"]["attention"] == "reference"
+    final = AsymmetricEmbedder.from_pretrained(str(result.final), device="cpu")
+    assert _attention(final) == "sdpa" and not is_packed(final.document_model)
