@@ -220,3 +220,13 @@ def test_a_recipe_trains_stage1_and_stage2_on_the_packed_forward_and_reports_it(
     assert next(r for r in run["reports"] if r["name"] == "stage2")["document_forward"]["attention"] == "reference"
     final = AsymmetricEmbedder.from_pretrained(str(result.final), device="cpu")
     assert _attention(final) == "sdpa" and not is_packed(final.document_model)
+
+
+def test_an_fp32_pass_cannot_run_the_cuda_varlen_kernels() -> None:
+    # flash attention's varlen kernels compute fp16 / bf16 only: on CUDA an fp32 pass pads instead
+    from care_retriever.model.towers.packed import varlen_dtype_refusal
+
+    assert varlen_dtype_refusal(torch.bfloat16) is None and varlen_dtype_refusal(torch.float16) is None
+    assert varlen_dtype_refusal(torch.float32) == (
+        "the variable-length kernels compute fp16 / bf16 only, the tower computes float32"
+    )
