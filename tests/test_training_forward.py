@@ -202,7 +202,14 @@ def test_a_recipe_trains_stage1_and_stage2_on_the_packed_forward_and_reports_it(
         "stages": [
             {"name": "stage1", "type": "stage1_align", "alignment": {"queries": ["pairs"], "documents": ["pairs"]}},
             {"name": "recompute", "type": "stage1_align", "datasets": ["pairs"], "teacher": "recompute"},
-            {"name": "stage2", "type": "stage2_joint", "datasets": ["pairs"], "lora": {"r": 4, "alpha": 8}},
+            # GradCache: the loss cuts a batch into mini-batches, each packed on its way into the tower
+            {
+                "name": "stage2",
+                "type": "stage2_joint",
+                "datasets": ["pairs"],
+                "lora": {"r": 4, "alpha": 8},
+                "mini_batch_size": 2,
+            },
         ],
     }
     threads = torch.get_num_threads()

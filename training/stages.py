@@ -61,8 +61,8 @@ from care_retriever.training.stage_context import (
     train_stage,
     trainer_settings,
 )
-from care_retriever.training.teacher_cache import autocast, describe, half_dtype
-from care_retriever.training.tower_forward import stage_document_forward
+from care_retriever.training.teacher_cache import autocast
+from care_retriever.training.tower_forward import describe, half_dtype, stage_document_forward
 
 if TYPE_CHECKING:
     from care_retriever.model.embedder import AsymmetricEmbedder

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from care_retriever.training.tower_forward import describe, half_dtype
+
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
@@ -167,22 +169,6 @@ def build_teacher_cache(
     barrier()  # the cache is complete before any rank maps it
     vectors = np.memmap(data, dtype=np.float32, mode="r", shape=shape)
     return TeacherCache(data, vectors, reused=False, forward=state.to_dict())
-
-
-def describe(state: dict[str, Any]) -> str:
-    """One line of a forward state: ``packed (varlen_attn), bfloat16, compile off``, ``padded (sdpa; why)``."""
-    kernel = state.get("attention") or "?"
-    because = f"; {state['padded_because']}" if state.get("padded_because") else ""
-    compiled = state.get("compile", "off")
-    seconds = f" in {float(state.get('compile_seconds') or 0):.1f} s" if compiled == "on" else ""
-    return f"{state.get('forward')} ({kernel}{because}), {state.get('dtype')}, compile {compiled}{seconds}"
-
-
-def half_dtype(dtype: Any) -> Any:
-    """The half dtype autocast computes in for a training precision, or None (fp32: the weights' dtype counts)."""
-    import torch
-
-    return dtype if dtype in (torch.bfloat16, torch.float16) else None
 
 
 def _complete(data: Path, meta: Path, shape: tuple[int, int]) -> bool:

@@ -52,3 +52,19 @@ def stage_document_forward(
             stack.callback(pack_padded_passes(model).remove)
         info = state.to_dict()
         yield {**info, "padded_because": padded_because or info["padded_because"]}
+
+
+def describe(state: dict[str, Any]) -> str:
+    """One line of a forward state: ``packed (varlen_attn), bfloat16, compile off``, ``padded (sdpa; why)``."""
+    kernel = state.get("attention") or "?"
+    because = f"; {state['padded_because']}" if state.get("padded_because") else ""
+    compiled = state.get("compile", "off")
+    seconds = f" in {float(state.get('compile_seconds') or 0):.1f} s" if compiled == "on" else ""
+    return f"{state.get('forward')} ({kernel}{because}), {state.get('dtype')}, compile {compiled}{seconds}"
+
+
+def half_dtype(dtype: Any) -> Any:
+    """The half dtype autocast computes in for a training precision, or None (fp32: the weights' dtype counts)."""
+    import torch
+
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
