@@ -237,3 +237,24 @@ def test_an_fp32_pass_cannot_run_the_cuda_varlen_kernels() -> None:
     assert varlen_dtype_refusal(torch.float32) == (
         "the variable-length kernels compute fp16 / bf16 only, the tower computes float32"
     )
+
+
+def test_a_teacher_cache_compiled_for_its_encoding_leaves_the_layers_eager(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the compiler stands in as one that returns the layer's own forward: what is checked is that the cache asks
+    # for the compile and gives the layers back eager, not inductor (minutes on these CPUs)
+    from care_retriever.model.compiled import decoder_layers
+
+    compiled: list[object] = []
+
+    def pass_through(fn, **kwargs):
+        compiled.append(fn)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", pass_through)
+    embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), device="cpu")
+    cache = build_teacher_cache(embedder, TEXTS, tmp_path, show_progress=False, forward="padded", compile="on")
+    layers = decoder_layers(embedder.document_model)
+    assert cache.forward is not None and cache.forward["compile"] == "on" and len(compiled) == len(layers) > 0
+    assert not any("forward" in vars(layer) for layer in layers)  # each layer runs its class's forward again
