@@ -1,6 +1,7 @@
 """How the document tower's forward pass runs, decided once per tower: packed or padded passes, compiled or eager
 layers, FP8 Linear layers or not (:func:`prepare_document_forward`), and what was decided (:func:`forward_state`,
-which ``index --json`` reports).
+which ``index --json`` reports). Training takes the same decision for the passes of one stage and gives the tower
+back as loaded after them (:func:`document_forward`).
 
 * **Packed** (:mod:`care_retriever.model.towers.packed`): where the tower can pack (a decoder on transformers'
   attention registry, pooled by sentence-transformers' ``Pooling``) and a variable-length kernel runs on its device
