@@ -22,6 +22,11 @@ student (forward, backward), so the cache can speed Stage I up by at most
   it is a one-time cost, and a resumed or repeated run reuses it);
 - ``stage1 recomputed``: the frozen document tower run on every batch.
 
+``--forward padded packed`` runs the stages that run the document tower (Stage I's cache or recomputed teacher,
+Stage II's document side) once per forward pass (care_retriever.model.forward; default ``auto``: packed on CUDA,
+padded on the CPU, where ``packed`` is the reference attention, text by text, a proof and not a faster path), in
+alternation with the rest; the table names the path each ran and its cache build time.
+
 Steps/s comes from the trainer's per-step log timestamps (step 1 to the last, so start-up is left
 out). On a machine shared with other jobs, load changes from minute to minute: ``--repeats R`` runs
 the configurations R times in alternation and keeps each one's best run, so both sides of the ratio
@@ -44,6 +49,8 @@ from benchmarks.core_common import verdict
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "care_retriever" / "data" / "sample"
 CONFIGS = ("stage0-query", "stage0-document", "stage1-cached", "stage1-recomputed", "stage2")
+# the configurations whose stage runs the document tower's forward (the recipe key ``forward``)
+FORWARD_CONFIGS = ("stage1-cached", "stage1-recomputed", "stage2")
 
 
 def build_model(query_preset: str, document_preset: str, out: Path, document_layers: int = 0) -> None:
@@ -80,7 +87,7 @@ def sample_pairs(folder: Path) -> Path:
     return path
 
 
-def worker(config: str, model: Path, folder: Path, steps: int, batch: int, max_length: int) -> dict:
+def worker(config: str, model: Path, folder: Path, steps: int, batch: int, max_length: int, forward: str) -> dict:
     import torch
 
     from care_retriever.model.embedder import AsymmetricEmbedder
@@ -105,6 +112,8 @@ def worker(config: str, model: Path, folder: Path, steps: int, batch: int, max_l
         options["teacher"] = "cached" if config == "stage1-cached" else "recompute"
     if kind == "stage2_joint":
         options["hard_negatives"] = {"num": 1, "mine": False}
+    if config in FORWARD_CONFIGS:
+        options["forward"] = forward
     stage = build_stage(
         {
             "name": config,
@@ -141,6 +150,7 @@ def worker(config: str, model: Path, folder: Path, steps: int, batch: int, max_l
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cache_build_s": report.extra.get("teacher_cache_seconds"),
         "teacher_cache_reused": report.extra.get("teacher_cache_reused"),
+        "forward": report.extra.get("teacher_forward") or report.extra.get("document_forward"),
     }
     if torch.cuda.is_available():
         result["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -168,10 +178,10 @@ def parameter_counts(model: Path) -> dict[str, int]:
     return counts
 
 
-def run_worker(args: argparse.Namespace, config: str, model: Path, folder: Path) -> dict:
+def run_worker(args: argparse.Namespace, config: str, model: Path, folder: Path, forward: str = "auto") -> dict:
     """One configuration in a fresh process (its own peak RSS, no state shared with the others)."""
     folder.mkdir()
-    command = [sys.executable, "-m", "benchmarks.training_stage1_cache", "--worker", config]
+    command = [sys.executable, "-m", "benchmarks.training_stage1_cache", "--worker", config, "--forward", forward]
     command += ["--model", str(model.resolve()), "--folder", str(folder.resolve())]
     command += ["--steps", str(args.steps), "--batch", str(args.batch), "--max-length", str(args.max_length)]
     command += ["--threads", str(args.threads)]
@@ -194,6 +204,13 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", choices=CONFIGS)
     parser.add_argument("--repeats", type=int, default=1, help="alternating runs per configuration; best kept")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch's default)")
+    parser.add_argument(
+        "--forward",
+        nargs="+",
+        default=["auto"],
+        choices=("auto", "packed", "padded"),
+        help="the document tower's forward pass in the stages that run it; several: each, in alternation",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
@@ -208,7 +225,8 @@ def main() -> None:
         if args.threads:
             torch.set_num_threads(args.threads)
         transformers.utils.logging.set_verbosity_error()
-        result = worker(args.worker, args.model, args.folder, args.steps, args.batch, args.max_length)
+        forward = args.forward[0]
+        result = worker(args.worker, args.model, args.folder, args.steps, args.batch, args.max_length, forward)
         print("RESULT " + json.dumps(result))
         return
     results, summary = measure(args)
@@ -225,14 +243,24 @@ def measure(args: argparse.Namespace) -> tuple[list[dict], dict]:
         counts = parameter_counts(model)
         print(f"towers: {towers_text(vars(args), counts)}; batch {args.batch}, {args.steps} steps", flush=True)
         best: dict[str, dict] = {}
+        forwards = list(getattr(args, "forward", None) or ["auto"])
+        runs = [
+            (config, forward)
+            for config in args.only or CONFIGS
+            for forward in (forwards if config in FORWARD_CONFIGS else ["auto"])
+        ]
         for repeat in range(args.repeats):
-            for config in args.only or CONFIGS:
-                result = run_worker(args, config, model, Path(tmp) / f"{config}-{repeat}")
-                print(f"  run {repeat + 1}: {config}: {result['steps_per_s']:.2f} steps/s", flush=True)
-                if config not in best or result["steps_per_s"] > best[config]["steps_per_s"]:
-                    best[config] = result
-        results = [best[c] for c in args.only or CONFIGS]
-    by_config = {r["config"]: r for r in results}
+            for config, forward in runs:
+                label = f"{config} [{forward}]" if len(forwards) > 1 and config in FORWARD_CONFIGS else config
+                result = run_worker(args, config, model, Path(tmp) / f"{config}-{forward}-{repeat}", forward)
+                result["label"] = label
+                print(f"  run {repeat + 1}: {label}: {result['steps_per_s']:.2f} steps/s", flush=True)
+                if label not in best or result["steps_per_s"] > best[label]["steps_per_s"]:
+                    best[label] = result
+        results = list(best.values())
+    by_config: dict[str, dict] = {}
+    for r in results:  # with several forwards, the speed-up compares the first one's runs
+        by_config.setdefault(r["config"], r)
     summary: dict = {**counts, "args": vars(args) | {"json": None}}
     if "stage1-cached" in by_config and "stage1-recomputed" in by_config:
         cached, recomputed = by_config["stage1-cached"], by_config["stage1-recomputed"]
@@ -261,12 +289,18 @@ def markdown(results: list[dict], summary: dict) -> str:
         f"Towers: {towers_text(args, summary)}; batch {args['batch']}, "
         f"{args['steps']} steps, max_length {args['max_length']}, best of {args['repeats']} alternating run(s).",
         "",
-        f"| stage | steps/s | peak RSS (MB) |{' peak CUDA (MB) |' if cuda else ''}",
-        f"|---|---|---|{'---|' if cuda else ''}",
+        f"| stage | document forward | steps/s | cache build s | peak RSS (MB) |{' peak CUDA (MB) |' if cuda else ''}",
+        f"|---|---|---|---|---|{'---|' if cuda else ''}",
     ]
     for r in results:
         extra = f" {r['peak_cuda_mb']:.0f} |" if cuda else ""
-        lines.append(f"| {r['config']} | {r['steps_per_s']:.2f} | {r['peak_rss_mb']:.0f} |{extra}")
+        state = r.get("forward") or {}
+        forward = f"{state['forward']} ({state.get('attention')})" if state else ""
+        build = f"{r['cache_build_s']:.2f}" if r.get("cache_build_s") is not None else ""
+        lines.append(
+            f"| {r.get('label', r['config'])} | {forward} | {r['steps_per_s']:.2f} | {build} | "
+            f"{r['peak_rss_mb']:.0f} |{extra}"
+        )
     if "speedup" in summary:
         speedup = summary["speedup"]
         lines += [

@@ -8,7 +8,8 @@ of it into docs/gpu.md (its own section, beside the indexing ones).
 Per stage: its steps, ``seconds`` (the trainer's loop: forward, backward, optimizer, logging) and ``wall_seconds``
 (the whole stage: data reading and checks, loading the towers the stage starts from, a teacher cache or negative
 mining, the loop and saving the stage), as the run recorded them; the share is seconds / wall_seconds. The target
-is a share of at least one half in every stage.
+is a share of at least one half in every stage. The extra column names the document tower's forward pass where a
+stage ran it (Stage I's teacher, Stage II's document side: packed or padded, the attention kernel, compiled).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def table(run: dict[str, Any], device: str, command: str) -> str:
             extra.append(f"teacher cache {report['teacher_cache_seconds']:.2f} s for {report['teacher_texts']} texts")
         if "hard_negatives" in report:
             extra.append(f"{report['hard_negatives']} mined negatives a row")
+        for key, what in (("teacher_forward", "teacher"), ("document_forward", "document side")):
+            state = report.get(key)
+            if isinstance(state, dict):  # the document tower's forward the stage ran (model/forward.py)
+                compiled = ", compiled" if state.get("compile") == "on" else ""
+                extra.append(f"{what} {state.get('forward')} ({state.get('attention')}{compiled})")
         lines.append(
             f"| {report['name']} | {report['type']} | {report['steps']} | {report['examples']} | {seconds:.2f} | "
             f"{wall:.2f} | {share:.0%} | {'; '.join(extra)} |"

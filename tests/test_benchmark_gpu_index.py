@@ -125,6 +125,7 @@ def test_training_walltime_flags_a_stage_below_half(tmp_path: Path) -> None:
                 "wall_seconds": 7.0,
                 "teacher_cache_seconds": 0.5,
                 "teacher_texts": 80,
+                "teacher_forward": {"forward": "packed", "attention": "varlen_attn", "compile": "off"},
             },
         ],
     }
@@ -135,6 +136,7 @@ def test_training_walltime_flags_a_stage_below_half(tmp_path: Path) -> None:
     text = doc.read_text()
     assert "prose kept" in text and "| stage0-query | stage0_query | 10 | 40 | 8.00 | 10.00 | 80% |" in text
     assert "below one half: stage1" in text and "teacher cache 0.50 s for 80 texts" in text
+    assert "teacher packed (varlen_attn) |" in text  # the forward the stage's teacher ran
 
 
 def test_the_forward_sides_run_or_say_why_not(capsys, tmp_path: Path, sample_corpus_path: Path) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import InputError
+from care_retriever.indexing.config import COMPILE_MODES, FORWARD_PATHS
 
 if TYPE_CHECKING:
     from care_retriever.model.embedder import AsymmetricEmbedder
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 DATA_FORMATS = ("pairs", "qtr", "sts", "qa", "alignment", "text", "flag")
 EXPORT_KINDS = ("asymmetric", "query-symmetric", "document-symmetric")
 # Keys of ``defaults`` that are ours; everything else is a training argument.
-OWN_DEFAULT_KEYS = {"temperature", "gather_across_devices", "length_buckets"}
+OWN_DEFAULT_KEYS = {"temperature", "gather_across_devices", "length_buckets", "forward", "compile"}
 HARD_NEGATIVE_KEYS = {"num", "mine", "range_min", "range_max", "duplicate_threshold", "miner"}
 ALIGNMENT_KEYS = {"queries", "documents"}
 MSE_TARGETS = ("renormalised", "sliced")
@@ -182,6 +183,11 @@ class Stage1AlignStage(EmbeddingStage):
     # texts are cheap steps, long document-side texts dear ones.
     max_query_texts: int | None = None
     max_document_texts: int | None = None
+    # The frozen document tower's forward pass, decided as ``index`` decides it (care_retriever.model.forward):
+    # auto | packed | padded (auto packs where a varlen kernel runs: CUDA in fp16 / bf16), and for the teacher
+    # cache's encoding compile auto | on | off. None: the recipe's ``defaults``, else auto.
+    forward: str | None = None
+    compile: str | None = None
 
 
 @dataclass
@@ -190,6 +196,9 @@ class Stage2JointStage(ContrastiveStage):
 
     lora: dict[str, Any] | bool | None = None
     hard_negatives: dict[str, Any] = field(default_factory=dict)
+    # The document side's forward pass with gradients: auto | packed | padded, as Stage1AlignStage's (not
+    # compiled: LoRA and activation checkpointing wrap the layers a compile would replace).
+    forward: str | None = None
 
 
 @dataclass
@@ -266,6 +275,17 @@ def check_length_buckets(value: Any, where: str) -> None:
         raise InputError(f"{where}: length_buckets must be increasing positive integers (characters), got {value!r}")
 
 
+def check_forward(values: dict[str, Any], where: str) -> None:
+    """The document tower's ``forward`` and ``compile`` keys, where given, name one of their choices. YAML reads
+    a bare ``compile: on`` / ``off`` as a boolean: those become ``"on"`` / ``"off"`` in ``values``."""
+    if isinstance(values.get("compile"), bool):
+        values["compile"] = "on" if values["compile"] else "off"
+    for key, choices in (("forward", FORWARD_PATHS), ("compile", COMPILE_MODES)):
+        value = values.get(key)
+        if value is not None and value not in choices:
+            raise InputError(f"{where}: {key} must be one of {list(choices)}, got {value!r}")
+
+
 def training_argument_names() -> set[str]:
     from sentence_transformers import SentenceTransformerTrainingArguments
 
@@ -312,6 +332,7 @@ def parse_recipe(raw: Any, source: str = "<recipe>") -> Recipe:
     defaults = _mapping(raw, "defaults", source)
     _check_args(defaults, f"{source}: defaults", allow=OWN_DEFAULT_KEYS)
     check_length_buckets(defaults.get("length_buckets"), f"{source}: defaults")
+    check_forward(defaults, f"{source}: defaults")
     stages_raw = raw.get("stages")
     if not isinstance(stages_raw, list) or not stages_raw:
         raise InputError(f"{source}: 'stages' must be a non-empty list")
@@ -511,6 +532,7 @@ def build_stage(
     if values.get("temperature") == 0:
         raise InputError(f"{where}: temperature must be > 0")
     check_length_buckets(values.get("length_buckets"), where)
+    check_forward(values, where)
     for key in ("max_examples", "mini_batch_size", "max_query_texts", "max_document_texts"):
         if values.get(key) is not None and (not isinstance(values[key], int) or values[key] < 1):
             raise InputError(f"{where}: {key} must be a positive integer")

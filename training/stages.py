@@ -19,6 +19,7 @@ through sentence-transformers models that *share* its modules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -61,6 +62,7 @@ from care_retriever.training.stage_context import (
     trainer_settings,
 )
 from care_retriever.training.teacher_cache import autocast
+from care_retriever.training.tower_forward import describe, half_dtype, stage_document_forward
 
 if TYPE_CHECKING:
     from care_retriever.model.embedder import AsymmetricEmbedder
@@ -360,6 +362,8 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder: Asymmetri
             dtype=stage_dtype(ctx, stage),
             fingerprint=embedder.space_fingerprint,  # the runner keeps it current (runner.py, tower_changed)
             full_width=stage.mse_target == "sliced",
+            forward=option(ctx, stage, "forward", "auto"),
+            compile=option(ctx, stage, "compile", "auto"),
         )
         index = {t: i for i, t in enumerate(teacher_texts)}
         data = {
@@ -371,6 +375,7 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder: Asymmetri
             teacher_cache_reused=cache.reused,
             teacher_texts=len(cache),
             teacher_cache_seconds=round(time.perf_counter() - cache_start, 2),
+            teacher_forward=cache.forward,
         )
         vectors = cache.vectors
         router = {"text": "query"}
@@ -397,19 +402,30 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder: Asymmetri
     by_side = {side: {**({"text": prompt} if prompt and side == "queries" else {}), **teacher} for side in data}
     prompts = {side: p for side, p in by_side.items() if p} or None
     dataset: Dataset | DatasetDict = DatasetDict(data) if len(data) > 1 or prompts else next(iter(data.values()))
+    # a recomputed teacher runs the frozen tower in the trainer's passes: packed where the decision says so
+    recompute = teacher_mode == "recompute"
+    dtype = half_dtype(stage_dtype(ctx, stage))
+    document_side: contextlib.AbstractContextManager[dict[str, Any] | None] = (
+        stage_document_forward(embedder, option(ctx, stage, "forward", "auto"), f"stage {stage.name!r}", dtype)
+        if recompute
+        else contextlib.nullcontext(None)  # the cache holds the teacher: no document pass in training
+    )
     try:
-        report = fit(
-            ctx,
-            stage,
-            model,
-            dataset,
-            loss,
-            router_mapping=router,
-            prompts=prompts,
-            examples=sum(len(rows) for rows in sides.values()),
-        )
+        with document_side as state:
+            report = fit(
+                ctx,
+                stage,
+                model,
+                dataset,
+                loss,
+                router_mapping=router,
+                prompts=prompts,
+                examples=sum(len(rows) for rows in sides.values()),
+            )
     finally:
         set_trainable(embedder.tower("document").modules, True)
+    if recompute:
+        extra["teacher_forward"] = state
     report.extra.update(extra)
     return report
 
@@ -470,28 +486,34 @@ def stage2_joint(ctx: StageContext, stage: Stage2JointStage, embedder: Asymmetri
     lora = LoraSpec.from_options(stage.lora, where)
     set_trainable(embedder.tower("query").modules, True)
     freeze_truncation(embedder.tower("document").modules)
-    if lora is not None:
-        trainable = lora_on(embedder, lora, ctx.seed)
-        logger.info(
-            "%s: LoRA r=%d alpha=%d on the document tower, %d trainable", stage.name, lora.r, lora.alpha, trainable
-        )
-    model = embedder.to_sentence_transformer()
-    loss = contrastive_loss(ctx, stage, model)
-    router = {"anchor": "query", "positive": "document", **{f"negative_{k + 1}": "document" for k in range(num)}}
-    try:
-        report = fit(
-            ctx,
-            stage,
-            model,
-            _pair_dataset(examples, num),
-            loss,
-            router_mapping=router,
-            prompts=query_prompts(embedder, anchor, tuple(c for c, side in router.items() if side == "document")),
-            examples=len(examples),
-        )
-    finally:
-        merge_lora(embedder.tower("document").modules)
+    forward = option(ctx, stage, "forward", "auto")
+    # decided on the tower as loaded, before LoRA wraps its layers; undone after LoRA is merged back
+    with stage_document_forward(embedder, forward, where, half_dtype(stage_dtype(ctx, stage))) as state:
+        logger.info("%s: the document tower's forward: %s", stage.name, describe(state))
+        if lora is not None:
+            trainable = lora_on(embedder, lora, ctx.seed)
+            logger.info(
+                "%s: LoRA r=%d alpha=%d on the document tower, %d trainable", stage.name, lora.r, lora.alpha, trainable
+            )
+        model = embedder.to_sentence_transformer()
+        loss = contrastive_loss(ctx, stage, model)
+        router = {"anchor": "query", "positive": "document", **{f"negative_{k + 1}": "document" for k in range(num)}}
+        document_columns = tuple(c for c, side in router.items() if side == "document")
+        try:
+            report = fit(
+                ctx,
+                stage,
+                model,
+                _pair_dataset(examples, num),
+                loss,
+                router_mapping=router,
+                prompts=query_prompts(embedder, anchor, document_columns),
+                examples=len(examples),
+            )
+        finally:
+            merge_lora(embedder.tower("document").modules)
     report.extra["hard_negatives"] = num
+    report.extra["document_forward"] = state
     return report
 
 

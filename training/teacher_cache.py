@@ -8,7 +8,12 @@ a resumed one) with the same document tower and texts reuses the file.
 
 Files: ``<dir>/<key>.f32`` (rows, raw float32) and ``<dir>/<key>.json`` (shape, fingerprint). The
 key hashes the document space fingerprint, the tower's max length and the texts, so a changed
-tower or data set never reads a stale cache. Files are written under a temporary name and renamed,
+tower or data set never reads a stale cache. The forward pass that encoded the rows (packed or padded,
+compiled or eager: care_retriever.model.forward, decided as ``index`` decides it) is not part of the key: it
+changes how the rows are computed, not what they are (packed = padded to cosine >= 0.9999, as a batch size or a
+batch's neighbours change the last bits of a padded pass), so a cache written one way is reused the other way
+rather than recomputed. The ``.json`` records the forward that wrote the rows, and a reuse logs it, so rows of
+one path read under another are said, not silent. Files are written under a temporary name and renamed,
 so a killed run leaves no half-written cache behind. Under torchrun the ranks share the encoding
 (each its slice, then rank 0 assembles the file).
 """
@@ -27,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from care_retriever.training.tower_forward import describe, half_dtype
+
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
@@ -40,6 +47,9 @@ class TeacherCache:
     path: Path
     vectors: np.memmap
     reused: bool
+    # how the document tower's forward pass ran when it wrote the rows (ForwardState.to_dict(); rank 0's under
+    # torchrun); a reused cache's as recorded, None for a cache written before it was recorded
+    forward: dict[str, Any] | None = None
 
     def __len__(self) -> int:
         return int(self.vectors.shape[0])
@@ -64,6 +74,8 @@ def build_teacher_cache(
     dtype: Any = None,
     fingerprint: str | None = None,
     full_width: bool = False,
+    forward: str = "auto",
+    compile: str = "auto",
 ) -> TeacherCache:
     """Return the memory-mapped document-tower embeddings of ``texts`` (row i = text i).
 
@@ -81,6 +93,10 @@ def build_teacher_cache(
     ``fingerprint``: the document space fingerprint of the tower as it is in memory, where the caller
     knows it (the runner computes it once per tower state: hashing a 4B tower's weights takes tens of
     seconds); None hashes the weights now.
+
+    ``forward`` (auto | packed | padded) and ``compile`` (auto | on | off): the frozen tower's forward pass, set
+    up for the encoding by :func:`care_retriever.model.forward.document_forward` (the index path's decision) and
+    undone after it; logged once and returned as the cache's ``forward``.
     """
     from care_retriever.training.distributed import (
         PartWriter,
@@ -101,8 +117,12 @@ def build_teacher_cache(
     shape = (len(texts), embedder.dim)
     # Every rank looks before any rank can write: the parts are assembled only after a barrier all pass.
     if _complete(data, meta, shape):
-        logger.info("Stage I: reusing the teacher cache %s (%d texts)", data, shape[0])
-        return TeacherCache(data, np.memmap(data, dtype=np.float32, mode="r", shape=shape), reused=True)
+        recorded = json.loads(meta.read_text("utf-8")).get("forward")
+        recorded = recorded if isinstance(recorded, dict) else None
+        written = describe(recorded) if recorded else "forward not recorded"
+        logger.info("Stage I: reusing the teacher cache %s (%d texts, encoded %s)", data, shape[0], written)
+        vectors = np.memmap(data, dtype=np.float32, mode="r", shape=shape)
+        return TeacherCache(data, vectors, reused=True, forward=recorded)
     order = np.argsort([-len(t) for t in texts], kind="stable")
     mine = my_share(order)
     tmp = data.with_name(f".{data.name}.{os.getpid()}.tmp")
@@ -111,14 +131,17 @@ def build_teacher_cache(
     out = np.memmap(tmp, dtype=np.float32, mode="w+", shape=shape) if part is None else None
     model = _full_width_model(embedder) if full_width else embedder.document_model
     was_training = model.training
+    from care_retriever.model.encoding import encode_texts
+    from care_retriever.model.forward import document_forward
+
     with (
+        document_forward(model, forward, compile, compute_dtype=half_dtype(dtype)) as state,
         tqdm(
             total=len(mine), desc="Stage I: caching teacher embeddings", unit="text", disable=not show_progress
         ) as bar,
         autocast(model.device, dtype),
     ):
-        from care_retriever.model.encoding import encode_texts
-
+        logger.info("Stage I: the teacher cache's document tower forward: %s", describe(state.to_dict()))
         for start in range(0, len(mine), 4096):
             idx = mine[start : start + 4096]
             rows = encode_texts(
@@ -140,10 +163,12 @@ def build_teacher_cache(
         out.flush()
         del out
         os.replace(tmp, data)
-        meta.write_text(json.dumps({"shape": list(shape), "space_fingerprint": fingerprint, "max_length": max_length}))
+        record = {"shape": list(shape), "space_fingerprint": fingerprint, "max_length": max_length}
+        meta.write_text(json.dumps({**record, "forward": state.to_dict()}))
         remove_parts(directory, key)
     barrier()  # the cache is complete before any rank maps it
-    return TeacherCache(data, np.memmap(data, dtype=np.float32, mode="r", shape=shape), reused=False)
+    vectors = np.memmap(data, dtype=np.float32, mode="r", shape=shape)
+    return TeacherCache(data, vectors, reused=False, forward=state.to_dict())
 
 
 def _complete(data: Path, meta: Path, shape: tuple[int, int]) -> bool:

@@ -1,6 +1,7 @@
 """How the document tower's forward pass runs, decided once per tower: packed or padded passes, compiled or eager
 layers, FP8 Linear layers or not (:func:`prepare_document_forward`), and what was decided (:func:`forward_state`,
-which ``index --json`` reports).
+which ``index --json`` reports). Training takes the same decision for the passes of one stage and gives the tower
+back as loaded after them (:func:`document_forward`).
 
 * **Packed** (:mod:`care_retriever.model.towers.packed`): where the tower can pack (a decoder on transformers'
   attention registry, pooled by sentence-transformers' ``Pooling``) and a variable-length kernel runs on its device
@@ -17,16 +18,26 @@ which ``index --json`` reports).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from care_retriever.model.compiled import compile_layers, decoder_layers, uncompile_layers, warm_up
+from care_retriever.model.compiled import compile_layers, decoder_layers, is_compiled, uncompile_layers, warm_up
 from care_retriever.model.fp8 import FP8, quantize_fp8
-from care_retriever.model.towers.packed import can_pack, enable_packed, is_packed, pack_features, varlen_backend
+from care_retriever.model.towers.packed import (
+    can_pack,
+    disable_packed,
+    enable_packed,
+    is_packed,
+    pack_features,
+    varlen_backend,
+    varlen_dtype_refusal,
+)
 
-__all__ = ["ForwardState", "forward_state", "prepare_document_forward"]
+__all__ = ["ForwardState", "document_forward", "forward_state", "prepare_document_forward"]
 
 logger = logging.getLogger("care_retriever")
 
@@ -66,10 +77,12 @@ def forward_state(model: Any) -> ForwardState:
     return ForwardState("packed" if is_packed(model) else "padded", attn, dtype, "off")
 
 
-def _choose_packed(model: Any, forward: str) -> tuple[bool, str | None]:
+def _choose_packed(model: Any, forward: str, compute_dtype: torch.dtype | None) -> tuple[bool, str | None]:
     if forward == "padded":
         return False, "asked for (--forward padded)"
     reason = can_pack(model)
+    if reason is None and varlen_backend(torch.device(str(model.device))) is not None:
+        reason = varlen_dtype_refusal(compute_dtype or next(model.parameters()).dtype)
     if forward == "packed":
         if reason is not None:
             from care_retriever.errors import ModelError
@@ -92,17 +105,23 @@ def _warm_up_passes(model: Any) -> list[dict[str, Any]]:
 
 
 def prepare_document_forward(
-    model: Any, forward: str = "auto", compile: str = "auto", dtype: str | None = None
+    model: Any,
+    forward: str = "auto",
+    compile: str = "auto",
+    dtype: str | None = None,
+    compute_dtype: torch.dtype | None = None,
 ) -> ForwardState:
     """Set ``model``'s forward pass up once (a second call returns the first's state): ``forward`` auto | packed |
     padded, ``compile`` auto | on | off, ``dtype`` the precision asked for (``fp8`` quantizes the Linear layers;
-    others were applied at loading)."""
+    others were applied at loading). ``compute_dtype``: what the passes compute in where autocast sets it
+    (training's bf16 / fp16 over fp32 weights), else the weights' dtype counts: the CUDA varlen kernels compute
+    fp16 / bf16 only, so an fp32 pass on CUDA pads."""
     state = getattr(model, _STATE, None)
     if isinstance(state, ForwardState):
         return state
     if not isinstance(model, torch.nn.Sequential) or not len(model):  # not a sentence-transformers tower
         return ForwardState("padded", None, dtype or "unknown", "off", 0.0, "not a sentence-transformers tower")
-    packed, because = _choose_packed(model, forward)
+    packed, because = _choose_packed(model, forward, compute_dtype)
     if packed:
         enable_packed(model)
     backend = varlen_backend(torch.device(str(model.device)))
@@ -128,3 +147,33 @@ def prepare_document_forward(
             logger.warning("torch.compile of the document tower failed (%s); running eager", first)
     setattr(model, _STATE, state)
     return state
+
+
+def _release_document_forward(model: Any, attention: str | None) -> None:
+    """Undo :func:`prepare_document_forward` (not FP8, which :func:`document_forward` never asks for): eager
+    layers, padded passes on ``attention`` (the implementation the tower had), and no decision recorded."""
+    if is_compiled(model):
+        uncompile_layers(model)
+    disable_packed(model, attention or "sdpa")
+    if hasattr(model, _STATE):
+        delattr(model, _STATE)
+
+
+@contextmanager
+def document_forward(
+    model: Any, forward: str = "auto", compile: str = "auto", compute_dtype: torch.dtype | None = None
+) -> Iterator[ForwardState]:
+    """The forward pass :func:`prepare_document_forward` decides, for the passes of one block; after it the tower
+    runs as it did before (its attention implementation, eager layers). Training uses it: the frozen tower's
+    encodings of Stage I and the document side of Stage II take the index path's decision, and the next stage
+    (LoRA wrapped around the layers, a save of the folder) gets the tower as loaded. A tower already prepared
+    (by ``index``) keeps its state and is left as it is."""
+    prepared_before = isinstance(getattr(model, _STATE, None), ForwardState)
+    hf = getattr(model[0], "auto_model", None) if isinstance(model, torch.nn.Sequential) and len(model) else None
+    attention = getattr(getattr(hf, "config", None), "_attn_implementation", None)
+    state = prepare_document_forward(model, forward, compile, compute_dtype=compute_dtype)
+    try:
+        yield state
+    finally:
+        if not prepared_before:
+            _release_document_forward(model, attention)

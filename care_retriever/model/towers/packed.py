@@ -37,8 +37,10 @@ __all__ = [
     "enable_packed",
     "is_packed",
     "pack_features",
+    "pack_padded_passes",
     "packed_attention",
     "varlen_backend",
+    "varlen_dtype_refusal",
 ]
 
 PACKED_ATTENTION = "care_packed"
@@ -61,9 +63,29 @@ def pack_features(features: dict[str, Any]) -> dict[str, Any]:
     lengths = keep.sum(dim=1)
     packed = {k: v for k, v in features.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
     packed["input_ids"] = ids[keep].unsqueeze(0)  # row-major: each text's tokens in order, texts in batch order
-    lengths_np = lengths.numpy().astype(np.int64)
-    packed.update(packed_offsets(lengths_np))
+    lengths_np = lengths.cpu().numpy().astype(np.int64)
+    offsets = packed_offsets(lengths_np)
+    if ids.device.type != "cpu":  # a pass already on its device (training's): the offsets go there too
+        offsets = {k: v.to(ids.device) if isinstance(v, torch.Tensor) else v for k, v in offsets.items()}
+    packed.update(offsets)
     return packed
+
+
+def pack_padded_passes(model: Any) -> torch.utils.hooks.RemovableHandle:
+    """Lay out packed every padded pass that reaches ``model``'s transformers module (a tower
+    :func:`enable_packed` made packed) until the returned handle is removed: the passes of a training stage,
+    which sentence-transformers' collator pads, then run the packed forward with gradients. A pass already
+    packed (the encoding loop's) goes through as it is."""
+
+    def pack(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        features = args[0] if args else kwargs.get("features")
+        if not isinstance(features, dict) or "cu_seq_lens_q" in features or "attention_mask" not in features:
+            return None
+        if args:
+            return (pack_features(features), *args[1:]), kwargs
+        return args, {**kwargs, "features": pack_features(features)}
+
+    return model[0].register_forward_pre_hook(pack, with_kwargs=True)
 
 
 def packed_offsets(lengths: np.ndarray) -> dict[str, Any]:
@@ -96,6 +118,16 @@ def varlen_backend(device: torch.device | str) -> str | None:
     return "torch" if importlib.util.find_spec("torch.nn.attention.varlen") is not None else None
 
 
+def varlen_dtype_refusal(dtype: torch.dtype) -> str | None:
+    """Why a pass computing in ``dtype`` cannot run the CUDA varlen kernels (flash attention's: fp16 and bf16
+    only), or None where it can."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return None
+    return (
+        f"the variable-length kernels compute fp16 / bf16 only, the tower computes {str(dtype).removeprefix('torch.')}"
+    )
+
+
 def torch_varlen_kwargs(parameters: set[str], heads: int, kv_heads: int) -> tuple[dict[str, Any], bool]:
     """How torch's ``varlen_attn`` is asked for causal attention with these heads, for the parameters its signature
     has: ``is_causal=True`` (torch 2.10) or ``window_size=(-1, 0)`` (later); ``enable_gqa`` where it exists (torch
@@ -119,6 +151,11 @@ def _repeat_kv(states: torch.Tensor, times: int) -> torch.Tensor:
 
 def _varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, kw: dict[str, Any]) -> torch.Tensor:
     cu_q, cu_k = kw["cu_seq_lens_q"].to(torch.int32), kw["cu_seq_lens_k"].to(torch.int32)
+    if torch.is_autocast_enabled(q.device.type):
+        # a custom op is not cast by autocast as SDPA is: over fp32 weights (training), Qwen3's q/k norms hand
+        # fp32 states and the value projection bf16; the kernels take one half dtype
+        half = torch.get_autocast_dtype(q.device.type)
+        q, k, v = q.to(half), k.to(half), v.to(half)
     max_q, max_k = int(kw["max_length_q"]), int(kw["max_length_k"])
     if varlen_backend(q.device) == "flash_attn":
         from flash_attn import flash_attn_varlen_func  # handles grouped-query heads itself
