@@ -92,6 +92,16 @@ def test_a_teacher_cache_is_reused_whatever_path_reads_it_and_says_which_wrote_i
     assert any("reusing the teacher cache" in r.message and "padded (sdpa" in r.message for r in caplog.records)
 
 
+def test_a_teacher_cache_in_another_precision_is_encoded_again_not_reused(tmp_path: Path, tiny_model_dir: Path) -> None:
+    embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), device="cpu")
+    fp32 = build_teacher_cache(embedder, TEXTS, tmp_path, show_progress=False)
+    bf16 = build_teacher_cache(embedder, TEXTS, tmp_path, show_progress=False, dtype=torch.bfloat16)
+    assert not bf16.reused and bf16.path != fp32.path
+    # the bf16 rows really differ from the fp32 ones: reusing either for the other would train on other targets
+    assert not np.allclose(np.asarray(bf16.vectors), np.asarray(fp32.vectors), atol=1e-4)
+    assert build_teacher_cache(embedder, TEXTS, tmp_path, show_progress=False, dtype=torch.bfloat16).reused
+
+
 def _stage2_loss_and_document_grads(embedder: AsymmetricEmbedder, forward: str) -> tuple[float, dict, list]:
     """One Stage II loss (Asym-InfoNCE: queries on the query tower, positives and hard negatives on the document
     tower) and the document tower's gradients, with its passes as ``forward`` decides."""

@@ -112,7 +112,10 @@ def build_teacher_cache(
     directory.mkdir(parents=True, exist_ok=True)
     max_length = int(embedder.document_model.max_seq_length or 0)
     fingerprint = fingerprint or _fingerprint(embedder)
-    key = cache_key(fingerprint + (";full-width" if full_width else ""), max_length, texts)
+    # The rows of a bf16/fp16 pass differ from fp32's by far more than batch or forward path change them, so the
+    # precision is part of what the cache holds: a run in another precision encodes its own rows.
+    space = fingerprint + (";full-width" if full_width else "") + f";{_precision(dtype)}"
+    key = cache_key(space, max_length, texts)
     data, meta = directory / f"{key}.f32", directory / f"{key}.json"
     shape = (len(texts), embedder.dim)
     # Every rank looks before any rank can write: the parts are assembled only after a barrier all pass.
@@ -176,6 +179,13 @@ def _complete(data: Path, meta: Path, shape: tuple[int, int]) -> bool:
         return False
     info = json.loads(meta.read_text("utf-8"))
     return tuple(info.get("shape", ())) == shape and data.stat().st_size == shape[0] * shape[1] * 4
+
+
+def _precision(dtype: Any) -> str:
+    """The precision the rows are computed in: the autocast dtype (bf16/fp16), else the tower's own (fp32)."""
+    import torch
+
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
 def autocast(device: Any, dtype: Any) -> contextlib.AbstractContextManager:
