@@ -283,6 +283,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
     from care_retriever.indexing.space import check_store_space
     from care_retriever.indexing.writer import DocumentStoreWriter, check_prune, check_storable
     from care_retriever.stores import open_store
+    from care_retriever.stores.training_sample import require_training_sample
 
     encoder: ShardedEncoder | None = None
     target = None
@@ -309,6 +310,8 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
         if settings.prune:
             check_prune(target, corpus_ids, confirmed=settings.yes)
         embedder = load_document_tower(settings, device)
+        # a new index that trains on its first vectors gets enough of them, or one line says what to do instead
+        require_training_sample(target, embedder.dim, settings.index, total, str(file))
         # the disk holds what the run will write, or one line says so before anything is encoded
         check_store_space(
             target, total=total, corpus=file, dim=embedder.dim, sparse=settings.sparse, index=settings.index

@@ -156,6 +156,11 @@ class VectorStore(ABC):
         new FAISS store with IVF lists or compressed codes): the index writer then writes the corpus's first
         documents first, as read, rather than its longest."""
 
+    def vectors_to_train(self, dim: int, index: StoreConfig = None) -> int:
+        """How many vectors the first batch of a write prepared with ``index`` must hold to train the store's index
+        (0: it trains nothing); a source or corpus with fewer cannot fill it, whatever the batch size."""
+        return 0
+
     @abstractmethod
     def local_footprint(self, index: StoreConfig = None) -> LocalFootprint | None:
         """Where a bulk write with ``index`` writes on this machine, and what it adds there (:class:`LocalFootprint`);
