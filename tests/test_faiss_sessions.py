@@ -165,18 +165,27 @@ def test_a_resumed_checkpoint_is_not_read_through_the_published_version_state(tm
 @pytest.mark.parametrize(
     "index", [None, FaissIndexConfig(index_type=IndexType.HNSW), FaissIndexConfig(quantize=Quantize.SQ8)]
 )
-def test_every_attribute_is_set_by_a_constructor(tmp_path: Path, index: FaissIndexConfig | None) -> None:
-    """No operation adds an attribute to the store or to a session: each state has one place where it starts."""
+def test_every_attribute_is_set_by_a_constructor(
+    tmp_path: Path, index: FaissIndexConfig | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No operation adds an attribute to the store or to a session: each state has one place where it starts.
+    Each session is seen as its class constructs it (the real constructor runs, then the object is recorded with
+    the attributes it set), and every one, open or finished, is checked after each operation."""
     store = FaissStore(tmp_path / "s")
     keys = set(vars(store))
-    sessions: dict[type, set[str]] = {}
+    sessions: list[tuple[StagedWrite | InPlaceWrite, set[str]]] = []
+    for kind in (StagedWrite, InPlaceWrite):
+
+        def constructed(self, *args, real_init=kind.__init__, **kwargs) -> None:
+            real_init(self, *args, **kwargs)
+            sessions.append((self, set(vars(self))))
+
+        monkeypatch.setattr(kind, "__init__", constructed)
 
     def check() -> None:
         assert set(vars(store)) == keys
-        session = store._session
-        if session is not None:
-            sessions.setdefault(type(session), set(vars(session)))
-            assert set(vars(session)) == sessions[type(session)]
+        for session, attributes in sessions:
+            assert set(vars(session)) == attributes, type(session).__name__
 
     docs, vectors = _docs("a", 300, seed=0)  # sq8 trains on a first batch of at least 256
     new, new_vectors = _docs("b", 3, seed=1)
@@ -222,4 +231,4 @@ def test_every_attribute_is_set_by_a_constructor(tmp_path: Path, index: FaissInd
     store.footprint()
     store.close()
     check()
-    assert set(sessions) == {StagedWrite, InPlaceWrite}
+    assert {type(session) for session, _ in sessions} == {StagedWrite, InPlaceWrite}

@@ -89,8 +89,8 @@ def test_index_refuses_in_one_line_when_the_disk_cannot_hold_it(
     assert not store.exists() and not files.staging_path(store).exists()
 
 
-# Qdrant Edge is filled by test_qdrant_edge_refuses_a_write_the_disk_cannot_hold (its engine's mapped files fault
-# with SIGBUS under a disk filled during an engine call: a CLI run here would end pytest's own process)
+# Qdrant Edge: test_qdrant_edge_disk_filled_mid_index_from_the_cli (its engine's mapped files fault with SIGBUS under
+# a disk filled during an engine call: its filled run is a subprocess, where this one runs in pytest's own process)
 @pytest.mark.parametrize("backend", ["faiss"])
 def test_a_disk_filled_mid_index_says_one_line_and_the_rerun_completes(
     backend: str, small_disk: Path, tiny_model_dir: Path, tmp_path: Path, capsys
@@ -137,6 +137,82 @@ def test_a_disk_filled_mid_index_says_one_line_and_the_rerun_completes(
     code, out, _ = run_cli(capsys, "verify", "--store", spec)
     assert code == 0 and "holds 450 documents" in out, out
     assert not files.staging_path(store).exists()
+
+
+def fill_leaving(disk: Path, leave: int) -> None:
+    """Another writer: fills ``disk`` until ``leave`` bytes are free, a megabyte at a time (the free space
+    measured again before each, as the engine writes beside it)."""
+    with open(disk / "ballast", "wb") as fh:
+        while (room := shutil.disk_usage(disk).free - leave) > 0:
+            fh.write(b"\0" * min(room, 1 << 20))
+            fh.flush()
+
+
+@pytest.mark.slow  # a CLI run in a subprocess (its imports and model load) and four in this one: ~25 s
+@pytest.mark.parametrize("small_disk", [96], indirect=True)  # MB: opening an Edge shard needs 40 MB free
+def test_qdrant_edge_disk_filled_mid_index_from_the_cli(
+    small_disk: Path, tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """``index --store qdrant:PATH`` while another writer fills the disk: the store's free-space check before each
+    engine write refuses the next batch. One line, exit 2; every document the store holds is whole and the old
+    ones are there; ``info`` = ``verify`` (once there is room to open the shard); the re-run completes. The filled
+    run is a subprocess: a full disk under the engine's mapped files is a SIGBUS, which must fail this test rather
+    than end pytest's process."""
+    pytest.importorskip("qdrant_edge")
+    import sys
+
+    from care_retriever.stores import open_store
+    from care_retriever.stores.qdrant import edge_space
+
+    store = small_disk / "store"
+    spec = f"qdrant:{store}"
+    first = corpus(tmp_path / "first.jsonl", 50, "old", repeat=6)
+    args = ("--model", tiny_model_dir, "--store", spec, "--no-progress", "--chunk-size", "16")
+    assert run_cli(capsys, "index", "--corpus", first, *args)[0] == 0
+    both = corpus(tmp_path / "both.jsonl", 300, "new", repeat=6)
+    with first.open(encoding="utf-8") as src, both.open("a", encoding="utf-8") as dst:
+        dst.write(src.read())
+    segments = next(store.rglob("segments"))
+    written = edge_space.folder_bytes(segments)
+    stop = threading.Event()
+
+    def filler() -> None:  # once the run's first points are in the segments, the disk fills but for 2 MB
+        while not stop.is_set() and edge_space.folder_bytes(segments) <= written:
+            time.sleep(0.005)
+        if not stop.is_set():
+            fill_leaving(small_disk, edge_space.SPACE_MARGIN // 2)
+
+    thread = threading.Thread(target=filler, daemon=True)
+    thread.start()
+    command = [sys.executable, "-m", "care_retriever.cli.main", "index", "--corpus", str(both), *map(str, args)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    stop.set()
+    thread.join()
+    assert (small_disk / "ballast").exists(), "the run ended before the disk filled"
+    assert run.returncode == 2, f"exit {run.returncode}: {run.stdout} {run.stderr[-2000:]}"
+    line = one_error_line(run.stderr)
+    assert "the disk is full" in line and str(small_disk) in line, line
+    # Reading opens the shard, which needs room for its log: while the disk is full that is one line too
+    code, _, err = run_cli(capsys, "verify", "--store", spec)
+    assert code == 2 and "opening needs 40 MB free" in one_error_line(err)
+
+    os.remove(small_disk / "ballast")
+    code, out, err = run_cli(capsys, "verify", "--store", spec)
+    assert code == 0, err
+    count = int(out.split(" holds ")[1].split()[0])
+    code, out, _ = run_cli(capsys, "info", "--store", spec, "--json")
+    assert code == 0 and json.loads(out)["count"] == count
+    assert 50 <= count < 350, count  # the run stopped part-way: the old documents, and new ones whole
+    rows = [json.loads(r) for r in both.read_text(encoding="utf-8").splitlines()]
+    texts = {r["_id"]: r["text"] for r in rows}
+    with open_store(spec) as opened:
+        held = {d.id: d.text for d in opened.iter_documents()}
+    assert all(f"old{i}" in held for i in range(50)) and all(texts[k] == text for k, text in held.items())
+
+    code, _, err = run_cli(capsys, "index", "--corpus", both, *args)
+    assert code == 0, err
+    code, out, _ = run_cli(capsys, "verify", "--store", spec)
+    assert code == 0 and "holds 350 documents" in out, out
 
 
 def test_qdrant_edge_refuses_a_write_the_disk_cannot_hold(tmp_path: Path, request: pytest.FixtureRequest) -> None:

@@ -160,22 +160,69 @@ def test_appended_files_rehash_only_their_new_blocks_and_stay_true(
 
 
 def test_a_write_killed_after_its_commit_is_sealed_by_the_next(tmp_path: Path) -> None:
-    """The manifest of the version before a committed write (killed before its manifest): the store is consistent
-    and verify passes; the next write records every checksum again, and a flip is caught."""
+    """The manifest of the version before a committed write (as if killed before its manifest): verify names the
+    files it could not check rather than passing; the next write records every checksum again, and a flip is
+    caught."""
     folder = tmp_path / "store"
     _bulk(folder)
     before = (folder / MANIFEST).read_bytes()
     with FaissStore(folder) as store, store.transaction() as tx:
         tx.delete(["d2"])
     (folder / MANIFEST).write_bytes(before)  # as if killed between the docstore's commit and the manifest
+    assert f"not checked: {DOCSTORE}" in _verify_fails(folder)
     with FaissStore(folder) as store:
-        assert store.verify() == N - 1
         with store.transaction() as tx:
             tx.delete(["d4"])
+        assert store.verify() == N - 2
     data = bytearray((folder / INDEX).read_bytes())
     data[len(data) // 2] ^= 0x01
     (folder / INDEX).write_bytes(bytes(data))
     assert "index.faiss: checksum mismatch" in _verify_fails(folder)
+
+
+def test_verify_after_a_writer_killed_between_commit_and_manifest_never_says_ok(tmp_path: Path, capsys) -> None:
+    """A real kill (the fault injector's worker, os._exit at the manifest's first write point after the
+    docstore's commit): verify names in one line the files whose checksums it could not check, exit 2, no "ok";
+    --record-checksums records them after every other check, and verify then checks every byte again."""
+    import subprocess
+    import sys
+
+    from tests import fault_injection
+
+    labels_run = tmp_path / "labels"
+    fault_injection.seed("staged", labels_run / "store")
+    fault_injection.prepare_modules("in-place")
+    with fault_injection.armed(fault_injection.Injector()) as injector:
+        fault_injection.write("in-place", labels_run / "store")
+    last_commit = max(n for n, label in enumerate(injector.labels) if label.startswith("sqlite commit"))
+    kill_at = next(n for n, label in enumerate(injector.labels) if n > last_commit and MANIFEST in label) + 1
+
+    folder = tmp_path / "run" / "store"
+    fault_injection.seed("staged", folder)
+    run = subprocess.run(
+        [sys.executable, fault_injection.__file__, "in-place", str(folder), str(kill_at)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=120,
+    )
+    assert run.returncode == fault_injection.KILLED, run.stderr[-2000:]
+    code, out, err = run_cli(capsys, "verify", "--store", f"faiss:{folder}")
+    assert code == 2 and "ok" not in out, (out, err)
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in err, err
+    assert f"not checked: {DOCSTORE}" in line and "--record-checksums" in line, line
+    with FaissStore(folder) as store:  # the committed write is there: the store is the new version
+        assert {d.id: d.content_hash() for d in store.iter_documents()} == fault_injection.expected_new()
+    code, out, err = run_cli(capsys, "verify", "--store", f"faiss:{folder}", "--record-checksums")
+    assert code == 0 and "every check passed" in out, (out, err)
+    code, out, err = run_cli(capsys, "verify", "--store", f"faiss:{folder}")
+    assert code == 0 and "every check passed" in out, (out, err)
+    data = bytearray((folder / DOCSTORE).read_bytes())  # the recorded checksums are checked again
+    data[len(data) // 2] ^= 0x01
+    (folder / DOCSTORE).write_bytes(bytes(data))
+    code, out, err = run_cli(capsys, "verify", "--store", f"faiss:{folder}")
+    assert code == 2 and "ok" not in out, (out, err)
 
 
 def test_reading_never_changes_a_store_file(tmp_path: Path) -> None:

@@ -114,6 +114,35 @@ def test_lone_surrogates_are_refused_at_the_door_naming_line_and_field(tmp_path:
     assert message.startswith(f"{path}:2: {field}: not valid Unicode (lone surrogate"), message
 
 
+def test_skip_invalid_skips_and_counts_a_lone_surrogate_like_any_invalid_row(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """``index --skip-invalid``: a row whose text holds a lone surrogate is skipped and counted with the other
+    invalid rows (the summary names how many and the first); without the flag it is one line naming file:line."""
+    rows = [
+        b'{"_id": "a", "text": "\xe9\xab\x98\xe8\xa1\x80\xe5\x8e\x8b"}',
+        b'{"_id": "s", "text": "x\\ud800y"}',  # a lone surrogate, spelled as a JSON escape
+        b"not json",
+        b'{"_id": "b", "text": "y", "title": "\\udfff"}',  # another, in the title
+        b'{"_id": "c", "text": "\xe6\x84\x9f\xe5\x86\x92"}',
+    ]
+    path = corpus(tmp_path, "c.jsonl", b"\n".join(rows) + b"\n")
+    spec = f"faiss:{tmp_path / 'store'}"
+    base = ("index", "--model", tiny_model_dir, "--corpus", path, "--store", spec, "--no-progress")
+    code, out, err = run_cli(capsys, *base)
+    assert code == 2 and err.strip().endswith(f'{path}:2: "text": not valid Unicode (lone surrogate at character 1)')
+    assert "\n" not in err.strip() and not (tmp_path / "store").exists()
+    code, out, err = run_cli(capsys, *base, "--skip-invalid")
+    assert code == 0, err
+    assert out.strip().endswith(
+        f'3 invalid row(s) skipped (first: {path}:2: "text": not valid Unicode (lone surrogate at character 1))'
+    ), out
+    code, out, err = run_cli(capsys, *base, "--skip-invalid", "--json")
+    assert code == 0 and strict_loads(out)["skipped_invalid"] == 3, out
+    code, out, _ = run_cli(capsys, "info", "--store", spec, "--json")
+    assert strict_loads(out)["count"] == 2
+
+
 @pytest.mark.parametrize(
     ("rows", "line", "duplicate"),
     [

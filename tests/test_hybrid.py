@@ -288,3 +288,81 @@ def test_eval_mode_hybrid_rows(tmp_path: Path, tiny_model_dir: Path, capsys: pyt
     rows = {r["model"]: r for r in map(json.loads, capsys.readouterr().out.strip().splitlines())}
     assert set(rows) == {"tiny", "tiny+bm25 (rrf k=10)"}
     assert rows["tiny+bm25 (rrf k=10)"]["main_score"] > rows["tiny"]["main_score"]
+
+
+# ---------------------------------------------------------------- the FAISS store fuses hybrid itself
+FUSED_TEXTS = [
+    "高血压 高血压 高血压 头晕",
+    "高血压 饮食 低盐",
+    "糖尿病 血糖 饮食",
+    "高血压 糖尿病 并发症 高血压",
+    "感冒 发烧 咳嗽",
+    "失眠 焦虑 高血压",
+    "腹泻 脱水 补液",
+    "头晕 乏力 贫血",
+    "高血压 药物 降压 随访 复查 饮食 运动",
+    "儿童 发烧 退烧",
+]
+
+
+def _by_hand(dense: list[tuple[str, float]], sparse: list[tuple[str, float]], fusion: FusionConfig) -> dict:
+    """The fusion formulas written out again from the two rankings (not through care_retriever.sparse.fusion)."""
+    import math
+
+    def minmax(ranking):
+        low, high = min(s for _, s in ranking), max(s for _, s in ranking)
+        return {d: (s - low) / (high - low) for d, s in ranking}
+
+    def dbsf(ranking):
+        scores = [s for _, s in ranking]
+        mean = sum(scores) / len(scores)
+        sd = math.sqrt(sum((s - mean) ** 2 for s in scores) / (len(scores) - 1))
+        return {d: (s - (mean - 3 * sd)) / (6 * sd) for d, s in ranking}
+
+    if fusion.method == "rrf":
+        parts = [{d: 1 / (fusion.k + rank) for rank, (d, _) in enumerate(side, 1)} for side in (dense, sparse)]
+    elif fusion.method == "dbsf":
+        parts = [dbsf(dense), dbsf(sparse)]
+    else:
+        w = fusion.dense_weight
+        parts = [{d: w * s for d, s in minmax(dense).items()}, {d: (1 - w) * s for d, s in minmax(sparse).items()}]
+    return {d: sum(p.get(d, 0.0) for p in parts) for d in {*parts[0], *parts[1]}}
+
+
+@pytest.mark.parametrize(
+    "fusion",
+    [FusionConfig("rrf", k=3), FusionConfig("dbsf"), FusionConfig("wsum", dense_weight=0.4)],
+    ids=lambda f: f.method,
+)
+def test_the_faiss_store_fuses_hybrid_itself_as_the_formula_says(tmp_path: Path, fusion: FusionConfig) -> None:
+    """FAISS declares every fusion as its own (``hybrid_fusions``) and ``hybrid_search`` gets its ``search_hybrid``;
+    that ranking equals the formula computed by hand from the store's dense and BM25 rankings, and differs from
+    both."""
+    import numpy as np
+
+    from care_retriever.search.hybrid import hybrid_search
+    from care_retriever.stores.faiss import FaissStore
+
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((len(FUSED_TEXTS), 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    docs = [Document(id=f"d{i}", text=text) for i, text in enumerate(FUSED_TEXTS)]
+    store = FaissStore(tmp_path / "store")
+    store.prepare(16, "fp", "model")
+    store.enable_sparse()
+    store.upsert(docs, vectors)
+    store.finalize()
+    query, text, n = vectors[2:3] + 0.5 * vectors[5:6], "高血压 饮食", len(docs)
+    query /= np.linalg.norm(query)
+    with store:
+        assert fusion.method in store.hybrid_fusions  # fused by the store itself, on its row ids
+        dense = [(h.id, h.score) for h in store.search(query, n)[0]]
+        sparse = [(h.id, h.score) for h in store.search_sparse([text], n)[0]]
+        expected = sorted(_by_hand(dense, sparse, fusion).items(), key=lambda item: (-item[1], item[0]))
+        own = store.search_hybrid(query, [text], 5, fusion=fusion)[0]
+        through_the_door = hybrid_search(store, query, [text], 5, fusion=fusion)[0]
+    fused_ids = [h.id for h in own]
+    assert fused_ids != [d for d, _ in dense[:5]] and fused_ids != [d for d, _ in sparse[:5]]
+    assert fused_ids == [d for d, _ in expected[:5]]
+    np.testing.assert_allclose([h.score for h in own], [s for _, s in expected[:5]], rtol=1e-5)
+    assert [(h.id, h.score, h.text) for h in through_the_door] == [(h.id, h.score, h.text) for h in own]

@@ -93,3 +93,21 @@ def test_a_new_document_is_hashed_once_by_the_store(
     report = DocumentStoreWriter(embedder, store, show_progress=False, sparse=False).write(docs)
     # held ids are compared by hash: one changed document re-encoded, stored (hashed again) and the rest skipped
     assert (report.updated, report.unchanged) == (1, 49) and sorted(calls) == sorted([d.id for d in docs] + ["d7"])
+
+
+def test_a_corpus_too_small_to_train_a_new_quantized_index_is_one_line_before_encoding(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """sq8 trains on its first 256 vectors: a corpus of 5 cannot fill that batch whatever the chunk size, so the
+    line says what to do instead (not "raise the chunk size") and nothing is written."""
+    from tests.conftest import run_cli, write_jsonl
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"_id": f"d{i}", "text": f"高血压 第{i}条"} for i in range(5)])
+    store = tmp_path / "store"
+    code, _, err = run_cli(
+        capsys, "index", "--model", tiny_model_dir, "--corpus", corpus, "--store", f"faiss:{store}", "--quantize", "sq8"
+    )
+    line = err.strip()
+    assert code == 2 and "\n" not in line and "chunk size" not in line, err
+    assert f"--quantize sq8 trains on the first 256 vectors written and {corpus} holds 5 documents" in line, line
+    assert "leave out --quantize" in line and not store.exists()

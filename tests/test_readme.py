@@ -31,3 +31,15 @@ def test_the_command_line_section_shows_the_store_commands_and_the_service() -> 
     shown = set(re.findall(r"^care-retriever ([a-z-]+)", block, flags=re.MULTILINE))
     assert {"init", "index", "search", "info", "delete", "serve"} <= shown, shown
     assert "docs/serving.md" in block and (REPO / "docs" / "serving.md").is_file()
+
+
+def test_every_command_of_the_cli_is_shown_in_a_readme_command_block() -> None:
+    """``care-retriever --help`` lists the commands; each one appears as ``care-retriever NAME`` in a bash block."""
+    import re
+
+    from care_retriever.cli.main import command
+
+    commands = set(command().commands)  # every registered command, as --help lists them
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text("utf-8"), flags=re.DOTALL)
+    shown = {name for block in blocks for name in re.findall(r"care-retriever ([a-z-]+)", block)}
+    assert commands - shown == set(), f"commands missing from the README: {sorted(commands - shown)}"

@@ -387,3 +387,24 @@ def test_cli_errors_are_one_line(source: str, tmp_path: Path, capsys: pytest.Cap
     code, err = _cli_error(capsys, "--from", source, "--to", "qdrant:http://127.0.0.1:9")
     assert code == 2 and "cannot reach Qdrant" in err
     assert sorted(os.listdir(tmp_path)) == []  # nothing created: no target, no source folder made by opening one
+
+
+@pytest.mark.parametrize(
+    ("options", "remedy"),
+    [(("--quantize", "sq8"), "leave out --quantize"), (("--index-type", "ivf", "--nlist", "64"), "lower --nlist")],
+)
+def test_a_source_too_small_to_train_the_target_index_is_refused_with_what_to_do(
+    source: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], options: tuple[str, ...], remedy: str
+) -> None:
+    """A compressed or IVF FAISS target trains on its first vectors: a source with fewer than it needs is one line
+    saying so and what the user can do (no chunk size: copy has none), before anything is written; the same copy
+    without those options then completes."""
+    small = f"faiss:{tmp_path / 'small'}"
+    _write_store(small, count=20, sparse=False)
+    target = tmp_path / "target"
+    code, err = _cli_error(capsys, "--from", small, "--to", f"faiss:{target}", *options)
+    assert code == 2 and "chunk size" not in err, err
+    assert f"faiss:{tmp_path / 'small'} holds 20 documents" in err and remedy in err, err
+    assert not [p.name for p in tmp_path.iterdir() if "target" in p.name]  # nothing created, nothing staged
+    report = copy_store(small, f"faiss:{target}")
+    assert report.copied == 20 and report.verified == 20

@@ -208,10 +208,12 @@ def index(
         typer.echo(strict_json.dumps(report))
         return
     over = f" over {report['world_size']} processes" if report["world_size"] > 1 else ""
+    n = report["skipped_invalid"]
+    skipped = f"; {n} invalid row(s) skipped (first: {report['first_skipped']})" if n else ""
     typer.echo(
         f"{report['store']}: {report['added']} added, {report['updated']} updated, {report['unchanged']} unchanged, "
         f"{report['deleted']} deleted; {report['count']} documents ({report['docs_per_second']:.1f} docs/s "
-        f"encoded{over})"
+        f"encoded{over}){skipped}"
     )
 
 

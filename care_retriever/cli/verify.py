@@ -10,13 +10,24 @@ import typer
 def verify(
     store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333")],
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
+    record_checksums: Annotated[
+        bool,
+        typer.Option(
+            "--record-checksums",
+            help="FAISS: where a writer stopped before recording its files' checksums (verify names them), record "
+            "them for the files as they are, once every other check has passed.",
+        ),
+    ] = False,
 ) -> None:
     """Check every byte of a store: checksums, docstore integrity, ids, content hashes, vector norms."""
+    from care_retriever.errors import StoreError
     from care_retriever.stores import open_store
 
     target = open_store(store, collection=collection, create=False)
     try:
-        count = target.verify()
+        if record_checksums and not target.keeps_checksums:
+            raise StoreError(f"{target.describe()}: --record-checksums is for FAISS stores; this store keeps none")
+        count = target.verify(record_checksums=record_checksums)
     finally:
         target.close()
     typer.echo(f"ok: {target.describe()} holds {count} documents; every check passed")

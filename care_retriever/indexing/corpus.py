@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -66,11 +67,26 @@ def corpus_format(path: Path) -> CorpusFormat:
     return "text"
 
 
-def read_corpus(path: str | Path, *, skip_invalid: bool = False, check_duplicates: bool = True) -> Iterator[Document]:
+@dataclass
+class SkippedRows:
+    """The invalid rows ``read_corpus(skip_invalid=True)`` skipped: how many, and the first one's line."""
+
+    count: int = 0
+    first: str = ""
+
+    def add(self, reason: str) -> None:
+        self.count += 1
+        self.first = self.first or reason
+
+
+def read_corpus(
+    path: str | Path, *, skip_invalid: bool = False, check_duplicates: bool = True, skipped: SkippedRows | None = None
+) -> Iterator[Document]:
     """Stream validated :class:`Document` objects from ``path``.
 
-    Empty text, missing ids, duplicate ids and undecodable bytes raise :class:`InputError` naming the
-    line; with ``skip_invalid`` such rows are skipped instead (the count is logged by the writer).
+    Empty text, missing ids, duplicate ids, undecodable bytes and text that is not Unicode (a lone surrogate)
+    raise :class:`InputError` naming the line; with ``skip_invalid`` such rows are skipped instead, each counted
+    in ``skipped`` (``index`` reports the count and the first).
     """
     file = corpus_file(path)
     jsonl = corpus_format(file) == "jsonl"
@@ -87,8 +103,10 @@ def read_corpus(path: str | Path, *, skip_invalid: bool = False, check_duplicate
                     if doc.id in seen:
                         raise InputError(f"{at(file, lineno)}: duplicate document id {doc.id!r}")
                     seen.add(doc.id)
-            except InputError:
+            except InputError as exc:
                 if skip_invalid:
+                    if skipped is not None:
+                        skipped.add(str(exc))
                     continue
                 raise
             yield doc

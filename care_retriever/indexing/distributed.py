@@ -279,10 +279,11 @@ def load_document_tower(settings: IndexSettings, device: str | None) -> Asymmetr
 
 def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str, Any]:
     """Rank 0: validate the corpus and the store, then run the writer (its chunks scattered over the ranks)."""
-    from care_retriever.indexing.corpus import corpus_file, read_corpus
+    from care_retriever.indexing.corpus import SkippedRows, corpus_file, read_corpus
     from care_retriever.indexing.space import check_store_space
     from care_retriever.indexing.writer import DocumentStoreWriter, check_prune, check_storable
     from care_retriever.stores import open_store
+    from care_retriever.stores.training_sample import require_training_sample
 
     encoder: ShardedEncoder | None = None
     target = None
@@ -292,8 +293,8 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
         file = corpus_file(settings.corpus)
         # Validate the whole corpus before the first write (each document as the writer will check it), so bad
         # input leaves the store untouched: no checkpoint of a run that cannot finish is left staged.
-        total, corpus_ids = 0, set()
-        for document in read_corpus(file, skip_invalid=settings.skip_invalid):
+        total, corpus_ids, skipped = 0, set(), SkippedRows()
+        for document in read_corpus(file, skip_invalid=settings.skip_invalid, skipped=skipped):
             try:
                 check_storable(document)
             except InputError as exc:
@@ -309,6 +310,8 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
         if settings.prune:
             check_prune(target, corpus_ids, confirmed=settings.yes)
         embedder = load_document_tower(settings, device)
+        # a new index that trains on its first vectors gets enough of them, or one line says what to do instead
+        require_training_sample(target, embedder.dim, settings.index, total, str(file))
         # the disk holds what the run will write, or one line says so before anything is encoded
         check_store_space(
             target, total=total, corpus=file, dim=embedder.dim, sparse=settings.sparse, index=settings.index
@@ -343,6 +346,8 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
     limits = encoder.limits if encoder is not None else writer.limits
     return {
         **report.to_dict(),
+        "skipped_invalid": skipped.count,  # rows --skip-invalid skipped (the reading above counted them)
+        "first_skipped": skipped.first or None,
         "world_size": group.world,
         "backend": group.backend or "single-process",
         "batch_size": limits.texts,  # as run (rank 0's; lowered where a batch ran out of memory)

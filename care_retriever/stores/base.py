@@ -156,6 +156,11 @@ class VectorStore(ABC):
         new FAISS store with IVF lists or compressed codes): the index writer then writes the corpus's first
         documents first, as read, rather than its longest."""
 
+    def vectors_to_train(self, dim: int, index: StoreConfig = None) -> int:
+        """How many vectors the first batch of a write prepared with ``index`` must hold to train the store's index
+        (0: it trains nothing); a source or corpus with fewer cannot fill it, whatever the batch size."""
+        return 0
+
     @abstractmethod
     def local_footprint(self, index: StoreConfig = None) -> LocalFootprint | None:
         """Where a bulk write with ``index`` writes on this machine, and what it adds there (:class:`LocalFootprint`);
@@ -277,10 +282,15 @@ class VectorStore(ABC):
         for ``fusion.method`` in :attr:`hybrid_fusions`; callers go through
         :func:`care_retriever.search.hybrid.hybrid_search`, which also fuses the other methods."""
 
-    def verify(self) -> int:
+    # Whether the store keeps checksums of its files that a stopped writer can leave describing the version
+    # before its last write (FAISS); an engine that checks its own files (Qdrant) keeps none.
+    keeps_checksums: ClassVar[bool] = False
+
+    def verify(self, *, record_checksums: bool = False) -> int:
         """Check the whole store (every byte where the backend allows); return the live count.
 
-        Raises :class:`StoreError` naming the first problem found.
+        Raises :class:`StoreError` naming the first problem found, or the files whose checksums could not be
+        checked; ``record_checksums`` (stores that :attr:`keeps_checksums`) records those after every other check.
         """
         manifest = self.require_manifest()
         return self.count() if manifest else 0

@@ -40,6 +40,7 @@ from care_retriever.stores.config import (
     StoreSpec,
     store_config,
 )
+from care_retriever.stores.training_sample import require_training_sample
 
 # Documents a new FAISS target that trains its index on its first vectors (IVF lists, compressed codes) is given
 # in its first write: the training sample (as many as ``index``'s first chunk gives by default).
@@ -179,6 +180,7 @@ class _Copier:
     ) -> None:
         """Prepare the target with the source's space, then upsert what it lacks, checkpointing; publish."""
         src, dst, manifest, report = self.src, self.dst, self.manifest, self.report
+        require_training_sample(dst, manifest.dim, config, total, src.describe())  # before anything is written
         trains = dst.trains_on_first_vectors(config)
         dst.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name, config, metric=manifest.metric)
         if want_sparse:

@@ -112,13 +112,8 @@ def train_on_first_batch(index: faiss.Index, vectors: np.ndarray) -> None:
     inner = inner_index(index)
     if inner.is_trained:
         return
-    # Trained once, on the first batch: make the first chunk large (>= 39 * nlist, and >= 256 * 39
-    # for PQ codebooks) for a good quantiser; scalar codes take their value ranges from it.
-    pq = getattr(inner, "pq", None)
+    needed = vectors_to_train(index)
     nlist = inner.nlist if isinstance(inner, faiss.IndexIVF) else 0
-    needed = max(nlist, 2**pq.nbits if pq is not None else 0, MIN_SQ_TRAIN if nlist == 0 else 0)
-    if isinstance(inner, faiss.IndexRaBitQFastScan):  # its training is the batch's mean: any batch will do
-        needed = 1
     if len(vectors) < needed:
         what = f" with nlist={nlist}" if nlist else ""
         raise InputError(
@@ -126,6 +121,20 @@ def train_on_first_batch(index: faiss.Index, vectors: np.ndarray) -> None:
             f"{'lower --nlist or ' if nlist else ''}raise the chunk size"
         )
     inner.train(vectors)
+
+
+def vectors_to_train(index: faiss.Index) -> int:
+    """How many vectors the first batch written to ``index`` must hold to train it (0: it needs no training)."""
+    inner = inner_index(index)
+    if inner.is_trained:
+        return 0
+    if isinstance(inner, faiss.IndexRaBitQFastScan):  # its training is the batch's mean: any batch will do
+        return 1
+    # Trained once, on the first batch: make the first chunk large (>= 39 * nlist, and >= 256 * 39
+    # for PQ codebooks) for a good quantiser; scalar codes take their value ranges from it.
+    pq = getattr(inner, "pq", None)
+    nlist = inner.nlist if isinstance(inner, faiss.IndexIVF) else 0
+    return max(nlist, 2**pq.nbits if pq is not None else 0, MIN_SQ_TRAIN if nlist == 0 else 0)
 
 
 def takes_search_params(inner: faiss.Index) -> bool:

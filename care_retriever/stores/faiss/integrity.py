@@ -13,8 +13,11 @@ What each checksum covers (``Manifest.sizes[name]`` bytes from the start):
 
 ``Manifest.sealed`` is the journal's bookkeeping (``care_meta``, committed with every write) that the checksums
 describe. A writer killed after its commit and before its manifest leaves them describing the version before
-it: the store is consistent, ``verify`` checks everything but the checksums (and says so nowhere else), and the
-next write records them again. Stores sealed before this bookkeeping existed keep their checksums as they are.
+it: the store is consistent, but a file that write changed no longer matches its checksum, and nothing tells a
+changed file from a damaged one. ``verify`` then checks every file its checksum still vouches for and names the
+others as not checked (one line, a non-zero exit), unless asked to record the checksums of the files as they are
+(``verify --record-checksums``, after every other check has passed); the next write records them too. Stores
+sealed before this bookkeeping existed keep their checksums as they are.
 """
 
 from __future__ import annotations
@@ -193,34 +196,48 @@ def check_manifest(path: Path) -> None:
         )
 
 
-def check_files(folder: Path, manifest: Manifest, meta: dict[str, int]) -> bool:
-    """Every store file against the manifest's checksums; False when they describe an earlier version (nothing
-    to compare: see the module docstring)."""
+def check_files(folder: Path, manifest: Manifest, meta: dict[str, int]) -> list[str]:
+    """Every store file against the manifest's checksums (a mismatch raises); returns the files that could not
+    be checked: where the checksums describe an earlier version (a writer stopped between its commit and its
+    manifest: see the module docstring), those whose bytes differ from what they describe; [] otherwise."""
     if stale(manifest, meta):
-        return False
+        unchecked = []
+        for name in sorted(set(_lengths(folder, meta)) | set(manifest.checksums) | set(manifest.block_checksums)):
+            try:
+                if manifest.sizes.get(name) != _lengths(folder, meta).get(name):
+                    raise StoreError(f"{folder / name}: size changed")
+                _check_file(folder, name, manifest)
+            except StoreError:
+                unchecked.append(name)
+        return unchecked
     if manifest.sealed:  # every file present has its checksum
         for name in _lengths(folder, meta):
             if name not in manifest.checksums and name not in manifest.block_checksums:
                 raise StoreError(f"{folder / MANIFEST}: no checksum for {name}; the manifest was edited or damaged")
-    for name, expected in manifest.checksums.items():
-        path = folder / name
-        if not path.exists():
-            raise StoreError(f"{path}: missing; the store is incomplete")
+    for name in [*manifest.checksums, *manifest.block_checksums]:
+        _check_file(folder, name, manifest)
+    return []
+
+
+def _check_file(folder: Path, name: str, manifest: Manifest) -> None:
+    """One file against its checksum (whole or by blocks) over the size the manifest records."""
+    path = folder / name
+    if not path.exists():
+        raise StoreError(f"{path}: missing; the store is incomplete")
+    if name in manifest.checksums:
         length = manifest.sizes.get(name, path.stat().st_size)
-        if prefix_sha256(path, length) != expected:
+        if prefix_sha256(path, length) != manifest.checksums[name]:
             raise StoreError(f"{path}: checksum mismatch with {MANIFEST}; the file is corrupted")
-    for name, expected_blocks in manifest.block_checksums.items():
-        path = folder / name
-        if not path.exists():
-            raise StoreError(f"{path}: missing; the store is incomplete")
-        found = block_sha256(path, manifest.sizes.get(name, 0))
-        for number, (got, want) in enumerate(zip(found, expected_blocks, strict=False)):
-            if got != want:
-                first = number * BLOCK
-                raise StoreError(
-                    f"{path}: checksum mismatch with {MANIFEST} in bytes {first}-{first + BLOCK - 1}; "
-                    "the file is corrupted"
-                )
-        if len(found) != len(expected_blocks):
-            raise StoreError(f"{path}: checksum mismatch with {MANIFEST} (size); the file is corrupted")
-    return True
+        return
+    expected_blocks = manifest.block_checksums.get(name)
+    if expected_blocks is None:
+        raise StoreError(f"{folder / MANIFEST}: no checksum for {name}")
+    found = block_sha256(path, manifest.sizes.get(name, 0))
+    for number, (got, want) in enumerate(zip(found, expected_blocks, strict=False)):
+        if got != want:
+            first = number * BLOCK
+            raise StoreError(
+                f"{path}: checksum mismatch with {MANIFEST} in bytes {first}-{first + BLOCK - 1}; the file is corrupted"
+            )
+    if len(found) != len(expected_blocks):
+        raise StoreError(f"{path}: checksum mismatch with {MANIFEST} (size); the file is corrupted")

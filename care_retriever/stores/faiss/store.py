@@ -7,8 +7,9 @@ inner product is cosine; cut without renormalising for a dot-product model. Two 
   staging folder beside ``DIR`` (checkpointed by :meth:`commit`); :meth:`finalize` swaps it into
   place, so readers never see a half-written store, and a killed writer resumes from its last checkpoint.
 * Small (:meth:`transaction` on a published store, used by the framework adapters): rows are written
-  in place in the docstore (SQLite WAL), vectors appended to ``vectors.delta`` (``journal``); the SQLite
-  commit, which also records the delta's committed length, is the commit point, so a write killed anywhere
+  in place in the docstore (SQLite's rollback journal; its WAL in a store upgraded from format 1), vectors
+  appended to ``vectors.delta`` (``journal``); the SQLite commit, which also records the delta's committed
+  length, is the commit point, so a write killed anywhere
   leaves either all or none of it (a delta tail past the committed length is ignored and cut by the
   next writer). Any other table in the docstore written in the same transaction commits with it.
   The delta is folded into ``index.faiss`` when it grows past half of it (amortised cost per write).
@@ -58,6 +59,7 @@ class FaissStore(Reading, Writing):
 
     backend = "faiss"
     stages_bulk_writes = True
+    keeps_checksums = True
 
     def __init__(self, path: str | Path, *, use_gpu: bool | None = None, oversample: float | None = None) -> None:
         self.named = Path(path)  # as the user named it (messages)
@@ -245,10 +247,33 @@ class FaissStore(Reading, Writing):
             raise
         return session
 
-    def verify(self) -> int:
-        """Read everything: the manifest's own checksum, every file's (unless a writer killed after its commit left
-        them describing the version before: the next write records them again), SQLite integrity,
-        the delta, the id sets of index and docstore, each row's content hash and each vector's norm."""
+    def verify(self, *, record_checksums: bool = False) -> int:
+        """Read everything: the manifest's own checksum, every file's, SQLite integrity, the delta, the id sets of
+        index and docstore, each row's content hash and each vector's norm.
+
+        Checksums that describe the version before the last write (its writer stopped between its commit and its
+        manifest) cannot vouch for the files that write changed: after every other check, a :class:`StoreError`
+        names them, unless ``record_checksums``, which records the checksums of the files as they are (a write
+        of this store's writer, under its lock) and checks them again."""
+        unchecked = self._verify_all_but_stale_checksums()
+        if not unchecked:
+            return self._count
+        if not record_checksums:
+            raise StoreError(
+                f"{self.path / MANIFEST}: not checked: {', '.join(unchecked)} (their checksums describe the "
+                "version before the last write, whose writer stopped before recording them); every other check "
+                f"passed; 'care-retriever verify --store {self.describe()} --record-checksums' records them for "
+                "the files as they are (so does the next write)"
+            )
+        with self.transaction():  # an empty write: it records every stale checksum (integrity.reseal_if_stale)
+            pass
+        left = self._verify_all_but_stale_checksums()
+        if left:  # another writer stopped meanwhile: say so rather than loop
+            raise StoreError(f"{self.path / MANIFEST}: not checked: {', '.join(left)}; run verify again")
+        return self._count
+
+    def _verify_all_but_stale_checksums(self) -> list[str]:
+        """Every check of :meth:`verify`; returns the files whose checksums could not be checked."""
         manifest = self.require_manifest()
         db = self._require_db()
         if self._session is not None:
@@ -256,7 +281,7 @@ class FaissStore(Reading, Writing):
         with self._lock:
             # The manifest first (its fields were typed on open; here its bytes), then every file against it.
             integrity.check_manifest(self.path / MANIFEST)
-            integrity.check_files(self.path, manifest, journal.read_meta(db, self.path))
+            unchecked = integrity.check_files(self.path, manifest, journal.read_meta(db, self.path))
             rows = docstore.read_all(db, self.path / DOCSTORE)
             if len(rows) != self._count:
                 raise StoreError(
@@ -293,7 +318,7 @@ class FaissStore(Reading, Writing):
                         f"{manifest.metric} model's are (first: {rows[int(np.argmax(bad))][1]!r}); the file is "
                         "corrupted"
                     )
-        return len(rows)
+        return unchecked
 
     def footprint(self) -> dict[str, Any]:
         """Quantization and bytes per live document: in RAM (the index searched: vectors or codes, delta

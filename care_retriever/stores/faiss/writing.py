@@ -21,7 +21,14 @@ from care_retriever.stores.base import STORE_FORMAT_VERSION, LocalFootprint
 from care_retriever.stores.config import FaissIndexConfig, Quantize
 from care_retriever.stores.faiss import files, integrity, journal, pending, sparse
 from care_retriever.stores.faiss.files import INDEX, MANIFEST
-from care_retriever.stores.faiss.index_factory import IndexOptions, checked_options, manifest_config, quantization
+from care_retriever.stores.faiss.index_factory import (
+    IndexOptions,
+    build_index,
+    checked_options,
+    manifest_config,
+    quantization,
+    vectors_to_train,
+)
 from care_retriever.stores.faiss.opening import OpenedVersion
 from care_retriever.stores.faiss.session import InPlaceWrite, StagedWrite
 
@@ -81,6 +88,12 @@ class Writing(OpenedVersion):
     def trains_on_first_vectors(self, index: IndexOptions = None) -> bool:
         """A new store whose index has IVF lists or compressed codes trains them on its first vectors."""
         return self.manifest is None and checked_options(index).trains_on_first_vectors
+
+    def vectors_to_train(self, dim: int, index: IndexOptions = None) -> int:
+        """What the first batch of a new store's index must hold to train it (an empty index built to ask)."""
+        if not self.trains_on_first_vectors(index):
+            return 0
+        return vectors_to_train(build_index(dim, checked_options(index)))
 
     def local_footprint(self, index: IndexOptions = None) -> LocalFootprint:
         """The store's folder; a bulk write copies the published store into a staging folder beside it, and a

@@ -349,7 +349,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
                 "payload_indexes": shard.payload_indexes(),
             }
 
-    def verify(self) -> int:
+    def verify(self, *, record_checksums: bool = False) -> int:  # no checksums kept: none to record
         """The shard's own settings against the manifest, then every point's payload and dense vector."""
         manifest = self.require_manifest()
         with self._lock:

@@ -166,7 +166,7 @@ class ServerStore(ServerAsync, ServerSearch, QdrantStore):
             info = self.client.get_collection(self.collection)
         return server_settings.collection_settings(info)
 
-    def verify(self) -> int:
+    def verify(self, *, record_checksums: bool = False) -> int:  # no checksums kept: none to record
         """Check the collection's own settings against the manifest, then every point's payload and dense vector."""
         manifest = self.require_manifest()
         actual = self.collection_settings()
