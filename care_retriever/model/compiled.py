@@ -5,8 +5,10 @@ inductor fuses them. Each decoder layer's ``forward`` is replaced by a compiled 
 parameters and its ``state_dict`` keys stay as they were, so saving and the space fingerprint see the same tower),
 with dynamic shapes: the number of texts and tokens of a pass varies over a corpus, and a graph specialised to each
 would compile once per batch. The layers share one compiled graph (same code, parameters as inputs), so a long run
-compiles a bounded number of times: the first shapes, then once more when the shapes turn dynamic. The compile time
-is paid in the first passes; :func:`warm_up` runs those passes up front so that it is measured on its own.
+compiles a bounded number of times: once per kind of pass, not per shape (padded: texts of one length with no mask,
+mixed lengths with the padding mask, a single text, whose batch dimension of 1 is specialised; packed: one row of
+any length). The compile time is paid in the first passes of each kind; :func:`warm_up` runs such passes up front
+(``care_retriever.model.forward.WARM_UP_TEXTS``) so that it is measured on its own and a run compiles nothing after.
 """
 
 from __future__ import annotations
