@@ -20,11 +20,33 @@ from typing import Any
 
 import torch
 
-__all__ = ["compile_layers", "decoder_layers", "is_compiled", "uncompile_layers", "warm_up"]
+__all__ = [
+    "QUERY_WARM_UP",
+    "compile_layers",
+    "compile_query_tower",
+    "decoder_layers",
+    "is_compiled",
+    "query_compile_state",
+    "transformer_layers",
+    "uncompile_layers",
+    "warm_up",
+]
 
 logger = logging.getLogger("care_retriever")
 
 _COMPILED_FLAG = "care_compiled_forward"
+_QUERY_STATE = "care_query_compile"
+# Queries of the query tower's warm-up: one at a time at several lengths (no padding), a batch of one length and
+# a batch of mixed lengths (the padding mask), each kind at two shapes, so that a server compiles before its first
+# request and not during one.
+QUERY_WARM_UP: tuple[list[str], ...] = (
+    ["感冒"],
+    ["孩子发烧三十九度，精神还可以，需要马上去医院吗？"],
+    ["高血压吃什么药"] * 3,
+    ["糖尿病饮食"] * 2,
+    ["感冒", "高血压患者可以喝咖啡吗", "孩子发烧三十九度，精神还可以，需要马上去医院吗？"],
+    ["失眠怎么办", "拉肚子"],
+)
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
@@ -38,6 +60,17 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
     return []
 
 
+def transformer_layers(model: Any) -> list[torch.nn.Module]:
+    """The layers of a sentence-transformers tower's transformers model: a decoder's (:func:`decoder_layers`) or
+    a BERT-style encoder's (``encoder.layer``); empty where it has neither."""
+    layers = decoder_layers(model)
+    if layers:
+        return layers
+    hf = getattr(model[0], "auto_model", None) if len(model) else None
+    found = getattr(getattr(hf, "encoder", None), "layer", None)
+    return list(found) if isinstance(found, torch.nn.ModuleList) else []
+
+
 def is_compiled(model: Any) -> bool:
     return bool(getattr(model, _COMPILED_FLAG, False))
 
@@ -46,7 +79,7 @@ def compile_layers(model: Any, compiler: Callable[..., Any] | None = None) -> in
     """Replace each decoder layer's ``forward`` by a compiled one (dynamic shapes); returns the layers compiled.
     Compiling itself happens at the first pass (:func:`warm_up`)."""
     compiler = compiler or torch.compile
-    layers = decoder_layers(model)
+    layers = transformer_layers(model)
     for layer in layers:
         layer.forward = compiler(layer.forward, dynamic=True)
     setattr(model, _COMPILED_FLAG, bool(layers))
@@ -55,7 +88,7 @@ def compile_layers(model: Any, compiler: Callable[..., Any] | None = None) -> in
 
 def uncompile_layers(model: Any) -> None:
     """Back to eager: drop the instance ``forward`` each layer got (its class's own is used again)."""
-    for layer in decoder_layers(model):
+    for layer in transformer_layers(model):
         if "forward" in vars(layer):
             del layer.forward
     setattr(model, _COMPILED_FLAG, False)
@@ -71,3 +104,31 @@ def warm_up(model: Any, passes: list[dict[str, Any]]) -> float:
     if torch.device(model.device).type == "cuda":
         torch.cuda.synchronize(model.device)
     return time.perf_counter() - start
+
+
+def compile_query_tower(model: Any) -> str:
+    """Compile the query tower's layers (dynamic shapes) and run :data:`QUERY_WARM_UP` through it, so that a server
+    pays the compiling at start; returns (and keeps, :func:`query_compile_state`) ``on (N s)``, or ``off (failed:
+    ...)`` after a one-line warning where compiling fails (the tower then runs eager)."""
+    from care_retriever.model.encoding import encode_texts
+
+    start = time.perf_counter()
+    try:
+        if not compile_layers(model):
+            raise ValueError(f"no transformer layers found in {type(model[0]).__name__}")
+        for texts in QUERY_WARM_UP:
+            encode_texts(model, texts, prefetch=False)
+        state = f"on ({time.perf_counter() - start:.1f} s)"
+    except Exception as exc:  # any failure of the compiler stack: the tower runs eager, said once
+        uncompile_layers(model)
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        logger.warning("torch.compile of the query tower failed (%s); running eager", first)
+        state = f"off (failed: {first})"
+    setattr(model, _QUERY_STATE, state)
+    return state
+
+
+def query_compile_state(model: Any) -> str:
+    """What :func:`compile_query_tower` left on ``model`` (a query tower): ``on (N s)``, ``off (failed: ...)``, or
+    ``off`` where it was not asked to compile."""
+    return str(getattr(model, _QUERY_STATE, "off"))
