@@ -15,6 +15,7 @@ from care_retriever.errors import InputError
 from care_retriever.model.compiled import is_compiled, query_compile_state
 from care_retriever.search.backends import load_query_embedder
 from tests.conftest import exported_tiny_model, sample_queries
+from tests.test_forward_compiled import compiled_graphs  # noqa: F401  (the fixture counting compiled graphs)
 
 QUERIES = [*sample_queries(), "感冒", "孩子发烧三十九度，精神还可以，需要马上去医院吗？" * 3]
 
@@ -30,6 +31,22 @@ def test_the_compiled_query_tower_gives_the_eager_vectors(tiny_model_dir: Path) 
         a = eager.embed_queries(QUERIES, batch_size=batch)
         b = compiled.embed_queries(QUERIES, batch_size=batch)
         assert float((a * b).sum(axis=1).min()) >= 0.9999
+
+
+def test_after_the_warm_up_queries_compile_nothing_more(
+    tiny_model_dir: Path,
+    compiled_graphs: list[int],  # noqa: F811
+) -> None:
+    """A server's requests (one query, or batches of mixed lengths) run the graphs the start compiled."""
+    embedder = load_query_embedder(tiny_model_dir, "torch", device="cpu", compile=True)
+    assert query_compile_state(embedder.query_model).startswith("on (")  # type: ignore[attr-defined]
+    after_warm_up = len(compiled_graphs)
+    assert after_warm_up > 0
+    for size in (1, 1, 2, 3, 5, 8, 13, 21, 32):
+        for start in (0, 40):
+            embedder.embed_queries(QUERIES[start : start + size], batch_size=32)
+    embedder.embed_queries([QUERIES[-1]])  # the longest query alone
+    assert len(compiled_graphs) == after_warm_up
 
 
 def test_a_query_tower_compile_that_fails_runs_eager_in_one_line(

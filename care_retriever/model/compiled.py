@@ -110,14 +110,16 @@ def compile_query_tower(model: Any) -> str:
     """Compile the query tower's layers (dynamic shapes) and run :data:`QUERY_WARM_UP` through it, so that a server
     pays the compiling at start; returns (and keeps, :func:`query_compile_state`) ``on (N s)``, or ``off (failed:
     ...)`` after a one-line warning where compiling fails (the tower then runs eager)."""
-    from care_retriever.model.encoding import encode_texts
-
     start = time.perf_counter()
     try:
         if not compile_layers(model):
             raise ValueError(f"no transformer layers found in {type(model[0]).__name__}")
-        for texts in QUERY_WARM_UP:
-            encode_texts(model, texts, prefetch=False)
+        with torch.inference_mode():  # as the encoding loop makes its features (a compiled graph guards on it)
+            passes = [
+                {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in model.preprocess(t).items()}
+                for t in QUERY_WARM_UP
+            ]
+        warm_up(model, passes)
         state = f"on ({time.perf_counter() - start:.1f} s)"
     except Exception as exc:  # any failure of the compiler stack: the tower runs eager, said once
         uncompile_layers(model)
