@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import gpu_index
+from benchmarks import gpu_index, gpu_index_measure, gpu_index_sides
 
 
 def test_the_benchmark_runs_both_sides_and_writes_its_section(
@@ -60,9 +60,9 @@ def test_the_sides_take_turns_from_a_collected_heap(
 
         return wrapper
 
-    monkeypatch.setattr(gpu_index, "run_st", recorded("st", gpu_index.run_st))
-    monkeypatch.setattr(gpu_index, "run_index", recorded("index", gpu_index.run_index))
-    monkeypatch.setattr(gpu_index.gc, "collect", lambda *a: calls.append("gc"))
+    monkeypatch.setattr(gpu_index_sides, "run_st", recorded("st", gpu_index_sides.run_st))
+    monkeypatch.setattr(gpu_index_sides, "run_index", recorded("index", gpu_index_sides.run_index))
+    monkeypatch.setattr(gpu_index_measure.gc, "collect", lambda *a: calls.append("gc"))
     args = ["--corpus", str(sample_corpus_path), "--limit", "30", "--batch-size", "8", "--rounds", "3"]
     assert gpu_index.main([*args, "--no-write", "--json"]) == 0
     timed = calls[2:]  # after the warm-up of each side

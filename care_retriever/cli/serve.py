@@ -80,6 +80,13 @@ def serve(
     threads: Annotated[
         int | None, typer.Option(help="CPU threads per forward pass (default: the cores / --max-concurrency).")
     ] = None,
+    compile: Annotated[
+        bool,
+        typer.Option(
+            "--compile",
+            help="torch backend: compile the query tower at start (seconds to a minute; faster queries after).",
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
     api_docs: Annotated[
         bool, typer.Option(help="Publish the OpenAPI schema at /openapi.json and its page at /docs.")
@@ -133,7 +140,13 @@ def serve(
         instruction=instruction,
         threads=threads,
         trust_remote_code=trust_remote_code,
+        compile=compile,
     )
+    query_compile = "off"
+    if compile:  # the torch backend (load_query_embedder refuses the others): torch is imported already
+        from care_retriever.model.compiled import query_compile_state
+
+        query_compile = query_compile_state(getattr(retriever.embedder, "query_model", None))
     limits = ServiceLimits(
         max_top_k=max_top_k,
         max_queries=max_queries,
@@ -145,7 +158,9 @@ def serve(
         max_queue=max_queue,
         body_timeout_s=body_timeout,
     )
-    app = create_app(retriever, limits, model_name=model, api_token=api_token, api_docs=api_docs)
+    app = create_app(
+        retriever, limits, model_name=model, api_token=api_token, api_docs=api_docs, query_compile=query_compile
+    )
     sock = bind_socket(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     if not _is_loopback(host) and not api_token:
@@ -160,7 +175,7 @@ def serve(
     typer.echo(
         f"care-retriever serve: listening on http://{shown}:{bound_port} "
         f"({retriever.store.count()} documents, {retriever.store.describe()}; {batching}; "
-        f"auth {'on' if api_token else 'off'})",
+        f"auth {'on' if api_token else 'off'}{'; query tower compile ' + query_compile if compile else ''})",
         err=True,
     )
     sys.stderr.flush()

@@ -279,9 +279,10 @@ def load_document_tower(settings: IndexSettings, device: str | None) -> Asymmetr
 
 def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str, Any]:
     """Rank 0: validate the corpus and the store, then run the writer (its chunks scattered over the ranks)."""
+    from care_retriever.indexing.checks import check_prune, check_storable
     from care_retriever.indexing.corpus import SkippedRows, corpus_file, read_corpus
     from care_retriever.indexing.space import check_store_space
-    from care_retriever.indexing.writer import DocumentStoreWriter, check_prune, check_storable
+    from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.stores import open_store
     from care_retriever.stores.training_sample import require_training_sample
 

@@ -11,7 +11,7 @@ while the chunk encodes (:mod:`care_retriever.sparse.background`); either way th
 chunk's documents, in the same transaction.
 
 A FAISS store's writes (docstore rows, their content hashes, the index add, the checkpoint) run on a thread of
-their own, in order, while the next slice encodes (:class:`_StoreWrites`); a write's error is raised in the
+their own, in order, while the next slice encodes (:class:`StoreWrites`); a write's error is raised in the
 calling thread as it was raised, and nothing after it is written or checkpointed.
 
 Encoding is pluggable (``encoder=``): :mod:`care_retriever.indexing.distributed` passes one that scatters each chunk
@@ -22,25 +22,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
-from itertools import islice
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from care_retriever.documents import Document, check_document_text, metadata_json
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, ModelError
+from care_retriever.indexing.checks import check_prune, check_storable, chunks, validated
 from care_retriever.indexing.config import SPARSE, EncodeConfig
+from care_retriever.indexing.report import WriteReport
+from care_retriever.indexing.store_writes import StoreWrites
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
-from care_retriever.model.encoding import BatchLimits, auto_batch_limits, check_unicode
+from care_retriever.model.encoding import BatchLimits, auto_batch_limits
 from care_retriever.model.forward import prepare_document_forward
-from care_retriever.model.protocols import DocumentEncoder, all_unicode
+from care_retriever.model.protocols import DocumentEncoder
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
 from care_retriever.stores.config import (
@@ -52,159 +51,15 @@ from care_retriever.stores.config import (
 )
 from care_retriever.stores.runs import RunTag
 
+# WriteReport (indexing.report) and the input checks (indexing.checks) are imported from here by earlier code
+__all__ = ["DocumentStoreWriter", "Encoder", "WriteReport", "check_prune", "check_storable"]
+
 # texts -> (len(texts), dim) float32 unit rows, in input order
 Encoder = Callable[[list[str]], np.ndarray]
 # EncodeConfig's fields that DocumentStoreWriter took one by one before it took the config (still read)
 _EARLIER_KEYWORDS = frozenset({"batch_size", "max_batch_tokens", "chunk_size", "sort_window", "checkpoint_every"})
 
 logger = logging.getLogger("care_retriever")
-
-
-@dataclass
-class WriteReport:
-    store: str
-    added: int = 0
-    updated: int = 0
-    unchanged: int = 0
-    deleted: int = 0
-    count: int = 0
-    seconds: float = 0.0
-    truncated: int = 0
-    tokens: int = 0  # the encoded documents' tokens (prompt and special tokens included)
-    padded_tokens: int = 0  # what the forward passes computed: with the padding of each batch
-
-    @property
-    def encoded(self) -> int:
-        return self.added + self.updated
-
-    @property
-    def docs_per_second(self) -> float:
-        return self.encoded / self.seconds if self.seconds else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def padding_ratio(self) -> float:
-        """Padded tokens per real token (1.0: no padding)."""
-        return self.padded_tokens / self.tokens if self.tokens else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **asdict(self),
-            "docs_per_second": round(self.docs_per_second, 2),
-            "tokens_per_second": round(self.tokens_per_second, 1),
-            "padding_ratio": round(self.padding_ratio, 4),
-        }
-
-
-def _chunks(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
-    it = iter(items)
-    while chunk := list(islice(it, size)):
-        yield chunk
-
-
-def check_storable(doc: Document) -> None:
-    """One line when ``doc`` cannot be stored: text that is not valid Unicode (a lone surrogate) would fail deep
-    inside the tokenizer or SQLite. ``index`` checks the whole corpus with it before the first write."""
-    if not isinstance(doc, Document):
-        raise InputError(f"expected care_retriever.documents.Document, got {type(doc).__name__}")
-    if not isinstance(doc.id, str) or not doc.id:
-        raise InputError(f"document id must be a non-empty str, got {doc.id!r}")
-    for name in ("id", "text", "title"):
-        value = getattr(doc, name)
-        if not isinstance(value, str):
-            raise InputError(f"document {doc.id!r}: {name} must be a str, got {type(value).__name__}")
-        check_unicode(value, f"document {doc.id!r} {name}")
-    check_document_text(doc.id, doc.text, doc.title)  # as the CLI's corpus reader refuses it
-    if doc.metadata:  # strict JSON (no NaN, no Infinity) in UTF-8; no metadata: nothing to check
-        check_unicode(metadata_json(doc.id, doc.metadata), f"document {doc.id!r} metadata")
-
-
-def _validated(chunk: list[Document]) -> list[Document]:
-    """Check each document is storable, and keep the last of repeated ids (upsert semantics).
-
-    Two rows with one id in a chunk would otherwise both be inserted (FAISS docstore: UNIQUE violation).
-    """
-    if not _plainly_valid(chunk):  # some document is not: checked one by one, the first one's error raised
-        for doc in chunk:
-            check_storable(doc)
-    latest: dict[str, Document] = {}
-    for doc in chunk:
-        latest.pop(doc.id, None)
-        latest[doc.id] = doc
-    return list(latest.values())
-
-
-def _plainly_valid(chunk: list[Document]) -> bool:
-    """Whether every document of ``chunk`` passes :func:`check_storable`, found in bulk (a Unicode check per 1,024
-    strings instead of three a document: the check was about a twentieth of a CPU run of short titles). False: some
-    document may not (the caller checks each, for the first one's message)."""
-    try:
-        if not all(isinstance(d, Document) and d.id and (d.text.strip() or d.title.strip()) for d in chunk):
-            return False
-        if not all_unicode([value for d in chunk for value in (d.id, d.text, d.title)]):
-            return False
-        for doc in chunk:  # strict JSON (no NaN, no Infinity) in UTF-8; no metadata: nothing to check
-            if doc.metadata and not all_unicode([metadata_json(doc.id, doc.metadata)]):
-                return False
-    except (AttributeError, TypeError, ValueError, InputError):  # a field of another type than str, bad metadata
-        return False
-    return True
-
-
-class _StoreWrites:
-    """A window's slices written to the store on a thread of their own, in order, while the calling thread encodes
-    the next slice: the store side (docstore rows and their content hashes, the index add, the checkpoint) overlaps
-    encoding instead of following it. At most ``depth`` encoded slices wait (their vectors held), beside the one being
-    written.
-
-    A checkpoint still follows the upsert it covers, on the same thread, so it records only what is written. The
-    first error stops the writes (nothing after it is upserted or checkpointed, as when the loop ran inline) and is
-    raised in the calling thread, the same exception, at the next :meth:`submit` or at :meth:`finish`."""
-
-    _END = None
-
-    def __init__(self, store: VectorStore, depth: int = 1) -> None:
-        self.store = store
-        self._queue: queue.Queue[tuple[list[Document], np.ndarray, Sequence[list[str]] | None, bool] | None] = (
-            queue.Queue(maxsize=max(1, depth))
-        )
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="care-store-writes", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not self._END:
-            if self._error is not None:  # after an error nothing more is written (the caller raises it)
-                continue
-            documents, vectors, tokens, checkpoint = item
-            try:
-                self.store.upsert(documents, vectors, sparse_tokens=tokens)
-                if checkpoint:
-                    self.store.commit()
-            except BaseException as exc:  # raised in the calling thread
-                self._error = exc
-
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def submit(
-        self, documents: list[Document], vectors: np.ndarray, tokens: Sequence[list[str]] | None, checkpoint: bool
-    ) -> None:
-        """Queue one slice's upsert (then a checkpoint); blocks while ``depth`` slices already wait."""
-        self._raise_error()
-        self._queue.put((documents, vectors, tokens, checkpoint))
-
-    def finish(self, raise_error: bool = True) -> None:
-        """Wait for every queued write; raise the first error (``raise_error``: not while the caller already
-        raises one of its own, which goes on instead)."""
-        self._queue.put(self._END)
-        self._thread.join()
-        if raise_error:
-            self._raise_error()
 
 
 class DocumentStoreWriter:
@@ -272,7 +127,7 @@ class DocumentStoreWriter:
             tower = self._document_tower
             background_tokenizer = tower is not None and str(tower.device).split(":")[0] not in ("cpu", "")
         self.background_tokenizer = background_tokenizer
-        # Store writes on a thread of their own while the next slice encodes (_StoreWrites). None: for a FAISS store,
+        # Store writes on a thread of their own while the next slice encodes (StoreWrites). None: for a FAISS store,
         # whose writes (hashing, docstore rows, index add) took about a quarter of a CPU run's time on the calling
         # thread; its docstore connection is shared across threads. Local Qdrant's SQLite may refuse another thread.
         # Not with an encoder of its own (torchrun's rank 0, whose encoder runs the job's collectives): that path
@@ -281,7 +136,7 @@ class DocumentStoreWriter:
         if overlap_writes is None:
             overlap_writes = self.store.backend == StoreKind.FAISS and encoder is None
         self.overlap_writes = overlap_writes
-        self._writes: _StoreWrites | None = None
+        self._writes: StoreWrites | None = None
 
     def write(
         self,
@@ -389,8 +244,8 @@ class DocumentStoreWriter:
             ) as bar,
             BackgroundTokenizer() if self.sparse and self.background_tokenizer else nullcontext() as tokenizer,
         ):
-            for raw in _chunks(documents, self.encode.chunk_size):
-                chunk = _validated(raw)
+            for raw in chunks(documents, self.encode.chunk_size):
+                chunk = validated(raw)
                 bar.update(len(raw) - len(chunk))
                 if prune_ids_not_in:
                     seen.update(d.id for d in chunk)
@@ -433,7 +288,7 @@ class DocumentStoreWriter:
         slice is written while the next one encodes, and every write is done (or its error raised) on return."""
         size = max(self.encode.chunk_size, self.encode.checkpoint_every)
         # The window's writes are all done before it returns: the next chunks' content hashes are read after them.
-        self._writes = _StoreWrites(self.store) if self.overlap_writes else None
+        self._writes = StoreWrites(self.store) if self.overlap_writes else None
         try:
             if self._first_slice:
                 head, items = items[: self.encode.chunk_size], items[self.encode.chunk_size :]
@@ -507,18 +362,3 @@ class DocumentStoreWriter:
     def _prune(self, keep: set[str]) -> int:
         stale = [d.id for d in self.store.iter_documents() if d.id not in keep]
         return self.store.delete(stale) if stale else 0
-
-
-def check_prune(store: VectorStore, keep: set[str], *, confirmed: bool) -> int:
-    """How many stored documents ``--prune`` deletes (those whose id is not in ``keep``, the corpus's ids). A prune
-    that would delete more documents than the store keeps (an empty or wrong corpus deletes them all) is refused in
-    one line before anything is written, unless ``confirmed`` (``index --prune --yes``)."""
-    if store.manifest is None:
-        return 0
-    stale = sum(1 for d in store.iter_documents() if d.id not in keep)
-    if stale > len(keep) and not confirmed:
-        raise InputError(
-            f"--prune would delete {stale} of the {store.count()} documents in {store.describe()} and keep "
-            f"{len(keep)}: nothing was written; add --yes to delete them"
-        )
-    return stale

@@ -37,14 +37,32 @@ from care_retriever.model.towers.packed import (
     varlen_dtype_refusal,
 )
 
-__all__ = ["ForwardState", "document_forward", "forward_state", "prepare_document_forward"]
+__all__ = [
+    "WARM_UP_TEXTS",
+    "ForwardState",
+    "document_forward",
+    "forward_state",
+    "prepare_document_forward",
+    "warm_up_passes",
+]
 
 logger = logging.getLogger("care_retriever")
 
 _STATE = "care_forward_state"
-# Texts of the warm-up passes that compile the layers before the first timed pass (two shapes: a compiled graph
-# turns dynamic at the second).
-_WARM_UP = (["医学检查报告"] * 4, ["高血压患者应低盐饮食，规律服用降压药，定期监测血压。" * 4] * 2)
+# Texts of the warm-up passes that compile the layers before the first timed pass: every graph a run meets, so that
+# a run compiles nothing after them (tests/test_forward_compiled.py). Padded passes take three graphs (texts of one
+# length, with no mask; mixed lengths, with the padding mask; a single text, whose batch dimension of 1 is
+# specialised), each met twice at other shapes (a size that happens to equal another dimension at the first
+# compile is specialised, and the second shape drops that); packed passes are one row of varying length.
+_SHORT, _LONG = "医学检查报告", "高血压患者应低盐饮食，规律服用降压药，定期监测血压。"
+WARM_UP_TEXTS: tuple[list[str], ...] = (
+    [_SHORT] * 4,
+    [_LONG] * 3,
+    [_SHORT, _LONG * 2, _LONG, "感冒"],
+    [_LONG * 4, _SHORT, _LONG],
+    [_SHORT],
+    [_LONG * 3],
+)
 
 
 @dataclass
@@ -94,9 +112,13 @@ def _choose_packed(model: Any, forward: str, compute_dtype: torch.dtype | None) 
     return reason is None, reason
 
 
-def _warm_up_passes(model: Any) -> list[dict[str, Any]]:
+@torch.inference_mode()
+def warm_up_passes(model: Any) -> list[dict[str, Any]]:
+    """The features of the warm-up passes (:data:`WARM_UP_TEXTS`) as ``model`` runs them (packed or padded), on its
+    device, made in inference mode as the encoding loop's passes are (a compiled graph guards on whether its input
+    tensors are inference tensors: a packed pass's positions and offsets made otherwise would compile anew)."""
     passes = []
-    for texts in _WARM_UP:
+    for texts in WARM_UP_TEXTS:
         features = model.preprocess(list(texts))
         if is_packed(model):
             features = pack_features(features)
@@ -138,7 +160,7 @@ def prepare_document_forward(
     if compiling and decoder_layers(model):
         try:
             compile_layers(model)
-            state.compile_seconds = warm_up(model, _warm_up_passes(model))
+            state.compile_seconds = warm_up(model, warm_up_passes(model))
             state.compile = "on"
         except Exception as exc:  # any failure of the compiler stack: the tower runs eager, said once
             uncompile_layers(model)

@@ -46,6 +46,7 @@ class CareRetriever:
         backend: str = "auto",
         threads: int | None = None,
         trust_remote_code: bool = False,
+        compile: bool = False,
         **kwargs: Any,
     ) -> CareRetriever:
         """Load the query tower of ``model`` only, and open ``store``.
@@ -54,13 +55,14 @@ class CareRetriever:
         (``care-retriever export``) when it has one. onnx and openvino never import torch.
         ``threads``: CPU threads of one forward pass (None: the runtime's default).
         ``trust_remote_code``: required when the query tower runs model code shipped with it.
+        ``compile``: torch backend only, compile the query tower and warm it up now (a long-running process).
         """
         from care_retriever.search.backends import load_query_embedder
 
         store_obj = open_store(store, collection=collection)
         store_obj.require_manifest()
         embedder = load_query_embedder(
-            model, backend, device=device, threads=threads, trust_remote_code=trust_remote_code
+            model, backend, device=device, threads=threads, trust_remote_code=trust_remote_code, compile=compile
         )
         return cls(store_obj, embedder, **kwargs)
 

@@ -299,11 +299,13 @@ def create_app(
     model_name: str = "",
     api_token: str | None = None,
     api_docs: bool = True,
+    query_compile: str = "off",
 ) -> ASGIApp:
     """A FastAPI app serving ``retriever`` (a CareRetriever, ideally loaded with the query tower only).
 
     ``api_token``: when given, every request needs ``Authorization: Bearer <api_token>`` (the schema and the docs
     page included). ``api_docs``: publish the OpenAPI schema at ``/openapi.json`` and its page at ``/docs``.
+    ``query_compile``: whether the query tower was compiled (``serve --compile``), as ``/health`` reports it.
     """
     limits = limits or ServiceLimits()
     search_request = request_model(limits, retriever.store)
@@ -386,6 +388,7 @@ def create_app(
             "towers": towers,
             "limits": asdict(limits),
             "queue_depth": batcher.depth,
+            "query_compile": query_compile,
         }
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=error_responses(every_route, json_route=False))

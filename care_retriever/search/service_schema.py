@@ -134,6 +134,8 @@ class HealthReport(BaseModel):
     towers: list[str]
     limits: ServiceLimits
     queue_depth: int
+    # the query tower compiled (serve --compile): "on (N s)", "off (failed: ...)", or "off"
+    query_compile: str = "off"
 
 
 class SearchBody(BaseModel):

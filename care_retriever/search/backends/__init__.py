@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from care_retriever.errors import ModelError
+from care_retriever.errors import InputError, ModelError
 from care_retriever.search.backends.layout import BACKENDS, EXPORT_BACKENDS, find_export, require_export
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ def load_query_embedder(
     device: str | None = None,
     threads: int | None = None,
     trust_remote_code: bool = False,
+    compile: bool = False,
     **kwargs: Any,
 ) -> QueryEncoder:
     """The query-side embedder of ``model`` on ``backend``; torch is imported only for the torch backend.
@@ -64,8 +65,13 @@ def load_query_embedder(
     ``torch.set_num_threads``, which is process-wide). None leaves each runtime's default.
     ``trust_remote_code``: needed by a torch query tower whose model code ships with it; an exported
     tower (onnx, openvino) is a graph and runs no model code.
+    ``compile``: torch only, compile the query tower's layers and warm them up now (seconds to a minute), for a
+    long-running process (``serve --compile``): batch-1 queries ran 1.26-1.41x faster on a 2-core CPU
+    (docs/query-backends.md); the state is ``care_retriever.model.compiled.query_compile_state``.
     """
     chosen = resolve_backend(model, backend)
+    if compile and chosen != "torch":
+        raise InputError(f"--compile compiles the torch query tower: use --backend torch ({chosen} runs an export)")
     if chosen != "torch" and device not in (None, "auto", "cpu"):
         raise ModelError(f"backend {chosen!r} runs on the CPU; got --device {device!r} (use --backend torch)")
     if chosen == "onnx":
@@ -82,6 +88,11 @@ def load_query_embedder(
         import torch
 
         torch.set_num_threads(threads)
-    return AsymmetricEmbedder.from_pretrained(
+    embedder = AsymmetricEmbedder.from_pretrained(
         model, load="query", device=device, trust_remote_code=trust_remote_code, **kwargs
     )
+    if compile:
+        from care_retriever.model.compiled import compile_query_tower
+
+        compile_query_tower(embedder.query_model)
+    return embedder

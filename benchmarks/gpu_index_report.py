@@ -1,0 +1,76 @@
+"""The report of ``benchmarks.gpu_index``: the device in words, the markdown table of a run, and its section of a doc
+(between markers per device kind, so a CPU run and a GPU run keep each other's)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+
+def describe_device(device: str) -> str:
+    import platform
+
+    import torch
+
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+    return (
+        f"CPU ({platform.processor() or platform.machine()}), {os.cpu_count()} cores, {torch.get_num_threads()} "
+        f"torch threads, torch {torch.__version__}"
+    )
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"### {result['device_kind']}: {result['device']}",
+        "",
+        f"Tower: {result['tower']} ({result['dtype']}, attention {result['attn_implementation']}). Matmul peak "
+        f"measured: {result['matmul_tflops']:.3f} TFLOP/s ({result['matmul_dtype']}). {result['date']}.",
+        f"Command: `{result['command']}`",
+        "",
+        "| corpus | docs | tokens/doc | batch | side | forward | docs/s (best) | docs/s per round | x encode_document "
+        "| docs/s with compile | compile s | tokens/s | padding | MFU | peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        for label, side in row["sides"].items():
+            head = f"| {row['corpus']} | {row['docs']:,} | {row['tokens_per_doc']} "
+            batch = side.get("batch", row["batch_size"])
+            if "docs_per_second" not in side:
+                lines.append(f"{head}| {batch} | `{label}` | not run: {side.get('not_run')} |" + " |" * 9)
+                continue
+            budget = f", budget {side['max_batch_tokens']}" if side.get("max_batch_tokens") else ""
+            forward = side.get("forward", "padded (sentence-transformers)")
+            dtype = f", {side['dtype']}" if "fp8" in str(side.get("dtype", "")) else ""
+            lines.append(
+                f"{head}| {batch} | `{label}` | {forward}{dtype}, compile {side.get('compile', 'off')}{budget} "
+                f"| {side['docs_per_second']:,.1f} | {', '.join(f'{v:,.1f}' for v in side['docs_per_second_rounds'])} "
+                f"| {side.get('vs_encode_document', 1.0):.3f} | {side['docs_per_second_with_compile']:,.1f} "
+                f"| {side.get('compile_seconds', 0.0):.1f} | {side['tokens_per_second']:,.0f} "
+                f"| {side['padding_ratio']:.3f} | {side['mfu']:.2%} | {side['peak_mib']:,.1f} |"
+            )
+    lines.append("")
+    lines += [
+        f"* {row['corpus']}: `index` / `encode_document` = **{row['ratio']:.3f}** (best rounds; median of the "
+        f"rounds' ratios {row['ratio_median_of_rounds']:.3f})"
+        for row in result["rows"]
+        if "ratio" in row
+    ]
+    for name in result["skipped"]:
+        lines.append(f"* {name}: skipped (corpus not found)")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(doc: Path, kind: str, text: str) -> None:
+    """Replace (or add) this device kind's section of ``doc`` between its markers, keeping the others."""
+    begin, end = f"<!-- gpu_index:{kind}:begin -->", f"<!-- gpu_index:{kind}:end -->"
+    block = f"{begin}\n{text}{end}"
+    current = doc.read_text(encoding="utf-8") if doc.is_file() else "# Indexing on GPUs\n\n"
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    if pattern.search(current):
+        updated = pattern.sub(lambda _m: block, current)
+    else:
+        updated = current.rstrip("\n") + "\n\n" + block + "\n"
+    doc.write_text(updated, encoding="utf-8")
