@@ -223,7 +223,9 @@ def test_a_source_document_that_no_longer_matches_its_hash_is_refused(tmp_path: 
         db.execute("UPDATE documents SET text = text || '！' WHERE id = 'd100'")
     with pytest.raises(StoreError, match="content hash mismatch for 'd100' in the source") as caught:
         copy_store(spec, f"faiss:{tmp_path / 'target'}")
-    assert "\n" not in str(caught.value)
+    assert "\n" not in str(caught.value) and "nothing of it was published" in str(caught.value)
+    # stopped before its first checkpoint: nothing to resume, so no staging copy is left pending
+    assert not (tmp_path / ".target.staging").exists() and not (tmp_path / "target").exists()
 
 
 def test_python_copy_with_an_index_config_and_open_stores(source: str, tmp_path: Path) -> None:
@@ -501,3 +503,14 @@ def test_a_pending_copy_refuses_a_delete_and_keeps_the_published_target(
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "an unfinished `copy` of" in err and f"copy --to {target} --discard-pending" in err
     assert _held(target) == held  # the published target as it was
+
+
+def test_a_failed_copy_into_qdrant_says_what_stays_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Qdrant Edge publishes each write as it is made: nothing is pending, and the failed copy's line says how many
+    documents it left in the target; the same copy, its source mended, finishes it."""
+    damaged, target = _damaged(tmp_path / "damaged"), f"qdrant:{tmp_path / 'target'}"
+    code, err = _cli_error(capsys, "--from", damaged, "--to", target, *STEPS)
+    assert code == StoreError.exit_code and "the 100 documents written before it stay in qdrant:" in err, err
+    _damaged(tmp_path / "damaged", broken=False)
+    report = copy_store(damaged, target)
+    assert (report.unchanged, report.copied, report.verified) == (100, COUNT - 100, COUNT)

@@ -292,9 +292,7 @@ def _check_target(src: VectorStore, manifest: Manifest, dst: VectorStore) -> Non
         )
 
 
-def _run_tag(
-    spec: StoreSpec | None, src: VectorStore, manifest: Manifest, config: StoreConfig, sparse: bool
-) -> RunTag:
+def _run_tag(spec: StoreSpec | None, src: VectorStore, manifest: Manifest, config: StoreConfig, sparse: bool) -> RunTag:
     """This copy, as the target's staging copy records it: the source (its folder resolved, or its server and
     collection), its model, and what decides what is written (the target's index settings, its BM25 side). The
     source's contents are not part of it: a re-run after the source changed resumes by content hash, as ``index``
