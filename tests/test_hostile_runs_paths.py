@@ -141,6 +141,20 @@ def test_discard_pending_drops_the_staged_copy_and_keeps_the_published_store(
     assert stored_ids(spec) == {r["_id"] for r in rows("d", 5)} - {"d0001"}
 
 
+def test_a_copy_into_a_store_with_a_pending_index_run_is_refused(
+    stopped_run: tuple[str, str], tmp_path: Path, tiny_model_dir: Path, capsys
+) -> None:
+    """A copy (of the same model's store) neither publishes nor adopts the stopped `index` run's staged copy."""
+    spec, _ = stopped_run
+    source = f"faiss:{tmp_path / 'other'}"
+    assert index(capsys, tiny_model_dir, write_jsonl(tmp_path / "other.jsonl", rows("y", 5)), source)[0] == 0
+    code, _, err = run_cli(capsys, "copy", "--from", source, "--to", spec, "--no-progress")
+    line = one_line(err)
+    assert code == 2 and "an unfinished `index` of corpus-a" in line and "this is `copy` of" in line, err
+    assert f"`care-retriever index --store {spec} --discard-pending`" in line, err
+    assert stored_ids(spec) == {r["_id"] for r in rows("d", 5)}
+
+
 def test_the_same_run_with_its_input_fixed_resumes_and_publishes(stopped_run: tuple[str, str], embedder) -> None:
     spec, _ = stopped_run
     report = writer_of(embedder, spec).write(documents("x", 120), source="corpus-a")

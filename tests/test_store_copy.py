@@ -223,7 +223,9 @@ def test_a_source_document_that_no_longer_matches_its_hash_is_refused(tmp_path: 
         db.execute("UPDATE documents SET text = text || '！' WHERE id = 'd100'")
     with pytest.raises(StoreError, match="content hash mismatch for 'd100' in the source") as caught:
         copy_store(spec, f"faiss:{tmp_path / 'target'}")
-    assert "\n" not in str(caught.value)
+    assert "\n" not in str(caught.value) and "nothing of it was published" in str(caught.value)
+    # stopped before its first checkpoint: nothing to resume, so no staging copy is left pending
+    assert not (tmp_path / ".target.staging").exists() and not (tmp_path / "target").exists()
 
 
 def test_python_copy_with_an_index_config_and_open_stores(source: str, tmp_path: Path) -> None:
@@ -408,3 +410,107 @@ def test_a_source_too_small_to_train_the_target_index_is_refused_with_what_to_do
     assert not [p.name for p in tmp_path.iterdir() if "target" in p.name]  # nothing created, nothing staged
     report = copy_store(small, f"faiss:{target}")
     assert report.copied == 20 and report.verified == 20
+
+
+# ------------------------------------------------------------------------------------------ a failed copy's staging
+STEPS = ("--batch-size", "20", "--checkpoint-every", "40")  # d100 fails in the 6th batch: 2 checkpoints before it
+
+
+def _damaged(folder: Path, *, broken: bool = True) -> str:
+    """A FAISS store of COUNT documents whose d100 text no longer matches its stored hash (``broken=False``:
+    mended); its spec."""
+    import sqlite3
+
+    spec = f"faiss:{folder}"
+    if not folder.exists():
+        _write_store(spec, sparse=False)
+    with sqlite3.connect(folder / "docstore.sqlite") as db:
+        text = db.execute("SELECT text FROM documents WHERE id = 'd100'").fetchone()[0].rstrip("！")
+        db.execute("UPDATE documents SET text = ? WHERE id = 'd100'", (text + "！" if broken else text,))
+    return spec
+
+
+def _failed_hnsw_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    """A copy into a new FAISS target as HNSW that stops on a damaged source document after two checkpoints:
+    (the damaged source, the target)."""
+    damaged, target = _damaged(tmp_path / "damaged"), f"faiss:{tmp_path / 'target'}"
+    code, err = _cli_error(capsys, "--from", damaged, "--to", target, "--index-type", "hnsw", *STEPS)
+    assert code == StoreError.exit_code and "content hash mismatch for 'd100'" in err, err
+    assert "80 documents staged, not published" in err and f"copy --to {target} --discard-pending" in err, err
+    assert (tmp_path / ".target.staging").is_dir() and not (tmp_path / "target").exists()
+    return damaged, target
+
+
+def test_a_failed_copy_is_neither_resumed_nor_published_by_another_copy(
+    source: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy with other index options (then from another source) into the target of a failed HNSW copy is
+    refused in one line naming the pending copy; nothing is published."""
+    damaged, target = _failed_hnsw_copy(tmp_path, capsys)
+    code, err = _cli_error(capsys, "--from", damaged, "--to", target, *STEPS)  # the same source, flat
+    assert code == StoreError.exit_code and f"an unfinished `copy` of faiss:{tmp_path / 'damaged'}" in err, err
+    assert "80 documents staged" in err and "index.index_type flat (the pending run's: hnsw)" in err, err
+    assert f"`care-retriever copy --to {target} --discard-pending`" in err, err
+    code, err = _cli_error(capsys, "--from", source, "--to", target, "--index-type", "hnsw")  # another source
+    assert code == StoreError.exit_code and "is pending in" in err and f"`copy` of {source}" in err, err
+    assert not (tmp_path / "target").exists()  # nothing published
+    assert (tmp_path / ".target.staging").is_dir()  # nor the pending copy lost
+
+
+def test_the_same_copy_run_again_resumes_and_publishes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from care_retriever.cli.main import main
+
+    damaged, target = _failed_hnsw_copy(tmp_path, capsys)
+    _damaged(tmp_path / "damaged", broken=False)  # the source mended, the same copy again
+    argv = ["copy", "--from", damaged, "--to", target, "--index-type", "hnsw", *STEPS, "--no-progress", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["unchanged"], report["copied"], report["verified"]) == (80, COUNT - 80, COUNT)  # resumed
+    assert report["index"]["type"] == "hnsw" and not (tmp_path / ".target.staging").exists()
+    assert _contents(target) == _contents(damaged)
+
+
+@pytest.mark.parametrize("command", ["copy", "index"])
+def test_discarding_a_failed_copy_lets_another_one_run(
+    source: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """``copy --to T --discard-pending`` (or ``index --store T --discard-pending``: the two are one) drops the
+    failed copy's staging; a plain copy then writes the target as the source's kind (flat), whole."""
+    from care_retriever.cli.main import main
+
+    _, target = _failed_hnsw_copy(tmp_path, capsys)
+    where = ["--to", target] if command == "copy" else ["--store", target]
+    assert main([command, *where, "--discard-pending"]) == 0
+    out = capsys.readouterr().out
+    assert "an unfinished `copy` of" in out and "discarded" in out, out
+    assert not (tmp_path / ".target.staging").exists()
+    report = copy_store(source, target)
+    assert (report.copied, report.verified, report.index["type"]) == (COUNT, COUNT, "flat")
+
+
+def test_a_pending_copy_refuses_a_delete_and_keeps_the_published_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from care_retriever.cli.main import main
+
+    target = f"faiss:{tmp_path / 'target'}"
+    _write_store(target, count=20, sparse=False)  # published: d000..d019
+    held = _held(target)
+    damaged = _damaged(tmp_path / "damaged")
+    code, err = _cli_error(capsys, "--from", damaged, "--to", target, *STEPS)
+    assert code == StoreError.exit_code and "100 documents staged, not published" in err, err
+    assert main(["delete", "d001", "--store", target]) == StoreError.exit_code
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "an unfinished `copy` of" in err and f"copy --to {target} --discard-pending" in err
+    assert _held(target) == held  # the published target as it was
+
+
+def test_a_failed_copy_into_qdrant_says_what_stays_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Qdrant Edge publishes each write as it is made: nothing is pending, and the failed copy's line says how many
+    documents it left in the target; the same copy, its source mended, finishes it."""
+    damaged, target = _damaged(tmp_path / "damaged"), f"qdrant:{tmp_path / 'target'}"
+    code, err = _cli_error(capsys, "--from", damaged, "--to", target, *STEPS)
+    assert code == StoreError.exit_code and "the 100 documents written before it stay in qdrant:" in err, err
+    _damaged(tmp_path / "damaged", broken=False)
+    report = copy_store(damaged, target)
+    assert (report.unchanged, report.copied, report.verified) == (100, COUNT - 100, COUNT)

@@ -15,8 +15,10 @@ from care_retriever.stores.copying import COPY_BATCH, COPY_CHECKPOINT_EVERY
 
 @with_options(FaissIndexConfig, QdrantCollectionConfig)
 def copy(
-    source: Annotated[str, typer.Option("--from", help=f"The store to copy: {STORE_HELP}.")],
     target: Annotated[str, typer.Option("--to", help=f"The store to write: {STORE_HELP}.")],
+    source: Annotated[
+        str | None, typer.Option("--from", help=f"The store to copy: {STORE_HELP} (required to copy).")
+    ] = None,
     from_collection: Annotated[str | None, typer.Option(help="Qdrant collection of the source.")] = None,
     to_collection: Annotated[str | None, typer.Option(help="Qdrant collection of the target.")] = None,
     sparse: Annotated[
@@ -32,6 +34,13 @@ def copy(
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Read the whole target afterwards.")] = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    discard_pending: Annotated[
+        bool,
+        typer.Option(
+            help="Remove the staged, unpublished copy an unfinished copy (or index run) left beside the target; "
+            "the published target is kept. No --from."
+        ),
+    ] = False,
     options: dict[str, Any] | None = None,
 ) -> None:
     """Copy a store's vectors, ids, texts and metadata into another store, encoding nothing.
@@ -41,12 +50,21 @@ def copy(
     The index options (--index-type, --quantize, ...) set a new target's index; without them, a target of the
     source's kind takes the source's.
 
-    Re-running finishes a killed copy and writes nothing when the target is up to date.
+    Re-running finishes a killed or failed copy and writes nothing when the target is up to date. A FAISS target's
+    unfinished copy is resumed only by the same copy; any other write there is refused until it is finished or
+    discarded (--discard-pending).
     """
+    from care_retriever.cli.core import discard_pending_run
     from care_retriever.cli.index_settings import store_index_config, store_options_given
+    from care_retriever.errors import InputError
     from care_retriever.stores.config import StoreSpec
     from care_retriever.stores.copying import copy_store
 
+    if discard_pending:
+        discard_pending_run(target, to_collection, json_out)
+        return
+    if source is None:
+        raise InputError("copy: --from is required: the store to copy (or --discard-pending, to drop a pending run)")
     values = options or {}
     target_spec = StoreSpec.parse(target, to_collection)
     index = store_index_config(target_spec, values) if store_options_given(values) else None

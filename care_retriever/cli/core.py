@@ -195,7 +195,7 @@ def index(
 
     values = options or {}
     if discard_pending:
-        _discard_pending(values["store"], values["collection"], json_out)
+        discard_pending_run(values["store"], values["collection"], json_out)
         return
     if sparse_only:
         _add_sparse_side(values["store"], values["collection"], values["progress"], json_out)
@@ -217,8 +217,9 @@ def index(
     )
 
 
-def _discard_pending(store: str, collection: str | None, json_out: bool) -> None:
-    """``index --discard-pending``: drop what an unfinished run staged (care_retriever.stores.runs)."""
+def discard_pending_run(store: str, collection: str | None, json_out: bool) -> None:
+    """``index --discard-pending`` / ``copy --discard-pending``: drop what an unfinished run (of either command)
+    staged beside ``store`` (care_retriever.stores.runs)."""
     from care_retriever.stores import open_store
 
     target = open_store(store, collection=collection, create=False)

@@ -49,7 +49,7 @@ from care_retriever.stores.config import (
     StoreOptions,
     store_config,
 )
-from care_retriever.stores.runs import RunTag
+from care_retriever.stores.runs import RunTag, left_behind
 
 # WriteReport (indexing.report) and the input checks (indexing.checks) are imported from here by earlier code
 __all__ = ["DocumentStoreWriter", "Encoder", "WriteReport", "check_prune", "check_storable"]
@@ -178,7 +178,7 @@ class DocumentStoreWriter:
         try:
             self._write_all(documents, total, prune_ids_not_in, report, seen, stats, pending)
         except InputError as exc:  # a bad document mid-run: said with what the run leaves behind
-            raise InputError(f"{exc}; {self._left_behind(report.encoded)}") from exc
+            raise InputError(f"{exc}; {left_behind(self.store, report.encoded, 'fix the input')}") from exc
         if prune_ids_not_in:
             report.deleted = self._prune(seen)
         self.store.finalize()
@@ -205,22 +205,6 @@ class DocumentStoreWriter:
             space_fingerprint=embedder.space_fingerprint,
             model_name=embedder.document_model_name,
             options={"index": settings, **options},
-        )
-
-    def _left_behind(self, written: int) -> str:
-        """What a run that stopped on bad input leaves: its last checkpoint staged (with how to finish or discard
-        it); with none taken, nothing (the staged copy is dropped); in a store that publishes each write as it is
-        made (Qdrant), the ``written`` documents."""
-        staged = self.store.pending_run()
-        if staged is not None:
-            return f"the run stopped there; fix the input: {staged}"
-        self.store.abort()
-        if self.store.stages_bulk_writes or not written:
-            return "the run stopped there; nothing of it was published"
-        return (
-            f"the run stopped there; the {written} documents written before it stay in {self.store.describe()} "
-            "(each write is published as it is made): fix the input and run the same command again "
-            "(they are skipped as unchanged)"
         )
 
     def _write_all(

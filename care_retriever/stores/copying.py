@@ -14,10 +14,17 @@ A copy is an idempotent upsert keyed by id and content hash, as ``index`` is: do
 with the source's hash are skipped, so a copy killed anywhere is finished by running it again (a FAISS target
 resumes from its last checkpoint, ``checkpoint_every``), and an unchanged re-run writes nothing. Documents the
 target holds that the source lacks are kept.
+
+A FAISS target's staging copy belongs to the copy that made it (:class:`~care_retriever.stores.runs.RunTag`:
+command ``copy``, the source resolved, its model, the target's index settings and BM25 side): only the same copy
+resumes it; another copy, an ``index`` or a ``delete`` into that target is refused in one line naming it, and a
+copy into a target where another run is pending is refused likewise. A copy that stops on an error says what it
+left staged (``care-retriever copy --to DIR --discard-pending`` drops it) or, on Qdrant, what stays written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -40,6 +47,7 @@ from care_retriever.stores.config import (
     StoreSpec,
     store_config,
 )
+from care_retriever.stores.runs import RunTag, left_behind
 from care_retriever.stores.training_sample import require_training_sample
 
 # Documents a new FAISS target that trains its index on its first vectors (IVF lists, compressed codes) is given
@@ -129,7 +137,9 @@ def copy_store(
         want_sparse = bool(manifest.sparse) if sparse is None else sparse
         total = src.count()
         if copier.differs(want_sparse):
-            copier.write(_target_config(src, dst, index), want_sparse, total, checkpoint_every, show_progress)
+            config = _target_config(src, dst, index)
+            run = _run_tag(source_spec, src, manifest, config, want_sparse)
+            copier.write(run, config, want_sparse, total, checkpoint_every, show_progress)
         else:
             report.unchanged = total
         held = dst.require_manifest()
@@ -176,13 +186,31 @@ class _Copier:
         return bool(ids) and self.src.content_hashes(ids) != self.dst.content_hashes(ids)
 
     def write(
-        self, config: StoreConfig, want_sparse: bool, total: int, checkpoint_every: int, show_progress: bool
+        self,
+        run: RunTag,
+        config: StoreConfig,
+        want_sparse: bool,
+        total: int,
+        checkpoint_every: int,
+        show_progress: bool,
     ) -> None:
-        """Prepare the target with the source's space, then upsert what it lacks, checkpointing; publish."""
-        src, dst, manifest, report = self.src, self.dst, self.manifest, self.report
+        """Prepare the target with the source's space as this copy's run (it resumes only its own staging copy),
+        then upsert what it lacks, checkpointing; publish. An error mid-way says what the copy left behind."""
+        src, dst, manifest = self.src, self.dst, self.manifest
         require_training_sample(dst, manifest.dim, config, total, src.describe())  # before anything is written
         trains = dst.trains_on_first_vectors(config)
+        dst.claim_run(run)
         dst.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name, config, metric=manifest.metric)
+        try:
+            self._upsert_missing(want_sparse, total, checkpoint_every, show_progress, trains)
+        except (InputError, StoreError) as exc:  # with what stays staged or written (same type: same exit code)
+            raise type(exc)(f"{exc}; {left_behind(dst, self.report.copied, 'fix the source')}") from exc
+        dst.finalize()
+
+    def _upsert_missing(
+        self, want_sparse: bool, total: int, checkpoint_every: int, show_progress: bool, trains: bool
+    ) -> None:
+        src, dst, report = self.src, self.dst, self.report
         if want_sparse:
             dst.enable_sparse()  # tokenised from the texts as they are written (and from any the target held)
         since_checkpoint = 0
@@ -199,7 +227,6 @@ class _Copier:
                         dst.commit()
                         since_checkpoint = 0
                 bar.update(len(stored))
-        dst.finalize()
 
 
 def _stored_batches(src: VectorStore, batch: int, first: int) -> Iterator[StoredBatch]:
@@ -263,6 +290,27 @@ def _check_target(src: VectorStore, manifest: Manifest, dst: VectorStore) -> Non
             f"{dst.describe()}: holds another model's vectors: {', '.join(differ)}; nothing was copied: copy into "
             "a new store"
         )
+
+
+def _run_tag(spec: StoreSpec | None, src: VectorStore, manifest: Manifest, config: StoreConfig, sparse: bool) -> RunTag:
+    """This copy, as the target's staging copy records it: the source (its folder resolved, or its server and
+    collection), its model, and what decides what is written (the target's index settings, its BM25 side). The
+    source's contents are not part of it: a re-run after the source changed resumes by content hash, as ``index``
+    of an edited corpus file does."""
+    source = src.describe()  # a server's URL without credentials, with its collection
+    if spec is not None and _local(spec.location):
+        collection = getattr(src, "collection", None)  # a Qdrant folder's (its default where none was named)
+        source = f"{spec.kind.value}:{os.path.realpath(spec.location)}" + (
+            f" (collection {collection})" if collection else ""
+        )
+    settings = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else None
+    return RunTag(
+        command="copy",
+        corpus=source,
+        space_fingerprint=manifest.space_fingerprint,
+        model_name=manifest.model_name,
+        options={"index": settings, "sparse": sparse},
+    )
 
 
 def _target_config(src: VectorStore, dst: VectorStore, index: StoreConfig) -> StoreConfig:

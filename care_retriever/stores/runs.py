@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from care_retriever.stores.base import VectorStore
 
 # The command of a write made by a program (the store's API, an integration) that names no run.
 PROGRAM = "write"
@@ -56,3 +59,49 @@ class RunTag:
         source = f" of {self.corpus}" if self.corpus else " (documents from a program)"
         model = f", model {self.model_name}" if self.model_name else ""
         return f"`{self.command}`{source}{model}"
+
+    def difference(self, pending: RunTag | None) -> str:
+        """Why this run is not ``pending``, in words: another run, or the same command and corpus with other
+        settings (which ones, and what the pending run asked), so that the two never read alike."""
+        mine = f"this is {self.describe()}"
+        if pending is None or (self.command, self.corpus, self.space_fingerprint) != (
+            pending.command,
+            pending.corpus,
+            pending.space_fingerprint,
+        ):
+            return f"{mine}, another run"
+        ours, theirs = _leaves(self.to_dict()["options"]), _leaves(pending.to_dict()["options"])
+        differ = [
+            f"{key} {ours.get(key)} (the pending run's: {theirs.get(key)})"
+            for key in sorted(ours.keys() | theirs.keys())
+            if ours.get(key) != theirs.get(key)
+        ]
+        return f"{mine} with other settings: {', '.join(differ[:3]) or 'its options'}"
+
+
+def _leaves(options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested options dict as dotted keys (``index.index_type``) to its values."""
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def left_behind(store: VectorStore, written: int, fix: str) -> str:
+    """What a run that stopped mid-way leaves, for its error line: its last checkpoint staged (with how to finish
+    or discard it); with none taken, nothing (the staged copy is dropped); in a store that publishes each write as
+    it is made (Qdrant), the ``written`` documents. ``fix``: what the user mends before running it again."""
+    staged = store.pending_run()
+    if staged is not None:
+        return f"the run stopped there; {fix}: {staged}"
+    store.abort()
+    if store.stages_bulk_writes or not written:
+        return "the run stopped there; nothing of it was published"
+    return (
+        f"the run stopped there; the {written} documents written before it stay in {store.describe()} "
+        f"(each write is published as it is made): {fix} and run the same command again "
+        "(they are skipped as unchanged)"
+    )

@@ -4,7 +4,8 @@ The run's tag (:class:`~care_retriever.stores.runs.RunTag`: command, corpus, mod
 staging folder as ``run.json`` when the folder is made; a later :meth:`FaissStore.prepare` resumes the folder only
 for the same tag. Any other write (another corpus, ``delete``, ``--sparse-only``, another program) is refused in
 one line that says what is pending and how to finish it (the same command again) or discard it
-(``care-retriever index --store DIR --discard-pending``, which removes the staging folder and nothing published).
+(``care-retriever index --store DIR --discard-pending``, or ``care-retriever copy --to DIR --discard-pending`` for
+a pending copy: either removes the staging folder of whichever run is pending, and nothing published).
 """
 
 from __future__ import annotations
@@ -51,14 +52,23 @@ def describe(store: str, staging: Path) -> str:
     return f"{store}: an unfinished {run} is pending in {staging} ({held}, not published)"
 
 
-def how_to_end(store: str) -> str:
-    return (
-        f"finish it by running that command again, or discard it with "
-        f"`care-retriever index --store {store} --discard-pending` (the published store is kept)"
+def how_to_end(store: str, staging: Path) -> str:
+    """How to finish or discard the run pending in ``staging``, in the words of the command that made it."""
+    tag = read_tag(staging)
+    discard = (
+        f"care-retriever copy --to {store} --discard-pending"
+        if tag is not None and tag.command == "copy"
+        else f"care-retriever index --store {store} --discard-pending"
     )
+    return f"finish it by running that command again, or discard it with `{discard}` (the published store is kept)"
+
+
+def line(store: str, staging: Path, *, why: str = "") -> str:
+    """What is pending, why this write is not it (``why``), and how to finish or discard it: one line."""
+    reason = f"; {why}" if why else ""
+    return f"{describe(store, staging)}{reason}; {how_to_end(store, staging)}"
 
 
 def refusal(store: str, staging: Path, *, why: str = "") -> StoreError:
     """The one line that refuses a write while another run's staged copy is pending."""
-    reason = f"; {why}" if why else ""
-    return StoreError(f"{describe(store, staging)}{reason}; {how_to_end(store)}")
+    return StoreError(line(store, staging, why=why))

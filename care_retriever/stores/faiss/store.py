@@ -159,7 +159,7 @@ class FaissStore(Reading, Writing):
         mine = isinstance(self._session, StagedWrite)
         if not (self.staging / MANIFEST).exists() or (mine and not self._checkpointed):
             return None
-        return f"{pending.describe(self.describe(), self.staging)}; {pending.how_to_end(self.describe())}"
+        return pending.line(self.describe(), self.staging)
 
     def discard_pending(self) -> str | None:
         """Remove the staging folder of an unfinished bulk write; the published store is kept (and, where a run
@@ -234,8 +234,9 @@ class FaissStore(Reading, Writing):
     def _resume_staging(self, dim: int, space_fingerprint: str, run: RunTag) -> StagedWrite:
         """Continue the same run, killed or stopped: reconcile the last checkpoint of index and docstore. Another
         run's staging copy is neither resumed nor published: one line says what is pending."""
-        if not run.same_run(pending.read_tag(self.staging)):
-            raise pending.refusal(self.describe(), self.staging, why=f"this is {run.describe()}, another run")
+        staged_run = pending.read_tag(self.staging)
+        if not run.same_run(staged_run):
+            raise pending.refusal(self.describe(), self.staging, why=run.difference(staged_run))
         staged = read_staged_manifest(self.staging)
         if staged.space_fingerprint != space_fingerprint or staged.dim != dim:
             raise pending.refusal(self.describe(), self.staging, why="it was written by another model")
