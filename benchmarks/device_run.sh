@@ -6,6 +6,7 @@
 # tokenizers==0.23.3 safetensors==0.8.0 huggingface_hub==2.4.0 faiss-cpu==1.15.1 psutil==7.2.2`, about 40 MB),
 # then runs every side of benchmarks.gpu_index once (padded, packed, packed+compiled, fp8, sentence-transformers at
 # its defaults and at its best) and writes the cuda section of docs/gpu.md; the JSON goes to $OUT when set.
+#   DEVICE_RUN=train bash benchmarks/device_run.sh   # a second call: the paper recipe's dry run, its stage table
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -22,6 +23,18 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 "$PY" -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))"
 out=${OUT:-/tmp}
+device=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0))")
+if [[ "${DEVICE_RUN:-index}" == train ]]; then
+  # The paper recipe's dry run (random towers of the paper's shapes, 10 steps a stage, about 2.5 minutes on an
+  # H200): run as a second device call, `DEVICE_RUN=train bash benchmarks/device_run.sh`, since one call is at
+  # most 10 minutes. Its run.json names the forward pass each stage's document side ran (packed on CUDA).
+  cmd="care-retriever train --recipe paper --out /tmp/p --preset base --dry-run-steps 10"
+  timeout "${DEVICE_RUN_SECONDS:-470}" "$PY" -m care_retriever.cli.main train --recipe paper --out /tmp/p \
+    --preset base --dry-run-steps 10 "$@"
+  cp /tmp/p/run.json "$out/run.json"; "$PY" -m benchmarks.training_walltime /tmp/p/run.json --device "$device (1 GPU)" --command "$cmd"
+  cp docs/gpu.md "$out/gpu.md"
+  exit 0
+fi
 # one round a side: the eight sides of two corpora fit the device's minutes (the compile warm-ups included)
 timeout "${DEVICE_RUN_SECONDS:-470}" "$PY" -m benchmarks.gpu_index --sides all --rounds 1 --json \
   "$@" | tee "$out/gpu_index.json"
