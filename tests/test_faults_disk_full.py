@@ -153,11 +153,13 @@ def fill_leaving(disk: Path, leave: int) -> None:
 def test_qdrant_edge_disk_filled_mid_index_from_the_cli(
     small_disk: Path, tiny_model_dir: Path, tmp_path: Path, capsys
 ) -> None:
-    """``index --store qdrant:PATH`` while another writer fills the disk: the store's free-space check before each
-    engine write refuses the next batch. One line, exit 2; every document the store holds is whole and the old
-    ones are there; ``info`` = ``verify`` (once there is room to open the shard); the re-run completes. The filled
-    run is a subprocess: a full disk under the engine's mapped files is a SIGBUS, which must fail this test rather
-    than end pytest's process."""
+    """``index --store qdrant:PATH`` after another writer filled the disk between two of its batches: the store's
+    free-space check before each engine write refuses the next batch. One line, exit 2; every document the store
+    holds is whole and the old ones are there; ``info`` = ``verify`` (once there is room to open the shard); the
+    re-run completes. The other writer fills the disk at the run's first free-space check after its first new
+    points reached the segments, so between two engine calls: a disk filled *during* an engine call is a SIGBUS,
+    which no check can prevent (``edge_space``'s docstring; a thread racing the run hit it in one CI run of three).
+    The filled run is a subprocess, so a SIGBUS fails this test instead of ending pytest's process."""
     pytest.importorskip("qdrant_edge")
     import sys
 
@@ -173,21 +175,28 @@ def test_qdrant_edge_disk_filled_mid_index_from_the_cli(
     with first.open(encoding="utf-8") as src, both.open("a", encoding="utf-8") as dst:
         dst.write(src.read())
     segments = next(store.rglob("segments"))
-    written = edge_space.folder_bytes(segments)
-    stop = threading.Event()
-
-    def filler() -> None:  # once the run's first points are in the segments, the disk fills but for 2 MB
-        while not stop.is_set() and edge_space.folder_bytes(segments) <= written:
-            time.sleep(0.005)
-        if not stop.is_set():
-            fill_leaving(small_disk, edge_space.SPACE_MARGIN // 2)
-
-    thread = threading.Thread(target=filler, daemon=True)
-    thread.start()
-    command = [sys.executable, "-m", "care_retriever.cli.main", "index", "--corpus", str(both), *map(str, args)]
+    # The run as the CLI runs it, with the other writer hooked onto the disk-usage reads of the store's checks:
+    # once the segments have grown past what the first run left, the next check finds the disk filled.
+    other_writer = f"""
+import shutil, sys
+from pathlib import Path
+from care_retriever.stores.qdrant import edge_space
+disk, segments = Path({str(small_disk)!r}), Path({str(segments)!r})
+written, leave = {edge_space.folder_bytes(segments)}, {edge_space.SPACE_MARGIN // 2}
+usage = shutil.disk_usage
+def filled_between_writes(path):
+    if not (disk / "ballast").exists() and edge_space.folder_bytes(segments) > written:
+        with open(disk / "ballast", "wb") as fh:
+            while (room := usage(disk).free - leave) > 0:
+                fh.write(bytes(min(room, 1 << 20)))
+    return usage(path)
+shutil.disk_usage = filled_between_writes
+from care_retriever.cli.main import main
+sys.argv = ["care-retriever", *sys.argv[1:]]
+sys.exit(main())
+"""
+    command = [sys.executable, "-c", other_writer, "index", "--corpus", str(both), *map(str, args)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    stop.set()
-    thread.join()
     assert (small_disk / "ballast").exists(), "the run ended before the disk filled"
     assert run.returncode == 2, f"exit {run.returncode}: {run.stdout} {run.stderr[-2000:]}"
     line = one_error_line(run.stderr)

@@ -61,7 +61,9 @@ def test_a_query_tower_compile_that_fails_runs_eager_in_one_line(
         return broken
 
     monkeypatch.setattr(torch, "compile", no_compiler)
-    embedder = load_query_embedder(tiny_model_dir, "torch", device="cpu", compile=True)
+    # at the logger's own level: an earlier test in this worker may have quietened the package's logger
+    with caplog.at_level("WARNING", logger="care_retriever"):
+        embedder = load_query_embedder(tiny_model_dir, "torch", device="cpu", compile=True)
     assert query_compile_state(embedder.query_model) == "off (failed: no C++ compiler found)"  # type: ignore[attr-defined]
     assert not is_compiled(embedder.query_model)  # type: ignore[attr-defined]
     assert "torch.compile of the query tower failed (no C++ compiler found); running eager" in caplog.text
