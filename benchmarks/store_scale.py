@@ -129,6 +129,7 @@ def run_cell_process(dataset: Path, kind: str, work: Path, args: argparse.Namesp
     elapsed = time.perf_counter() - started
     if code == 0:
         result: dict[str, Any] = json.loads(raw.read_text())
+        raw.unlink()
         found = result.pop("found")
         result["recall"], result["recall_queries"] = recall_against(
             found, np.load(dataset / "truth.npy"), dataset_ids(dataset), args.k
@@ -187,9 +188,15 @@ def row(result: dict[str, Any]) -> str:
     )
 
 
-def table(results: list[dict[str, Any]], k: int) -> str:
+def table(results: list[dict[str, Any]], k: int, unrun: str = "not run yet") -> str:
+    """The Markdown table; a kind with no result for a dataset that has some is a row saying ``unrun``."""
     commands = sorted({r["command"] for r in results})
     dates = sorted(r["date"] for r in results)
+    rows = []
+    for dataset in dict.fromkeys(r["dataset"] for r in results):
+        done = {r["kind"]: r for r in results if r["dataset"] == dataset}
+        for kind, spec in KINDS.items():
+            rows.append(row(done[kind]) if kind in done else f"| {dataset} | {spec.label} | {unrun} |" + " |" * 8)
     lines = [
         f"Measured {dates[0]} to {dates[-1]} on {results[0]['cores']} CPU cores (shared: the load average at each "
         "cell's start and end is in its row), by:",
@@ -199,7 +206,7 @@ def table(results: list[dict[str, Any]], k: int) -> str:
         f"| dataset | store | build s (writes s) | disk MiB | peak RSS MiB | RSS serving MiB | q/s, 1 thread "
         f"| q/s, 8 threads | recall@{k} vs exact (queries) | what was built | load avg start / end |",
         "|" + "---|" * 11,
-        *[row(r) for r in results],
+        *rows,
     ]
     return "\n".join(lines) + "\n"
 
@@ -239,11 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retry-stopped", action="store_true", help="run again the cells stopped or failed before")
     parser.add_argument("--docs", type=Path, default=DOC, help="the doc whose section is written")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument("--not-run", metavar="REASON", help="run nothing: write the table, cells not run saying why")
     args = parser.parse_args(argv)
     kinds = [x.strip() for x in args.kinds.split(",") if x.strip()]
     if unknown := sorted(set(kinds) - set(KINDS)):
         parser.error(f"unknown kinds {unknown}; choose from {', '.join(KINDS)}")
     work = args.work.resolve()
+    if args.not_run:
+        write_section(args.docs, table(collected(work), args.k, f"not run: {args.not_run}"))
+        return 0
     datasets = [synthetic_dataset(work, int(n), args.dim, args.queries, args.k) for n in args.n.split(",") if n]
     if args.kuake:
         if not (args.task / "corpus.jsonl").is_file():
