@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import threading
 import time
@@ -85,17 +84,23 @@ KINDS: dict[str, Kind] = {
 
 
 # ---------------------------------------------------------------------------------------------------- measuring
-def rss_now() -> int:
-    """Resident memory of this process now, bytes (VmRSS: anonymous and mapped pages)."""
+def _status_bytes(field: str) -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("VmRSS not found in /proc/self/status (Linux only)")
+    raise RuntimeError(f"{field} not found in /proc/self/status (Linux only)")
+
+
+def rss_now() -> int:
+    """Resident memory of this process now, bytes (VmRSS: anonymous and mapped pages)."""
+    return _status_bytes("VmRSS")
 
 
 def peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak resident memory, bytes (VmHWM: its own; ``getrusage``'s ``ru_maxrss`` would carry the
+    parent's peak across fork and exec)."""
+    return _status_bytes("VmHWM")
 
 
 def disk_bytes(folder: Path) -> int:
@@ -214,7 +219,7 @@ def run_cell(
             result["found"] = found
     result["rss_serving_bytes"] = rss_now()
     store.close()
-    result["peak_rss_bytes"] = max(peak_rss(), result["rss_serving_bytes"])  # the kernel's high-water mark lags
+    result["peak_rss_bytes"] = peak_rss()
     result["cores"] = os.cpu_count()
     result["load_start"], result["load_end"] = list(load_start), list(os.getloadavg())
     return result
