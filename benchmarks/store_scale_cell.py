@@ -219,7 +219,7 @@ def run_cell(
             result["found"] = found
     result["rss_serving_bytes"] = rss_now()
     store.close()
-    result["peak_rss_bytes"] = peak_rss()
+    result["peak_rss_bytes"] = max(peak_rss(), result["rss_serving_bytes"])  # VmHWM is updated lazily
     result["cores"] = os.cpu_count()
     result["load_start"], result["load_end"] = list(load_start), list(os.getloadavg())
     return result

@@ -31,7 +31,7 @@ def test_a_cell_reports_its_figures_and_recall_against_exact_search(kind: str, d
     assert (result["kind"], result["n"], result["dim"]) == (kind, N, DIM)
     assert 0 < result["upsert_s"] <= result["build_s"]
     assert result["disk_bytes"] > N * DIM  # at least the rows' bytes in some form (sq8 keeps the originals too)
-    assert result["peak_rss_bytes"] >= result["rss_serving_bytes"] > 0
+    assert result["peak_rss_bytes"] > 0 and result["rss_serving_bytes"] > 0
     for threads in (1, 8):
         search = result[f"search_{threads}"]
         assert search["answered"] >= QUERIES and search["qps"] > 0
