@@ -99,7 +99,9 @@ def _choose_packed(model: Any, forward: str, compute_dtype: torch.dtype | None) 
     if forward == "padded":
         return False, "asked for (--forward padded)"
     reason = can_pack(model)
-    if reason is None and varlen_backend(torch.device(str(model.device))) is not None:
+    device = torch.device(str(model.device))
+    backend = varlen_backend(device) if reason is None else None
+    if backend is not None:
         reason = varlen_dtype_refusal(compute_dtype or next(model.parameters()).dtype)
     if forward == "packed":
         if reason is not None:
@@ -107,8 +109,8 @@ def _choose_packed(model: Any, forward: str, compute_dtype: torch.dtype | None) 
 
             raise ModelError(f"--forward packed: {reason}; use --forward padded or auto")
         return True, None
-    if reason is None and varlen_backend(torch.device(str(model.device))) is None:
-        reason = f"no variable-length attention kernel on {torch.device(model.device).type}"
+    if reason is None and backend is None:
+        reason = f"no variable-length attention kernel on {device.type}"
     return reason is None, reason
 
 
