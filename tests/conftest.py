@@ -44,6 +44,22 @@ MAX_MEAN_QUERY_COSINE = 0.9
 DISCRIMINATIVE_INIT_STD = 0.3
 
 
+# Texts of mixed lengths for the forward-pass tests (packed = padded, training's document side): one-character
+# texts (a token or two with the appended end token), repeats of one sentence, a long one, Latin letters
+MIXED_LENGTH_TEXTS = [
+    "高血压患者应低盐饮食，规律服用降压药，定期监测血压。" * 3,
+    "a",
+    "感冒",
+    "糖尿病患者需要控制饮食、适量运动，并遵医嘱使用降糖药物。",
+    "咳",
+    "失眠可以通过规律作息、睡前避免咖啡和手机来改善。",
+    "宝宝发烧超过三十八度五或精神差时应及时就医。" * 2,
+    "What should a patient with hypertension eat?",
+    "b",
+    "拉肚子时注意补充水分和电解质。",
+]
+
+
 def load_script(path: Path, name: str | None = None):
     """A script that is not a package module (examples/) imported from its file."""
     spec = importlib.util.spec_from_file_location(name or path.stem, path)

@@ -28,23 +28,11 @@ from care_retriever.model.towers.packed import (
     torch_varlen_kwargs,
     varlen_backend,
 )
-from tests.conftest import run_cli
+from tests.conftest import MIXED_LENGTH_TEXTS, run_cli
 from tests.fixtures.release import make_release_fixtures as release
 from tests.hub_towers import write_qwen3_embedding
 
-# mixed lengths, one-character texts (a token or two with the appended end token), repeats, a long one
-TEXTS = [
-    "高血压患者应低盐饮食，规律服用降压药，定期监测血压。" * 3,
-    "a",
-    "感冒",
-    "糖尿病患者需要控制饮食、适量运动，并遵医嘱使用降糖药物。",
-    "咳",
-    "失眠可以通过规律作息、睡前避免咖啡和手机来改善。",
-    "宝宝发烧超过三十八度五或精神差时应及时就医。" * 2,
-    "What should a patient with hypertension eat?",
-    "b",
-    "拉肚子时注意补充水分和电解质。",
-]
+TEXTS = MIXED_LENGTH_TEXTS
 
 
 def _tokens(model, texts: list[str]) -> np.ndarray:

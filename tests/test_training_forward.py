@@ -22,20 +22,9 @@ from care_retriever.training.recipe import build_stage, parse_recipe
 from care_retriever.training.stages import lora_on
 from care_retriever.training.teacher_cache import build_teacher_cache
 from care_retriever.training.tower_forward import stage_document_forward
+from tests.conftest import MIXED_LENGTH_TEXTS
 
-# mixed lengths: one-character texts (a token or two), repeats of one sentence, a long one, Latin letters
-TEXTS = [
-    "高血压患者应低盐饮食，规律服用降压药，定期监测血压。" * 3,
-    "a",
-    "感冒",
-    "糖尿病患者需要控制饮食、适量运动，并遵医嘱使用降糖药物。",
-    "咳",
-    "失眠可以通过规律作息、睡前避免咖啡和手机来改善。",
-    "宝宝发烧超过三十八度五或精神差时应及时就医。" * 2,
-    "What should a patient with hypertension eat?",
-    "b",
-    "拉肚子时注意补充水分和电解质。",
-]
+TEXTS = MIXED_LENGTH_TEXTS
 
 
 def _row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
