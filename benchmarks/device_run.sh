@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
 # One run of the GPU figures on a lent H100/H200 with no network (docs/gpu.md, "The device run"):
-#   bash benchmarks/device_run.sh            # from the repository root, with .whl/ carried beside it
-# Installs what the machine lacks from the wheels carried in .whl/ (gitignored; fetched on a networked machine with
-# `pip download --no-deps -d .whl torchao==0.18.0 transformers==5.24.0 sentence-transformers==6.2.0
-# tokenizers==0.23.3 safetensors==0.8.0 huggingface_hub==2.4.0 faiss-cpu==1.15.1 psutil==7.2.2`, about 40 MB),
-# then runs every side of benchmarks.gpu_index once (padded, packed, packed+compiled, fp8, sentence-transformers at
-# its defaults and at its best) and writes the cuda section of docs/gpu.md; the JSON goes to $OUT when set.
+#   bash benchmarks/device_run.sh            # from the repository root, with .whl/ and .devdata/ carried beside it
+# Installs the wheels carried in .whl/ (gitignored) into /tmp/site, ahead of the machine's own packages, so that the
+# tested versions run whatever the machine has (its torch stays: torch 2.11 cu130 there). The wheels, fetched on a
+# networked machine for the device's Python 3.12:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     torchao==0.18.0 transformers==5.24.0 sentence-transformers==6.2.0 tokenizers==0.23.3 safetensors==0.8.0 \
+#     faiss-cpu==1.15.1 regex==2026.11.19 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19     # about 41 MB
+# The shared data travels as .devdata/ (a gitignored copy of ../shared/data's tasks/ and train/, made for the call
+# and deleted after it; CARE_SHARED_DATA points there). The index run first checks what the CPU suite cannot
+# (benchmarks.cuda_checks: packed = padded on the varlen kernel, its backward, compile without graph breaks), then
+# runs the sides of benchmarks.gpu_index one at a time, each printing its line as it ends, and writes the cuda
+# section of docs/gpu.md; the logs, the JSON and docs/gpu.md go to $OUT.
 #   DEVICE_RUN=train bash benchmarks/device_run.sh   # a second call: the paper recipe's dry run, its stage table
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
-need=()
-for pair in transformers:transformers sentence_transformers:sentence-transformers tokenizers:tokenizers \
-    safetensors:safetensors huggingface_hub:huggingface_hub faiss:faiss-cpu psutil:psutil torchao:torchao; do
-  module=${pair%%:*}; wheel=${pair##*:}
-  "$PY" -c "import $module" 2>/dev/null || need+=("$wheel")
-done
-if ((${#need[@]})); then
-  echo "installing from .whl/: ${need[*]}"
-  "$PY" -m pip install -q --no-index --find-links .whl --no-deps "${need[@]}"
+PY=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+[[ -d .devdata ]] && export CARE_SHARED_DATA=${CARE_SHARED_DATA:-$PWD/.devdata}
 "$PY" -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))"
 out=${OUT:-/tmp}
 device=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0))")
@@ -30,12 +31,20 @@ if [[ "${DEVICE_RUN:-index}" == train ]]; then
   # most 10 minutes. Its run.json names the forward pass each stage's document side ran (packed on CUDA).
   cmd="care-retriever train --recipe paper --out /tmp/p --preset base --dry-run-steps 10"
   timeout "${DEVICE_RUN_SECONDS:-470}" "$PY" -m care_retriever.cli.main train --recipe paper --out /tmp/p \
-    --preset base --dry-run-steps 10 "$@"
+    --preset base --dry-run-steps 10 --data-dir "${CARE_SHARED_DATA:-../shared/data}" "$@" 2>&1 | tee "$out/train.log"
   cp /tmp/p/run.json "$out/run.json"; "$PY" -m benchmarks.training_walltime /tmp/p/run.json --device "$device (1 GPU)" --command "$cmd"
   cp docs/gpu.md "$out/gpu.md"
   exit 0
 fi
-# one round a side: the eight sides of two corpora fit the device's minutes (the compile warm-ups included)
-timeout "${DEVICE_RUN_SECONDS:-470}" "$PY" -m benchmarks.gpu_index --sides all --rounds 1 --json \
-  "$@" | tee "$out/gpu_index.json"
+# what the CPU suite cannot run (under a minute), then the sides one at a time, the ones the targets name first: a
+# run stopped by its time limit keeps the lines of the sides it finished (gpu_index.log)
+vocab=${CARE_SHARED_DATA:-/work/shared/data}/tasks/kuake-qtr-retrieval/corpus.jsonl
+timeout 100 "$PY" -m benchmarks.cuda_checks --vocab "$vocab" --json "$out/cuda_checks.json" 2>&1 \
+  | tee "$out/cuda_checks.log" || true
+# the targets' baseline (sentence-transformers at its defaults) and the index paths first; 16,384 titles (all 3,829
+# answers) keep every side inside one call
+sides="encode_document defaults,index,encode_document,index packed+compiled,index fp8,encode_document best"
+sides+=",index packed,index padded,index padded+compiled"
+timeout "${DEVICE_RUN_SECONDS:-440}" "$PY" -m benchmarks.gpu_index --sides "$sides" --rounds 1 --limit 16384 --json "$@" \
+  2> >(tee "$out/gpu_index.log" >&2) | tee "$out/gpu_index.json" || true
 cp docs/gpu.md "$out/gpu.md"

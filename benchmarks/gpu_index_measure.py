@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,113 @@ from typing import Any
 from benchmarks import gpu_index_sides as sides_of
 from benchmarks.gpu_index_sides import INDEX_SIDES, ST_DEFAULT_BATCH, cannot_run, st_padding, token_lengths, tower_copy
 from benchmarks.gpu_index_tower import flops_per_token, matmul_peak
+
+
+class _Runner:
+    """One side's timed run (``runner(round)``) over its own tower copy (``model``: the embedder it runs)."""
+
+    def __init__(self, run: Any, model: Any) -> None:
+        self.run, self.model = run, model
+
+    def __call__(self, r: int) -> Any:
+        return self.run(r)
+
+
+def _set_up(
+    embedder: Any,
+    label: str,
+    docs: list[Any],
+    texts: list[str],
+    lengths: list[int],
+    batch_size: int,
+    device: str,
+    work: Path,
+    name: str,
+    best_batch: int,
+) -> tuple[_Runner, dict[str, Any]]:
+    """A side's tower copy, set up and warmed (its compiling measured), and what the row says of it."""
+    from care_retriever.model.forward import forward_state
+
+    if label in INDEX_SIDES:
+        copy, encode = tower_copy(embedder), INDEX_SIDES[label]
+        sides_of.run_index(copy, docs[:batch_size], batch_size, device, work / f"{name}-{label}-warm", **encode)
+        state = forward_state(copy.document_model)
+        info = {"forward": state.forward, "compile": state.compile, "dtype": state.dtype}
+        info["compile_seconds"] = round(state.compile_seconds, 2)
+
+        def run(r: int) -> Any:
+            return sides_of.run_index(copy, docs, batch_size, device, work / f"{name}-{label}-{r}", **encode)
+
+        return _Runner(run, copy), info
+    if label == "encode_document best":
+        copy, batch, first = sides_of.st_best(embedder, texts, best_batch, device)
+        info = {"batch": batch, "compile": "on", "compile_seconds": round(first, 2)}
+    else:
+        batch = ST_DEFAULT_BATCH if label == "encode_document defaults" else batch_size
+        copy = embedder
+        sides_of.run_st(copy, texts[:batch], batch, device)  # warm-up
+        info = {"batch": batch, "compile": "off", "compile_seconds": 0.0}
+    info["padded_tokens"] = st_padding(texts, lengths, batch)
+
+    def st_run(r: int) -> Any:
+        return sides_of.run_st(copy, texts, batch, device)
+
+    return _Runner(st_run, copy), info
+
+
+def progress(name: str, label: str, info: dict[str, Any], run: dict[str, Any], docs: int) -> None:
+    """One line per timed run on stderr, as it ends: a run stopped by its time limit keeps what it measured."""
+    extra = f", cosine to padded eager min {info['cosine_min']:.5f}" if "cosine_min" in info else ""
+    print(
+        f"[gpu_index] {name} | {label}: {docs / run['seconds']:,.1f} docs/s ({run['seconds']:.2f} s), "
+        f"compile {info.get('compile', 'off')} {info.get('compile_seconds', 0.0):.1f} s, "
+        f"peak {run['peak_bytes'] / 2**20:,.0f} MiB{extra}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def release(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def fresh_compiler() -> None:
+    """Forget what torch.compile compiled for the sides before (as a new process would): each compiled side pays
+    and reports its own compiling, and the sides' graphs do not add up to dynamo's recompile limit (8 per code
+    object: past it, a side would run eager while reporting compile on)."""
+    import torch
+
+    torch._dynamo.reset()
+
+
+FIDELITY_DOCS = 2048
+
+
+def fidelity_reference(embedder: Any, texts: list[str], device: str) -> dict[str, Any]:
+    """The vectors each index side's are compared with: the tower as built (bf16 on CUDA), padded and eager, over
+    an even spread of at most :data:`FIDELITY_DOCS` of the corpus's texts."""
+    from care_retriever.model.encoding import encode_texts
+
+    step = max(1, len(texts) // FIDELITY_DOCS)
+    sample = texts[::step][:FIDELITY_DOCS]
+    prompt = embedder.config.document_prompt
+    vectors = encode_texts(embedder.document_model, sample, prompt=prompt, batch_size=64)
+    return {"texts": sample, "vectors": vectors, "prompt": prompt}
+
+
+def fidelity(model: Any, reference: dict[str, Any]) -> dict[str, float]:
+    """Cosine of each document vector ``model`` gives to its reference vector (both normalised): min and mean."""
+    import numpy as np
+
+    from care_retriever.model.encoding import encode_texts
+
+    vectors = encode_texts(model.document_model, reference["texts"], prompt=reference["prompt"], batch_size=64)
+    cosines = np.sum(vectors * reference["vectors"], axis=1)
+    return {"cosine_min": round(float(cosines.min()), 5), "cosine_mean": round(float(cosines.mean()), 5)}
 
 
 def measure(
@@ -29,8 +137,6 @@ def measure(
 ) -> dict[str, Any]:
     """Every side on ``docs``, alternating for ``rounds``; ``peaks``: the matmul peaks measured so far (appended
     to). ``sides``: the labels to run (default: ``index`` and ``encode_document``)."""
-    from care_retriever.model.forward import forward_state
-
     sides = sides or ["index", "encode_document"]
     texts = [d.embedding_text() for d in docs]
     model = embedder.document_model
@@ -40,42 +146,36 @@ def measure(
     flops = flops_per_token(config, own / len(texts)) * own
     runners: dict[str, Any] = {}
     info: dict[str, dict[str, Any]] = {}
+    results: dict[str, list[dict[str, Any]]] = {}
+    # one round: each side is set up, run and let go before the next, so that one tower copy (8 GB for the 4B
+    # tower) is held at a time and each side's token budget sees the same free memory; several rounds alternate
+    # the sides, so every side's copy is held throughout
+    one_at_a_time = rounds == 1
+    # every index side's vectors against the tower's own (padded, eager, as built): packed, compiled and fp8 must
+    # compute the same function
+    reference = fidelity_reference(embedder, texts, device) if set(sides) & set(INDEX_SIDES) else None
     for label in sides:
         reason = cannot_run(label, device)
         if reason is not None:
             info[label] = {"not_run": reason}
             continue
-        if label in INDEX_SIDES:
-            copy, encode = tower_copy(embedder), INDEX_SIDES[label]
-            warm = sides_of.run_index(
-                copy, docs[:batch_size], batch_size, device, work / f"{name}-{label}-warm", **encode
-            )
-            state = forward_state(copy.document_model)
-            info[label] = {"forward": state.forward, "compile": state.compile, "dtype": state.dtype}
-            info[label]["compile_seconds"] = round(state.compile_seconds, 2)
-
-            def runner(r: int, copy: Any = copy, label: str = label, encode: dict[str, str] = encode) -> Any:
-                return sides_of.run_index(copy, docs, batch_size, device, work / f"{name}-{label}-{r}", **encode)
-
-            runners[label] = runner
-            del warm
+        if one_at_a_time:
+            fresh_compiler()
+        runner, info[label] = _set_up(embedder, label, docs, texts, lengths, batch_size, device, work, name, best_batch)
+        if label in INDEX_SIDES and reference is not None:
+            info[label].update(fidelity(runner.model, reference))
+        if one_at_a_time:
+            peaks.append(matmul_peak(device, matmul_dtype))
+            gc.collect()
+            results[label] = [runner(0)]
+            progress(name, label, info[label], results[label][0], len(texts))
+            del runner
+            release(device)
         else:
-            if label == "encode_document best":
-                copy, batch, first = sides_of.st_best(embedder, texts, best_batch, device)
-                info[label] = {"batch": batch, "compile": "on", "compile_seconds": round(first, 2)}
-            else:
-                batch = ST_DEFAULT_BATCH if label == "encode_document defaults" else batch_size
-                copy = embedder
-                sides_of.run_st(copy, texts[:batch], batch, device)  # warm-up
-                info[label] = {"batch": batch, "compile": "off", "compile_seconds": 0.0}
-            info[label]["padded_tokens"] = st_padding(texts, lengths, batch)
-
-            def st_runner(r: int, copy: Any = copy, batch: int = batch) -> Any:
-                return sides_of.run_st(copy, texts, batch, device)
-
-            runners[label] = st_runner
-    results: dict[str, list[dict[str, Any]]] = {label: [] for label in runners}
-    for r in range(rounds):  # the matmul peak measured beside each round too: the best is the machine's
+            runners[label] = runner
+    for label in runners:
+        results[label] = []
+    for r in range(rounds if runners else 0):  # the matmul peak measured beside each round: the best is the machine's
         peaks.append(matmul_peak(device, matmul_dtype))
         # each side starts from a collected heap (a full collection of the process's half-million objects took
         # about 0.25 s on the CPU, and fell in whichever side crossed the threshold), and the sides take turns
@@ -83,6 +183,7 @@ def measure(
         for label, runner in list(runners.items()) if r % 2 == 0 else list(runners.items())[::-1]:
             gc.collect()
             results[label].append(runner(r))
+            progress(name, label, info[label], results[label][-1], len(texts))
 
     def side(label: str) -> dict[str, Any]:
         runs = results.get(label)
@@ -112,6 +213,8 @@ def measure(
         "sides": {label: side(label) for label in sides},
     }
     row["index"], row["encode_document"] = row["sides"].get("index"), row["sides"].get("encode_document")
+    if reference is not None:
+        row["fidelity_docs"] = len(reference["texts"])
     base = row["sides"].get("encode_document") or {}
     for figures in row["sides"].values():
         if "docs_per_second" in figures and base.get("docs_per_second"):

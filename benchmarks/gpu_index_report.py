@@ -31,25 +31,26 @@ def markdown(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}`",
         "",
         "| corpus | docs | tokens/doc | batch | side | forward | docs/s (best) | docs/s per round | x encode_document "
-        "| docs/s with compile | compile s | tokens/s | padding | MFU | peak MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| docs/s with compile | compile s | tokens/s | padding | MFU | peak MiB | cos min to padded eager |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         for label, side in row["sides"].items():
             head = f"| {row['corpus']} | {row['docs']:,} | {row['tokens_per_doc']} "
             batch = side.get("batch", row["batch_size"])
             if "docs_per_second" not in side:
-                lines.append(f"{head}| {batch} | `{label}` | not run: {side.get('not_run')} |" + " |" * 9)
+                lines.append(f"{head}| {batch} | `{label}` | not run: {side.get('not_run')} |" + " |" * 10)
                 continue
             budget = f", budget {side['max_batch_tokens']}" if side.get("max_batch_tokens") else ""
             forward = side.get("forward", "padded (sentence-transformers)")
             dtype = f", {side['dtype']}" if "fp8" in str(side.get("dtype", "")) else ""
+            cosine = f"{side['cosine_min']:.5f}" if "cosine_min" in side else ""
             lines.append(
                 f"{head}| {batch} | `{label}` | {forward}{dtype}, compile {side.get('compile', 'off')}{budget} "
                 f"| {side['docs_per_second']:,.1f} | {', '.join(f'{v:,.1f}' for v in side['docs_per_second_rounds'])} "
                 f"| {side.get('vs_encode_document', 1.0):.3f} | {side['docs_per_second_with_compile']:,.1f} "
                 f"| {side.get('compile_seconds', 0.0):.1f} | {side['tokens_per_second']:,.0f} "
-                f"| {side['padding_ratio']:.3f} | {side['mfu']:.2%} | {side['peak_mib']:,.1f} |"
+                f"| {side['padding_ratio']:.3f} | {side['mfu']:.2%} | {side['peak_mib']:,.1f} | {cosine} |"
             )
     lines.append("")
     lines += [
@@ -58,6 +59,14 @@ def markdown(result: dict[str, Any]) -> str:
         for row in result["rows"]
         if "ratio" in row
     ]
+    for row in result["rows"]:
+        fp8 = row["sides"].get("index fp8", {})
+        if "cosine_min" in fp8:
+            lines.append(
+                f"* {row['corpus']}: `index fp8` document vectors against the tower's own bf16 ones, "
+                f"{row.get('fidelity_docs', 0):,} texts: cosine min **{fp8['cosine_min']:.5f}**, "
+                f"mean {fp8['cosine_mean']:.5f} (target: min >= 0.999)"
+            )
     for name in result["skipped"]:
         lines.append(f"* {name}: skipped (corpus not found)")
     return "\n".join(lines) + "\n"

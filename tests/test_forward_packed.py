@@ -26,6 +26,7 @@ from care_retriever.model.towers.packed import (
     is_packed,
     pack_features,
     torch_varlen_kwargs,
+    varlen_scale_kwargs,
     varlen_backend,
 )
 from tests.conftest import MIXED_LENGTH_TEXTS, run_cli
@@ -123,6 +124,18 @@ def test_torch_varlen_is_asked_for_causal_grouped_query_attention_as_its_version
         False,
     )
     assert torch_varlen_kwargs({"window_size", "enable_gqa"}, 8, 8) == ({"window_size": (-1, 0)}, False)
+
+
+def test_torch_varlen_gets_the_towers_softmax_scale_with_or_without_a_scale_parameter() -> None:
+    # torch 2.11 on: scale=; torch 2.10 scales by head_dim ** -0.5 itself, so the queries are multiplied first
+    assert varlen_scale_kwargs({"scale", "window_size"}, 0.3, 64) == ({"scale": 0.3}, 1.0)
+    kwargs, factor = varlen_scale_kwargs({"is_causal"}, 64**-0.5, 64)
+    assert kwargs == {} and factor == pytest.approx(1.0)
+    q, k, v = (torch.randn(1, 4, 7, 64) for _ in range(3))
+    _, factor = varlen_scale_kwargs({"is_causal"}, 0.3, 64)
+    wanted = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    by_default_scale = torch.nn.functional.scaled_dot_product_attention(q * factor, k, v, is_causal=True)
+    torch.testing.assert_close(by_default_scale, wanted, rtol=1e-5, atol=1e-5)
 
 
 def test_auto_pads_where_no_varlen_kernel_runs_and_says_why(tiny_model_dir: Path) -> None:

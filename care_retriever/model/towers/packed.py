@@ -144,6 +144,15 @@ def torch_varlen_kwargs(parameters: set[str], heads: int, kv_heads: int) -> tupl
     return kwargs, repeat
 
 
+def varlen_scale_kwargs(parameters: set[str], scale: float, head_dim: int) -> tuple[dict[str, Any], float]:
+    """How torch's ``varlen_attn`` gets the softmax scale: as ``scale=`` where its signature has it (torch 2.11 on),
+    else (torch 2.10, which scales by ``head_dim ** -0.5`` itself) by the factor the caller multiplies the queries
+    by first (the second value: 1.0 where the tower's scale is that default, as Qwen3's is)."""
+    if "scale" in parameters:
+        return {"scale": scale}, 1.0
+    return {}, scale * head_dim**0.5
+
+
 def _repeat_kv(states: torch.Tensor, times: int) -> torch.Tensor:
     # (total, kv_heads, dim) -> (total, kv_heads * times, dim), each kv head next to the query heads that share it
     return states if times == 1 else states.repeat_interleave(times, dim=1)
@@ -163,10 +172,14 @@ def _varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: flo
         return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scaling, causal=True)
     from torch.nn.attention.varlen import varlen_attn
 
-    extra, repeat = torch_varlen_kwargs(set(inspect.signature(varlen_attn).parameters), q.shape[1], k.shape[1])
+    parameters = set(inspect.signature(varlen_attn).parameters)
+    extra, repeat = torch_varlen_kwargs(parameters, q.shape[1], k.shape[1])
     if repeat:
         k, v = _repeat_kv(k, q.shape[1] // k.shape[1]), _repeat_kv(v, q.shape[1] // v.shape[1])
-    out = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scaling, **extra)
+    scaled, factor = varlen_scale_kwargs(parameters, scaling, q.shape[-1])
+    if abs(factor - 1.0) > 1e-6:
+        q = q * factor
+    out = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **scaled, **extra)
     return out if isinstance(out, torch.Tensor) else out[0]
 
 
