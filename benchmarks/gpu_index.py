@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -61,12 +62,31 @@ CORPORA = {
 DOC = REPO / "docs" / "gpu.md"
 
 
+def finished(head: dict[str, Any], rows: list[dict[str, Any]], peak: float) -> dict[str, Any]:
+    """The run's result from the rows measured so far: each side's MFU over the best matmul of the run."""
+    import copy
+
+    rows = copy.deepcopy(rows)
+    for row in rows:
+        for figures in row["sides"].values():
+            if "flops_per_second" in figures:
+                figures["mfu"] = round(figures.pop("flops_per_second") / peak, 4)
+    return {**head, "matmul_tflops": peak / 1e12, "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None, help="cuda | cpu (default: cuda where available)")
     parser.add_argument("--tower", default="auto", choices=["auto", "tiny", "qwen3-4b"], help="auto: by device")
     parser.add_argument("--corpus", action="append", type=Path, help="instead of the shared corpora (repeatable)")
     parser.add_argument("--limit", type=int, default=None, help="at most N documents of each corpus")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        help="measure only this corpus (repeatable, in this order; the tokenizer still trains on every corpus "
+        "found, so token counts match a full run); the doc's section is then this corpus's own",
+    )
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
@@ -99,8 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     if not present:
         print("gpu_index: no corpus found; nothing measured", file=sys.stderr)
         return 0
-    loaded = {name: list(read_corpus(path, skip_invalid=True))[: args.limit] for name, path in present.items()}
     vocab = [path / "corpus.jsonl" if path.is_dir() else path for path in present.values()]
+    if args.only:
+        missing = [name for name in args.only if name not in present]
+        if missing:
+            parser.error(f"--only {missing}: not among the corpora found ({', '.join(present)})")
+        present = {name: present[name] for name in args.only}
+    loaded = {name: list(read_corpus(path, skip_invalid=True))[: args.limit] for name, path in present.items()}
     embedder = build_embedder(device, vocab, tower)
     model = embedder.document_model
     dtype = next(model.parameters()).dtype
@@ -112,6 +137,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown sides {unknown}")
     best_batch = args.st_best_batch or (4 * args.batch_size if device.startswith("cuda") else args.batch_size)
+    config = model[0].auto_model.config
+    command = "python -m benchmarks.gpu_index " + shlex.join(argv if argv is not None else sys.argv[1:])
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    section = kind + "".join(f"-{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}" for name in args.only or [])
+    head: dict[str, Any] = {
+        "device_kind": kind,
+        "device": describe_device(device),
+        "tower": f"{tower} (random; {config.num_hidden_layers} layers, {config.hidden_size} wide, "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:,.1f}M parameters)",
+        "dtype": str(dtype).removeprefix("torch."),
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "matmul_dtype": str(matmul_dtype).removeprefix("torch."),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": command.strip(),
+        "skipped": skipped,
+    }
+    result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="gpu-index-") as tmp:
         for name, docs in loaded.items():
             rows.append(
@@ -129,31 +171,11 @@ def main(argv: list[str] | None = None) -> int:
                     best_batch,
                 )
             )
-    peak = max(peaks)
-    for row in rows:
-        for figures in row["sides"].values():
-            if "flops_per_second" in figures:
-                figures["mfu"] = round(figures.pop("flops_per_second") / peak, 4)
-    config = model[0].auto_model.config
-    command = "python -m benchmarks.gpu_index " + shlex.join(argv if argv is not None else sys.argv[1:])
-    result: dict[str, Any] = {
-        "device_kind": "cuda" if device.startswith("cuda") else "cpu",
-        "device": describe_device(device),
-        "tower": f"{tower} (random; {config.num_hidden_layers} layers, {config.hidden_size} wide, "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:,.1f}M parameters)",
-        "dtype": str(dtype).removeprefix("torch."),
-        "attn_implementation": getattr(config, "_attn_implementation", None),
-        "matmul_tflops": peak / 1e12,
-        "matmul_dtype": str(matmul_dtype).removeprefix("torch."),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": command.strip(),
-        "rows": rows,
-        "skipped": skipped,
-    }
-    text = markdown(result)
-    print(json.dumps(result, ensure_ascii=False) if args.json else text)
-    if not args.no_write:
-        write_section(args.docs, result["device_kind"], text)
+            # the section is written after each corpus: a run stopped by its time limit keeps the corpora it did
+            result = finished(head, rows, max(peaks))
+            if not args.no_write:
+                write_section(args.docs, section, markdown(result))
+    print(json.dumps(result, ensure_ascii=False) if args.json else markdown(result))
     return 0
 
 

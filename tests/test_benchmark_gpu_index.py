@@ -65,7 +65,8 @@ def test_the_sides_take_turns_from_a_collected_heap(
     monkeypatch.setattr(gpu_index_measure.gc, "collect", lambda *a: calls.append("gc"))
     args = ["--corpus", str(sample_corpus_path), "--limit", "30", "--batch-size", "8", "--rounds", "3"]
     assert gpu_index.main([*args, "--no-write", "--json"]) == 0
-    timed = calls[2:]  # after the warm-up of each side
+    assert calls[:3] == ["gc", "index", "st"]  # the fp32 reference let go, then each side's warm-up
+    timed = calls[3:]
     assert timed == ["gc", "index", "gc", "st", "gc", "st", "gc", "index", "gc", "index", "gc", "st"]
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     ratios = sorted(st / ix for st, ix in zip(seconds["st"], seconds["index"], strict=True))
@@ -154,3 +155,41 @@ def test_the_forward_sides_run_or_say_why_not(capsys, tmp_path: Path, sample_cor
     assert by_side["index fp8"]["not_run"].startswith("--dtype fp8 runs on CUDA GPUs")
     for label in ("index padded", "index packed", "encode_document defaults"):
         assert by_side[label]["docs_per_second"] > 0 and by_side[label]["vs_encode_document"] > 0
+
+
+def test_each_side_is_read_against_the_towers_fp32_vectors(sample_corpus_path: Path) -> None:
+    """The fidelity column: the same function gives cosine 1 to the fp32 reference, FP8's rounding less (and a
+    side whose tower computes something else would show it)."""
+    from care_retriever.indexing.corpus import read_corpus
+    from care_retriever.model.fp8 import emulate_fp8
+    from care_retriever.model.towers.scratch import init_from_scratch
+
+    embedder = init_from_scratch("tiny", [sample_corpus_path])
+    texts = [d.embedding_text() for d in read_corpus(sample_corpus_path)][:40]
+    reference = gpu_index_measure.fidelity_reference(embedder, texts, "cpu")
+    assert len(reference["texts"]) == 40
+    same = gpu_index_measure.fidelity(gpu_index_sides.tower_copy(embedder), reference, "index packed")
+    assert same["cosine_min"] >= 0.99999
+    st_side = gpu_index_measure.fidelity(embedder, reference, "encode_document")
+    assert st_side["cosine_min"] >= 0.99999
+    rounded = gpu_index_sides.tower_copy(embedder)
+    assert emulate_fp8(rounded.document_model) > 0
+    fp8 = gpu_index_measure.fidelity(rounded, reference, "index fp8")
+    assert 0.9 < fp8["cosine_min"] < 0.99999 and fp8["cosine_min"] <= fp8["cosine_mean"]
+
+
+def test_only_measures_the_named_corpus_into_a_section_of_its_own(
+    capsys, tmp_path: Path, sample_corpus_path: Path, small_corpus_path: Path
+) -> None:
+    doc = tmp_path / "gpu.md"
+    sample, small = tmp_path / "sample.jsonl", tmp_path / "small.jsonl"
+    sample.write_bytes(sample_corpus_path.read_bytes())
+    small.write_bytes(small_corpus_path.read_bytes())
+    args = ["--corpus", str(sample), "--corpus", str(small), "--limit", "20"]
+    only = ["--only", "small.jsonl", "--sides", "index,encode_document", "--rounds", "1"]
+    assert gpu_index.main([*args, *only, "--batch-size", "8", "--docs", str(doc), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [row["corpus"] for row in result["rows"]] == ["small.jsonl"]
+    assert "<!-- gpu_index:cpu-small-jsonl:begin -->" in doc.read_text()
+    with pytest.raises(SystemExit):
+        gpu_index.main([*args, "--only", "absent", "--no-write"])

@@ -26,8 +26,8 @@ from care_retriever.model.towers.packed import (
     is_packed,
     pack_features,
     torch_varlen_kwargs,
-    varlen_scale_kwargs,
     varlen_backend,
+    varlen_scale_kwargs,
 )
 from tests.conftest import MIXED_LENGTH_TEXTS, run_cli
 from tests.fixtures.release import make_release_fixtures as release
@@ -124,6 +124,30 @@ def test_torch_varlen_is_asked_for_causal_grouped_query_attention_as_its_version
         False,
     )
     assert torch_varlen_kwargs({"window_size", "enable_gqa"}, 8, 8) == ({"window_size": (-1, 0)}, False)
+
+
+def test_the_varlen_kernel_is_looked_up_once_and_compiled_attention_reads_it_without_a_graph_break(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Found on an H100: the lookup (importlib's find_spec) ran inside each compiled layer's attention and broke the
+    # graph there. Once looked up, reading it is plain data that torch.compile traces.
+    import importlib.util
+
+    first = varlen_backend(torch.device("cuda"))
+    looked_up: list[str] = []
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: looked_up.append(name) or real_find_spec(name, *a)
+    )
+    assert [varlen_backend(torch.device("cuda")) for _ in range(3)] == [first] * 3
+    assert looked_up == []
+
+    @torch.compile(fullgraph=True, backend="eager")  # fullgraph: a graph break is an error
+    def reads_the_backend(x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if varlen_backend(torch.device("cuda")) is None else x - 1
+
+    x = torch.ones(3)
+    torch.testing.assert_close(reads_the_backend(x), x + 1 if first is None else x - 1)
 
 
 def test_torch_varlen_gets_the_towers_softmax_scale_with_or_without_a_scale_parameter() -> None:
@@ -256,3 +280,32 @@ def test_quantizing_a_tower_to_fp8_is_refused_on_the_cpu(tiny_model_dir: Path) -
     embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), load="document", device="cpu")
     with pytest.raises(ModelError, match=r"^--dtype fp8 runs on CUDA GPUs"):
         quantize_fp8(embedder.document_model)
+
+
+def test_the_writer_hashes_the_document_weights_before_their_forward_pass_is_set_up(
+    tmp_path: Path, sample_corpus_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found on an H100: `--dtype fp8` replaced the Linear weights by torchao's float8 tensors before the space
+    # fingerprint hashed them, and the hash could not read them (the run stopped). The weights are hashed as loaded.
+    from care_retriever.indexing.writer import DocumentStoreWriter
+    from care_retriever.model import forward as forward_module
+    from care_retriever.model.towers.scratch import init_from_scratch
+
+    embedder = init_from_scratch("tiny", [sample_corpus_path])  # no fingerprint recorded: the weights are hashed
+    events: list[str] = []
+    hash_weights = AsymmetricEmbedder.hash_document_weights
+    prepare = forward_module.prepare_document_forward
+
+    def hashing(self: AsymmetricEmbedder) -> str:
+        events.append("hash")
+        return hash_weights(self)
+
+    def preparing(*args: object, **kwargs: object) -> object:
+        events.append("prepare")
+        return prepare(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AsymmetricEmbedder, "hash_document_weights", hashing)
+    monkeypatch.setattr(forward_module, "prepare_document_forward", preparing)
+    writer = DocumentStoreWriter(embedder, f"faiss:{tmp_path / 's'}", show_progress=False, sparse=False)
+    assert events == ["hash", "prepare"]
+    writer.store.close()

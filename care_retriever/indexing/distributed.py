@@ -95,12 +95,12 @@ class ShardedEncoder:
         encode: EncodeConfig,
     ) -> None:
         from care_retriever.model.encoding import auto_batch_limits
-        from care_retriever.model.forward import prepare_document_forward
+        from care_retriever.model.forward import prepare_encoder_forward
 
         self.embedder = embedder
         self.group = group
         if embedder.document_model is not None:  # this rank's tower: packed / compiled / fp8 as asked
-            prepare_document_forward(embedder.document_model, encode.forward, encode.compile, encode.dtype)
+            prepare_encoder_forward(embedder, encode.forward, encode.compile, encode.dtype)
         # this rank's limits ("auto": from its own GPU's free memory); halved on out-of-memory, then kept for the run
         self.limits = auto_batch_limits(embedder.document_model, encode.batch_size, encode.max_batch_tokens)
         self.stats: dict[str, int] = {}  # truncated, tokens, padded_tokens of the slices this rank encoded

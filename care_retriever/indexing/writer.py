@@ -38,7 +38,7 @@ from care_retriever.indexing.report import WriteReport
 from care_retriever.indexing.store_writes import StoreWrites
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.encoding import BatchLimits, auto_batch_limits
-from care_retriever.model.forward import prepare_document_forward
+from care_retriever.model.forward import prepare_encoder_forward
 from care_retriever.model.protocols import DocumentEncoder
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
@@ -122,7 +122,7 @@ class DocumentStoreWriter:
         # elsewhere) batches for itself, and its model may hold no document tower.
         self._document_tower = embedder.document_model if encoder is None else None
         if self._document_tower is not None:  # packed / compiled / fp8 passes, decided once per tower
-            prepare_document_forward(self._document_tower, self.encode.forward, self.encode.compile, self.encode.dtype)
+            prepare_encoder_forward(embedder, self.encode.forward, self.encode.compile, self.encode.dtype)
         if background_tokenizer is None:
             tower = self._document_tower
             background_tokenizer = tower is not None and str(tower.device).split(":")[0] not in ("cpu", "")

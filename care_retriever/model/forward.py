@@ -33,6 +33,7 @@ from care_retriever.model.towers.packed import (
     enable_packed,
     is_packed,
     pack_features,
+    torch_varlen_parameters,
     varlen_backend,
     varlen_dtype_refusal,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "document_forward",
     "forward_state",
     "prepare_document_forward",
+    "prepare_encoder_forward",
     "warm_up_passes",
 ]
 
@@ -149,6 +151,8 @@ def prepare_document_forward(
     if packed:
         enable_packed(model)
     backend = varlen_backend(torch.device(str(model.device)))
+    if packed and backend == "torch":
+        torch_varlen_parameters()  # read here, outside the compiled layers that use it
     kernels = {"torch": "varlen_attn", "flash_attn": "flash_attn", None: "reference"}
     attention = kernels[backend] if packed else None
     weights = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -171,6 +175,18 @@ def prepare_document_forward(
             logger.warning("torch.compile of the document tower failed (%s); running eager", first)
     setattr(model, _STATE, state)
     return state
+
+
+def prepare_encoder_forward(
+    embedder: Any, forward: str = "auto", compile: str = "auto", dtype: str | None = None
+) -> ForwardState:
+    """:func:`prepare_document_forward` for an embedder's document tower, its space fingerprint read first: the
+    fingerprint hashes the tower's weights as loaded, and FP8 then replaces its Linear weights by float8 tensors
+    (torchao's, which no hash reads as bytes). The space is the tower's, whatever precision computes it, so an
+    ``--dtype fp8`` run writes into the store a bf16 run wrote."""
+    fingerprint = embedder.space_fingerprint
+    logger.debug("document space %s", fingerprint)
+    return prepare_document_forward(embedder.document_model, forward, compile, dtype)
 
 
 def _release_document_forward(model: Any, attention: str | None) -> None:

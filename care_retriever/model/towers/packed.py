@@ -39,6 +39,7 @@ __all__ = [
     "pack_features",
     "pack_padded_passes",
     "packed_attention",
+    "torch_varlen_parameters",
     "varlen_backend",
     "varlen_dtype_refusal",
 ]
@@ -106,16 +107,38 @@ def packed_offsets(lengths: np.ndarray) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ attention
+# What a device type's packed passes run, found once per process (find_spec and inspect.signature are Python that
+# torch.compile cannot trace: called inside a compiled layer's attention, each broke the graph there). The forward
+# pass is set up outside any compiled code (care_retriever.model.forward), which fills these first.
+_BACKENDS: dict[str, str | None] = {}
+_TORCH_VARLEN_PARAMETERS: list[frozenset[str]] = []
+
+
 def varlen_backend(device: torch.device | str) -> str | None:
     """Which variable-length kernel a packed pass on ``device`` runs: ``flash_attn`` (the package, where installed),
     ``torch`` (``torch.nn.attention.varlen``), or None where neither runs (off CUDA: the reference runs there)."""
-    if torch.device(device).type != "cuda":
-        return None
-    import importlib.util
+    kind = torch.device(device).type
+    if kind in _BACKENDS:
+        return _BACKENDS[kind]
+    backend = None
+    if kind == "cuda":
+        import importlib.util
 
-    if importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attn"
-    return "torch" if importlib.util.find_spec("torch.nn.attention.varlen") is not None else None
+        if importlib.util.find_spec("flash_attn") is not None:
+            backend = "flash_attn"
+        elif importlib.util.find_spec("torch.nn.attention.varlen") is not None:
+            backend = "torch"
+    _BACKENDS[kind] = backend
+    return backend
+
+
+def torch_varlen_parameters() -> frozenset[str]:
+    """The parameters of this torch's ``varlen_attn`` (they changed between releases), read once."""
+    if not _TORCH_VARLEN_PARAMETERS:
+        from torch.nn.attention.varlen import varlen_attn
+
+        _TORCH_VARLEN_PARAMETERS.append(frozenset(inspect.signature(varlen_attn).parameters))
+    return _TORCH_VARLEN_PARAMETERS[0]
 
 
 def varlen_dtype_refusal(dtype: torch.dtype) -> str | None:
@@ -172,7 +195,7 @@ def _varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: flo
         return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scaling, causal=True)
     from torch.nn.attention.varlen import varlen_attn
 
-    parameters = set(inspect.signature(varlen_attn).parameters)
+    parameters = set(torch_varlen_parameters())
     extra, repeat = torch_varlen_kwargs(parameters, q.shape[1], k.shape[1])
     if repeat:
         k, v = _repeat_kv(k, q.shape[1] // k.shape[1]), _repeat_kv(v, q.shape[1] // v.shape[1])
