@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu_index_sides import INDEX_SIDES
+
 
 def describe_device(device: str) -> str:
     import platform
@@ -60,6 +62,16 @@ def markdown(result: dict[str, Any]) -> str:
         if "ratio" in row
     ]
     for row in result["rows"]:
+        defaults = row["sides"].get("encode_document defaults", {}).get("docs_per_second")
+        fastest = max(
+            (side.get("docs_per_second", 0.0), label) for label, side in row["sides"].items() if label in INDEX_SIDES
+        )
+        if defaults and fastest[0]:
+            lines.append(
+                f"* {row['corpus']}: against `encode_document` at its defaults (the targets' baseline): `index` "
+                f"{row['sides'].get('index', {}).get('docs_per_second', 0.0) / defaults:.2f}x, the fastest index "
+                f"side (`{fastest[1]}`) {fastest[0] / defaults:.2f}x"
+            )
         fp8 = row["sides"].get("index fp8", {})
         if "cosine_min" in fp8:
             lines.append(
