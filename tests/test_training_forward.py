@@ -209,6 +209,8 @@ def test_a_recipe_trains_stage1_and_stage2_on_the_packed_forward_and_reports_it(
                 "lora": {"r": 4, "alpha": 8},
                 "mini_batch_size": 2,
             },
+            # score distillation: its mined negatives and its teacher scores from the frozen tower, packed too
+            {"name": "distill", "type": "distill", "datasets": ["pairs"], "hard_negatives": {"num": 1}},
         ],
     }
     threads = torch.get_num_threads()
@@ -221,6 +223,9 @@ def test_a_recipe_trains_stage1_and_stage2_on_the_packed_forward_and_reports_it(
     assert reports["stage1"]["teacher_forward"]["forward"] == "packed"
     assert reports["recompute"]["teacher_forward"]["forward"] == "packed"
     assert reports["stage2"]["document_forward"]["forward"] == "packed"
+    assert reports["stage2"]["mining_forward"]["forward"] == "packed"  # its hard negatives mined packed
+    assert reports["distill"]["mining_forward"]["forward"] == "packed"
+    assert reports["distill"]["teacher_forward"]["forward"] == "packed"
     assert all(reports[name]["steps"] == 1 for name in reports)
     run = json.loads((tmp_path / "out" / "run.json").read_text("utf-8"))
     assert next(r for r in run["reports"] if r["name"] == "stage2")["document_forward"]["attention"] == "reference"

@@ -208,6 +208,8 @@ class DistillStage(EmbeddingStage):
     hard_negatives: dict[str, Any] = field(default_factory=dict)
     kl_weight: float = 1.0
     temperature: float | None = None
+    # The frozen document tower's passes (mining, the teacher scores): auto | packed | padded, as Stage2JointStage's.
+    forward: str | None = None
 
 
 STAGE_CLASSES: dict[str, type[StageSpec]] = {

@@ -62,7 +62,12 @@ from care_retriever.training.stage_context import (
     trainer_settings,
 )
 from care_retriever.training.teacher_cache import autocast
-from care_retriever.training.tower_forward import describe, half_dtype, stage_document_forward
+from care_retriever.training.tower_forward import (
+    describe,
+    frozen_document_forward,
+    half_dtype,
+    stage_document_forward,
+)
 
 if TYPE_CHECKING:
     from care_retriever.model.embedder import AsymmetricEmbedder
@@ -432,9 +437,15 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder: Asymmetri
 
 # ----------------------------------------------------------------------------- Stage II
 def add_hard_negatives(
-    ctx: StageContext, stage: Stage2JointStage | DistillStage, embedder: AsymmetricEmbedder, examples: list[Example]
+    ctx: StageContext,
+    stage: Stage2JointStage | DistillStage,
+    embedder: AsymmetricEmbedder,
+    examples: list[Example],
+    report: dict[str, Any] | None = None,
 ) -> tuple[list[Example], int]:
-    """Give every example exactly ``num`` negatives: its own first, then mined ones from the pool."""
+    """Give every example exactly ``num`` negatives: its own first, then mined ones from the pool. The mining
+    encodes the pool with the document tower on the stage's forward pass (packed where ``index`` packs);
+    ``report`` gets ``mining_forward``, the pass it ran."""
     spec = stage.hard_negatives
     num = int(spec.get("num", 1))
     if num <= 0:
@@ -447,19 +458,20 @@ def add_hard_negatives(
         positives: dict[str, set[str]] = {}
         for e in examples:
             positives.setdefault(e.query, set()).add(e.positive)
-        mined = mine_for_queries(
-            embedder,
-            positives,
-            pool,
-            num=num,
-            range_min=int(spec.get("range_min", 3)),
-            range_max=int(spec.get("range_max", 50)),
-            duplicate_threshold=float(spec.get("duplicate_threshold", 0.95)),
-            show_progress=ctx.show_progress,
-            miner=str(spec.get("miner", "document")),
-            exchange_dir=ctx.out / f".exchange-{stage.name}",  # torchrun: the ranks' shares of the pool
-            dtype=stage_dtype(ctx, stage),
-        )
+        with frozen_document_forward(ctx, stage, embedder, report, "mining_forward"):
+            mined = mine_for_queries(
+                embedder,
+                positives,
+                pool,
+                num=num,
+                range_min=int(spec.get("range_min", 3)),
+                range_max=int(spec.get("range_max", 50)),
+                duplicate_threshold=float(spec.get("duplicate_threshold", 0.95)),
+                show_progress=ctx.show_progress,
+                miner=str(spec.get("miner", "document")),
+                exchange_dir=ctx.out / f".exchange-{stage.name}",  # torchrun: the ranks' shares of the pool
+                dtype=stage_dtype(ctx, stage),
+            )
     rng = random.Random(ctx.seed)
     out = []
     for e in examples:
@@ -481,7 +493,8 @@ def stage2_joint(ctx: StageContext, stage: Stage2JointStage, embedder: Asymmetri
     """Joint fine-tuning: Asym-InfoNCE over hard + in-batch negatives, LoRA on the document tower."""
     where = f"stage {stage.name!r}"
     examples = gather_examples(ctx, stage)
-    examples, num = add_hard_negatives(ctx, stage, embedder, examples)
+    mining: dict[str, Any] = {}
+    examples, num = add_hard_negatives(ctx, stage, embedder, examples, mining)
     examples, anchor = row_prompted(examples, embedder.config)
     lora = LoraSpec.from_options(stage.lora, where)
     set_trainable(embedder.tower("query").modules, True)
@@ -514,6 +527,7 @@ def stage2_joint(ctx: StageContext, stage: Stage2JointStage, embedder: Asymmetri
             merge_lora(embedder.tower("document").modules)
     report.extra["hard_negatives"] = num
     report.extra["document_forward"] = state
+    report.extra.update(mining)
     return report
 
 
@@ -526,11 +540,15 @@ def distill(ctx: StageContext, stage: DistillStage, embedder: AsymmetricEmbedder
     from care_retriever.training.losses import ScoreDistillationLoss
 
     examples = gather_examples(ctx, stage)
-    examples, num = add_hard_negatives(ctx, stage, embedder, examples)
+    passes: dict[str, Any] = {}
+    examples, num = add_hard_negatives(ctx, stage, embedder, examples, passes)
     if num < 1:
         raise InputError(f"stage {stage.name!r}: score distillation needs hard_negatives.num >= 1")
     texts = unique([t for e in examples for t in (e.query, e.positive, *e.negatives)])
-    with autocast(embedder.device, stage_dtype(ctx, stage)):  # the frozen tower as it runs in training
+    with (
+        frozen_document_forward(ctx, stage, embedder, passes, "teacher_forward"),
+        autocast(embedder.device, stage_dtype(ctx, stage)),  # the frozen tower as it runs in training
+    ):
         vectors = embedder.embed_documents(texts, batch_size=64, show_progress=ctx.show_progress)
     row = {t: i for i, t in enumerate(texts)}
     scores = [[float(vectors[row[e.query]] @ vectors[row[c]]) for c in (e.positive, *e.negatives)] for e in examples]
@@ -555,6 +573,7 @@ def distill(ctx: StageContext, stage: DistillStage, embedder: AsymmetricEmbedder
     finally:
         set_trainable(embedder.tower("document").modules, True)
     report.extra["hard_negatives"] = num
+    report.extra.update(passes)
     return report
 
 

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     import torch
 
     from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.training.recipe import StageSpec
+    from care_retriever.training.stage_context import StageContext
 
 logger = logging.getLogger("care_retriever")
 
@@ -52,6 +54,22 @@ def stage_document_forward(
             stack.callback(pack_padded_passes(model).remove)
         info = state.to_dict()
         yield {**info, "padded_because": padded_because or info["padded_because"]}
+
+
+@contextmanager
+def frozen_document_forward(
+    ctx: StageContext, stage: StageSpec, embedder: AsymmetricEmbedder, report: dict[str, Any] | None, key: str
+) -> Iterator[None]:
+    """The document tower's passes outside a stage's training steps (mining its pool, distillation's teacher
+    scores) on the stage's forward pass (packed where ``index`` packs), recorded as ``report[key]``."""
+    from care_retriever.training.stage_context import option, stage_dtype
+
+    where = f"stage {stage.name!r}"
+    compute = half_dtype(stage_dtype(ctx, stage))
+    with stage_document_forward(embedder, option(ctx, stage, "forward", "auto"), where, compute) as state:
+        if report is not None:
+            report[key] = state
+        yield
 
 
 def describe(state: dict[str, Any]) -> str:
