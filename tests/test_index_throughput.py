@@ -134,7 +134,7 @@ def test_the_background_tokenizer_is_used_where_the_tower_runs_on_a_gpu(tmp_path
     on_cpu = AsymmetricEmbedder.from_pretrained(tiny_model_dir, load="document", device="cpu")
     assert DocumentStoreWriter(on_cpu, f"faiss:{tmp_path / 'a'}", sparse=True).background_tokenizer is False
     # only where the document tower runs is read when the writer is made
-    on_gpu = SimpleNamespace(document_model=SimpleNamespace(device="cuda:1"))
+    on_gpu = SimpleNamespace(document_model=SimpleNamespace(device="cuda:1"), space_fingerprint="a-space")
     assert DocumentStoreWriter(on_gpu, f"faiss:{tmp_path / 'b'}", sparse=True).background_tokenizer is True
     forced = DocumentStoreWriter(on_cpu, f"faiss:{tmp_path / 'c'}", sparse=True, background_tokenizer=True)
     assert forced.background_tokenizer is True
