@@ -79,6 +79,8 @@ KINDS: dict[str, Kind] = {
     "faiss-hnsw": Kind("FAISS HNSW", _faiss({"index_type": "hnsw"})),
     "edge-hnsw": Kind("Qdrant Edge HNSW", _edge({})),
     "edge-int8": Kind("Qdrant Edge HNSW, int8 codes", _edge({"quantize": "sq8"})),
+    # the original vectors memory-mapped (--on-disk-vectors): what optimize() peaks at with them out of RAM
+    "edge-hnsw-on-disk": Kind("Qdrant Edge HNSW, vectors on disk", _edge({"on_disk": True})),
     "local-mode": Kind("qdrant-client local mode (earlier releases)", _local_mode),
 }
 
