@@ -60,17 +60,23 @@ def synthetic_dataset(work: Path, n: int, dim: int, queries: int, k: int, seed: 
     return folder
 
 
-def kuake_dataset(work: Path, task: Path, k: int) -> Path:
-    """The kuake-qtr corpus and dev queries encoded once by the ``tiny`` tower, ids and texts kept."""
-    folder = work / "data" / "kuake-qtr-tiny"
+def kuake_dataset(work: Path, task: Path, k: int, model: Path | None = None) -> Path:
+    """The kuake-qtr corpus and dev queries encoded once by the ``tiny`` tower (random weights) or by a trained
+    CARE ``model`` (whose query and document vectors share one space, as the random tower's do not), ids and
+    texts kept."""
+    folder = work / "data" / ("kuake-qtr-tiny" if model is None else f"kuake-qtr-{model.resolve().parent.name}")
     if (folder / "truth.npy").is_file():
         return folder
     from care_retriever import read_corpus
     from care_retriever.documents import iter_jsonl
+    from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.model.towers.scratch import init_from_scratch
 
     folder.mkdir(parents=True, exist_ok=True)
-    embedder = init_from_scratch("tiny", [task / "corpus.jsonl"])
+    if model is None:
+        embedder = init_from_scratch("tiny", [task / "corpus.jsonl"])
+    else:
+        embedder = AsymmetricEmbedder.from_pretrained(str(model), device="cpu")
     documents = list(read_corpus(task / "corpus.jsonl", skip_invalid=True))
     vectors = embedder.embed_documents([d.text for d in documents])
     asked = embedder.embed_queries([row["text"] for _, row in iter_jsonl(task / "queries.jsonl")])
@@ -238,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=500, help="synthetic queries")
     parser.add_argument("--kuake", action="store_true", help="also the kuake-qtr corpus with the tiny tower")
     parser.add_argument("--task", type=Path, default=KUAKE)
+    parser.add_argument(
+        "--kuake-model", type=Path, default=None, help="with --kuake: encode it with this trained model instead"
+    )
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated: {', '.join(KINDS)}")
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--cell-budget", type=float, default=1800.0, help="seconds before a cell is stopped")
@@ -259,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kuake:
         if not (args.task / "corpus.jsonl").is_file():
             parser.error(f"{args.task}: task not found (set CARE_SHARED_DATA)")
-        datasets.insert(1 if datasets else 0, kuake_dataset(work, args.task, args.k))
+        datasets.insert(1 if datasets else 0, kuake_dataset(work, args.task, args.k, args.kuake_model))
     for dataset in datasets:
         for kind in kinds:
             saved = work / "results" / dataset.name / f"{kind}.json"

@@ -359,3 +359,31 @@ def test_cli_bad_values_and_wrong_store_exit_2_with_one_line(
     code, _, err = _index(capsys, tiny_model_dir, small_corpus_path, store, *flags)
     assert code == 2 and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "store").exists()  # nothing created
+
+
+def test_max_segment_size_builds_the_graph_a_segment_at_a_time(tmp_path: Path) -> None:
+    """Edge writes every point into one segment and optimize() builds one graph over all of them, its memory
+    peaking with the segment (11 GiB at 1M 768-d vectors). With ``max_segment_size`` the commits past that many KB
+    optimize what was written since, so each graph covers about that much; the search still finds the neighbours."""
+
+    def graphs(options: dict) -> tuple[list[int], float]:
+        path = tmp_path / str(len(list(tmp_path.iterdir())))
+        store = QdrantStore(str(path))
+        store.prepare(DIM, "fp", "m", QdrantCollectionConfig.from_manifest({"m": 8, "ef_construct": 40, **options}))
+        docs, vectors = _data(1200)
+        for start in range(0, 1200, 200):  # 200 vectors of 24 floats: 18.75 KB a commit
+            store.upsert(docs[start : start + 200], vectors[start : start + 200])
+            store.commit()
+        store.finalize()
+        queries = _data(10, seed=1)[1]
+        found = [[h.id for h in row] for row in store.search(queries, 10, payload=False)]
+        top = _exact_top(vectors, queries, 10)
+        recall = float(np.mean([len(set(f) & set(e)) / 10 for f, e in zip(found, top, strict=True)]))
+        built = store.collection_settings()
+        store.close()
+        return [s["index"] for s in built["segment_indexes"]].count("hnsw"), recall
+
+    one_graph, recall = graphs({"indexing_threshold": 1})
+    assert one_graph == 1 and recall >= 0.9
+    several, recall = graphs({"indexing_threshold": 1, "max_segment_size": 30})
+    assert several >= 3 and recall >= 0.9, (several, recall)  # optimized at every second commit

@@ -252,6 +252,10 @@ class QdrantCollectionConfig:
     # Qdrant Edge: a segment past this many KB of vectors gets its HNSW graph and quantized codes when the store
     # is finalized (optimize); below it the segment is searched exactly. None: Qdrant's default (10,000 KB).
     indexing_threshold: int | None = field(default=None, metadata=meta(cli=False))
+    # Qdrant Edge: no segment past this many KB of vectors (768-d float32: 3 KB a vector). optimize() builds one
+    # segment's HNSW graph at a time, and its memory peaks with the segment: 1M such vectors in Qdrant's default
+    # segments peaked at 11-15 GiB (docs/scale.md); smaller segments peak lower, and each search visits them all.
+    max_segment_size: int | None = field(default=None, metadata=meta(cli=False))
 
     def __post_init__(self) -> None:
         if self.quantize is not None:
@@ -269,7 +273,7 @@ class QdrantCollectionConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise InputError(f"Qdrant option {name} must be true or false, got {value!r}")
-        for name in ("m", "ef_construct", "ef_search", "indexing_threshold", "shards", "replicas"):
+        for name in ("m", "ef_construct", "ef_search", "indexing_threshold", "max_segment_size", "shards", "replicas"):
             if getattr(self, name) is not None:
                 count(getattr(self, name), f"Qdrant option {name}")
 

@@ -70,6 +70,7 @@ class ShardSettings:
     m: int | None = None
     ef_construct: int | None = None
     indexing_threshold_kb: int | None = None  # segments past it get HNSW and codes at optimize(); None: Qdrant's
+    max_segment_size_kb: int | None = None  # no segment larger; None: Qdrant's (from the CPU count)
 
 
 def os_error(exc: BaseException) -> OSError | None:
@@ -114,11 +115,15 @@ def _config(settings: ShardSettings) -> Any:
         quantization_config=quantization,
         hnsw_config=hnsw,
     )
-    optimizers = (
-        qe.EdgeOptimizersConfig(indexing_threshold=settings.indexing_threshold_kb)
-        if settings.indexing_threshold_kb is not None
-        else None
-    )
+    tuned = {
+        name: value
+        for name, value in (
+            ("indexing_threshold", settings.indexing_threshold_kb),
+            ("max_segment_size", settings.max_segment_size_kb),
+        )
+        if value is not None
+    }
+    optimizers = qe.EdgeOptimizersConfig(**tuned) if tuned else None
     return qe.EdgeConfig(
         vectors=dense,
         sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},  # IDF computed by the engine

@@ -13,6 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
+from care_retriever import faults
+
 # free space kept beyond a write's own bytes: the engine's log and mapped files grow by whole pages and chunks
 SPACE_MARGIN = 4 * 1024 * 1024
 # Opening or creating a shard writes a 32 MiB log segment in full (measured on a tmpfs: a load with less free space
@@ -28,3 +30,15 @@ def require_space(folder: Path, needed: int) -> None:
     """An OSError (ENOSPC) unless ``folder``'s disk has ``needed`` bytes free beyond the margin."""
     if shutil.disk_usage(folder).free < needed + SPACE_MARGIN:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
+
+
+def require_open_space(folder: Path, location: str, collection: str) -> None:
+    """A one-line write error unless ``folder``'s disk can take the log that opening its shard writes."""
+    if shutil.disk_usage(folder).free < OPEN_SHARD:
+        raise faults.write_error(
+            f"qdrant:{location}",
+            f"the write-ahead log Qdrant Edge opens for collection {collection}",
+            OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)),
+            faults.REASONS[errno.ENOSPC],
+            f"opening needs {OPEN_SHARD >> 20} MB free; nothing was changed",
+        )

@@ -15,9 +15,7 @@ object counts is what ``verify`` and the next process find. One process owns a f
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -45,7 +43,7 @@ from care_retriever.stores.qdrant.common import (
 )
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
-from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
+from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_open_space, require_space
 from care_retriever.vectors import VectorContract
 
 logger = logging.getLogger("care_retriever")
@@ -84,6 +82,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self.manifest: Manifest | None = None
         self.shard: edge.EdgeShard | None = None
         self._lock = threading.RLock()  # the binding holds the GIL per call; this keeps a write's calls together
+        self._unindexed_kb = 0.0  # vectors written since the last optimize() (max_segment_size)
         self._temporary = location == ":memory:"
         self.root = Path(tempfile.mkdtemp(prefix="care-qdrant-edge-")) if self._temporary else Path(location)
         if not self._temporary:
@@ -91,15 +90,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
             legacy.refuse_local_mode(self.root, collection)
         folder = self.root / collection
         if (folder / SHARD_FOLDER).is_dir():  # reading opens what exists; creating anything waits for prepare
-            free = shutil.disk_usage(folder).free
-            if free < OPEN_SHARD:
-                raise faults.write_error(
-                    f"qdrant:{location}",
-                    f"the write-ahead log Qdrant Edge opens for collection {collection}",
-                    OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)),
-                    faults.REASONS[errno.ENOSPC],
-                    f"opening needs {OPEN_SHARD >> 20} MB free; nothing was changed",
-                )
+            require_open_space(folder, location, collection)
             try:
                 self.shard = edge.EdgeShard.load(folder / SHARD_FOLDER)
             except edge.ShardBusy as exc:
@@ -171,6 +162,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
             m=options.m,
             ef_construct=options.ef_construct,
             indexing_threshold_kb=options.indexing_threshold,
+            max_segment_size_kb=options.max_segment_size,
         )
         with self._lock, self._write_faults("the new collection"):
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -205,6 +197,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
                 # the log, the vectors and the payloads: each point's bytes about three times over
                 require_space(self.folder, 3 * sum(4 * len(p.vector) + len(repr(p.payload).encode()) for p in batch))
                 shard.upsert(batch)
+            self._unindexed_kb += vectors.size * 4 / 1024
 
     def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
         """A payload index for each metadata field filters can match, created the first time the field is seen (a
@@ -228,7 +221,9 @@ class EdgeStore(EdgeSearch, QdrantStore):
         return len(existing)
 
     def commit(self) -> None:
-        """Flush the shard (the commit point), then record the count in the manifest."""
+        """Flush the shard (the commit point), then record the count in the manifest. Past ``max_segment_size`` KB
+        of vectors since the last optimize(), optimize here: Edge writes all points into one segment, whose HNSW
+        build peaks with its size (11 GiB at 1M 768-d vectors, docs/scale.md); built a segment at a time, lower."""
         manifest = self.require_manifest()
         with self._lock, self._write_faults("the commit"):
             shard = self.require_shard()
@@ -236,15 +231,22 @@ class EdgeStore(EdgeSearch, QdrantStore):
             manifest.count = shard.count()
             manifest.updated_at = time.time()
             self._write_manifest(manifest)
+        limit = QdrantCollectionConfig.from_manifest(manifest.index).max_segment_size
+        if limit is not None and self._unindexed_kb >= limit:
+            self._optimize()
 
     def finalize(self) -> None:
         """Commit, then build the engine's HNSW graphs and quantized codes for what was written, and flush them."""
         self.commit()
+        self._optimize()
+
+    def _optimize(self) -> None:  # the graphs and codes of the segments written since the last one
         with self._lock, self._write_faults("the optimized segments"):
             shard = self.require_shard()
             require_space(self.folder, folder_bytes(self.folder / SHARD_FOLDER / "segments"))  # rebuilt beside the old
             if shard.optimize():
                 shard.flush()
+            self._unindexed_kb = 0.0
 
     @contextlib.contextmanager
     def _write_faults(self, what: str) -> Iterator[None]:
