@@ -387,3 +387,22 @@ def test_max_segment_size_builds_the_graph_a_segment_at_a_time(tmp_path: Path) -
     assert one_graph == 1 and recall >= 0.9
     several, recall = graphs({"indexing_threshold": 1, "max_segment_size": 30})
     assert several >= 3 and recall >= 0.9, (several, recall)  # optimized at every second commit
+
+
+def test_a_server_collection_is_created_with_the_optimizer_settings(tmp_path: Path) -> None:
+    """On a server, Qdrant's own optimizer applies the indexing threshold and the segment size (KB); a collection
+    given neither gets the server's defaults. Local mode (the engine the server path is tested on) records them."""
+    from care_retriever.stores.qdrant import ServerStore
+    from care_retriever.stores.qdrant.server_settings import client, collection_options
+
+    given = QdrantCollectionConfig(indexing_threshold=1000, max_segment_size=50_000)
+    optimizers = collection_options(DIM, given)["optimizers_config"]
+    assert (optimizers.indexing_threshold, optimizers.max_segment_size) == (1000, 50_000)
+    assert "optimizers_config" not in collection_options(DIM, QdrantCollectionConfig())
+    store = ServerStore(str(tmp_path / "local"), client=client(str(tmp_path / "local")))
+    store.prepare(DIM, "fp", "m", given)
+    docs, vectors = _data(20)
+    store.upsert(docs, vectors)
+    store.commit()
+    assert store.count() == 20
+    store.close()

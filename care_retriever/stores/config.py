@@ -255,7 +255,14 @@ class QdrantCollectionConfig:
     # Qdrant Edge: no segment past this many KB of vectors (768-d float32: 3 KB a vector). optimize() builds one
     # segment's HNSW graph at a time, and its memory peaks with the segment: 1M such vectors in Qdrant's default
     # segments peaked at 11-15 GiB (docs/scale.md); smaller segments peak lower, and each search visits them all.
-    max_segment_size: int | None = field(default=None, metadata=meta(cli=False))
+    max_segment_size: int | None = field(
+        default=None,
+        metadata=meta(
+            "Qdrant Edge: build the HNSW graphs a segment of at most this many KB of vectors at a time (a new "
+            "collection; bounds the optimizer's memory).",
+            flag="--max-segment-size",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.quantize is not None:

@@ -52,7 +52,17 @@ def client(location: str, api_key: str | None = None) -> Any:
 # Settings that exist only on a server: qdrant-client's memory mode drops them (one shard, no replicas).
 SERVER_ONLY = ("shards", "replicas")
 # Settings qdrant-client's memory mode keeps in the collection config but does not act on (it searches exactly).
-LOCAL_UNUSED = ("quantize", "always_ram", "oversample", "on_disk", "on_disk_payload", "m", "ef_construct")
+LOCAL_UNUSED = (
+    "quantize",
+    "always_ram",
+    "oversample",
+    "on_disk",
+    "on_disk_payload",
+    "m",
+    "ef_construct",
+    "indexing_threshold",
+    "max_segment_size",
+)
 
 
 def collection_options(dim: int, options: QdrantCollectionConfig, *, metric: str = "cosine") -> dict[str, Any]:
@@ -88,6 +98,9 @@ def collection_options(dim: int, options: QdrantCollectionConfig, *, metric: str
             quantization_config=quantization,
         ),
     }
+    optimizers = {k: resolved[k] for k in ("indexing_threshold", "max_segment_size") if k in resolved}
+    if optimizers:  # the server's optimizer: index segments past the threshold, none larger than the size (KB)
+        kwargs["optimizers_config"] = models.OptimizersConfigDiff(**optimizers)
     for key, arg in (
         ("on_disk_payload", "on_disk_payload"),
         ("shards", "shard_number"),
