@@ -91,7 +91,7 @@ def stage2_loss_and_grads(embedder: Any, forward: str, device: str) -> tuple[flo
 
 def check_training(embedder: Any, lora: bool, device: str) -> dict[str, Any]:
     from care_retriever.training.lora import LoraSpec
-    from care_retriever.training.stages import lora_on
+    from care_retriever.training.stage_common import lora_on
 
     embedder.document_model.float()
     embedder.query_model.float()

@@ -276,7 +276,7 @@ def test_a_tower_with_only_pickled_weights_needs_the_opt_in(hub: Path, tmp_path:
 
 def test_a_declared_document_prompt_is_part_of_indexing_training_and_the_space(hub: Path, tmp_path: Path) -> None:
     """A document tower whose folder declares a document prompt reads it wherever it embeds documents."""
-    from care_retriever.training.stages import query_prompts
+    from care_retriever.training.stage_common import query_prompts
     from care_retriever.training.teacher_cache import build_teacher_cache
 
     folder = write_qwen3_embedding(tmp_path / "prompted", document_prompt="文档：")

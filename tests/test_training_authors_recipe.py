@@ -187,10 +187,10 @@ def released(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def spy_on_training_scores(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The score each contrastive loss of the run is built with (``cos_sim`` / ``dot_score`` / ``dot``)."""
     import care_retriever.training.losses as losses
-    from care_retriever.training import stages
+    from care_retriever.training import joint_stages, stage_common, stages
 
     seen: list[str] = []
-    contrastive, alignment = stages.contrastive_loss, losses.QueryAlignmentLoss
+    contrastive, alignment = stage_common.contrastive_loss, losses.QueryAlignmentLoss
 
     def built(ctx, stage, model):
         loss = contrastive(ctx, stage, model)
@@ -201,7 +201,8 @@ def spy_on_training_scores(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append(kwargs.get("similarity", "cosine"))
         return alignment(*args, **kwargs)
 
-    monkeypatch.setattr(stages, "contrastive_loss", built)
+    for module in (stages, joint_stages):  # the stages' modules, each with the name it imported
+        monkeypatch.setattr(module, "contrastive_loss", built)
     monkeypatch.setattr(losses, "QueryAlignmentLoss", aligned)
     return seen
 

@@ -19,7 +19,7 @@ from care_retriever.model.forward import forward_state
 from care_retriever.model.towers.packed import is_packed
 from care_retriever.training.lora import LoraSpec
 from care_retriever.training.recipe import build_stage, parse_recipe
-from care_retriever.training.stages import lora_on
+from care_retriever.training.stage_common import lora_on
 from care_retriever.training.teacher_cache import build_teacher_cache
 from care_retriever.training.tower_forward import stage_document_forward
 from tests.conftest import MIXED_LENGTH_TEXTS
