@@ -65,7 +65,9 @@ def test_two_gloo_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
         "--json",
     ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # Rank 0 aborted in C++ at exit twice in CI runs of the whole suite ("terminate called without an active
+    # exception", not reproduced alone, loaded or not): the report on stdout says whether the run had finished
+    assert done.returncode == 0, f"stdout: {done.stdout[-800:]!r}\nstderr: {done.stderr[-3000:]}"
     report = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
     assert (report["world_size"], report["backend"], report["added"], report["count"]) == (2, "gloo", 257, 257)
 
