@@ -88,6 +88,12 @@ KINDS: dict[str, Kind] = {
     "edge-hnsw-segments": Kind(
         "Qdrant Edge HNSW, 500 MB segments", _edge({"max_segment_size": 500_000}), commit_each_block=True
     ),
+    # the same segments searched with a shorter candidate list in each (Edge's default ef is 512)
+    "edge-hnsw-segments-ef128": Kind(
+        "Qdrant Edge HNSW, 500 MB segments, ef 128",
+        _edge({"max_segment_size": 500_000, "ef_search": 128}),
+        commit_each_block=True,
+    ),
     "local-mode": Kind("qdrant-client local mode (earlier releases)", _local_mode),
 }
 
@@ -251,7 +257,11 @@ def _index_settings(store: VectorStore) -> dict[str, Any]:
             "segments",
             "segment_indexes",
         )
-        return {key: built[key] for key in keep if key in built}
+        found = {key: built[key] for key in keep if key in built}
+        recorded = store.manifest.index if store.manifest is not None else {}
+        if "ef_search" not in found and recorded.get("ef_search"):  # Edge's search setting is its manifest's
+            found["ef_search"] = recorded["ef_search"]
+        return found
     manifest = store.manifest
     return dict(manifest.index) if manifest is not None else {}
 
