@@ -30,15 +30,12 @@ from care_retriever.training.stage_common import (
 from care_retriever.training.stage_context import (
     StageContext,
     StageReport,
-    option,
     stage_dtype,
 )
 from care_retriever.training.teacher_cache import autocast
 from care_retriever.training.tower_forward import (
     describe,
-    frozen_document_forward,
-    half_dtype,
-    stage_document_forward,
+    stage_forward,
 )
 
 if TYPE_CHECKING:
@@ -69,7 +66,7 @@ def add_hard_negatives(
         positives: dict[str, set[str]] = {}
         for e in examples:
             positives.setdefault(e.query, set()).add(e.positive)
-        with frozen_document_forward(ctx, stage, embedder, report, "mining_forward"):
+        with stage_forward(ctx, stage, embedder) as state:
             mined = mine_for_queries(
                 embedder,
                 positives,
@@ -83,6 +80,8 @@ def add_hard_negatives(
                 exchange_dir=ctx.out / f".exchange-{stage.name}",  # torchrun: the ranks' shares of the pool
                 dtype=stage_dtype(ctx, stage),
             )
+        if report is not None:
+            report["mining_forward"] = state
     rng = random.Random(ctx.seed)
     out = []
     for e in examples:
@@ -110,9 +109,8 @@ def stage2_joint(ctx: StageContext, stage: Stage2JointStage, embedder: Asymmetri
     lora = LoraSpec.from_options(stage.lora, where)
     set_trainable(embedder.tower("query").modules, True)
     freeze_truncation(embedder.tower("document").modules)
-    forward = option(ctx, stage, "forward", "auto")
     # decided on the tower as loaded, before LoRA wraps its layers; undone after LoRA is merged back
-    with stage_document_forward(embedder, forward, where, half_dtype(stage_dtype(ctx, stage))) as state:
+    with stage_forward(ctx, stage, embedder) as state:
         logger.info("%s: the document tower's forward: %s", stage.name, describe(state))
         if lora is not None:
             trainable = lora_on(embedder, lora, ctx.seed)
@@ -157,7 +155,7 @@ def distill(ctx: StageContext, stage: DistillStage, embedder: AsymmetricEmbedder
         raise InputError(f"stage {stage.name!r}: score distillation needs hard_negatives.num >= 1")
     texts = unique([t for e in examples for t in (e.query, e.positive, *e.negatives)])
     with (
-        frozen_document_forward(ctx, stage, embedder, passes, "teacher_forward"),
+        stage_forward(ctx, stage, embedder) as passes["teacher_forward"],
         autocast(embedder.device, stage_dtype(ctx, stage)),  # the frozen tower as it runs in training
     ):
         vectors = embedder.embed_documents(texts, batch_size=64, show_progress=ctx.show_progress)

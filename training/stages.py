@@ -62,8 +62,7 @@ from care_retriever.training.stage_context import (
     stage_dtype,
 )
 from care_retriever.training.tower_forward import (
-    half_dtype,
-    stage_document_forward,
+    stage_forward,
 )
 
 if TYPE_CHECKING:
@@ -234,9 +233,8 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder: Asymmetri
     dataset: Dataset | DatasetDict = DatasetDict(data) if len(data) > 1 or prompts else next(iter(data.values()))
     # a recomputed teacher runs the frozen tower in the trainer's passes: packed where the decision says so
     recompute = teacher_mode == "recompute"
-    dtype = half_dtype(stage_dtype(ctx, stage))
     document_side: contextlib.AbstractContextManager[dict[str, Any] | None] = (
-        stage_document_forward(embedder, option(ctx, stage, "forward", "auto"), f"stage {stage.name!r}", dtype)
+        stage_forward(ctx, stage, embedder)
         if recompute
         else contextlib.nullcontext(None)  # the cache holds the teacher: no document pass in training
     )

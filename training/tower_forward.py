@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import InputError, ModelError
@@ -56,20 +56,16 @@ def stage_document_forward(
         yield {**info, "padded_because": padded_because or info["padded_because"]}
 
 
-@contextmanager
-def frozen_document_forward(
-    ctx: StageContext, stage: StageSpec, embedder: AsymmetricEmbedder, report: dict[str, Any] | None, key: str
-) -> Iterator[None]:
-    """The document tower's passes outside a stage's training steps (mining its pool, distillation's teacher
-    scores) on the stage's forward pass (packed where ``index`` packs), recorded as ``report[key]``."""
+def stage_forward(
+    ctx: StageContext, stage: StageSpec, embedder: AsymmetricEmbedder
+) -> AbstractContextManager[dict[str, Any]]:
+    """:func:`stage_document_forward` as a stage's recipe asks for it: its ``forward`` key (else the defaults',
+    else auto) and its training precision. For every pass of the stage's document tower: the training steps,
+    a recomputed teacher, hard-negative mining, distillation's teacher scores."""
     from care_retriever.training.stage_context import option, stage_dtype
 
-    where = f"stage {stage.name!r}"
-    compute = half_dtype(stage_dtype(ctx, stage))
-    with stage_document_forward(embedder, option(ctx, stage, "forward", "auto"), where, compute) as state:
-        if report is not None:
-            report[key] = state
-        yield
+    forward = option(ctx, stage, "forward", "auto")
+    return stage_document_forward(embedder, forward, f"stage {stage.name!r}", half_dtype(stage_dtype(ctx, stage)))
 
 
 def describe(state: dict[str, Any]) -> str:
