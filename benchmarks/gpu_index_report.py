@@ -64,7 +64,8 @@ def markdown(result: dict[str, Any]) -> str:
     for row in result["rows"]:
         defaults = row["sides"].get("encode_document defaults", {}).get("docs_per_second")
         fastest = max(
-            (side.get("docs_per_second", 0.0), label) for label, side in row["sides"].items() if label in INDEX_SIDES
+            ((side.get("docs_per_second", 0.0), label) for label, side in row["sides"].items() if label in INDEX_SIDES),
+            default=(0.0, ""),  # a run of sentence-transformers' sides alone
         )
         if defaults and fastest[0]:
             lines.append(

@@ -193,3 +193,10 @@ def test_only_measures_the_named_corpus_into_a_section_of_its_own(
     assert "<!-- gpu_index:cpu-small-jsonl:begin -->" in doc.read_text()
     with pytest.raises(SystemExit):
         gpu_index.main([*args, "--only", "absent", "--no-write"])
+
+
+def test_sentence_transformers_sides_alone_make_a_report(capsys, sample_corpus_path: Path) -> None:
+    """The report's line against the defaults needs an index side; without one the report still prints."""
+    args = ["--corpus", str(sample_corpus_path), "--limit", "20", "--batch-size", "8", "--rounds", "1"]
+    assert gpu_index.main([*args, "--sides", "encode_document,encode_document defaults", "--no-write"]) == 0
+    assert "`encode_document defaults`" in capsys.readouterr().out
