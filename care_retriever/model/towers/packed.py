@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -151,7 +152,7 @@ def varlen_dtype_refusal(dtype: torch.dtype) -> str | None:
     )
 
 
-def torch_varlen_kwargs(parameters: set[str], heads: int, kv_heads: int) -> tuple[dict[str, Any], bool]:
+def torch_varlen_kwargs(parameters: AbstractSet[str], heads: int, kv_heads: int) -> tuple[dict[str, Any], bool]:
     """How torch's ``varlen_attn`` is asked for causal attention with these heads, for the parameters its signature
     has: ``is_causal=True`` (torch 2.10) or ``window_size=(-1, 0)`` (later); ``enable_gqa`` where it exists (torch
     2.12 on), else the caller repeats the key/value heads (the second value: whether it must)."""
@@ -167,7 +168,7 @@ def torch_varlen_kwargs(parameters: set[str], heads: int, kv_heads: int) -> tupl
     return kwargs, repeat
 
 
-def varlen_scale_kwargs(parameters: set[str], scale: float, head_dim: int) -> tuple[dict[str, Any], float]:
+def varlen_scale_kwargs(parameters: AbstractSet[str], scale: float, head_dim: int) -> tuple[dict[str, Any], float]:
     """How torch's ``varlen_attn`` gets the softmax scale: as ``scale=`` where its signature has it (torch 2.11 on),
     else (torch 2.10, which scales by ``head_dim ** -0.5`` itself) by the factor the caller multiplies the queries
     by first (the second value: 1.0 where the tower's scale is that default, as Qwen3's is)."""
@@ -195,7 +196,7 @@ def _varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: flo
         return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scaling, causal=True)
     from torch.nn.attention.varlen import varlen_attn
 
-    parameters = set(torch_varlen_parameters())
+    parameters = torch_varlen_parameters()
     extra, repeat = torch_varlen_kwargs(parameters, q.shape[1], k.shape[1])
     if repeat:
         k, v = _repeat_kv(k, q.shape[1] // k.shape[1]), _repeat_kv(v, q.shape[1] // v.shape[1])
