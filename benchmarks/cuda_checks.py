@@ -3,7 +3,7 @@
 loss and gradients (the varlen kernel's backward), with and without LoRA; the packed and padded towers compile
 without graph breaks and a bounded number of graphs.
 
-    python -m benchmarks.cuda_checks          # prints one line per check and a table; exit 1 if one fails
+    python -m benchmarks.cuda_checks   # one PASS / FAIL line per check (--json: all figures); exit 1 if one fails
 
 The tower is a random two-layer decoder of Qwen3-4B's attention shape (32 query heads of 128 over 8 key/value
 heads: the grouped-query case) and a narrow MLP, built with no hub; the texts mix one-token, short and long ones.
