@@ -97,6 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated, or all: {', '.join([*INDEX_SIDES, *ST_SIDES])}",
     )
     parser.add_argument("--st-best-batch", type=int, default=None, help="encode_document best: from this batch down")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after its timed run, run each side once more under torch.profiler over an even spread of N texts and "
+        "report where its time goes (benchmarks/gpu_profile.py)",
+    )
+    parser.add_argument("--profile-traces", type=Path, default=None, help="write the profiles' Chrome traces here")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
@@ -169,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                     Path(tmp),
                     sides,
                     best_batch,
+                    profile=args.profile,
+                    traces=args.profile_traces,
                 )
             )
             # the section is written after each corpus: a run stopped by its time limit keeps the corpora it did

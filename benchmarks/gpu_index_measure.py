@@ -6,23 +6,26 @@ from __future__ import annotations
 import gc
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 # the sides' runs are looked up on their module at each call (a test records them there)
 from benchmarks import gpu_index_sides as sides_of
 from benchmarks.gpu_index_sides import INDEX_SIDES, ST_DEFAULT_BATCH, cannot_run, st_padding, token_lengths, tower_copy
-from benchmarks.gpu_index_tower import flops_per_token, matmul_peak
+from benchmarks.gpu_index_tower import flops_per_token, linear_flops_per_token, matmul_peak
+from benchmarks.gpu_profile import profile_run, summarize
 
 
-class _Runner:
-    """One side's timed run (``runner(round)``) over its own tower copy (``model``: the embedder it runs)."""
+class SideRun:
+    """One side set up on its own tower copy (``model``: the embedder it runs): ``side_run(round)`` is its timed run
+    over the corpus, ``run_on(docs, texts, tag)`` the same run over other documents (the profile's sample)."""
 
-    def __init__(self, run: Any, model: Any) -> None:
-        self.run, self.model = run, model
+    def __init__(self, run_on: Callable[[list[Any], list[str], str], dict[str, Any]], model: Any) -> None:
+        self.run_on, self.model = run_on, model
 
-    def __call__(self, r: int) -> Any:
-        return self.run(r)
+    def __call__(self, r: int, docs: list[Any], texts: list[str]) -> dict[str, Any]:
+        return self.run_on(docs, texts, str(r))
 
 
 def _set_up(
@@ -36,7 +39,7 @@ def _set_up(
     work: Path,
     name: str,
     best_batch: int,
-) -> tuple[_Runner, dict[str, Any]]:
+) -> tuple[SideRun, dict[str, Any]]:
     """A side's tower copy, set up and warmed (its compiling measured), and what the row says of it."""
     from care_retriever.model.forward import forward_state
 
@@ -47,10 +50,10 @@ def _set_up(
         info = {"forward": state.forward, "compile": state.compile, "dtype": state.dtype}
         info["compile_seconds"] = round(state.compile_seconds, 2)
 
-        def run(r: int) -> Any:
-            return sides_of.run_index(copy, docs, batch_size, device, work / f"{name}-{label}-{r}", **encode)
+        def run_on(some: list[Any], _texts: list[str], tag: str) -> dict[str, Any]:
+            return sides_of.run_index(copy, some, batch_size, device, work / f"{name}-{label}-{tag}", **encode)
 
-        return _Runner(run, copy), info
+        return SideRun(run_on, copy), info
     if label == "encode_document best":
         copy, batch, first = sides_of.st_best(embedder, texts, best_batch, device)
         info = {"batch": batch, "compile": "on", "compile_seconds": round(first, 2)}
@@ -61,10 +64,10 @@ def _set_up(
         info = {"batch": batch, "compile": "off", "compile_seconds": 0.0}
     info["padded_tokens"] = st_padding(texts, lengths, batch)
 
-    def st_run(r: int) -> Any:
-        return sides_of.run_st(copy, texts, batch, device)
+    def st_run_on(_docs: list[Any], some: list[str], _tag: str) -> dict[str, Any]:
+        return sides_of.run_st(copy, some, batch, device)
 
-    return _Runner(st_run, copy), info
+    return SideRun(st_run_on, copy), info
 
 
 def progress(name: str, label: str, info: dict[str, Any], run: dict[str, Any], docs: int) -> None:
@@ -138,6 +141,41 @@ def fidelity(model: Any, reference: dict[str, Any], label: str) -> dict[str, flo
     return {"cosine_min": round(float(cosines.min()), 5), "cosine_mean": round(float(cosines.mean()), 5)}
 
 
+def profiled(
+    runner: SideRun, sample: dict[str, Any], runs: list[dict[str, Any]], label: str, info: dict[str, Any], peak: float
+) -> dict[str, Any]:
+    """A side run once more under the profiler over ``sample`` (made in :func:`measure`), and the figures of
+    :func:`benchmarks.gpu_profile.summarize`; one line on stderr."""
+    import re
+
+    texts, lengths, config, device = sample["texts"], sample["lengths"], sample["config"], sample["device"]
+    trace = None
+    if sample["traces"] is not None:
+        sample["traces"].mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"[^a-z0-9]+", "-", f"{sample['corpus']} {label}".lower()).strip("-")
+        trace = sample["traces"] / f"{slug}.json.gz"
+    gc.collect()
+    run, breakdown = profile_run(lambda: runner.run_on(sample["docs"], texts, "profile"), device, trace)
+    own = sum(lengths)
+    computed = run.get("padded_tokens") or st_padding(texts, lengths, info.get("batch", len(texts)))
+    figures = summarize(
+        breakdown,
+        texts=len(texts),
+        seconds=min(r["seconds"] for r in runs) * sample["share"],
+        linear_flops=linear_flops_per_token(config) * computed,
+        forward_flops=flops_per_token(config, own / len(texts)) * own,
+        peak=peak,
+    )
+    shares = ", ".join(f"{kind} {share:.0%}" for kind, share in figures["shares"].items() if share >= 0.005)
+    print(
+        f"[gpu_index] {sample['corpus']} | {label} profile: busy {figures['busy']:.0%}; {shares}; matmul "
+        f"{figures['matmul_tflops']} TFLOP/s ({figures['matmul_of_peak']}), MFU ceiling {figures['mfu_ceiling']}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return figures
+
+
 def measure(
     embedder: Any,
     name: str,
@@ -150,9 +188,13 @@ def measure(
     work: Path,
     sides: list[str] | None = None,
     best_batch: int = 2048,
+    profile: int = 0,
+    traces: Path | None = None,
 ) -> dict[str, Any]:
     """Every side on ``docs``, alternating for ``rounds``; ``peaks``: the matmul peaks measured so far (appended
-    to). ``sides``: the labels to run (default: ``index`` and ``encode_document``)."""
+    to). ``sides``: the labels to run (default: ``index`` and ``encode_document``). ``profile``: after its timed
+    runs, each side runs once more under the profiler over an even spread of this many texts
+    (:mod:`benchmarks.gpu_profile`); ``traces``: a folder for their Chrome traces."""
     sides = sides or ["index", "encode_document"]
     texts = [d.embedding_text() for d in docs]
     model = embedder.document_model
@@ -169,10 +211,23 @@ def measure(
     one_at_a_time = rounds == 1
     # every side's vectors against the tower's in fp32: packed, compiled and fp8 must compute the same function
     reference = fidelity_reference(embedder, texts, device)
+    step = max(1, len(texts) // profile) if profile else 1
+    picked = list(range(0, len(texts), step))[:profile]
+    sample = {
+        "docs": [docs[i] for i in picked],
+        "texts": [texts[i] for i in picked],
+        "lengths": [lengths[i] for i in picked],
+        "share": sum(lengths[i] for i in picked) / own,  # of the corpus's tokens: scales a timed run to the sample
+        "config": config,
+        "device": device,
+        "traces": traces,
+        "corpus": name,
+    }
     for label in sides:
         reason = cannot_run(label, device)
         if reason is not None:
             info[label] = {"not_run": reason}
+            print(f"[gpu_index] {name} | {label}: not run: {reason}", file=sys.stderr, flush=True)
             continue
         if one_at_a_time:
             fresh_compiler()
@@ -181,8 +236,10 @@ def measure(
         if one_at_a_time:
             peaks.append(matmul_peak(device, matmul_dtype))
             gc.collect()
-            results[label] = [runner(0)]
+            results[label] = [runner(0, docs, texts)]
             progress(name, label, info[label], results[label][0], len(texts))
+            if profile:
+                info[label]["profile"] = profiled(runner, sample, results[label], label, info[label], max(peaks))
             del runner
             release(device)
         else:
@@ -196,8 +253,10 @@ def measure(
         # at going first
         for label, runner in list(runners.items()) if r % 2 == 0 else list(runners.items())[::-1]:
             gc.collect()
-            results[label].append(runner(r))
+            results[label].append(runner(r, docs, texts))
             progress(name, label, info[label], results[label][-1], len(texts))
+    for label, runner in runners.items() if profile else ():
+        info[label]["profile"] = profiled(runner, sample, results[label], label, info[label], max(peaks))
 
     def side(label: str) -> dict[str, Any]:
         runs = results.get(label)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_index_sides import INDEX_SIDES
+from benchmarks.gpu_profile import markdown_rows
 
 
 def describe_device(device: str) -> str:
@@ -54,6 +55,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {side.get('compile_seconds', 0.0):.1f} | {side['tokens_per_second']:,.0f} "
                 f"| {side['padding_ratio']:.3f} | {side['mfu']:.2%} | {side['peak_mib']:,.1f} | {cosine} |"
             )
+    lines += markdown_rows(result["rows"])
     lines.append("")
     lines += [
         f"* {row['corpus']}: `index` / `encode_document` = **{row['ratio']:.3f}** (best rounds; median of the "

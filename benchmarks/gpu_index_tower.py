@@ -28,16 +28,26 @@ def build_embedder(device: str, vocab: list[Path], tower: str) -> Any:
     return init_from_scratch("tiny", vocab, device=device)
 
 
-def flops_per_token(config: Any, mean_tokens: float) -> float:
-    """Forward FLOPs of one token through a decoder: 2 x the weights it multiplies (embeddings excluded) plus the
-    attention scores and values over a sequence of ``mean_tokens``."""
-    hidden = config.hidden_size
+def _heads(config: Any) -> tuple[int, int, int]:
     heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    inter, layers = config.intermediate_size, config.num_hidden_layers
+    return heads, kv, getattr(config, "head_dim", None) or config.hidden_size // heads
+
+
+def linear_flops_per_token(config: Any) -> float:
+    """Forward FLOPs of one token through a decoder's Linear layers: 2 x the weights it multiplies (embeddings
+    excluded)."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    heads, kv, head_dim = _heads(config)
     per_layer = hidden * heads * head_dim + 2 * hidden * kv * head_dim + heads * head_dim * hidden + 3 * hidden * inter
+    return config.num_hidden_layers * 2 * per_layer
+
+
+def flops_per_token(config: Any, mean_tokens: float) -> float:
+    """Forward FLOPs of one token through a decoder: its Linear layers' (:func:`linear_flops_per_token`) plus the
+    attention scores and values over a sequence of ``mean_tokens``."""
+    heads, _kv, head_dim = _heads(config)
     attention = 2 * heads * head_dim * mean_tokens  # QK^T and AV, causal: half of 2 x 2 x heads x dim x length
-    return layers * (2 * per_layer + 2 * attention)
+    return linear_flops_per_token(config) + config.num_hidden_layers * 2 * attention
 
 
 def matmul_peak(device: str, dtype: Any) -> float:

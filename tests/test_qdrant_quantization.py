@@ -348,7 +348,7 @@ def test_cli_index_flags_end_to_end(
         ("qdrant", ("--shards", "0"), "shards must be an integer >= 1"),
         ("qdrant", ("--replicas", "-1"), "replicas must be an integer >= 1"),
         ("qdrant", ("--oversample", "3"), "apply to a quantized collection"),
-        ("faiss", ("--shards", "2"), "--shards apply to Qdrant stores only"),
+        ("faiss", ("--shards", "2"), "--shards applies to Qdrant stores only"),
         ("faiss", ("--on-disk-vectors", "--replicas", "2"), "--on-disk-vectors, --replicas apply to Qdrant stores"),
     ],
 )

@@ -384,7 +384,7 @@ def test_cli_errors_are_one_line(source: str, tmp_path: Path, capsys: pytest.Cap
     code, err = _cli_error(capsys, "--from", f"qdrant:{tmp_path / 'missing-q'}", "--to", f"faiss:{tmp_path / 't'}")
     assert code == 2 and "no store there" in err
     code, err = _cli_error(capsys, "--from", source, "--to", f"faiss:{tmp_path / 't'}", "--shards", "2")
-    assert code == 2 and "--shards apply to Qdrant stores only" in err
+    assert code == 2 and "--shards applies to Qdrant stores only" in err
     # an unreachable Qdrant server: one line, nothing copied
     code, err = _cli_error(capsys, "--from", source, "--to", "qdrant:http://127.0.0.1:9")
     assert code == 2 and "cannot reach Qdrant" in err

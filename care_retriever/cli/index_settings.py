@@ -74,7 +74,10 @@ def store_index_config(spec: StoreSpec, values: Mapping[str, Any]) -> FaissIndex
         and values.get(o.name, o.default) != o.default
     ]
     if qdrant_only:
-        raise InputError(f"{', '.join(qdrant_only)} apply to Qdrant stores only ({QDRANT_ONLY_FLAGS_HELP}); got {spec}")
+        verb = "applies" if len(qdrant_only) == 1 else "apply"
+        raise InputError(
+            f"{', '.join(qdrant_only)} {verb} to Qdrant stores only ({QDRANT_ONLY_FLAGS_HELP}); got {spec}"
+        )
     return values_for(FaissIndexConfig, values)
 
 
