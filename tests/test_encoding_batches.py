@@ -18,8 +18,11 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Module
 
 from care_retriever.errors import InputError, ModelError
+from care_retriever.model.batch_limits import BatchLimits
+from care_retriever.model.batch_sizing import Batches
 from care_retriever.model.embedder import AsymmetricEmbedder
-from care_retriever.model.encoding import Batches, BatchLimits, encode_texts, sequence_lengths
+from care_retriever.model.encoding import encode_texts
+from care_retriever.model.features import sequence_lengths
 from care_retriever.model.runtime import auto_dtype, gpu_dtype, resolve_attn_implementation, resolve_dtype
 
 # Texts of many lengths (1 to 60 characters), in no length order.

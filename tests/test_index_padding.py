@@ -197,10 +197,10 @@ def test_the_background_thread_gives_the_same_vectors_and_stops(embedder: Asymme
 def test_an_error_in_the_background_thread_reaches_the_caller(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     import threading
 
-    from care_retriever.model import encoding
+    from care_retriever.model import tokenised
 
     calls = {"n": 0}
-    original = encoding._Tokenised.add
+    original = tokenised.TokenisedTexts.add
 
     def failing(self, idx, more=False):
         calls["n"] += 1
@@ -208,8 +208,8 @@ def test_an_error_in_the_background_thread_reaches_the_caller(embedder: Asymmetr
             raise RuntimeError("tokenizer broke")
         return original(self, idx, more)
 
-    monkeypatch.setattr(encoding._Tokenised, "add", failing)
-    monkeypatch.setattr(encoding, "GROUP_TEXTS", 64)
+    monkeypatch.setattr(tokenised.TokenisedTexts, "add", failing)
+    monkeypatch.setattr(tokenised, "GROUP_TEXTS", 64)
     texts = [d.text for d in mixed_documents(400)]
     with pytest.raises(RuntimeError, match="tokenizer broke"):
         encode_texts(embedder.document_model, texts, batch_size=16, prefetch=True)
@@ -219,15 +219,17 @@ def test_an_error_in_the_background_thread_reaches_the_caller(embedder: Asymmetr
 def test_the_tokenizer_backend_gives_the_towers_own_batches(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     """After the first group, texts are tokenised by the Rust backend directly once it gave the tower's own ids
     for that group; a text that may reach the max length goes through the tower's preprocess (its truncation)."""
-    from care_retriever.model import encoding
+    from care_retriever.model import tokenised
 
-    monkeypatch.setattr(encoding, "GROUP_TEXTS", 32)
+    monkeypatch.setattr(tokenised, "GROUP_TEXTS", 32)
     model = embedder.document_model
     texts = [d.text for d in mixed_documents(300)] + ["高血压" * 400]  # the last one is truncated
     reference = encode_texts(model, texts, batch_size=1)  # one group at a time of one text: no backend
     seen: list[bool | None] = []
-    original = encoding._Tokenised.collate
-    monkeypatch.setattr(encoding._Tokenised, "collate", lambda self, *a: seen.append(self.fast) or original(self, *a))
+    original = tokenised.TokenisedTexts.collate
+    monkeypatch.setattr(
+        tokenised.TokenisedTexts, "collate", lambda self, *a: seen.append(self.fast) or original(self, *a)
+    )
     stats: dict[str, int] = {}
     vectors = encode_texts(model, texts, batch_size=16, stats=stats)
     np.testing.assert_allclose(vectors, reference, atol=1e-5)
@@ -245,17 +247,17 @@ def test_auto_limits_on_cpu_are_the_cpu_defaults(embedder: AsymmetricEmbedder) -
 def test_the_backend_verdict_holds_for_the_towers_later_calls(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     """The index writer encodes a slice per call: once the backend gave the tower's own ids for a prompt, later calls
     with it tokenise with the backend from their first group instead of tokenising that group twice."""
-    from care_retriever.model import encoding
+    from care_retriever.model import tokenised
 
-    monkeypatch.setattr(encoding, "GROUP_TEXTS", 32)
+    monkeypatch.setattr(tokenised, "GROUP_TEXTS", 32)
     model = embedder.document_model
     texts = [d.text for d in mixed_documents(100)]
     reference = encode_texts(model, texts, batch_size=1)
-    assert encoding._FAST_VERDICTS[model][None] is True
+    assert tokenised.fast_verdict(model, None) is True
     calls: list[int] = []
-    original = encoding._Tokenised.preprocess
+    original = tokenised.TokenisedTexts.preprocess
     monkeypatch.setattr(
-        encoding._Tokenised, "preprocess", lambda self, idx: calls.append(len(idx)) or original(self, idx)
+        tokenised.TokenisedTexts, "preprocess", lambda self, idx: calls.append(len(idx)) or original(self, idx)
     )
     vectors = encode_texts(model, texts, batch_size=16)
     np.testing.assert_allclose(vectors, reference, atol=1e-5)

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
     from tqdm.auto import tqdm
 
+    from care_retriever.model.batch_limits import BatchLimits
     from care_retriever.model.config import CareConfig
-    from care_retriever.model.encoding import BatchLimits
     from care_retriever.vectors import VectorContract
 
 
