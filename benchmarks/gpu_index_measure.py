@@ -144,8 +144,20 @@ def fidelity(model: Any, reference: dict[str, Any], label: str) -> dict[str, flo
 def profiled(
     runner: SideRun, sample: dict[str, Any], runs: list[dict[str, Any]], label: str, info: dict[str, Any], peak: float
 ) -> dict[str, Any]:
-    """A side run once more under the profiler over ``sample`` (made in :func:`measure`), and the figures of
-    :func:`benchmarks.gpu_profile.summarize`; one line on stderr."""
+    """A side run once more under the profiler over ``sample`` (made in :func:`measure`): ``{"profile": the figures
+    of benchmarks.gpu_profile.summarize}``, or ``{"profile_error": why}`` where the profiler failed (a machine whose
+    CUPTI is not allowed, say): the side's timed figures stand either way. One line on stderr."""
+    try:
+        return {"profile": _profiled(runner, sample, runs, label, info, peak)}
+    except Exception as exc:  # the profile is an extra: it never costs the run the sides still to measure
+        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
+        print(f"[gpu_index] {sample['corpus']} | {label} profile failed: {why}", file=sys.stderr, flush=True)
+        return {"profile_error": why}
+
+
+def _profiled(
+    runner: SideRun, sample: dict[str, Any], runs: list[dict[str, Any]], label: str, info: dict[str, Any], peak: float
+) -> dict[str, Any]:
     import re
 
     texts, lengths, config, device = sample["texts"], sample["lengths"], sample["config"], sample["device"]
@@ -239,7 +251,7 @@ def measure(
             results[label] = [runner(0, docs, texts)]
             progress(name, label, info[label], results[label][0], len(texts))
             if profile:
-                info[label]["profile"] = profiled(runner, sample, results[label], label, info[label], max(peaks))
+                info[label].update(profiled(runner, sample, results[label], label, info[label], max(peaks)))
             del runner
             release(device)
         else:
@@ -256,7 +268,7 @@ def measure(
             results[label].append(runner(r, docs, texts))
             progress(name, label, info[label], results[label][-1], len(texts))
     for label, runner in runners.items() if profile else ():
-        info[label]["profile"] = profiled(runner, sample, results[label], label, info[label], max(peaks))
+        info[label].update(profiled(runner, sample, results[label], label, info[label], max(peaks)))
 
     def side(label: str) -> dict[str, Any]:
         runs = results.get(label)

@@ -143,7 +143,12 @@ def summarize(
 
 def markdown_rows(rows: list[dict[str, Any]]) -> list[str]:
     """The profile table of a run (its sides that were profiled), or nothing."""
-    profiled = [(row, label, side) for row in rows for label, side in row["sides"].items() if side.get("profile")]
+    profiled = [
+        (row, label, side)
+        for row in rows
+        for label, side in row["sides"].items()
+        if side.get("profile") or side.get("profile_error")
+    ]
     if not profiled:
         return []
     lines = [
@@ -156,6 +161,9 @@ def markdown_rows(rows: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|" + "---|" * len(KINDS) + "---|---|---|",
     ]
     for row, label, side in profiled:
+        if "profile" not in side:
+            lines.append(f"| {row['corpus']} | `{label}` | profile failed: {side['profile_error']} |" + " |" * 10)
+            continue
         p = side["profile"]
         busy = f"{p['busy']:.0%}" if p["busy"] is not None else ""
         shares = " | ".join(f"{p['shares'][kind]:.1%}" for kind in KINDS)

@@ -98,3 +98,27 @@ def test_no_profile_no_profile_figures(capsys, sample_corpus_path: Path) -> None
     assert gpu_index.main([*args, "--no-write", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     assert all("profile" not in side for side in row["sides"].values())
+
+
+def test_a_profiler_that_fails_costs_only_the_profile(
+    capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sample_corpus_path: Path
+) -> None:
+    """A device whose profiler cannot trace (CUPTI refused in a container, say): the side's timed figures and the
+    sides after it stand, and the report says the profile failed and why."""
+    from benchmarks import gpu_index_measure
+
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("CUPTI_ERROR_INSUFFICIENT_PRIVILEGES\nmore")
+
+    monkeypatch.setattr(gpu_index_measure, "profile_run", refused)
+    doc = tmp_path / "gpu.md"
+    args = ["--corpus", str(sample_corpus_path), "--limit", "20", "--batch-size", "16", "--rounds", "1"]
+    assert gpu_index.main([*args, "--profile", "8", "--docs", str(doc), "--json"]) == 0
+    out, err = capsys.readouterr()
+    (row,) = json.loads(out)["rows"]
+    for label in ("index", "encode_document"):
+        side = row["sides"][label]
+        assert side["docs_per_second"] > 0 and "profile" not in side
+        assert side["profile_error"] == "RuntimeError: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES"
+        assert f"{label} profile failed: RuntimeError" in err
+    assert "| `index` | profile failed: RuntimeError: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES |" in doc.read_text()
