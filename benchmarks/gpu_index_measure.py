@@ -237,25 +237,32 @@ def measure(
     }
     for label in sides:
         reason = cannot_run(label, device)
+        try:
+            if reason is None:
+                if one_at_a_time:
+                    fresh_compiler()
+                set_up = _set_up(embedder, label, docs, texts, lengths, batch_size, device, work, name, best_batch)
+                runner, info[label] = set_up
+                info[label].update(fidelity(runner.model, reference, label))
+                if one_at_a_time:
+                    peaks.append(matmul_peak(device, matmul_dtype))
+                    gc.collect()
+                    results[label] = [runner(0, docs, texts)]
+                    progress(name, label, info[label], results[label][0], len(texts))
+                    if profile:
+                        info[label].update(profiled(runner, sample, results[label], label, info[label], max(peaks)))
+                else:
+                    runners[label] = runner
+        except Exception as exc:  # one side's failure (an op its compiler cannot take, say) costs that side alone
+            results.pop(label, None)
+            reason = f"failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}"
+        finally:
+            if one_at_a_time:
+                set_up = runner = None  # the side's tower copy let go before the next
+                release(device)
         if reason is not None:
             info[label] = {"not_run": reason}
             print(f"[gpu_index] {name} | {label}: not run: {reason}", file=sys.stderr, flush=True)
-            continue
-        if one_at_a_time:
-            fresh_compiler()
-        runner, info[label] = _set_up(embedder, label, docs, texts, lengths, batch_size, device, work, name, best_batch)
-        info[label].update(fidelity(runner.model, reference, label))
-        if one_at_a_time:
-            peaks.append(matmul_peak(device, matmul_dtype))
-            gc.collect()
-            results[label] = [runner(0, docs, texts)]
-            progress(name, label, info[label], results[label][0], len(texts))
-            if profile:
-                info[label].update(profiled(runner, sample, results[label], label, info[label], max(peaks)))
-            del runner
-            release(device)
-        else:
-            runners[label] = runner
     for label in runners:
         results[label] = []
     for r in range(rounds if runners else 0):  # the matmul peak measured beside each round: the best is the machine's

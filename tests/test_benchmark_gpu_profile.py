@@ -122,3 +122,27 @@ def test_a_profiler_that_fails_costs_only_the_profile(
         assert side["profile_error"] == "RuntimeError: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES"
         assert f"{label} profile failed: RuntimeError" in err
     assert "| `index` | profile failed: RuntimeError: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES |" in doc.read_text()
+
+
+def test_a_side_that_fails_costs_only_that_side(
+    capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sample_corpus_path: Path
+) -> None:
+    """On a lent GPU a side that raises (an op its compiler cannot take, say) is reported as failed, and the sides
+    after it are still measured: a device call is not lost to one side."""
+    from benchmarks import gpu_index_sides
+
+    run_index = gpu_index_sides.run_index
+
+    def failing_padded(*args: object, **encode: object) -> object:
+        if encode.get("forward") == "padded":
+            raise RuntimeError("an op the compiler cannot take\nmore")
+        return run_index(*args, **encode)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gpu_index_sides, "run_index", failing_padded)
+    args = ["--corpus", str(sample_corpus_path), "--limit", "20", "--batch-size", "16", "--rounds", "1"]
+    assert gpu_index.main([*args, "--sides", "index padded,index,encode_document", "--no-write", "--json"]) == 0
+    out, err = capsys.readouterr()
+    (row,) = json.loads(out)["rows"]
+    assert row["sides"]["index padded"] == {"not_run": "failed: RuntimeError: an op the compiler cannot take"}
+    assert row["sides"]["index"]["docs_per_second"] > 0 and row["sides"]["encode_document"]["docs_per_second"] > 0
+    assert "index padded: not run: failed: RuntimeError" in err
