@@ -18,8 +18,9 @@ from benchmarks.gpu_profile import profile_run, summarize
 
 
 class SideRun:
-    """One side set up on its own tower copy (``model``: the embedder it runs): ``side_run(round)`` is its timed run
-    over the corpus, ``run_on(docs, texts, tag)`` the same run over other documents (the profile's sample)."""
+    """One side set up on its own tower copy (``model``: the embedder it runs): ``side_run(round, docs, texts)`` is
+    its timed run over the corpus, ``run_on(docs, texts, tag)`` the same run over any documents (the profile's
+    sample)."""
 
     def __init__(self, run_on: Callable[[list[Any], list[str], str], dict[str, Any]], model: Any) -> None:
         self.run_on, self.model = run_on, model
@@ -141,6 +142,11 @@ def fidelity(model: Any, reference: dict[str, Any], label: str) -> dict[str, flo
     return {"cosine_min": round(float(cosines.min()), 5), "cosine_mean": round(float(cosines.mean()), 5)}
 
 
+def failure(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}"
+
+
 def profiled(
     runner: SideRun, sample: dict[str, Any], runs: list[dict[str, Any]], label: str, info: dict[str, Any], peak: float
 ) -> dict[str, Any]:
@@ -150,7 +156,7 @@ def profiled(
     try:
         return {"profile": _profiled(runner, sample, runs, label, info, peak)}
     except Exception as exc:  # the profile is an extra: it never costs the run the sides still to measure
-        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
+        why = failure(exc)
         print(f"[gpu_index] {sample['corpus']} | {label} profile failed: {why}", file=sys.stderr, flush=True)
         return {"profile_error": why}
 
@@ -255,7 +261,7 @@ def measure(
                     runners[label] = runner
         except Exception as exc:  # one side's failure (an op its compiler cannot take, say) costs that side alone
             results.pop(label, None)
-            reason = f"failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}"
+            reason = f"failed: {failure(exc)}"
         finally:
             if one_at_a_time:
                 set_up = runner = None  # the side's tower copy let go before the next
