@@ -339,8 +339,8 @@ def test_max_rows_caps_every_data_set_format(fmt: str, tmp_path: Path) -> None:
 
 def test_a_presets_architecture_is_overridden_per_tower(data_dir: Path) -> None:
     from care_retriever.training.lora import transformer_of
+    from care_retriever.training.models import initial_model
     from care_retriever.training.recipe import parse_recipe
-    from care_retriever.training.runner import initial_model
 
     raw = pretraining_recipe()
     raw["model"] = {**raw["model"], "document_config": {"num_hidden_layers": 1}, "query_config": {"hidden_size": 16}}

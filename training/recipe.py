@@ -27,13 +27,10 @@ import json
 from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from care_retriever.errors import InputError
 from care_retriever.indexing.config import COMPILE_MODES, FORWARD_PATHS
-
-if TYPE_CHECKING:
-    from care_retriever.model.embedder import AsymmetricEmbedder
 
 DATA_FORMATS = ("pairs", "qtr", "sts", "qa", "alignment", "text", "flag")
 EXPORT_KINDS = ("asymmetric", "query-symmetric", "document-symmetric")
@@ -548,12 +545,3 @@ def build_stage(
 
         LoraSpec.from_options(values["lora"], where)  # validated here, built by the stage
     return cls(**{k: v for k, v in values.items() if v is not None or k in ("lora",)})
-
-
-def set_query_prompt_template(embedder: AsymmetricEmbedder, template: str) -> AsymmetricEmbedder:
-    """``embedder`` with the recipe's ``model.query_prompt_template`` (kept in its saved care_config.json); a
-    template with an ``{instruction}`` slot gets the default instruction where the model has none."""
-    from care_retriever.model.prompts import DEFAULT_INSTRUCTION
-
-    instruction = (embedder.config.default_instruction or DEFAULT_INSTRUCTION) if "{instruction}" in template else None
-    return embedder.with_config(query_prompt_template=template, default_instruction=instruction)

@@ -189,7 +189,7 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder: Asymmetri
             ctx.out / "teacher_cache",
             show_progress=ctx.show_progress,
             dtype=stage_dtype(ctx, stage),
-            fingerprint=embedder.space_fingerprint,  # the runner keeps it current (runner.py, tower_changed)
+            fingerprint=embedder.space_fingerprint,  # the runner keeps it current (runner.py, run_stage)
             full_width=stage.mse_target == "sliced",
             forward=option(ctx, stage, "forward", "auto"),
             compile=option(ctx, stage, "compile", "auto"),
