@@ -91,7 +91,8 @@ def test_a_key_the_stage_type_does_not_take_is_a_one_line_error(stage: dict, nee
 
 
 def test_each_stage_type_gets_its_typed_class() -> None:
-    from care_retriever.training.recipe import STAGE_CLASSES, load_recipe
+    from care_retriever.training.recipe import load_recipe
+    from care_retriever.training.recipe_spec import STAGE_CLASSES
 
     recipe = load_recipe("miniature-ablations")
     for stage in recipe.stages:
@@ -322,7 +323,7 @@ def test_max_rows_caps_every_data_set_format(fmt: str, tmp_path: Path) -> None:
     """``max_rows`` keeps a data set's first N rows whatever its format (pairs, unlabelled texts, and
     each side of an alignment file)."""
     from care_retriever.training.pairs import load_pairset
-    from care_retriever.training.recipe import DatasetSpec
+    from care_retriever.training.recipe_spec import DatasetSpec
 
     rows = [{"query": f"问题{i}", "text": f"回答{i}", "side": "query" if i % 2 else "document"} for i in range(10)]
     write_jsonl(tmp_path / "rows.jsonl", rows)

@@ -21,7 +21,8 @@ from care_retriever.training.pairs import (
     read_pairs,
     row_prompted,
 )
-from care_retriever.training.recipe import DatasetSpec, build_stage, parse_recipe
+from care_retriever.training.recipe import build_stage, parse_recipe
+from care_retriever.training.recipe_spec import DatasetSpec
 
 RETRIEVAL = "Given a Chinese medical question, retrieve medical documents that answer the question."
 STS = "Retrieve semantically similar text."

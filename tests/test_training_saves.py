@@ -298,7 +298,7 @@ def test_a_saved_model_loads_each_tower_in_the_dtype_it_is_held_in(
 ) -> None:
     """The query tower is read in fp32 from its own files, not through a bf16 round trip."""
     from care_retriever.training import models, precision
-    from care_retriever.training.recipe import ModelSpec
+    from care_retriever.training.recipe_spec import ModelSpec
 
     embedder, _ = gte_model(towers)
     models.save_model(embedder, tmp_path / "model")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from care_retriever.errors import InputError
 from care_retriever.training.lora import LoraSpec, merge_lora
 from care_retriever.training.pairs import Example, row_prompted, unique
-from care_retriever.training.recipe import (
+from care_retriever.training.recipe_spec import (
     DistillStage,
     Stage2JointStage,
 )

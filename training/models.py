@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import InputError, ModelError
 from care_retriever.training.pairs import resolve_data_path
-from care_retriever.training.recipe import ModelSpec, Recipe
+from care_retriever.training.recipe_spec import ModelSpec, Recipe
 from care_retriever.training.run_folder import foundation_dir
 
 if TYPE_CHECKING:

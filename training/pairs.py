@@ -370,7 +370,7 @@ def read_texts(path: Path) -> list[str]:
 
 
 def load_pairset(spec: Any, data_dir: Path) -> PairSet:
-    """Read one recipe data set (a :class:`~care_retriever.training.recipe.DatasetSpec`)."""
+    """Read one recipe data set (a :class:`~care_retriever.training.recipe_spec.DatasetSpec`)."""
     path = resolve_data_path(spec.path, data_dir)
     if spec.format in ("pairs", "qtr"):
         defaults = (2.0, 0.0) if spec.format == "qtr" else (None, None)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from care_retriever.errors import InputError
-from care_retriever.training.recipe import Recipe
+from care_retriever.training.recipe_spec import Recipe
 
 RUN_FILE = "run.json"
 

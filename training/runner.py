@@ -31,7 +31,7 @@ from care_retriever.training.models import (
     vocab_files,
 )
 from care_retriever.training.pairs import PairSet, load_pairset, resolve_data_path, task_queries, without_queries
-from care_retriever.training.recipe import ModelSpec, Recipe, Stage0DocumentStage, StageSpec
+from care_retriever.training.recipe_spec import ModelSpec, Recipe, Stage0DocumentStage, StageSpec
 from care_retriever.training.run_folder import (
     RunResult,
     RunState,

@@ -37,7 +37,7 @@ from care_retriever.training.joint_stages import distill, stage2_joint
 from care_retriever.training.lora import LoraSpec, merge_lora
 from care_retriever.training.pairs import row_prompted, unique
 from care_retriever.training.pretraining import stage_clm, stage_mlm
-from care_retriever.training.recipe import (
+from care_retriever.training.recipe_spec import (
     Stage0DocumentStage,
     Stage0QueryStage,
     Stage1AlignStage,
@@ -259,7 +259,7 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder: Asymmetri
 
 
 # ----------------------------------------------------------------------------- Stage II
-# Each runner takes its own StageSpec subclass: the recipe parser (recipe.STAGE_CLASSES) pairs kind and class.
+# Each runner takes its own StageSpec subclass: the recipe parser (recipe_spec.STAGE_CLASSES) pairs kind and class.
 STAGES: dict[str, Callable[[StageContext, Any, AsymmetricEmbedder], StageReport]] = {
     "mlm": stage_mlm,
     "clm": stage_clm,
