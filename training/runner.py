@@ -152,7 +152,7 @@ def start_run(
         if isinstance(stage, Stage0DocumentStage):
             matryoshka_dims(stage.matryoshka_dims, embedder.dim, embedder.document_dim, f"stage {stage.name!r}")
     if load is not None:  # rows' own query prompts (flag data) that the model or a stage cannot apply
-        from care_retriever.training.pairs import check_row_prompts
+        from care_retriever.training.row_prompts import check_row_prompts
 
         formats = {name: spec.format for name, spec in recipe.datasets.items()}
         check_row_prompts(recipe.stages, formats, load, embedder.config.query_prompt_template)

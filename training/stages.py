@@ -35,13 +35,14 @@ from datasets import Dataset, DatasetDict
 from care_retriever.errors import InputError
 from care_retriever.training.joint_stages import distill, stage2_joint
 from care_retriever.training.lora import LoraSpec, merge_lora
-from care_retriever.training.pairs import row_prompted, unique
+from care_retriever.training.pairs import unique
 from care_retriever.training.pretraining import stage_clm, stage_mlm
 from care_retriever.training.recipe_spec import (
     Stage0DocumentStage,
     Stage0QueryStage,
     Stage1AlignStage,
 )
+from care_retriever.training.row_prompts import row_prompted
 from care_retriever.training.stage_common import (
     contrastive_loss,
     document_prompts,
