@@ -91,9 +91,10 @@ def worker(config: str, model: Path, folder: Path, steps: int, batch: int, max_l
     import torch
 
     from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.training.models import set_max_length
     from care_retriever.training.pairs import load_pairset
-    from care_retriever.training.recipe import DatasetSpec, build_stage
-    from care_retriever.training.runner import set_max_length
+    from care_retriever.training.recipe import build_stage
+    from care_retriever.training.recipe_spec import DatasetSpec
     from care_retriever.training.stages import STAGES, StageContext
 
     embedder = AsymmetricEmbedder.from_pretrained(model, dtype="fp32")

@@ -158,8 +158,7 @@ def test_the_training_runner_gives_new_models(tiny_model_dir: Path) -> None:
     """The runner's model edits (pooling, max length, prompt template) return a new model; the one passed in keeps
     its config."""
     from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.training.recipe import set_query_prompt_template
-    from care_retriever.training.runner import set_max_length, set_pooling
+    from care_retriever.training.models import set_max_length, set_pooling, set_query_prompt_template
 
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
     before = embedder.config.to_json()

@@ -91,7 +91,8 @@ def test_a_key_the_stage_type_does_not_take_is_a_one_line_error(stage: dict, nee
 
 
 def test_each_stage_type_gets_its_typed_class() -> None:
-    from care_retriever.training.recipe import STAGE_CLASSES, load_recipe
+    from care_retriever.training.recipe import load_recipe
+    from care_retriever.training.recipe_spec import STAGE_CLASSES
 
     recipe = load_recipe("miniature-ablations")
     for stage in recipe.stages:
@@ -322,7 +323,7 @@ def test_max_rows_caps_every_data_set_format(fmt: str, tmp_path: Path) -> None:
     """``max_rows`` keeps a data set's first N rows whatever its format (pairs, unlabelled texts, and
     each side of an alignment file)."""
     from care_retriever.training.pairs import load_pairset
-    from care_retriever.training.recipe import DatasetSpec
+    from care_retriever.training.recipe_spec import DatasetSpec
 
     rows = [{"query": f"问题{i}", "text": f"回答{i}", "side": "query" if i % 2 else "document"} for i in range(10)]
     write_jsonl(tmp_path / "rows.jsonl", rows)
@@ -339,8 +340,8 @@ def test_max_rows_caps_every_data_set_format(fmt: str, tmp_path: Path) -> None:
 
 def test_a_presets_architecture_is_overridden_per_tower(data_dir: Path) -> None:
     from care_retriever.training.lora import transformer_of
+    from care_retriever.training.models import initial_model
     from care_retriever.training.recipe import parse_recipe
-    from care_retriever.training.runner import initial_model
 
     raw = pretraining_recipe()
     raw["model"] = {**raw["model"], "document_config": {"num_hidden_layers": 1}, "query_config": {"hidden_size": 16}}

@@ -14,14 +14,10 @@ import pytest
 
 from care_retriever.errors import InputError
 from care_retriever.model.config import CareConfig
-from care_retriever.training.pairs import (
-    check_row_prompts,
-    load_pairset,
-    read_flag,
-    read_pairs,
-    row_prompted,
-)
-from care_retriever.training.recipe import DatasetSpec, build_stage, parse_recipe
+from care_retriever.training.pairs import load_pairset, read_flag, read_pairs
+from care_retriever.training.recipe import build_stage, parse_recipe
+from care_retriever.training.recipe_spec import DatasetSpec
+from care_retriever.training.row_prompts import check_row_prompts, row_prompted
 
 RETRIEVAL = "Given a Chinese medical question, retrieve medical documents that answer the question."
 STS = "Retrieve semantically similar text."

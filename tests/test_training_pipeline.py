@@ -281,8 +281,9 @@ def test_language_model_pretraining_trains_each_tower_in_place(data_dir: Path, t
 def test_clm_refuses_an_encoder_document_tower(trained, data_dir: Path, tmp_path: Path) -> None:
     from care_retriever.errors import InputError
     from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.training.models import export_model
     from care_retriever.training.recipe import parse_recipe
-    from care_retriever.training.runner import export_model, run_recipe
+    from care_retriever.training.runner import run_recipe
 
     symmetric = tmp_path / "symmetric"
     export_model(AsymmetricEmbedder.from_pretrained(trained.final), "query-symmetric", symmetric)

@@ -123,7 +123,7 @@ def test_document_pooling_replaces_the_decoder_pooling_and_is_saved(tiny_model_d
 
     from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.model.towers.modules import tower_pooling
-    from care_retriever.training.runner import set_pooling
+    from care_retriever.training.models import set_pooling
 
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
     assert tower_pooling(embedder.document_modules) == "last_token"

@@ -297,15 +297,15 @@ def test_a_saved_model_loads_each_tower_in_the_dtype_it_is_held_in(
     towers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The query tower is read in fp32 from its own files, not through a bf16 round trip."""
-    from care_retriever.training import precision, runner
-    from care_retriever.training.recipe import ModelSpec
+    from care_retriever.training import models, precision
+    from care_retriever.training.recipe_spec import ModelSpec
 
     embedder, _ = gte_model(towers)
-    runner.save_model(embedder, tmp_path / "model")
-    saved = {k: v.clone() for k, v in runner.tower_transformer(embedder, "query").state_dict().items()}
+    models.save_model(embedder, tmp_path / "model")
+    saved = {k: v.clone() for k, v in models.tower_transformer(embedder, "query").state_dict().items()}
     monkeypatch.setattr(precision, "held_dtypes", lambda *a, **k: {"query": "fp32", "document": "bf16"})
-    loaded = runner.load_model(tmp_path / "model", ModelSpec(), None)
-    query, document = runner.tower_transformer(loaded, "query"), runner.tower_transformer(loaded, "document")
+    loaded = models.load_model(tmp_path / "model", ModelSpec(), None)
+    query, document = models.tower_transformer(loaded, "query"), models.tower_transformer(loaded, "document")
     assert {p.dtype for p in document.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in query.parameters()} == {torch.float32}
     assert all(torch.equal(query.state_dict()[k], v) for k, v in saved.items())

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import InputError
 from care_retriever.training.lora import LoraSpec, merge_lora
-from care_retriever.training.pairs import Example, row_prompted, unique
-from care_retriever.training.recipe import (
+from care_retriever.training.pairs import Example, unique
+from care_retriever.training.recipe_spec import (
     DistillStage,
     Stage2JointStage,
 )
+from care_retriever.training.row_prompts import row_prompted
 from care_retriever.training.stage_common import (
     contrastive_loss,
     fit,

@@ -18,8 +18,9 @@ Formats (``format:`` of a recipe data set):
   ``neg`` list its hard negatives (shuffled once per row, seeded by the line number: a stage that uses k of them
   takes a random k, as FlagEmbedding samples ``train_group_size - 1`` of them). ``prompt`` is the row's query
   instruction, put into the model's query prompt template in place of its default instruction
-  (:func:`with_row_prompts`); ``type``: see :data:`FLAG_TYPES`. Scores are checked and not used (FlagEmbedding
-  uses them only with ``knowledge_distillation``); other keys (``pos_id``) are ignored, as FlagEmbedding does.
+  (:func:`~care_retriever.training.row_prompts.with_row_prompts`); ``type``: see :data:`FLAG_TYPES`. Scores are
+  checked and not used (FlagEmbedding uses them only with ``knowledge_distillation``); other keys (``pos_id``) are
+  ignored, as FlagEmbedding does.
 
 Why validate here: a training run that dies after an hour because of one empty text wastes the
 hour; every problem is reported before the first step as ``file:line: what is wrong``.
@@ -275,75 +276,6 @@ def read_flag(path: Path, *, use_prompt: bool = True) -> tuple[list[Example], bo
     return examples, bool(kind and "symmetric" in kind)
 
 
-def row_prompt_example(examples: list[Example]) -> Example | None:
-    """The first example carrying its own query instruction (a ``flag`` row's ``prompt``), if any."""
-    return next((e for e in examples if e.instruction is not None), None)
-
-
-# Stage types whose anchors are queries encoded by the query tower under its query prompt: there a row's own
-# instruction replaces the default one. Elsewhere (Stage 0 of the document tower, Stage I's texts) it cannot.
-ROW_PROMPT_STAGES = ("stage0_query", "stage2_joint", "distill")
-
-
-def check_row_prompts(stages: list[Any], formats: dict[str, str], load: Any, template: str | None) -> None:
-    """Refuse, naming the first such row, per-row prompts that a stage or the model cannot apply.
-
-    ``stages``: recipe stage specs; ``formats``: data set name -> format; ``load``: name -> :class:`PairSet`;
-    ``template``: the model's ``care_config.json`` ``query_prompt_template``.
-    """
-    for stage in stages:
-        alignment = getattr(stage, "alignment", None) or {}
-        names = list(stage.datasets) + [n for key in ("queries", "documents") for n in alignment.get(key, [])]
-        for name in unique(names):
-            if formats.get(name) != "flag":
-                continue
-            first = row_prompt_example(load(name).examples)
-            if first is None:
-                continue
-            if stage.type not in ROW_PROMPT_STAGES:
-                raise InputError(
-                    f"{first.where}: row has a 'prompt', which stage {stage.name!r} ({stage.type}) cannot apply per "
-                    f"row (only {', '.join(ROW_PROMPT_STAGES)} stages can); set use_prompt: false on data set "
-                    f"{name!r} to train without the rows' prompts"
-                )
-            if not template or "{instruction}" not in template:
-                raise InputError(
-                    f"{first.where}: row has a 'prompt', but the model's query tower takes no instruction "
-                    f"(care_config.json query_prompt_template {template!r} has no {{instruction}} slot); set "
-                    f"use_prompt: false on data set {name!r} to train without the rows' prompts"
-                )
-
-
-def row_prompted(examples: list[Example], config: Any) -> tuple[list[Example], list[str]]:
-    """``examples`` with their rows' own query prompts written in where any row has one (:func:`with_row_prompts`,
-    ``config``: the model's :class:`~care_retriever.model.config.CareConfig`), and the columns a stage still
-    gives the model's query prompt: ``["anchor"]``, or none once the prompts are in the texts."""
-    if row_prompt_example(examples) is None:
-        return examples, ["anchor"]
-    return with_row_prompts(examples, config.query_prompt_template, config.query_prompt()), []
-
-
-def with_row_prompts(examples: list[Example], template: str | None, default_prompt: str | None) -> list[Example]:
-    """The examples with their query prompt written into the query: a row's own instruction filled into
-    ``template``, ``default_prompt`` (the model's prompt, may be None) for the others; for FlagEmbedding's
-    symmetric_sts/clustering rows the row's prompt goes before the positive and negatives too. A stage that
-    trains these passes no query prompt for the anchor column (it is in the text; the same tokens as the
-    trainer's ``prompts`` give: no pooling here excludes prompt tokens)."""
-    from care_retriever.model.prompts import fill_query_prompt
-
-    out: list[Example] = []
-    for e in examples:
-        own = fill_query_prompt(template, e.instruction) if e.instruction is not None else None
-        prompt = own if own is not None else (default_prompt or "")
-        if e.instruct_candidates and own is not None:
-            out.append(
-                replace(e, query=prompt + e.query, positive=own + e.positive, negatives=[own + n for n in e.negatives])
-            )
-        else:
-            out.append(replace(e, query=prompt + e.query))
-    return out
-
-
 def read_alignment(path: Path) -> tuple[list[str], list[str]]:
     """``{text, side}`` rows -> (query-side texts, document-side texts)."""
     queries: list[str] = []
@@ -370,7 +302,7 @@ def read_texts(path: Path) -> list[str]:
 
 
 def load_pairset(spec: Any, data_dir: Path) -> PairSet:
-    """Read one recipe data set (a :class:`~care_retriever.training.recipe.DatasetSpec`)."""
+    """Read one recipe data set (a :class:`~care_retriever.training.recipe_spec.DatasetSpec`)."""
     path = resolve_data_path(spec.path, data_dir)
     if spec.format in ("pairs", "qtr"):
         defaults = (2.0, 0.0) if spec.format == "qtr" else (None, None)

@@ -1,324 +1,62 @@
 """Run a recipe: build or load the starting model, chain the stages, save ``OUT/final``.
 
-Layout of ``OUT``::
-
-    run.json              recipe name, fingerprint, finished stages, per-stage reports
-    stages/<name>/        the model after a stage (LoRA merged; ``init`` is the starting model), each
-                          tower in its own dtype (bf16 for a bf16 tower); kept while a stage still to
-                          train starts from it (resume), every one with ``keep_stages``
-    models/<export>/      models a stage exports (ablation baselines, symmetric variants)
-    checkpoints/<name>/   trainer checkpoints of the unfinished stage (resume): its trained parameters
-    logs/<name>.jsonl     loss / lr / epoch per logging step
-    teacher_cache/        Stage I's memory-mapped teacher embeddings
-    final/                the recipe's final model (``from_pretrained``, ``index``, ``search``, ``eval``)
-
-Nothing is overwritten by accident: a non-empty ``OUT`` is only re-entered with ``resume=True``
-and only by the same recipe (same fingerprint); finished stages are then loaded, not re-run, and
-an unfinished stage continues from its last checkpoint.
+The layout of ``OUT`` and what ``run.json`` records live in :mod:`care_retriever.training.run_folder`, the models a
+run builds, loads, saves and exports in :mod:`care_retriever.training.models`. This module decides which stages a
+run trains and from what, reads and checks every data set before anything is written, computes the fingerprint a
+resume is checked against, and runs it all in order.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import (  # DiskFullError also importable from here for earlier callers (old_paths)
     DiskFullError,  # noqa: F401
     InputError,
-    ModelError,
+)
+from care_retriever.training.models import (
+    export_model,
+    initial_model,
+    load_model,
+    own_dtypes,
+    pretrained_dtypes,
+    save_model,
+    set_max_length,
+    vocab_files,
 )
 from care_retriever.training.pairs import PairSet, load_pairset, resolve_data_path, task_queries, without_queries
-from care_retriever.training.recipe import ModelSpec, Recipe, Stage0DocumentStage, StageSpec
+from care_retriever.training.recipe_spec import ModelSpec, Recipe, Stage0DocumentStage, StageSpec
+from care_retriever.training.run_folder import (
+    RunResult,
+    RunState,
+    check_output,
+    foundation_dir,
+    foundation_fingerprint,
+    prune,
+    publish_final,
+    stage_sources,
+)
 
 if TYPE_CHECKING:
-    import torch
-
     from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.model.tower import Side
     from care_retriever.training.stages import StageContext
 
 logger = logging.getLogger("care_retriever")
-RUN_FILE = "run.json"
 DRY_RUN_MAX_LENGTH = 64  # a dry run checks the wiring, not the capacity: short texts keep it minutes long
 # Stage types that leave the document tower as it was: its space fingerprint (a hash of every weight,
 # tens of seconds for a 4B tower) is carried over instead of computed again.
 DOCUMENT_FROZEN = frozenset({"stage0_query", "stage1_align", "distill", "mlm"})
-SIDES: tuple[Side, ...] = ("query", "document")
-
-
-@dataclass
-class RunResult:
-    out: Path
-    final: Path | None  # None while the final stage is not trained (a run of selected ``stages``)
-    reports: list[dict[str, Any]] = field(default_factory=list)
-    exports: dict[str, str] = field(default_factory=dict)
 
 
 def default_data_dir() -> Path:
     """``CARE_SHARED_DATA``, else ``../shared/data`` relative to the working directory."""
     return Path(os.environ.get("CARE_SHARED_DATA", Path("..") / "shared" / "data"))
-
-
-def _read_run(out: Path) -> dict[str, Any] | None:
-    path = out / RUN_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text("utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: corrupted run file; use a new --out") from exc
-
-
-def _write_run(out: Path, state: dict[str, Any]) -> None:
-    tmp = out / f".{RUN_FILE}.tmp"
-    tmp.write_text(json.dumps(state, ensure_ascii=False, indent=2), encoding="utf-8")
-    os.replace(tmp, out / RUN_FILE)
-
-
-def check_output(out: Path, recipe: Recipe, fingerprint: str, resume: bool) -> dict[str, Any] | None:
-    """Refuse to touch a folder that holds something else; return the previous run state when resuming."""
-    if not out.exists():
-        return None
-    if not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a folder")
-    if not any(out.iterdir()):
-        return None
-    state = _read_run(out)
-    if state is None:
-        raise InputError(f"--out {out}: exists, is not empty and holds no training run; nothing overwritten")
-    if state.get("fingerprint") != fingerprint:
-        raise InputError(
-            f"--out {out}: holds a run of recipe {state.get('recipe')!r} with other settings "
-            f"(fingerprint {state.get('fingerprint')} != {fingerprint}); use a new --out"
-        )
-    if not resume:
-        raise InputError(f"--out {out}: already holds this recipe's run; pass --resume to continue it")
-    return state
-
-
-def vocab_files(recipe: Recipe, data_dir: Path) -> list[Path]:
-    """Tokenizer training text: the model's ``vocab_from``, else every data set of the recipe."""
-    names = recipe.model.vocab_from or [spec.path for spec in recipe.datasets.values()]
-    files = [resolve_data_path(name, data_dir) for name in names]
-    for file in files:
-        if not file.is_file():
-            raise InputError(f"model.vocab_from: file not found: {file}")
-    return files
-
-
-def load_model(
-    folder: str | Path, spec: ModelSpec, device: str | None, defaults: dict[str, Any] | None = None
-) -> AsymmetricEmbedder:
-    """A saved CARE model (a stage's output, ``init``, a ``path`` or foundation), loaded for training in
-    the dtypes it trains in (:func:`~care_retriever.training.precision.held_dtypes`: fp32, except a bf16
-    document tower that a bf16 GPU run trains through LoRA), with the recipe's ``trust_remote_code`` for
-    towers that ship their own code (every load needs it again: the saved folder records that)."""
-    from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY, held_dtypes
-
-    recorded: dict[str, Any] = {}
-    with_config = Path(folder) / "care_config.json"
-    if with_config.is_file():
-        recorded = json.loads(with_config.read_text("utf-8")).get("extra", {}).get(PRETRAINED_DTYPE_KEY) or {}
-    held = held_dtypes(defaults or {}, recorded, device)
-    load = functools.partial(
-        AsymmetricEmbedder.from_pretrained, folder, device=device, trust_remote_code=spec.trust_remote_code
-    )
-    if held["query"] == held["document"]:
-        return load(load="both", dtype=held["document"])
-    # each tower read from its files in its own dtype: a bf16 round trip would cut the fp32 query tower
-    query, document = load(load="query", dtype=held["query"]), load(load="document", dtype=held["document"])
-    return document.with_tower("query", query.tower("query"))
-
-
-def hold_in(embedder: AsymmetricEmbedder, held: dict[str, str]) -> AsymmetricEmbedder:
-    """Cast each tower's transformer to the dtype ``held`` names for it (a no-op where it already is)."""
-    from care_retriever.model.runtime import resolve_dtype
-    from care_retriever.model.saving import cast_tower
-
-    for side in SIDES:
-        if side in held:
-            cast_tower(embedder, side, resolve_dtype(held[side], embedder.device))
-    return embedder
-
-
-def tower_transformer(embedder: AsymmetricEmbedder, side: Side) -> torch.nn.Module:
-    return embedder.tower(side).transformer.auto_model
-
-
-def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, device: str | None) -> AsymmetricEmbedder:
-    from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.model.towers.modules import tower_pretrained_dtype
-    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY
-
-    if spec.preset:
-        from care_retriever.model.towers.scratch import init_from_scratch
-
-        logger.info("Training tokenizers and building a random %r model ...", spec.preset)
-        embedder = init_from_scratch(
-            spec.preset,
-            vocab_files(recipe, data_dir),
-            seed=seed,
-            device=device,
-            query_config=spec.query_config,
-            document_config=spec.document_config,
-        )
-    elif spec.path:
-        embedder = load_model(spec.path, spec, device, recipe.defaults)
-    elif spec.foundation:
-        embedder = load_model(foundation_dir(spec.foundation), spec, device, recipe.defaults)
-    elif spec.query_model is None:
-        raise InputError("model: give query_model (and document_model), path or foundation")
-    else:
-        from care_retriever.training.precision import held_dtypes
-
-        # Loading rewrites the loaded configs' dtype: the checkpoints' own is read from their files and
-        # kept in care_config.json, so every later stage (and resume) knows Qwen3 is bf16.
-        pretrained = {
-            "query": tower_pretrained_dtype(spec.query_model),
-            "document": tower_pretrained_dtype(spec.document_model or spec.query_model),
-        }
-        embedder = AsymmetricEmbedder.from_towers(
-            spec.query_model,
-            spec.document_model,
-            device=device,
-            dtype="fp32",  # one dtype for both towers: the document tower is cast to its own below
-            trust_remote_code=spec.trust_remote_code,
-            convention=spec.convention,
-        )
-        hold_in(embedder, held_dtypes(recipe.defaults, pretrained, device))
-        embedder = embedder.with_config(extra={**embedder.config.extra, PRETRAINED_DTYPE_KEY: pretrained})
-    if spec.dim is not None and spec.dim != embedder.dim:
-        raise ModelError(
-            f"dimension mismatch: the recipe says model.dim {spec.dim}, the model's shared dim is {embedder.dim}"
-        )
-    if spec.query_pooling:
-        embedder = set_pooling(embedder, "query", spec.query_pooling)
-    if spec.document_pooling:
-        embedder = set_pooling(embedder, "document", spec.document_pooling)
-    if spec.max_length:
-        embedder = set_max_length(embedder, spec.max_length)
-    if spec.query_prompt_template is not None:
-        from care_retriever.training.recipe import set_query_prompt_template
-
-        embedder = set_query_prompt_template(embedder, spec.query_prompt_template)
-    return embedder
-
-
-def set_pooling(embedder: AsymmetricEmbedder, side: Side, pooling: str) -> AsymmetricEmbedder:
-    """A new embedder whose ``side`` tower pools with ``pooling`` (cls | mean | last_token)."""
-    return embedder.with_tower(side, embedder.tower(side).with_pooling(pooling))
-
-
-def set_max_length(embedder: AsymmetricEmbedder, max_length: int) -> AsymmetricEmbedder:
-    """A new embedder that trains (and later serves) with at most ``max_length`` tokens per text on both towers."""
-    for side in SIDES:
-        embedder = embedder.with_tower(side, embedder.tower(side).with_max_length(max_length))
-    return embedder
-
-
-def export_model(embedder: AsymmetricEmbedder, kind: str, target: Path) -> Path:
-    """Save the model as is, or one of its towers on both sides (a symmetric baseline)."""
-    from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY
-
-    if kind == "asymmetric":
-        return save_model(embedder, target)
-    side: Side = "query" if kind == "query-symmetric" else "document"
-    own = pretrained_dtypes(embedder).get(side)  # the exported tower is saved in its own dtype on both sides
-    # the document tower on both sides keeps its space; the query tower's is hashed (it is small)
-    tower = embedder.tower(side)
-    config = replace(
-        embedder.config,
-        mode="symmetric",
-        query=replace(tower.info),
-        document=replace(tower.info),
-        query_prompt_template=embedder.config.query_prompt_template if side == "query" else None,
-        default_instruction=embedder.config.default_instruction if side == "query" else None,
-        space_fingerprint=tower.weights,
-        extra={**embedder.config.extra, "exported_as": kind, PRETRAINED_DTYPE_KEY: {"query": own, "document": own}},
-    )
-    return save_model(AsymmetricEmbedder(config, tower.modules, tower.modules, device=embedder.device), target)
-
-
-def own_dtypes(embedder: AsymmetricEmbedder) -> dict[Side, torch.dtype]:
-    """The dtype each tower is saved in: its pretrained checkpoint's (bf16 for Qwen3), else fp32."""
-    import torch
-
-    halves = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-    recorded = pretrained_dtypes(embedder)
-    return {side: halves.get(str(recorded.get(side)), torch.float32) for side in SIDES}
-
-
-def save_model(embedder: AsymmetricEmbedder, path: str | Path, *, write: bool = True) -> Path:
-    """A stage's save: :func:`care_retriever.model.saving.save_model` (the one writer of a model folder) with each
-    tower written in its own dtype (:func:`own_dtypes`) and the space fingerprint hashed only when it is not known
-    (:data:`DOCUMENT_FROZEN`: a stage that leaves the document tower as it was keeps it; the runner clears it after
-    any other stage).
-
-    The towers are rounded to their own dtype in memory as well (and cast back to the dtype they train in), so a
-    resumed run continues from exactly what an uninterrupted run continues from. A full disk leaves the earlier
-    stages as they were and says, in one line, how much free space the model needs
-    (:class:`~care_retriever.errors.DiskFullError`). ``write=False``: the rounding and the fingerprint only, what
-    the ranks that do not write do (they must hold what rank 0 wrote).
-    """
-    from care_retriever.model import saving
-
-    return saving.save_model(
-        embedder,
-        path,
-        dtypes=own_dtypes(embedder),
-        rehash=False,
-        write=write,
-        intact="earlier stages are intact",
-        retry="free space, then continue with --resume",
-    )
-
-
-@dataclass
-class RunState:
-    """What ``run.json`` records: the recipe's identity, the finished stages, their reports and exports."""
-
-    recipe: str
-    source: str
-    fingerprint: str
-    done: list[str] = field(default_factory=list)
-    reports: list[dict[str, Any]] = field(default_factory=list)
-    exports: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)  # init_seconds, final, foundation, ...
-
-    @classmethod
-    def resumed(cls, recipe: Recipe, fingerprint: str, previous: dict[str, Any] | None) -> RunState:
-        state = cls(recipe=recipe.name, source=recipe.source_path, fingerprint=fingerprint)
-        if previous:
-            state.done = list(previous.get("done", []))
-            state.reports = list(previous.get("reports", []))
-            state.exports = dict(previous.get("exports", {}))
-            known = {"recipe", "source", "fingerprint", "done", "reports", "exports"}
-            state.extra = {k: v for k, v in previous.items() if k not in known}
-        return state
-
-    def save(self, out: Path) -> None:
-        _write_run(
-            out,
-            {
-                "recipe": self.recipe,
-                "source": self.source,
-                "fingerprint": self.fingerprint,
-                "done": self.done,
-                "reports": self.reports,
-                "exports": self.exports,
-                **self.extra,
-            },
-        )
 
 
 def effective_recipe(recipe: Recipe, *, preset: str | None, dry_run_steps: int | None) -> Recipe:
@@ -336,31 +74,6 @@ def effective_recipe(recipe: Recipe, *, preset: str | None, dry_run_steps: int |
     if dry_run_steps is not None:
         model.max_length = min(model.max_length or DRY_RUN_MAX_LENGTH, DRY_RUN_MAX_LENGTH)
     return replace(recipe, model=model, stages=list(recipe.stages), defaults=dict(recipe.defaults))
-
-
-def foundation_dir(path: str | Path) -> Path:
-    """The model folder of a foundation: a finished run's ``final``, or a saved CARE model folder."""
-    folder = Path(path)
-    if (folder / "care_config.json").is_file():
-        return folder
-    if (folder / "final" / "care_config.json").is_file():
-        return folder / "final"
-    hint = (
-        "the run is not finished; continue it with --resume"
-        if (folder / RUN_FILE).is_file()
-        else "train it with `care-retriever train --recipe miniature-foundation --out DIR`"
-    )
-    raise InputError(f"model.foundation {folder}: no finished foundation model there ({hint})")
-
-
-def foundation_fingerprint(path: str | Path) -> str:
-    """What identifies a foundation: its run's fingerprint, else its saved space fingerprint."""
-    model = foundation_dir(path)
-    run = model.parent / RUN_FILE
-    if model.name == "final" and run.is_file():
-        return str(json.loads(run.read_text("utf-8")).get("fingerprint"))
-    config = json.loads((model / "care_config.json").read_text("utf-8"))
-    return str(config.get("space_fingerprint"))
 
 
 def run_fingerprint(recipe: Recipe, *, dry_run_steps: int | None, preset: str | None) -> str:
@@ -439,7 +152,7 @@ def start_run(
         if isinstance(stage, Stage0DocumentStage):
             matryoshka_dims(stage.matryoshka_dims, embedder.dim, embedder.document_dim, f"stage {stage.name!r}")
     if load is not None:  # rows' own query prompts (flag data) that the model or a stage cannot apply
-        from care_retriever.training.pairs import check_row_prompts
+        from care_retriever.training.row_prompts import check_row_prompts
 
         formats = {name: spec.format for name, spec in recipe.datasets.items()}
         check_row_prompts(recipe.stages, formats, load, embedder.config.query_prompt_template)
@@ -502,16 +215,6 @@ def run_stage(ctx: StageContext, stage: StageSpec, embedder: AsymmetricEmbedder,
     return embedder
 
 
-def stage_sources(recipe: Recipe) -> dict[str, str]:
-    """Each stage's starting point: its ``from`` stage, else the previous stage (``init`` for the first)."""
-    sources: dict[str, str] = {}
-    previous = "init"
-    for stage in recipe.stages:
-        sources[stage.name] = stage.source or previous
-        previous = stage.name
-    return sources
-
-
 def selected_stages(recipe: Recipe, names: Sequence[str] | None) -> set[str]:
     """The stages a run trains: every stage, or the named ones and each stage they start from.
 
@@ -564,62 +267,6 @@ def run_stages(
         in_memory = stage.name
         if not keep_stages:
             prune(recipe, ctx.out, state)
-
-
-def needed_stages(recipe: Recipe, state: RunState) -> set[str]:
-    """Saved stages a later step reads: the source of every stage not yet trained, and the final stage
-    until ``final`` is published."""
-    sources = stage_sources(recipe)
-    needed = {sources[name] for name in sources if name not in state.done}
-    if "final" not in state.extra and recipe.final_stage in state.done:
-        needed.add(recipe.final_stage)
-    return needed
-
-
-def prune(recipe: Recipe, out: Path, state: RunState) -> None:
-    """Delete what neither ``--resume`` nor the final model needs: saved stages no unfinished stage
-    starts from, and the checkpoints of finished stages (rank 0; the others hold the model in memory)."""
-    from care_retriever.training.engine import is_main_process
-
-    if not is_main_process():
-        return
-    needed = needed_stages(recipe, state)
-    for name in ["init", *stage_sources(recipe)]:
-        if name in state.done and name not in needed:
-            shutil.rmtree(out / "stages" / name, ignore_errors=True)
-        if name in state.done:
-            shutil.rmtree(out / "checkpoints" / name, ignore_errors=True)
-
-
-def publish_final(recipe: Recipe, out: Path, state: RunState) -> Path | None:
-    """Copy the final stage to ``out/final`` through a temporary folder (never half-written); None
-    while the final stage is not trained."""
-    from care_retriever.training.engine import is_main_process
-
-    if recipe.final_stage not in state.done:
-        return None
-    final = out / "final"
-    if not is_main_process():
-        return final
-    source = out / "stages" / recipe.final_stage
-    if "final" in state.extra and final.is_dir() and not source.is_dir():
-        return final  # published by an earlier run, its stage folder since deleted
-    tmp = out / ".final.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source, tmp, copy_function=_link_or_copy)  # hard links: no second copy on disk
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    state.extra["final"] = str(final)
-    state.save(out)
-    return final
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # a file system without hard links
-        shutil.copy2(src, dst)
 
 
 def run_recipe(
@@ -688,22 +335,6 @@ def run_recipe(
     if not keep_stages:
         prune(recipe, out, state)
     return RunResult(out=out, final=final, reports=state.reports, exports=state.exports)
-
-
-def pretrained_dtypes(embedder: AsymmetricEmbedder) -> dict[str, str | None]:
-    """Each tower's pretraining dtype: recorded at init (care_config.json), else read from the
-    checkpoint the tower was built from (a CARE folder saved outside training); None if unknown."""
-    from care_retriever.model.towers.modules import tower_pretrained_dtype
-    from care_retriever.training.precision import PRETRAINED_DTYPE_KEY
-
-    recorded = embedder.config.extra.get(PRETRAINED_DTYPE_KEY)
-    if isinstance(recorded, dict):
-        return dict(recorded)
-    found: dict[str, str | None] = {}
-    for side in ("query", "document"):
-        base = getattr(embedder.config, side).base_model
-        found[side] = tower_pretrained_dtype(base) if base and embedder.config.preset is None else None
-    return found
 
 
 def _fmt(value: float | None) -> str:

@@ -21,7 +21,7 @@ from care_retriever.training.engine import (
 from care_retriever.training.lora import LoraSpec, add_lora
 from care_retriever.training.pairs import Example
 from care_retriever.training.quiet import quiet_trainer
-from care_retriever.training.recipe import (
+from care_retriever.training.recipe_spec import (
     StageSpec,
 )
 from care_retriever.training.stage_context import (

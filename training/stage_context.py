@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from care_retriever.errors import InputError
 from care_retriever.training.engine import last_checkpoint, world_size
 from care_retriever.training.pairs import PairSet
-from care_retriever.training.recipe import OWN_DEFAULT_KEYS, StageSpec
+from care_retriever.training.recipe_spec import OWN_DEFAULT_KEYS, StageSpec
 
 if TYPE_CHECKING:
     import torch

@@ -35,13 +35,14 @@ from datasets import Dataset, DatasetDict
 from care_retriever.errors import InputError
 from care_retriever.training.joint_stages import distill, stage2_joint
 from care_retriever.training.lora import LoraSpec, merge_lora
-from care_retriever.training.pairs import row_prompted, unique
+from care_retriever.training.pairs import unique
 from care_retriever.training.pretraining import stage_clm, stage_mlm
-from care_retriever.training.recipe import (
+from care_retriever.training.recipe_spec import (
     Stage0DocumentStage,
     Stage0QueryStage,
     Stage1AlignStage,
 )
+from care_retriever.training.row_prompts import row_prompted
 from care_retriever.training.stage_common import (
     contrastive_loss,
     document_prompts,
@@ -189,7 +190,7 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder: Asymmetri
             ctx.out / "teacher_cache",
             show_progress=ctx.show_progress,
             dtype=stage_dtype(ctx, stage),
-            fingerprint=embedder.space_fingerprint,  # the runner keeps it current (runner.py, tower_changed)
+            fingerprint=embedder.space_fingerprint,  # the runner keeps it current (runner.py, run_stage)
             full_width=stage.mse_target == "sliced",
             forward=option(ctx, stage, "forward", "auto"),
             compile=option(ctx, stage, "compile", "auto"),
@@ -259,7 +260,7 @@ def stage1_align(ctx: StageContext, stage: Stage1AlignStage, embedder: Asymmetri
 
 
 # ----------------------------------------------------------------------------- Stage II
-# Each runner takes its own StageSpec subclass: the recipe parser (recipe.STAGE_CLASSES) pairs kind and class.
+# Each runner takes its own StageSpec subclass: the recipe parser (recipe_spec.STAGE_CLASSES) pairs kind and class.
 STAGES: dict[str, Callable[[StageContext, Any, AsymmetricEmbedder], StageReport]] = {
     "mlm": stage_mlm,
     "clm": stage_clm,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.training.recipe import StageSpec
+    from care_retriever.training.recipe_spec import StageSpec
     from care_retriever.training.stage_context import StageContext
 
 logger = logging.getLogger("care_retriever")

@@ -153,7 +153,7 @@ def alignment(
     """Stage I alignment data: every query and every document (each later paired with itself)."""
     from care_retriever.training.alignment import alignment_rows
     from care_retriever.training.pairs import load_pairset
-    from care_retriever.training.recipe import DATA_FORMATS, DatasetSpec
+    from care_retriever.training.recipe_spec import DATA_FORMATS, DatasetSpec
 
     if format not in DATA_FORMATS or format in ("alignment", "text"):
         raise InputError(f"--format must be one of pairs, qtr, sts, qa; got {format!r}")

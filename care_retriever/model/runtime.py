@@ -1,7 +1,7 @@
 """Where and how a tower runs: its device, its precision (``auto``, ``saved``, or a named dtype) and its attention
 implementation, resolved once from what was asked and what the machine has.
 
-The embedder's constructors and training (:mod:`care_retriever.training.runner`) both call these, so both sides of a
+The embedder's constructors and training (:mod:`care_retriever.training.models`) both call these, so both sides of a
 model, and a model trained and indexed on one machine, agree on its precision.
 """
 
