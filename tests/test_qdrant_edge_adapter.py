@@ -128,6 +128,9 @@ def test_engine_errors_are_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(caught.value)
     fault = edge.os_error(Exception("Service internal error: No space left on device (os error 28)"))
     assert fault is not None and fault.errno == 28
+    refused = "Service runtime error: Not enough space available for optimization, needed: 16.41 MiB, available: 0 B"
+    fault = edge.os_error(Exception(refused))  # the optimizer's own free-space check: a full disk too
+    assert fault is not None and fault.errno == 28
     shard.close()
 
 

@@ -91,7 +91,8 @@ def os_error(exc: BaseException) -> OSError | None:
         code = int(found.group(1))
         return OSError(code, str(exc).splitlines()[0] if str(exc) else errno.errorcode.get(code, "os error"))
     lowered = str(exc).lower()
-    if "no space left" in lowered:
+    # (the optimizer's own check: "Not enough space available for optimization, needed: ..., available: ...")
+    if "no space left" in lowered or "not enough space available" in lowered:
         return OSError(errno.ENOSPC, str(exc).splitlines()[0])
     return None
 

@@ -43,7 +43,14 @@ from care_retriever.stores.qdrant.common import (
 )
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
-from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_open_space, require_space
+from care_retriever.stores.qdrant.edge_space import (
+    OPEN_SHARD,
+    SpaceRefused,
+    folder_bytes,
+    require_open_space,
+    require_space,
+    room_to_open,
+)
 from care_retriever.vectors import VectorContract
 
 logger = logging.getLogger("care_retriever")
@@ -250,8 +257,10 @@ class EdgeStore(EdgeSearch, QdrantStore):
 
     @contextlib.contextmanager
     def _write_faults(self, what: str) -> Iterator[None]:
-        """A file-system fault ends the write in one line; the shard is reopened from disk, so that this object
-        counts what the next process will (what each update had written to the log is replayed)."""
+        """A file-system fault ends the write in one line. A fault the engine met mid-call: the shard is reopened
+        from disk, so that this object counts what the next process will (what each update had written to the log
+        is replayed). A write the free-space check refused before the engine ran it: the open shard already holds
+        what its folder holds, and is kept (reopening it on a full disk would die of SIGBUS)."""
         try:
             yield
         except WriteError:
@@ -260,7 +269,8 @@ class EdgeStore(EdgeSearch, QdrantStore):
             reason = faults.reason_of(exc)
             if reason is None:
                 raise
-            self._reopen()
+            if not isinstance(exc, SpaceRefused):
+                self._reopen()
             raise faults.write_error(
                 f"qdrant:{self.location}",
                 f"{what} into collection {self.collection}",
@@ -271,13 +281,16 @@ class EdgeStore(EdgeSearch, QdrantStore):
             ) from exc
 
     def _reopen(self) -> None:
+        """Close the shard and load it again from disk; left closed where the disk has no room to open it (a load
+        there can die of SIGBUS): the next open, once there is space, replays its log."""
         if self.shard is not None:
             with contextlib.suppress(Exception):
                 self.shard.close()
             self.shard = None
         if (self.folder / SHARD_FOLDER).is_dir():
             with contextlib.suppress(StoreError, OSError):
-                self.shard = edge.EdgeShard.load(self.folder / SHARD_FOLDER)
+                if room_to_open(self.folder):
+                    self.shard = edge.EdgeShard.load(self.folder / SHARD_FOLDER)
 
     # ------------------------------------------------------------------ reads
     def count(self, filters: Any = None) -> int:
