@@ -12,9 +12,8 @@ What Edge 0.9 does, as verified against the engine (docs/scale.md lists how):
 * Every call holds the GIL, ``optimize()`` included: async callers run it in a worker thread.
 * HNSW graphs and quantized codes are built by ``optimize()`` only, for segments past the indexing threshold;
   until then a segment is searched by brute force.
-* ``optimize()`` builds each new segment in ``temp_segments/`` and moves it into ``segments/`` when it is whole. A
-  process killed during the build leaves the half-built segment there, and the engine never removes it (not at
-  load, not at the next optimize): :meth:`EdgeShard.load` removes it, once the folder's lock is held.
+* ``optimize()`` builds each segment in ``temp_segments/``, then moves it into ``segments/``. A build killed midway
+  is left there, never removed by the engine: :meth:`EdgeShard.load` removes it, once it holds the folder's lock.
 """
 
 from __future__ import annotations
@@ -37,8 +36,7 @@ SPARSE = "bm25"  # the named sparse vector of the BM25 side (care_retriever.spar
 # Qdrant's defaults for a graph the user did not size
 DEFAULT_M, DEFAULT_EF_CONSTRUCT, FULL_SCAN_KB = 16, 100, 10_000
 _OS_ERROR = re.compile(r"os error (\d+)")
-# where optimize() builds a segment before it moves it into segments/ (a killed build is left there)
-TEMP_SEGMENTS = "temp_segments"
+TEMP_SEGMENTS = "temp_segments"  # where optimize() builds a segment (a killed build is left there)
 
 
 class ShardBusy(StoreError):
@@ -196,26 +194,20 @@ class EdgeShard:
 
     @classmethod
     def load(cls, path: Path) -> EdgeShard:
-        """Open the shard (its log replayed), then remove the segments an optimize() killed mid-build left half-built:
-        the lock the load took means no other process is building one (one owner per folder), and this one is not."""
+        """Open the shard (its log replayed); holding its lock, remove what an optimize() killed mid-build left."""
         shard = cls(_call(lambda: _engine().EdgeShard.load(str(path)), path), path)
         shard.remove_unfinished_builds()
         return shard
 
     def unfinished_builds(self) -> list[Path]:
         """The segments an optimize() began and never finished (a killed process's), in ``temp_segments/``."""
-        temp = self.path / TEMP_SEGMENTS
-        return sorted(temp.iterdir()) if temp.is_dir() else []
+        return sorted((self.path / TEMP_SEGMENTS).iterdir()) if (self.path / TEMP_SEGMENTS).is_dir() else []
 
     def remove_unfinished_builds(self) -> None:
-        """Remove them; one that cannot be removed (a read-only or failing disk) is named in a warning and left:
-        the engine never reads it, and reading the shard does not depend on it."""
+        """Remove them; one that cannot be (a read-only or failing disk) is named in a warning: no read needs it."""
         for build in self.unfinished_builds():
             try:
-                if build.is_dir() and not build.is_symlink():
-                    shutil.rmtree(build)
-                else:
-                    build.unlink()
+                shutil.rmtree(build) if build.is_dir() and not build.is_symlink() else build.unlink()
             except OSError as exc:
                 logger.warning("%s: cannot remove the half-built segment %s (%s)", self.path, build, exc)
 

@@ -31,7 +31,7 @@ from care_retriever.documents import Document
 from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions, is_filter_field
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
-from care_retriever.stores.qdrant import edge, legacy
+from care_retriever.stores.qdrant import edge, edge_space, legacy
 from care_retriever.stores.qdrant.common import (
     DEFAULT_COLLECTION,
     QdrantOptions,
@@ -43,14 +43,7 @@ from care_retriever.stores.qdrant.common import (
 )
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
-from care_retriever.stores.qdrant.edge_space import (
-    OPEN_SHARD,
-    SpaceRefused,
-    folder_bytes,
-    require_open_space,
-    require_space,
-    room_to_open,
-)
+from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_open_space, require_space
 from care_retriever.vectors import VectorContract
 
 logger = logging.getLogger("care_retriever")
@@ -269,7 +262,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
             reason = faults.reason_of(exc)
             if reason is None:
                 raise
-            if not isinstance(exc, SpaceRefused):
+            if not isinstance(exc, edge_space.SpaceRefused):
                 self._reopen()
             raise faults.write_error(
                 f"qdrant:{self.location}",
@@ -289,7 +282,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
             self.shard = None
         if (self.folder / SHARD_FOLDER).is_dir():
             with contextlib.suppress(StoreError, OSError):
-                if room_to_open(self.folder):
+                if edge_space.room_to_open(self.folder):
                     self.shard = edge.EdgeShard.load(self.folder / SHARD_FOLDER)
 
     # ------------------------------------------------------------------ reads
