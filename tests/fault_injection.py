@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 KILLED = 86  # the exit status of a run killed at its point
-DIM = 8
+DIM = 32  # 8 documents' vectors are 1 KB: the smallest max_segment_size, reached at the write's first commit
 FINGERPRINT = "fault-injection-space"
 # modules whose own ``open`` is wrapped (each resolves the name through its globals first)
 OPEN_MODULES = (
@@ -41,6 +41,15 @@ OPEN_MODULES = (
 # Qdrant Edge writes in Rust, out of reach of Python's os and open: each call of the engine adapter that writes is
 # a point, failing before the engine runs it (the engine's own failures mid-write: tests/test_faults_disk_full.py)
 EDGE_WRITES = ("upsert", "delete", "set_sparse", "index_field", "flush", "optimize")
+# ... and a point once the engine's optimize has returned, its segments built and moved in: failing there is an
+# engine that reports a fault at the end of its build; dying there is a kill right after the optimize
+EDGE_WRITES_DONE = ("optimize",)
+# the store settings of each Qdrant scenario: ``qdrant-segments`` optimizes at each commit (every KB written since
+# the last optimize), mid-write, and builds graphs there (segments past 1 KB get HNSW)
+QDRANT_OPTIONS: dict[str, dict[str, int] | None] = {
+    "qdrant": None,
+    "qdrant-segments": {"indexing_threshold": 1, "max_segment_size": 1},
+}
 
 
 class Injector:
@@ -163,16 +172,19 @@ def armed(injector: Injector) -> Iterator[Injector]:
     edge = sys.modules.get("care_retriever.stores.qdrant.edge")
     if edge is not None:
 
-        def engine(label: str, real: Any) -> Any:
+        def engine(label: str, real: Any, done: bool) -> Any:
             def wrapped(shard: Any, *args: Any, **kwargs: Any) -> Any:
                 if injector.point(label, shard.path):
                     raise injector.os_error(shard.path)
-                return real(shard, *args, **kwargs)
+                result = real(shard, *args, **kwargs)
+                if done and injector.point(f"{label} done", shard.path):
+                    raise injector.os_error(shard.path)
+                return result
 
             return wrapped
 
         for name in EDGE_WRITES:
-            patch(edge.EdgeShard, name, engine(f"edge {name}", getattr(edge.EdgeShard, name)))
+            patch(edge.EdgeShard, name, engine(f"edge {name}", getattr(edge.EdgeShard, name), name in EDGE_WRITES_DONE))
     try:
         yield injector
     finally:
@@ -221,10 +233,21 @@ def _upsert(store: Any, pairs: list[tuple[str, str]]) -> None:
     store.upsert(docs, np.stack([vector(d.text) for d in docs]))
 
 
+def is_qdrant(kind: str) -> bool:
+    return kind in QDRANT_OPTIONS
+
+
+def prepare_store(store: Any, kind: str) -> None:
+    from care_retriever.stores.config import QdrantCollectionConfig
+
+    options = QDRANT_OPTIONS.get(kind)
+    store.prepare(DIM, FINGERPRINT, "fault-model", QdrantCollectionConfig(**options) if options else None)
+
+
 def seed(kind: str, folder: Path) -> None:
     """The old version: ten documents, published."""
     store = open_scenario_store(kind, folder)
-    store.prepare(DIM, FINGERPRINT, "fault-model")
+    prepare_store(store, kind)
     _upsert(store, OLD)
     store.finalize()
     store.close()
@@ -233,24 +256,25 @@ def seed(kind: str, folder: Path) -> None:
 def prepare_modules(kind: str) -> None:
     """Import what the scenario writes with before :func:`armed` wraps the ``open`` of those modules."""
     for name in OPEN_MODULES:
-        if kind == "qdrant" or "qdrant" not in name:
+        if is_qdrant(kind) or "qdrant" not in name:
             importlib.import_module(name)
 
 
 def open_scenario_store(kind: str, folder: Path) -> Any:
     from care_retriever.stores import open_store
 
-    return open_store(f"{'qdrant' if kind == 'qdrant' else 'faiss'}:{folder}")
+    return open_store(f"{'qdrant' if is_qdrant(kind) else 'faiss'}:{folder}")
 
 
 def write(kind: str, folder: Path) -> None:
     """The write under test, from a store opened afresh: ``staged`` (a bulk write through the staging folder,
     checkpointed half-way), ``in-place`` (one transaction on the published store), ``fold`` (the same, folding its
-    delta into index.faiss), ``qdrant`` (Qdrant Edge)."""
+    delta into index.faiss), ``qdrant`` (Qdrant Edge), ``qdrant-segments`` (the same, whose first commit optimizes:
+    ``index --max-segment-size``)."""
     store = open_scenario_store(kind, folder)
     try:
-        if kind in ("staged", "qdrant"):
-            store.prepare(DIM, FINGERPRINT, "fault-model")
+        if kind == "staged" or is_qdrant(kind):
+            prepare_store(store, kind)
             _upsert(store, CHANGED + ADDED[:5])
             store.commit()
             _upsert(store, ADDED[5:])

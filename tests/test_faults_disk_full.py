@@ -271,3 +271,90 @@ def test_qdrant_edge_refuses_a_write_the_disk_cannot_hold(tmp_path: Path, reques
     store.finalize()
     assert store.count() == store.verify() == 600
     store.close()
+
+
+@pytest.mark.slow  # a model load, a CLI run in a subprocess and four in this one: ~25 s
+# MB: opening an Edge shard needs 40 MB free, and the optimize before a commit's as much as the segments (~80 MB
+# here: each appendable segment maps 32 MiB chunks)
+@pytest.mark.parametrize("small_disk", [256], indirect=True)
+def test_qdrant_edge_disk_filled_at_a_commit_time_optimize(
+    small_disk: Path, tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """``index --max-segment-size`` optimizes at a commit, mid-write, once that many KB were written since the last
+    optimize. Another writer fills the disk to the last byte as such an optimize begins: the store's free-space
+    check before it refuses (the engine would build the segment's graph through mapped files: a SIGBUS). One line,
+    exit 2; once space is freed ``info`` = ``verify``, every document is old or new, no half-built segment is
+    left, and the re-run completes with every document. The filled run is a subprocess, so a SIGBUS fails this
+    test instead of ending pytest's process. The collection builds graphs as it writes (indexing threshold 1 KB,
+    an integration's setting: ``index`` has no flag for it, and the default 10 MB is past this corpus)."""
+    pytest.importorskip("qdrant_edge")
+    import sys
+
+    from care_retriever import AsymmetricEmbedder, DocumentStoreWriter, read_corpus
+    from care_retriever.stores import open_store
+
+    store = small_disk / "store"
+    spec = f"qdrant:{store}"
+    first = corpus(tmp_path / "first.jsonl", 50, "old", repeat=6)
+    options = {"indexing_threshold": 1, "max_segment_size": 20}  # KB: 160 of the tiny model's 32-d vectors
+    writer = DocumentStoreWriter(
+        AsymmetricEmbedder.from_pretrained(tiny_model_dir), spec, index_options=options, show_progress=False
+    )
+    writer.write(read_corpus(first))
+    writer.store.close()
+    both = corpus(tmp_path / "both.jsonl", 600, "new", repeat=6)
+    with first.open(encoding="utf-8") as src, both.open("a", encoding="utf-8") as dst:
+        dst.write(src.read())
+    args = ("--model", tiny_model_dir, "--store", spec, "--no-progress", "--max-segment-size", "20")
+    args += ("--chunk-size", "200", "--checkpoint-every", "200")  # 25 KB a commit: each commit optimizes
+    # The run as the CLI runs it, the other writer hooked onto the store's optimize: at the first one a commit runs
+    # (not finalize's), the disk is filled to the last byte before the optimize does anything.
+    other_writer = f"""
+import sys
+from pathlib import Path
+from care_retriever.stores.qdrant.edge_store import EdgeStore
+disk = Path({str(small_disk)!r})
+optimize = EdgeStore._optimize
+def filled_as_it_begins(self):
+    if sys._getframe(1).f_code.co_name == "commit" and not (disk / "ballast").exists():
+        try:
+            with open(disk / "ballast", "wb") as fh:
+                while True:
+                    fh.write(bytes(1 << 20))
+                    fh.flush()
+        except OSError:
+            pass
+    return optimize(self)
+EdgeStore._optimize = filled_as_it_begins
+from care_retriever.cli.main import main
+sys.argv = ["care-retriever", *sys.argv[1:]]
+sys.exit(main())
+"""
+    command = [sys.executable, "-c", other_writer, "index", "--corpus", str(both), *map(str, args)]
+    run = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONFAULTHANDLER": "1"}
+    )
+    assert (small_disk / "ballast").exists(), f"the run ended before a commit optimized: {run.stderr[-2000:]}"
+    assert run.returncode == 2, f"exit {run.returncode}: {run.stdout} {run.stderr[-2000:]}"
+    line = one_error_line(run.stderr)
+    assert "the disk is full" in line and "optimized segments" in line and str(small_disk) in line, line
+
+    os.remove(small_disk / "ballast")
+    code, out, err = run_cli(capsys, "verify", "--store", spec)
+    assert code == 0, err
+    count = int(out.split(" holds ")[1].split()[0])
+    code, out, err = run_cli(capsys, "info", "--store", spec, "--json")
+    assert code == 0 and json.loads(out)["count"] == count, err
+    assert 50 < count < 650, count  # the old documents and the first commit's new ones, whole
+    texts = {r["_id"]: r["text"] for r in map(json.loads, both.read_text(encoding="utf-8").splitlines())}
+    with open_store(spec) as opened:
+        held = {d.id: d.text for d in opened.iter_documents()}
+    assert all(f"old{i}" in held for i in range(50)) and all(texts[k] == text for k, text in held.items())
+    assert not list(store.rglob("segment_builder_*")) and not list(store.rglob("*.tmp"))
+
+    code, _, err = run_cli(capsys, "index", "--corpus", both, *args)
+    assert code == 0, err
+    code, out, _ = run_cli(capsys, "verify", "--store", spec)
+    assert code == 0 and "holds 650 documents" in out, out
+    with open_store(spec) as opened:
+        assert "hnsw" in {s["index"] for s in opened.collection_settings()["segment_indexes"]}

@@ -2,7 +2,8 @@
 crash tests (tests/fault_injection.py numbers the points).
 
 For a FAISS bulk write through the staging folder, a FAISS in-place transaction (with and without a fold) and
-Qdrant Edge: each point is made to fail in turn with ENOSPC, then with EIO, and (in a subprocess) to die there.
+Qdrant Edge (optimized at finalize, and optimized at each commit too, mid-write, as ``index --max-segment-size``
+does): each point is made to fail in turn with ENOSPC, then with EIO, and (in a subprocess) to die there.
 After each: the error is one line naming a file (a :class:`WriteError`), ``verify`` passes, the store holds
 exactly the old version or exactly the new one (Qdrant Edge: every point whole, each document old or new, and
 the count ``info`` gives is what ``verify`` finds), and running the write again completes with every document,
@@ -30,6 +31,7 @@ from tests.fault_injection import (
     contents,
     expected_new,
     expected_old,
+    is_qdrant,
     prepare_modules,
     seed,
     write,
@@ -38,25 +40,27 @@ from tests.fault_injection import (
 WORKER = Path(__file__).with_name("fault_injection.py")
 ROOT = Path(__file__).resolve().parents[1]
 # subprocesses per scenario (each ~1 s of imports): every point where there are fewer, an even sample otherwise
-MAX_KILLS = {"staged": 12, "in-place": 18, "fold": 12, "qdrant": 6}
+# (qdrant-segments: besides the sample, every point of its commit-time optimize and the point after it)
+MAX_KILLS = {"staged": 12, "in-place": 18, "fold": 12, "qdrant": 6, "qdrant-segments": 4}
 INJECTED: dict[str, int] = {}  # scenario -> failures injected (printed at the end of each test)
 
-SCENARIOS = ("staged", "in-place", "fold", "qdrant")
+SCENARIOS = ("staged", "in-place", "fold", "qdrant", "qdrant-segments")
 
 
 def backend(scenario: str) -> str:
-    return "qdrant" if scenario == "qdrant" else "faiss"
+    """The seeded old version a scenario starts from: FAISS's, or its own Qdrant collection's (its settings)."""
+    return scenario if is_qdrant(scenario) else "faiss"
 
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Each backend's old version, built once and copied for every injected run."""
     out = {}
-    for kind in ("faiss", "qdrant"):
+    for kind in ("faiss", "qdrant", "qdrant-segments"):
         folder = tmp_path_factory.mktemp(f"seed-{kind}") / "store"
-        if kind == "qdrant":
+        if is_qdrant(kind):
             pytest.importorskip("qdrant_client")
-        seed(kind if kind == "qdrant" else "staged", folder)
+        seed(kind if is_qdrant(kind) else "staged", folder)
         out[kind] = folder
     return out
 
@@ -70,13 +74,28 @@ def fresh(seeded: dict[str, Path], scenario: str, where: Path) -> Path:
     return folder
 
 
-def clean_points(seeded: dict[str, Path], scenario: str, where: Path) -> int:
+def clean_run(seeded: dict[str, Path], scenario: str, where: Path) -> list[str]:
+    """The write points a clean run passes, in order ("label path")."""
     folder = fresh(seeded, scenario, where)
     with armed(Injector()) as injector:
         write(scenario, folder)
     assert contents(scenario, folder)[0] == expected_new()
     assert injector.count > 0
-    return injector.count
+    if scenario == "qdrant-segments":  # the scenario's point: an optimize at a commit, before the write's last upsert
+        labels = [label.split()[1] for label in injector.labels]
+        assert "optimize" in labels[: len(labels) - labels[::-1].index("upsert")], injector.labels
+    return injector.labels
+
+
+def clean_points(seeded: dict[str, Path], scenario: str, where: Path) -> int:
+    return len(clean_run(seeded, scenario, where))
+
+
+def commit_time_optimize(labels: list[str]) -> list[int]:
+    """The points (1-based) of the first optimize of a write (a commit's, in qdrant-segments): the point before the
+    engine runs it, the one after it returned, and the flush after that."""
+    first = next(i for i, label in enumerate(labels) if label.startswith("edge optimize "))
+    return [first + 1, first + 2, first + 3]
 
 
 def check_after_fault(scenario: str, folder: Path) -> str:
@@ -89,7 +108,7 @@ def check_after_fault(scenario: str, folder: Path) -> str:
     if found == new:
         return "new"
     # Qdrant Edge keeps each update the engine ran (its log is replayed): each document whole, old or new
-    assert scenario == "qdrant", f"{scenario}: the store holds neither the old nor the new version: {found}"
+    assert is_qdrant(scenario), f"{scenario}: the store holds neither the old nor the new version: {found}"
     for doc_id, content in found.items():
         assert content in (old.get(doc_id), new.get(doc_id)), doc_id
     return "mixed"
@@ -102,6 +121,8 @@ def check_rerun(scenario: str, folder: Path) -> None:
     assert not files.staging_path(folder).exists(), "a staging folder was left behind"
     assert not files.old_path(folder).exists()
     leftovers = [p.name for p in folder.rglob("*.tmp")] + [p.name for p in folder.rglob("*.next")]
+    # Qdrant Edge: no half-built segment of an optimize left in temp_segments/
+    leftovers += [p.name for p in folder.rglob("segment_builder_*")]
     assert not leftovers, leftovers
 
 
@@ -110,7 +131,7 @@ def check_rerun(scenario: str, folder: Path) -> None:
 def test_every_write_point_fails_in_one_line_and_loses_nothing(
     scenario: str, seeded: dict[str, Path], tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
-    if scenario == "qdrant":
+    if is_qdrant(scenario):
         pytest.importorskip("qdrant_client")
     prepare_modules(scenario)
     points = clean_points(seeded, scenario, tmp_path / "clean")
@@ -132,7 +153,7 @@ def test_every_write_point_fails_in_one_line_and_loses_nothing(
             assert not list(staging.glob("*.tmp")) if staging.exists() else True
             outcome = check_after_fault(scenario, folder)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
-            if outcome == "new" and scenario != "qdrant":  # the line says what the store holds: never "unchanged"
+            if outcome == "new" and not is_qdrant(scenario):  # the line says what the store holds: never "unchanged"
                 assert "unchanged" not in message, message
             check_rerun(scenario, folder)
             injected += 1
@@ -150,15 +171,18 @@ def test_every_write_point_fails_in_one_line_and_loses_nothing(
 def test_a_writer_killed_at_each_write_point_leaves_old_or_new(
     scenario: str, seeded: dict[str, Path], tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
-    if scenario == "qdrant":
+    if is_qdrant(scenario):
         pytest.importorskip("qdrant_client")
     prepare_modules(scenario)
-    points = clean_points(seeded, scenario, tmp_path / "clean")
+    labels = clean_run(seeded, scenario, tmp_path / "clean")
+    points = len(labels)
     sample = list(range(1, points + 1))
     most = MAX_KILLS[scenario]
     if len(sample) > most:
         step = len(sample) / most
         sample = sorted({sample[int(i * step)] for i in range(most)} | {points})
+    if scenario == "qdrant-segments":
+        sample = sorted(set(sample) | set(commit_time_optimize(labels)))
     for at in sample:
         folder = fresh(seeded, scenario, tmp_path / "run")
         run = subprocess.run(

@@ -128,6 +128,9 @@ def test_engine_errors_are_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(caught.value)
     fault = edge.os_error(Exception("Service internal error: No space left on device (os error 28)"))
     assert fault is not None and fault.errno == 28
+    refused = "Service runtime error: Not enough space available for optimization, needed: 16.41 MiB, available: 0 B"
+    fault = edge.os_error(Exception(refused))  # the optimizer's own free-space check: a full disk too
+    assert fault is not None and fault.errno == 28
     shard.close()
 
 
@@ -185,3 +188,46 @@ def test_a_query_that_does_not_fit_is_one_line(tmp_path) -> None:
     with pytest.raises(InputError, match="top_k must be >= 1, got 0"):
         store.search(np.ones((1, 8), dtype="float32"), 0)
     store.close()
+
+
+def test_a_build_killed_mid_optimize_is_removed_by_the_next_load(tmp_path: Path) -> None:
+    """``optimize`` builds each segment in ``temp_segments/``; a process killed (SIGKILL) during the build leaves the
+    half-built segment there, which the engine itself never removes. The adapter's ``load`` removes it: the shard
+    holds every point, and the next optimize builds the graph."""
+    import os
+    import signal
+    import time
+
+    folder = tmp_path / "s"
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+        from tests.test_qdrant_edge_adapter import _points
+        from care_retriever.stores.qdrant import edge
+        settings = edge.ShardSettings(dim={DIM}, metric="cosine", indexing_threshold_kb=1)
+        shard = edge.EdgeShard.create(Path({str(folder)!r}), settings)
+        shard.upsert(_points(6000))
+        shard.flush()
+        shard.optimize()
+        print("the optimize finished before the kill", flush=True)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    temp = folder / edge.TEMP_SEGMENTS
+    deadline = time.monotonic() + 120
+    while child.poll() is None and time.monotonic() < deadline and not (temp.is_dir() and any(temp.iterdir())):
+        time.sleep(0.002)
+    os.kill(child.pid, signal.SIGKILL)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGKILL, f"{out!r} {err[-2000:]!r}"
+    left = [p.name for p in temp.iterdir()]
+    assert left and all(name.startswith("segment_builder") for name in left), left  # killed mid-build
+
+    shard = edge.EdgeShard.load(folder)
+    assert shard.unfinished_builds() == [] and not any(temp.iterdir())
+    assert shard.count() == 6000
+    assert shard.optimize() is True
+    assert "hnsw" in {s["index"] for s in shard.built()["segment_indexes"]}
+    shard.close()

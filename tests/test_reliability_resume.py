@@ -23,7 +23,8 @@ from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWrite
 from care_retriever.indexing.writer import WriteReport
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import MANIFEST, FaissStore, index_ids
-from care_retriever.stores.qdrant import EdgeStore, QdrantStore, dense_vector
+from care_retriever.stores.qdrant import EdgeStore, QdrantStore, dense_vector, edge
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -265,6 +266,65 @@ def test_qdrant_edge_killed_then_resumed_equals_clean_run(embedder, tiny_model_d
     assert_same(qdrant_state(folder), qdrant_state(tmp_path / "clean"), embedder, spec, f"qdrant:{tmp_path / 'clean'}")
     again = reindex(embedder, corpus, spec)
     assert (again.added, again.updated, again.unchanged, again.count) == (0, 0, 300, 300)
+
+
+def unfinished_builds(folder: Path) -> list[str]:
+    """The segments a Qdrant Edge optimize() began and did not finish (a killed build's, in temp_segments/)."""
+    temp = folder / "care" / "shard" / edge.TEMP_SEGMENTS
+    return sorted(p.name for p in temp.iterdir()) if temp.is_dir() else []
+
+
+def test_qdrant_edge_killed_during_a_commit_time_optimize_keeps_old_or_new(
+    embedder, tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """``index --max-segment-size`` optimizes at a commit once that many KB were written since the last optimize,
+    mid-write. kill -9 while such an optimize builds a segment's graph (its half-built segment in temp_segments/:
+    caught there, not by a time): every document is old or new, ``info`` counts what ``verify`` checks, the
+    half-built segment is gone once the store is opened, and the same command run again completes with every
+    document, as a clean run writes them. The collection builds its graphs as it writes (indexing threshold 1 KB,
+    an integration's setting: ``index`` has no flag for it, and the default 10 MB is past this corpus)."""
+    old = make_corpus(tmp_path / "old.jsonl", 300, seed=4)
+    updated = make_corpus(tmp_path / "updated.jsonl", 300, seed=4, changed=100, added=1700)
+    folder = tmp_path / "q"
+    spec = f"qdrant:{folder}"
+    options = {"indexing_threshold": 1, "max_segment_size": 100}  # KB: 800 of the tiny model's 32-d vectors
+    writer = DocumentStoreWriter(embedder, spec, show_progress=False, index_options=options, **WRITER)
+    writer.write(read_corpus(old))
+    writer.store.close()
+    before = {d.id: d.text for d in read_corpus(old)}
+    after = {d.id: d.text for d in read_corpus(updated)}
+
+    cmd = index_cmd(tiny_model_dir, updated, spec, "--update", "--max-segment-size", "100")
+    run_and_kill(cmd, lambda: bool(unfinished_builds(folder)))
+    assert unfinished_builds(folder), "the kill did not land during a build"
+    assert qdrant_manifest_count(folder) < len(after), "the kill landed in finalize's optimize, not a commit's"
+
+    code, out, err = run_cli(capsys, "verify", "--store", spec)
+    assert code == 0, err
+    verified = int(out.split(" holds ")[1].split()[0])
+    code, out, err = run_cli(capsys, "info", "--store", spec, "--json")
+    assert code == 0 and json.loads(out)["count"] == verified, err
+    assert unfinished_builds(folder) == []  # removed by the first open
+    with open_store(spec) as store:
+        held = {d.id: d.text for d in store.iter_documents()}
+    assert len(held) == verified and set(before) <= set(held) <= set(after)
+    assert all(text in (before.get(i), after[i]) for i, text in held.items())
+
+    final = run_to_end(cmd)
+    assert final["count"] == len(after) and final["unchanged"] > 0  # what the killed run wrote is kept
+    clean = tmp_path / "clean"
+    writer = DocumentStoreWriter(embedder, f"qdrant:{clean}", show_progress=False, index_options=options, **WRITER)
+    writer.write(read_corpus(updated))
+    writer.store.close()
+    state, reference_state = qdrant_state(folder), qdrant_state(clean)
+    assert sorted(state) == sorted(reference_state)
+    np.testing.assert_allclose(
+        np.stack([state[i] for i in sorted(state)]), np.stack([reference_state[i] for i in sorted(state)]), atol=1e-5
+    )
+    with open_store(spec) as store:
+        assert {d.id: d.text for d in store.iter_documents()} == after
+        assert "hnsw" in {s["index"] for s in store.collection_settings()["segment_indexes"]}
+    assert unfinished_builds(folder) == []
 
 
 def test_delete_then_reindex_restores_only_the_deleted(embedder, tmp_path: Path) -> None:

@@ -81,6 +81,12 @@ def init_distributed(backend: str, device: str | None, timeout_minutes: float) -
         device = f"cuda:{local_rank}"
     elif device is None:
         device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    # Imported before the group exists: imported while it exists (loading the document tower imports it), torch's
+    # compiler keeps a reference to the group past destroy_process_group, so that its gloo threads (pt_gloo_runloop,
+    # gloo_tcp_loop) outlived it into the interpreter's exit, where rank 0 aborted now and then ("terminate called
+    # without an active exception"). Imported first, the group and its threads end in destroy_process_group.
+    import torch._dynamo
+
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
     return Dist(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local_rank, backend=backend), device
 

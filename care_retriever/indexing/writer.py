@@ -132,7 +132,8 @@ class DocumentStoreWriter:
         # thread; its docstore connection is shared across threads. Local Qdrant's SQLite may refuse another thread.
         # Not with an encoder of its own (torchrun's rank 0, whose encoder runs the job's collectives): that path
         # keeps its writes inline, as measured and tested before the overlap (one gloo run of the sharded test
-        # aborted in C++ at exit under load with the thread; not reproduced in 18 runs since, cause not found).
+        # aborted in C++ at exit under load with the thread; the abort, seen since without it, was the process
+        # group's gloo threads outliving destroy_process_group: indexing.distributed.init_distributed).
         if overlap_writes is None:
             overlap_writes = self.store.backend == StoreKind.FAISS and encoder is None
         self.overlap_writes = overlap_writes

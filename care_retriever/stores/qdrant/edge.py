@@ -12,13 +12,17 @@ What Edge 0.9 does, as verified against the engine (docs/scale.md lists how):
 * Every call holds the GIL, ``optimize()`` included: async callers run it in a worker thread.
 * HNSW graphs and quantized codes are built by ``optimize()`` only, for segments past the indexing threshold;
   until then a segment is searched by brute force.
+* ``optimize()`` builds each segment in ``temp_segments/``, then moves it into ``segments/``. A build killed midway
+  is left there, never removed by the engine: :meth:`EdgeShard.load` removes it, once it holds the folder's lock.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +30,13 @@ from typing import Any
 
 from care_retriever.errors import StoreError
 
+logger = logging.getLogger("care_retriever")
+
 SPARSE = "bm25"  # the named sparse vector of the BM25 side (care_retriever.sparse.qdrant_sparse.VECTOR)
 # Qdrant's defaults for a graph the user did not size
 DEFAULT_M, DEFAULT_EF_CONSTRUCT, FULL_SCAN_KB = 16, 100, 10_000
 _OS_ERROR = re.compile(r"os error (\d+)")
+TEMP_SEGMENTS = "temp_segments"  # where optimize() builds a segment (a killed build is left there)
 
 
 class ShardBusy(StoreError):
@@ -82,7 +89,8 @@ def os_error(exc: BaseException) -> OSError | None:
         code = int(found.group(1))
         return OSError(code, str(exc).splitlines()[0] if str(exc) else errno.errorcode.get(code, "os error"))
     lowered = str(exc).lower()
-    if "no space left" in lowered:
+    # (the optimizer's own check: "Not enough space available for optimization, needed: ..., available: ...")
+    if "no space left" in lowered or "not enough space available" in lowered:
         return OSError(errno.ENOSPC, str(exc).splitlines()[0])
     return None
 
@@ -186,7 +194,22 @@ class EdgeShard:
 
     @classmethod
     def load(cls, path: Path) -> EdgeShard:
-        return cls(_call(lambda: _engine().EdgeShard.load(str(path)), path), path)
+        """Open the shard (its log replayed); holding its lock, remove what an optimize() killed mid-build left."""
+        shard = cls(_call(lambda: _engine().EdgeShard.load(str(path)), path), path)
+        shard.remove_unfinished_builds()
+        return shard
+
+    def unfinished_builds(self) -> list[Path]:
+        """The segments an optimize() began and never finished (a killed process's), in ``temp_segments/``."""
+        return sorted((self.path / TEMP_SEGMENTS).iterdir()) if (self.path / TEMP_SEGMENTS).is_dir() else []
+
+    def remove_unfinished_builds(self) -> None:
+        """Remove them; one that cannot be (a read-only or failing disk) is named in a warning: no read needs it."""
+        for build in self.unfinished_builds():
+            try:
+                shutil.rmtree(build) if build.is_dir() and not build.is_symlink() else build.unlink()
+            except OSError as exc:
+                logger.warning("%s: cannot remove the half-built segment %s (%s)", self.path, build, exc)
 
     # ------------------------------------------------------------------ writes
     def upsert(self, points: Sequence[EdgePoint]) -> None:

@@ -26,15 +26,28 @@ def folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_blocks * 512 for f in folder.rglob("*") if f.is_file())
 
 
+class SpaceRefused(OSError):
+    """ENOSPC from :func:`require_space`: the write was refused before the engine ran it, so the open shard holds what
+    its folder holds (nothing to reopen: reopening a shard on a full disk is itself a SIGBUS, see
+    :func:`room_to_open`)."""
+
+
 def require_space(folder: Path, needed: int) -> None:
-    """An OSError (ENOSPC) unless ``folder``'s disk has ``needed`` bytes free beyond the margin."""
+    """A :class:`SpaceRefused` (an OSError, ENOSPC) unless ``folder``'s disk has ``needed`` bytes free beyond the
+    margin."""
     if shutil.disk_usage(folder).free < needed + SPACE_MARGIN:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
+        raise SpaceRefused(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
+
+
+def room_to_open(folder: Path) -> bool:
+    """Whether ``folder``'s disk can take the log that opening a shard there writes (below it, a load can die of
+    SIGBUS: a disk filled to the last byte ended a fault handler's reopen so)."""
+    return shutil.disk_usage(folder).free >= OPEN_SHARD
 
 
 def require_open_space(folder: Path, location: str, collection: str) -> None:
     """A one-line write error unless ``folder``'s disk can take the log that opening its shard writes."""
-    if shutil.disk_usage(folder).free < OPEN_SHARD:
+    if not room_to_open(folder):
         raise faults.write_error(
             f"qdrant:{location}",
             f"the write-ahead log Qdrant Edge opens for collection {collection}",

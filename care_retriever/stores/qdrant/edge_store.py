@@ -31,7 +31,7 @@ from care_retriever.documents import Document
 from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions, is_filter_field
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
-from care_retriever.stores.qdrant import edge, legacy
+from care_retriever.stores.qdrant import edge, edge_space, legacy
 from care_retriever.stores.qdrant.common import (
     DEFAULT_COLLECTION,
     QdrantOptions,
@@ -250,8 +250,10 @@ class EdgeStore(EdgeSearch, QdrantStore):
 
     @contextlib.contextmanager
     def _write_faults(self, what: str) -> Iterator[None]:
-        """A file-system fault ends the write in one line; the shard is reopened from disk, so that this object
-        counts what the next process will (what each update had written to the log is replayed)."""
+        """A file-system fault ends the write in one line. A fault the engine met mid-call: the shard is reopened
+        from disk, so that this object counts what the next process will (what each update had written to the log
+        is replayed). A write the free-space check refused before the engine ran it: the open shard already holds
+        what its folder holds, and is kept (reopening it on a full disk would die of SIGBUS)."""
         try:
             yield
         except WriteError:
@@ -260,7 +262,8 @@ class EdgeStore(EdgeSearch, QdrantStore):
             reason = faults.reason_of(exc)
             if reason is None:
                 raise
-            self._reopen()
+            if not isinstance(exc, edge_space.SpaceRefused):
+                self._reopen()
             raise faults.write_error(
                 f"qdrant:{self.location}",
                 f"{what} into collection {self.collection}",
@@ -271,13 +274,16 @@ class EdgeStore(EdgeSearch, QdrantStore):
             ) from exc
 
     def _reopen(self) -> None:
+        """Close the shard and load it again from disk; left closed where the disk has no room to open it (a load
+        there can die of SIGBUS): the next open, once there is space, replays its log."""
         if self.shard is not None:
             with contextlib.suppress(Exception):
                 self.shard.close()
             self.shard = None
         if (self.folder / SHARD_FOLDER).is_dir():
             with contextlib.suppress(StoreError, OSError):
-                self.shard = edge.EdgeShard.load(self.folder / SHARD_FOLDER)
+                if edge_space.room_to_open(self.folder):
+                    self.shard = edge.EdgeShard.load(self.folder / SHARD_FOLDER)
 
     # ------------------------------------------------------------------ reads
     def count(self, filters: Any = None) -> int:
