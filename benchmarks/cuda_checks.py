@@ -1,5 +1,6 @@
 """What the CPU suite cannot run, checked on a CUDA GPU in under a minute: the packed forward through torch's
-``varlen_attn`` (or ``flash_attn``) gives the padded pass's vectors; Stage II's document side packed gives the padded
+``varlen_attn`` (or ``flash_attn``) gives the padded pass's vectors; the RMSNorm layers through torch's fused kernel
+give the model's own vectors, and how much faster one norm runs; Stage II's document side packed gives the padded
 loss and gradients (the varlen kernel's backward), with and without LoRA; the packed and padded towers compile
 without graph breaks and a bounded number of graphs.
 
@@ -14,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.gpu_index_tower import QWEN3_4B
+from benchmarks.gpu_index_tower import QWEN3_4B, sync
 
 CHECK_TOWER = {**QWEN3_4B, "num_hidden_layers": 2, "intermediate_size": 1024}
 TEXTS = [
@@ -58,6 +60,46 @@ def check_vectors(embedder: Any) -> dict[str, Any]:
         "cosine_min": round(float(found.min()), 6),
         "attention": out["packed_state"]["attention"],
         "passed": bool(found.min() >= 0.999) and out["packed_state"]["forward"] == "packed",
+    }
+
+
+def check_norms(embedder: Any, device: str) -> dict[str, Any]:
+    """The RMSNorm layers through torch's fused kernel give the model's own vectors (bf16, the same tower), and
+    one norm of the 4B tower's width over a pass of tokens, timed: the model's own code against the fused call."""
+    from care_retriever.model.encoding import encode_texts
+    from care_retriever.model.forward import document_forward
+    from care_retriever.model.fused_norms import fusable_norms
+
+    model = embedder.document_model.to(torch.bfloat16)
+    out = {}
+    for norms in ("eager", "fused"):
+        with document_forward(model, "padded", "off", norms=norms) as state:
+            out[norms] = encode_texts(model, TEXTS * 4, batch_size=16)
+            out[f"{norms}_state"] = state.norms
+    found = cosines(out["eager"], out["fused"])
+    width = model[0].auto_model.config.hidden_size
+    norm = next(n for n in fusable_norms(model) if n.weight.shape[-1] == width)
+    x = torch.randn(16384 if device.startswith("cuda") else 1024, width, dtype=torch.bfloat16, device=device)
+    timings = {}
+    with torch.inference_mode():
+        for name, call in {
+            "own": lambda: type(norm).forward(norm, x),
+            "fused": lambda: torch.nn.functional.rms_norm(x, (width,), norm.weight, norm.variance_epsilon),
+        }.items():
+            call()
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(20):
+                call()
+            sync(device)
+            timings[name] = (time.perf_counter() - start) / 20
+    return {
+        "cosine_min": round(float(found.min()), 6),
+        "tokens": x.shape[0],
+        "own_ms": round(timings["own"] * 1e3, 4),
+        "fused_ms": round(timings["fused"] * 1e3, 4),
+        "speedup": round(timings["own"] / timings["fused"], 2),
+        "passed": bool(found.min() >= 0.999) and out["fused_state"] == "fused" and out["eager_state"] == "eager",
     }
 
 
@@ -162,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
     checks: dict[str, Callable[[], dict[str, Any]]] = {
         "packed = padded vectors (bf16)": lambda: check_vectors(fresh()),
+        "fused norms = own norms (bf16), timed": lambda: check_norms(fresh(), device),
         "stage II packed = padded, loss and gradients": lambda: check_training(fresh(), lora=False, device=device),
         "stage II packed = padded, with LoRA": lambda: check_training(fresh(), lora=True, device=device),
         "packed compiles once, no graph breaks": lambda: check_compile(fresh(), "packed"),

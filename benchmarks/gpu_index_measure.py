@@ -48,7 +48,7 @@ def _set_up(
         copy, encode = tower_copy(embedder), INDEX_SIDES[label]
         sides_of.run_index(copy, docs[:batch_size], batch_size, device, work / f"{name}-{label}-warm", **encode)
         state = forward_state(copy.document_model)
-        info = {"forward": state.forward, "compile": state.compile, "dtype": state.dtype}
+        info = {"forward": state.forward, "compile": state.compile, "dtype": state.dtype, "norms": state.norms}
         info["compile_seconds"] = round(state.compile_seconds, 2)
 
         def run_on(some: list[Any], _texts: list[str], tag: str) -> dict[str, Any]:

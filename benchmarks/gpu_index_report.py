@@ -47,6 +47,7 @@ def markdown(result: dict[str, Any]) -> str:
             budget = f", budget {side['max_batch_tokens']}" if side.get("max_batch_tokens") else ""
             forward = side.get("forward", "padded (sentence-transformers)")
             dtype = f", {side['dtype']}" if "fp8" in str(side.get("dtype", "")) else ""
+            dtype += ", fused norms" if side.get("norms") == "fused" else ""
             cosine = f"{side['cosine_min']:.5f}" if "cosine_min" in side else ""
             lines.append(
                 f"{head}| {batch} | `{label}` | {forward}{dtype}, compile {side.get('compile', 'off')}{budget} "

@@ -87,6 +87,8 @@ INDEX_SIDES: dict[str, dict[str, str]] = {
     "index packed": {"forward": "packed", "compile": "off"},
     "index packed+compiled": {"forward": "packed", "compile": "on"},
     "index fp8": {"dtype": "fp8", "compile": "on"},
+    # the model's own RMSNorm code where `index` fuses it (eager layers on CUDA): what the fused kernel gains
+    "index own norms": {"norms": "eager"},
 }
 ST_SIDES = ("encode_document", "encode_document defaults", "encode_document best")
 ST_DEFAULT_BATCH = 32

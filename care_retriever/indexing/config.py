@@ -23,6 +23,7 @@ from care_retriever.model.settings import count, meta
 # layers are compiled. "fp8" is a document-side precision only (the Linear layers in float8, on GPUs that compute it).
 FORWARD_PATHS = ("auto", "packed", "padded")
 COMPILE_MODES = ("auto", "on", "off")
+NORM_MODES = ("auto", "fused", "eager")
 FP8 = "fp8"
 
 # An indexing run also writes the BM25 side of the store (IndexSettings.sparse, DocumentStoreWriter's sparse).
@@ -77,6 +78,13 @@ class EncodeConfig:
             "compiling fails). auto: on for --dtype fp8, off elsewhere until measured faster there (docs/gpu.md)."
         ),
     )
+    norms: str = field(
+        default=AUTO,
+        metadata=meta(
+            "auto | fused | eager: the tower's RMSNorm layers through torch's fused kernel (one kernel a norm instead "
+            "of six) or the model's own code. auto: fused where the layers run eager on CUDA (docs/gpu.md)."
+        ),
+    )
     attn_implementation: str = field(
         default=AUTO,
         metadata=meta(
@@ -102,6 +110,8 @@ class EncodeConfig:
             raise InputError(f"Unknown --forward {self.forward!r}. Available: {list(FORWARD_PATHS)}")
         if self.compile not in COMPILE_MODES:
             raise InputError(f"Unknown --compile {self.compile!r}. Available: {list(COMPILE_MODES)}")
+        if self.norms not in NORM_MODES:
+            raise InputError(f"Unknown --norms {self.norms!r}. Available: {list(NORM_MODES)}")
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise InputError(
                 f"Unknown --attn-implementation {self.attn_implementation!r}. Available: {list(ATTN_IMPLEMENTATIONS)}"

@@ -106,7 +106,7 @@ class ShardedEncoder:
         self.embedder = embedder
         self.group = group
         if embedder.document_model is not None:  # this rank's tower: packed / compiled / fp8 as asked
-            prepare_encoder_forward(embedder, encode.forward, encode.compile, encode.dtype)
+            prepare_encoder_forward(embedder, encode.forward, encode.compile, encode.dtype, norms=encode.norms)
         # this rank's limits ("auto": from its own GPU's free memory); halved on out-of-memory, then kept for the run
         self.limits = auto_batch_limits(embedder.document_model, encode.batch_size, encode.max_batch_tokens)
         self.stats: dict[str, int] = {}  # truncated, tokens, padded_tokens of the slices this rank encoded

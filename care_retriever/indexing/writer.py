@@ -122,7 +122,9 @@ class DocumentStoreWriter:
         # elsewhere) batches for itself, and its model may hold no document tower.
         self._document_tower = embedder.document_model if encoder is None else None
         if self._document_tower is not None:  # packed / compiled / fp8 passes, decided once per tower
-            prepare_encoder_forward(embedder, self.encode.forward, self.encode.compile, self.encode.dtype)
+            prepare_encoder_forward(
+                embedder, self.encode.forward, self.encode.compile, self.encode.dtype, norms=self.encode.norms
+            )
         if background_tokenizer is None:
             tower = self._document_tower
             background_tokenizer = tower is not None and str(tower.device).split(":")[0] not in ("cpu", "")

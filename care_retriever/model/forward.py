@@ -13,6 +13,9 @@ back as loaded after them (:func:`document_forward`).
   compile, more than a CPU run of tens of thousands of texts saves (docs/gpu.md), and the GPU rows of
   ``benchmarks.gpu_index`` are what decide it on CUDA. A compile that fails falls back to eager, said in one line.
 * **FP8** (:mod:`care_retriever.model.fp8`): ``dtype="fp8"``; refused in one line off GPUs that compute it.
+* **Fused norms** (:mod:`care_retriever.model.fused_norms`): ``auto`` runs the RMSNorm layers through torch's fused
+  kernel where the layers run eager on CUDA (compiled layers fuse them with their neighbours already; on the CPU the
+  fused call is the same composite of kernels as the model's own code).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 
 from care_retriever.model.compiled import compile_layers, decoder_layers, is_compiled, uncompile_layers, warm_up
 from care_retriever.model.fp8 import FP8, quantize_fp8
+from care_retriever.model.fused_norms import FUSABLE_NORMS, fuse_norms, norm_classes, norms_fused, unfuse_norms
 from care_retriever.model.towers.packed import (
     can_pack,
     disable_packed,
@@ -72,7 +76,8 @@ class ForwardState:
     """What the document tower's forward pass runs: ``forward`` (``packed`` / ``padded``), ``attention`` (the
     kernel of a packed pass: ``varlen_attn``, ``flash_attn``, ``reference``; ``sdpa`` / ... padded), ``dtype`` (its
     weights', or ``fp8 (torchao)`` / ``fp8 (scaled_mm)``), ``compile`` (``on`` / ``off`` / ``off (failed: ...)``),
-    ``compile_seconds`` (the warm-up passes that compiled it), and why it is not packed (``padded_because``)."""
+    ``compile_seconds`` (the warm-up passes that compiled it), why it is not packed (``padded_because``), and its
+    RMSNorm layers (``norms``: ``fused`` through torch's fused kernel, or ``eager``, the model's own code)."""
 
     forward: str
     attention: str | None
@@ -80,6 +85,7 @@ class ForwardState:
     compile: str
     compile_seconds: float = 0.0
     padded_because: str | None = None
+    norms: str = "eager"
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "compile_seconds": round(self.compile_seconds, 3)}
@@ -94,7 +100,8 @@ def forward_state(model: Any) -> ForwardState:
     hf = getattr(model[0], "auto_model", None) if len(model) else None
     attn = getattr(getattr(hf, "config", None), "_attn_implementation", None)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return ForwardState("packed" if is_packed(model) else "padded", attn, dtype, "off")
+    norms = "fused" if norms_fused(model) else "eager"
+    return ForwardState("packed" if is_packed(model) else "padded", attn, dtype, "off", norms=norms)
 
 
 def _choose_packed(model: Any, forward: str, compute_dtype: torch.dtype | None) -> tuple[bool, str | None]:
@@ -114,6 +121,17 @@ def _choose_packed(model: Any, forward: str, compute_dtype: torch.dtype | None) 
     if reason is None and backend is None:
         reason = f"no variable-length attention kernel on {device.type}"
     return reason is None, reason
+
+
+def _refuse_unfusable(model: Any) -> None:
+    """``norms="fused"`` on a tower with no norm of a known fused form: refused in one line."""
+    from care_retriever.errors import ModelError
+
+    found = ", ".join(norm_classes(model)) or "none"
+    raise ModelError(
+        f"--norms fused: the tower's norm layers ({found}) have no fused form (fused: {sorted(FUSABLE_NORMS)}); "
+        "use --norms eager or auto"
+    )
 
 
 @torch.inference_mode()
@@ -136,10 +154,12 @@ def prepare_document_forward(
     compile: str = "auto",
     dtype: str | None = None,
     compute_dtype: torch.dtype | None = None,
+    norms: str = "auto",
 ) -> ForwardState:
     """Set ``model``'s forward pass up once (a second call returns the first's state): ``forward`` auto | packed |
     padded, ``compile`` auto | on | off, ``dtype`` the precision asked for (``fp8`` quantizes the Linear layers;
-    others were applied at loading). ``compute_dtype``: what the passes compute in where autocast sets it
+    others were applied at loading), ``norms`` auto | fused | eager (auto: fused where the layers run eager on
+    CUDA). ``compute_dtype``: what the passes compute in where autocast sets it
     (training's bf16 / fp16 over fp32 weights), else the weights' dtype counts: the CUDA varlen kernels compute
     fp16 / bf16 only, so an fp32 pass on CUDA pads."""
     state = getattr(model, _STATE, None)
@@ -147,6 +167,8 @@ def prepare_document_forward(
         return state
     if not isinstance(model, torch.nn.Sequential) or not len(model):  # not a sentence-transformers tower
         return ForwardState("padded", None, dtype or "unknown", "off", 0.0, "not a sentence-transformers tower")
+    if norms == "fused" and not fuse_norms(model):
+        _refuse_unfusable(model)
     packed, because = _choose_packed(model, forward, compute_dtype)
     if packed:
         enable_packed(model)
@@ -173,12 +195,16 @@ def prepare_document_forward(
             first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
             state.compile = f"off (failed: {first})"
             logger.warning("torch.compile of the document tower failed (%s); running eager", first)
+    on_cuda = torch.device(str(model.device)).type == "cuda"
+    if norms == "auto" and on_cuda and state.compile != "on":
+        fuse_norms(model)
+    state.norms = "fused" if norms_fused(model) else "eager"
     setattr(model, _STATE, state)
     return state
 
 
 def prepare_encoder_forward(
-    embedder: Any, forward: str = "auto", compile: str = "auto", dtype: str | None = None
+    embedder: Any, forward: str = "auto", compile: str = "auto", dtype: str | None = None, norms: str = "auto"
 ) -> ForwardState:
     """:func:`prepare_document_forward` for an embedder's document tower, its space fingerprint read first: the
     fingerprint hashes the tower's weights as loaded, and FP8 then replaces its Linear weights by float8 tensors
@@ -186,7 +212,7 @@ def prepare_encoder_forward(
     ``--dtype fp8`` run writes into the store a bf16 run wrote."""
     fingerprint = embedder.space_fingerprint
     logger.debug("document space %s", fingerprint)
-    return prepare_document_forward(embedder.document_model, forward, compile, dtype)
+    return prepare_document_forward(embedder.document_model, forward, compile, dtype, norms=norms)
 
 
 def _release_document_forward(model: Any, attention: str | None) -> None:
@@ -194,6 +220,7 @@ def _release_document_forward(model: Any, attention: str | None) -> None:
     layers, padded passes on ``attention`` (the implementation the tower had), and no decision recorded."""
     if is_compiled(model):
         uncompile_layers(model)
+    unfuse_norms(model)
     disable_packed(model, attention or "sdpa")
     if hasattr(model, _STATE):
         delattr(model, _STATE)
@@ -201,17 +228,21 @@ def _release_document_forward(model: Any, attention: str | None) -> None:
 
 @contextmanager
 def document_forward(
-    model: Any, forward: str = "auto", compile: str = "auto", compute_dtype: torch.dtype | None = None
+    model: Any,
+    forward: str = "auto",
+    compile: str = "auto",
+    compute_dtype: torch.dtype | None = None,
+    norms: str = "auto",
 ) -> Iterator[ForwardState]:
     """The forward pass :func:`prepare_document_forward` decides, for the passes of one block; after it the tower
-    runs as it did before (its attention implementation, eager layers). Training uses it: the frozen tower's
+    runs as it did before (its attention implementation, eager layers, its own norms). Training uses it: the frozen tower's
     encodings of Stage I and the document side of Stage II take the index path's decision, and the next stage
     (LoRA wrapped around the layers, a save of the folder) gets the tower as loaded. A tower already prepared
     (by ``index``) keeps its state and is left as it is."""
     prepared_before = isinstance(getattr(model, _STATE, None), ForwardState)
     hf = getattr(model[0], "auto_model", None) if isinstance(model, torch.nn.Sequential) and len(model) else None
     attention = getattr(getattr(hf, "config", None), "_attn_implementation", None)
-    state = prepare_document_forward(model, forward, compile, compute_dtype=compute_dtype)
+    state = prepare_document_forward(model, forward, compile, compute_dtype=compute_dtype, norms=norms)
     try:
         yield state
     finally:
