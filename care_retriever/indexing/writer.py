@@ -49,7 +49,7 @@ from care_retriever.stores.config import (
     StoreOptions,
     store_config,
 )
-from care_retriever.stores.runs import RunTag, left_behind
+from care_retriever.stores.runs import RunTag
 
 # WriteReport (indexing.report) and the input checks (indexing.checks) are imported from here by earlier code
 __all__ = ["DocumentStoreWriter", "Encoder", "WriteReport", "check_prune", "check_storable"]
@@ -181,7 +181,7 @@ class DocumentStoreWriter:
         try:
             self._write_all(documents, total, prune_ids_not_in, report, seen, stats, pending)
         except InputError as exc:  # a bad document mid-run: said with what the run leaves behind
-            raise InputError(f"{exc}; {left_behind(self.store, report.encoded, 'fix the input')}") from exc
+            raise InputError(f"{exc}; {self.store.left_behind(report.encoded, 'fix the input')}") from exc
         if prune_ids_not_in:
             report.deleted = self._prune(seen)
         self.store.finalize()

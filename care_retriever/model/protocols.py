@@ -14,6 +14,9 @@ implementation of what every embedder of this package says about itself.
   It is a sibling of :class:`QueryEncoder`, not a kind of it: a document-only object is no query encoder.
 - :class:`Embedder`: both sides and their torch towers: the evaluation harness and benchmarks, which also
   count each tower's parameters.
+- :class:`SavableModel`: what the one writer of a model folder (:func:`care_retriever.model.saving.save_model`)
+  reads of a model; declared here, not by naming the embedder, so that the writer and the embedder whose
+  ``save_pretrained`` calls it do not import each other.
 
 :class:`~care_retriever.model.embedder.AsymmetricEmbedder` and the baselines of :mod:`care_retriever.model.baselines`
 implement all of them; the exported query embedders of :mod:`care_retriever.search.backends` a :class:`QueryEncoder`.
@@ -34,10 +37,12 @@ from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 if TYPE_CHECKING:
     import numpy as np
     from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Module
     from tqdm.auto import tqdm
 
     from care_retriever.model.batch_limits import BatchLimits
     from care_retriever.model.config import CareConfig
+    from care_retriever.model.tower import Side, Tower
     from care_retriever.vectors import VectorContract
 
 
@@ -145,6 +150,32 @@ class Embedder(QueryEncoder, DocumentEncoder, Protocol):
     @property
     def document_model(self) -> SentenceTransformer:
         """The tower that encodes documents."""
+        ...
+
+
+class SavableModel(Protocol):
+    """What a save reads of a model (:func:`care_retriever.model.saving.save_model`): both towers' modules (one
+    list for both where the towers are one), each tower as a value, the model as one ``SentenceTransformer`` and
+    the config it is saved with. :class:`~care_retriever.model.embedder.AsymmetricEmbedder` is one."""
+
+    query_modules: list[Module] | None
+    document_modules: list[Module] | None
+
+    @property
+    def loaded_towers(self) -> tuple[str, ...]:
+        """The towers in memory (a save needs both)."""
+        ...
+
+    def tower(self, side: Side) -> Tower:
+        """The ``side`` tower as a value: its modules and its transformer, cast to a save's dtype."""
+        ...
+
+    def to_sentence_transformer(self) -> SentenceTransformer:
+        """Both towers as one ``SentenceTransformer`` (sentence-transformers' folder layout)."""
+        ...
+
+    def saved_config(self, *, rehash: bool = False) -> CareConfig:
+        """The config a save writes, with the document weights' fingerprint (``rehash``: hashed again)."""
         ...
 
 

@@ -7,7 +7,8 @@ towers do not normalise themselves), its model card, the towers' shipped model c
 document weights' fingerprint). It is written to a temporary folder renamed into place, so a failure leaves the
 folder as it was; a full disk says in one line how much free space the model needs (:class:`DiskFullError`), any
 other fault of the file system is a one-line :class:`~care_retriever.errors.WriteError`
-(:mod:`care_retriever.faults`).
+(:mod:`care_retriever.faults`). A model is read through :class:`~care_retriever.model.protocols.SavableModel`,
+so this writer does not import the embedder whose ``save_pretrained`` calls it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -28,18 +28,16 @@ from care_retriever.errors import DiskFullError
 from care_retriever.faults import free_bytes, human, reason_of, write_error
 from care_retriever.model.config import CONFIG_NAME
 from care_retriever.model.loading import replace_folder
+from care_retriever.model.protocols import SavableModel
 from care_retriever.model.tower import Side
 from care_retriever.model.towers.modules import lift_model_code
-
-if TYPE_CHECKING:
-    from care_retriever.model.embedder import AsymmetricEmbedder
 
 logger = logging.getLogger("care_retriever")
 SIDES: tuple[Side, ...] = ("query", "document")
 
 
 def save_model(
-    embedder: AsymmetricEmbedder,
+    embedder: SavableModel,
     path: str | os.PathLike[str],
     *,
     dtypes: Mapping[Side, torch.dtype] | None = None,
@@ -108,7 +106,7 @@ def save_model(
     return target
 
 
-def cast_tower(embedder: AsymmetricEmbedder, side: Side, dtype: torch.dtype) -> torch.dtype:
+def cast_tower(embedder: SavableModel, side: Side, dtype: torch.dtype) -> torch.dtype:
     """Cast one tower's transformer to ``dtype`` in place; returns the dtype it was held in."""
     model: torch.nn.Module = embedder.tower(side).transformer.auto_model  # as a module: .to(dtype)
     held = next(model.parameters()).dtype
@@ -136,7 +134,7 @@ def write_card(st: SentenceTransformer, folder: Path) -> None:
     (folder / "README.md").write_text(card, encoding="utf-8")
 
 
-def model_bytes(embedder: AsymmetricEmbedder, dtypes: Mapping[Side, torch.dtype] | None = None) -> int:
+def model_bytes(embedder: SavableModel, dtypes: Mapping[Side, torch.dtype] | None = None) -> int:
     """Bytes a saved model's weights take in ``dtypes`` (None: the dtypes they are held in; a shared tower
     counted once)."""
     total = 0

@@ -31,7 +31,8 @@ from pydantic_core import PydanticCustomError
 from care_retriever import strict_json
 from care_retriever.errors import CareError, InputError
 from care_retriever.sparse import require_sparse
-from care_retriever.stores.base import VectorStore, validate_filters
+from care_retriever.stores.base import VectorStore
+from care_retriever.stores.filters import validate_filters
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,18 +15,16 @@ import numpy as np
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.config import StoreConfig
+from care_retriever.stores.filters import Filters
 from care_retriever.stores.manifest import READABLE_FORMAT_VERSION as READABLE_FORMAT_VERSION
 from care_retriever.stores.manifest import STORE_FORMAT_VERSION as STORE_FORMAT_VERSION
 from care_retriever.stores.manifest import Manifest as Manifest
 from care_retriever.stores.manifest import check_metric as check_metric
 from care_retriever.stores.manifest import default_versions as default_versions
+from care_retriever.stores.runs import RunTag
 
 if TYPE_CHECKING:
     from care_retriever.sparse.fusion import FusionConfig
-    from care_retriever.stores.runs import RunTag
-
-Filters = dict[str, Any]
-_FILTER_KEY = re.compile(r"^[\w.\-]+$")
 
 
 @dataclass
@@ -67,29 +63,6 @@ class StoredBatch:
 
     def __len__(self) -> int:
         return len(self.documents)
-
-
-def is_filter_field(name: object) -> bool:
-    """Whether filters can name the metadata field ``name`` (letters, digits, ``_``, ``-``, ``.``): the fields a
-    store indexes for filtering; others are kept, and not filterable."""
-    return isinstance(name, str) and _FILTER_KEY.match(name) is not None
-
-
-def validate_filters(filters: Filters | None) -> Filters | None:
-    """Filters match metadata fields: ``{"topic": "高血压"}`` (equal) or ``{"topic": [a, b]}`` (any of)."""
-    if not filters:
-        return None
-    if not isinstance(filters, dict):
-        raise InputError(f"filters must be a dict of metadata field -> value or list of values, got {filters!r}")
-    for key, value in filters.items():
-        if not is_filter_field(key):
-            raise InputError(f"invalid filter field {key!r}: use letters, digits, '_', '-' or '.'")
-        values = value if isinstance(value, list) else [value]
-        if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
-            raise InputError(f"filter {key!r}: values must be str, int, float or bool (or a non-empty list of them)")
-        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            raise InputError(f"filter {key!r}: values must be finite numbers")
-    return filters
 
 
 class VectorStore(ABC):
@@ -298,7 +271,7 @@ class VectorStore(ABC):
     def abort(self) -> None:  # noqa: B027 - stores without rollback keep what was written
         """Drop the writes since :meth:`prepare` (where the backend can) and release the writer lock."""
 
-    # ------------------------------------------------------------------ runs left pending (care_retriever.stores.runs)
+    # ------------------------------------------------------------------ runs left pending (which run: stores.runs)
     # Whether a bulk write is staged and published at its end (FAISS), or each write is published as it is made
     # (Qdrant: a run that stops leaves what it wrote, and nothing pending).
     stages_bulk_writes: ClassVar[bool] = False
@@ -313,6 +286,25 @@ class VectorStore(ABC):
     def discard_pending(self) -> str | None:
         """Remove a pending staged write (nothing published is touched); what was removed, or None: nothing was."""
         return None
+
+    def left_behind(self, written: int, fix: str) -> str:
+        """What a run that stopped mid-way leaves here, for its error line: its last checkpoint staged (with how to
+        finish or discard it); with none taken, nothing (the staged copy is dropped); in a store that publishes each
+        write as it is made (Qdrant), the ``written`` documents. ``fix``: what the user mends before running it again.
+
+        Read from the store's own state alone (:meth:`pending_run`, :attr:`stages_bulk_writes`), so it lives with
+        that state: the index writer and ``copy`` both end their error lines with it."""
+        staged = self.pending_run()
+        if staged is not None:
+            return f"the run stopped there; {fix}: {staged}"
+        self.abort()
+        if self.stages_bulk_writes or not written:
+            return "the run stopped there; nothing of it was published"
+        return (
+            f"the run stopped there; the {written} documents written before it stay in {self.describe()} "
+            f"(each write is published as it is made): {fix} and run the same command again "
+            "(they are skipped as unchanged)"
+        )
 
     @contextmanager
     def transaction(

@@ -47,7 +47,7 @@ from care_retriever.stores.config import (
     StoreSpec,
     store_config,
 )
-from care_retriever.stores.runs import RunTag, left_behind
+from care_retriever.stores.runs import RunTag
 from care_retriever.stores.training_sample import require_training_sample
 
 # Documents a new FAISS target that trains its index on its first vectors (IVF lists, compressed codes) is given
@@ -204,7 +204,7 @@ class _Copier:
         try:
             self._upsert_missing(want_sparse, total, checkpoint_every, show_progress, trains)
         except (InputError, StoreError) as exc:  # with what stays staged or written (same type: same exit code)
-            raise type(exc)(f"{exc}; {left_behind(dst, self.report.copied, 'fix the source')}") from exc
+            raise type(exc)(f"{exc}; {dst.left_behind(self.report.copied, 'fix the source')}") from exc
         dst.finalize()
 
     def _upsert_missing(

@@ -4,17 +4,16 @@ A store that stages a bulk write before publishing it (FAISS) keeps the tag of t
 beside it. Another command neither publishes nor silently adopts that copy: it resumes it only when its own tag is
 the same (the same command, corpus, model and store settings run again), and otherwise says in one line what is
 pending and how to finish or discard it. A store that publishes each write as it is made (Qdrant) has nothing
-pending, and ignores the tag.
+pending, and ignores the tag. What a stopped run leaves in a store, for its error line, the store says itself
+(:meth:`VectorStore.left_behind <care_retriever.stores.base.VectorStore.left_behind>`): this module is the tag
+alone, which the store's contract names.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from care_retriever.stores.base import VectorStore
+from typing import Any
 
 # The command of a write made by a program (the store's API, an integration) that names no run.
 PROGRAM = "write"
@@ -88,20 +87,3 @@ def _leaves(options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
-def left_behind(store: VectorStore, written: int, fix: str) -> str:
-    """What a run that stopped mid-way leaves, for its error line: its last checkpoint staged (with how to finish
-    or discard it); with none taken, nothing (the staged copy is dropped); in a store that publishes each write as
-    it is made (Qdrant), the ``written`` documents. ``fix``: what the user mends before running it again."""
-    staged = store.pending_run()
-    if staged is not None:
-        return f"the run stopped there; {fix}: {staged}"
-    store.abort()
-    if store.stages_bulk_writes or not written:
-        return "the run stopped there; nothing of it was published"
-    return (
-        f"the run stopped there; the {written} documents written before it stay in {store.describe()} "
-        f"(each write is published as it is made): {fix} and run the same command again "
-        "(they are skipped as unchanged)"
-    )

@@ -16,7 +16,8 @@ all-or-nothing (one store transaction); Qdrant has no transactions, so a failed 
 Hybrid search (the store's BM25 side fused with the dense ranking, as ``care-retriever search --mode
 hybrid``): ``hybrid_search(query)``, ``search(query, "hybrid")`` or
 ``as_retriever(search_type="hybrid", search_kwargs={"k": 5, "fusion": "rrf", "rrf_k": 10})``;
-``"sparse"`` is BM25 alone.
+``"sparse"`` is BM25 alone. How each search runs on the core store, and that retriever, are
+:mod:`~care_retriever.integrations.langchain.searching`; this class opens, writes and hands out LangChain documents.
 
 Async: the ``a*`` methods are the class's own. A query is encoded by ``aembed_query`` (concurrent queries from
 one loop share a forward pass, in a worker thread, with :class:`CareEmbeddings`) and searched with the core
@@ -33,11 +34,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
-from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
-from langchain_core.vectorstores.utils import maximal_marginal_relevance
+from langchain_core.vectorstores import VectorStore
 
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import (
@@ -50,10 +49,15 @@ from care_retriever.integrations.common import (
     to_core_document,
 )
 from care_retriever.integrations.langchain.embeddings import CareEmbeddings
-from care_retriever.sparse.fusion import DEFAULT_FUSION
+from care_retriever.integrations.langchain.searching import (
+    CareVectorStoreRetriever,
+    dense_hits,
+    dense_hits_async,
+    fused_hits,
+    mmr_hits,
+)
 from care_retriever.stores import VectorStore as CoreStore
 from care_retriever.stores import open_store
-from care_retriever.stores.base import Hit
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -181,21 +185,12 @@ class CareVectorStore(VectorStore):
             return []
         return [self._to_document(d) for d in self.store.get([str(i) for i in ids]) if d is not None]
 
-    def _search(self, embedding: list[float], k: int, filter: dict[str, Any] | None) -> list[Hit]:
-        if k < 1:
-            raise InputError(f"k must be >= 1, got {k}")
-        manifest = self.store.manifest
-        if manifest is None or self.store.count() == 0:
-            return []
-        query = prepare_vectors(manifest, as_matrix([embedding], manifest.dim, "query embedding"))
-        return self.store.search(query, k, filter)[0]
-
     def similarity_search_with_score_by_vector(
         self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
         """Documents with their score (the store's similarity: cosine, or dot product for a dot-product model) to
         ``embedding``, best first."""
-        return [(self._to_document(h), h.score) for h in self._search(embedding, k, filter)]
+        return [(self._to_document(h), h.score) for h in dense_hits(self.store, embedding, k, filter)]
 
     def similarity_search_by_vector(
         self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
@@ -212,41 +207,12 @@ class CareVectorStore(VectorStore):
     ) -> list[Document]:
         return [doc for doc, _ in self.similarity_search_with_score(query, k, filter)]
 
-    def _fused_hits(
-        self,
-        query: str,
-        k: int,
-        filter: dict[str, Any] | None,
-        mode: str,
-        fusion: str = DEFAULT_FUSION,
-        rrf_k: int | None = None,
-        dense_weight: float | None = None,
-    ) -> list[Hit]:
-        from care_retriever.search.hybrid import hybrid_search
-        from care_retriever.sparse import require_sparse
-        from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_RRF_K, FusionConfig
-
-        if k < 1:
-            raise InputError(f"k must be >= 1, got {k}")
-        require_sparse(self.store)
-        if mode == "sparse":
-            return self.store.search_sparse([query], k, filter)[0]
-        config = FusionConfig(
-            fusion,
-            k=DEFAULT_RRF_K if rrf_k is None else rrf_k,
-            dense_weight=DEFAULT_DENSE_WEIGHT if dense_weight is None else dense_weight,
-        )
-        manifest = self.store.require_manifest()
-        vector = prepare_vectors(
-            manifest, as_matrix([self.embedding.embed_query(query)], manifest.dim, "query embedding")
-        )
-        return hybrid_search(self.store, vector, [query], k, filter, config)[0]
-
     def hybrid_search_with_score(
         self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
         """Dense + BM25, fused (``fusion`` rrf | dbsf | wsum, ``rrf_k``, ``dense_weight``); scores are fused scores."""
-        return [(self._to_document(h), h.score) for h in self._fused_hits(query, k, filter, "hybrid", **kwargs)]
+        hits = fused_hits(self.store, self.embedding, query, k, filter, "hybrid", **kwargs)
+        return [(self._to_document(h), h.score) for h in hits]
 
     def hybrid_search(
         self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
@@ -257,7 +223,7 @@ class CareVectorStore(VectorStore):
         self, query: str, k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Document]:
         """BM25 alone over the store's sparse side (no embedding)."""
-        return [self._to_document(h) for h in self._fused_hits(query, k, filter, "sparse")]
+        return [self._to_document(h) for h in fused_hits(self.store, self.embedding, query, k, filter, "sparse")]
 
     def search(self, query: str, search_type: str, **kwargs: Any) -> list[Document]:
         if search_type == "hybrid":
@@ -283,14 +249,7 @@ class CareVectorStore(VectorStore):
         **kwargs: Any,
     ) -> list[Document]:
         """Diverse results: ``fetch_k`` nearest candidates re-ranked by maximal marginal relevance."""
-        hits = self._search(embedding, max(k, fetch_k), filter)
-        if not hits:
-            return []
-        vectors = self.store.vectors([h.id for h in hits])
-        pairs = [(h, v) for h, v in zip(hits, vectors, strict=True) if v is not None]
-        query = prepare_vectors(self.store.manifest, np.asarray([embedding], dtype=np.float32))[0]
-        chosen = maximal_marginal_relevance(query, [v.tolist() for _, v in pairs], lambda_mult=lambda_mult, k=k)
-        return [self._to_document(pairs[i][0]) for i in chosen]
+        return [self._to_document(h) for h in mmr_hits(self.store, embedding, k, fetch_k, lambda_mult, filter)]
 
     def max_marginal_relevance_search(
         self, query: str, k: int = 4, fetch_k: int = 20, lambda_mult: float = 0.5, **kwargs: Any
@@ -357,21 +316,11 @@ class CareVectorStore(VectorStore):
             return []
         return [self._to_document(d) for d in await self.store.get_async([str(i) for i in ids]) if d is not None]
 
-    async def _asearch(self, embedding: list[float], k: int, filter: dict[str, Any] | None) -> list[Hit]:
-        """:meth:`_search` through the core store's async reads."""
-        if k < 1:
-            raise InputError(f"k must be >= 1, got {k}")
-        manifest = self.store.manifest
-        if manifest is None or await self.store.count_async() == 0:
-            return []
-        query = prepare_vectors(manifest, as_matrix([embedding], manifest.dim, "query embedding"))
-        return (await self.store.search_async(query, k, filter))[0]
-
     async def asimilarity_search_with_score_by_vector(
         self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
         """Documents with their cosine similarity to ``embedding``, best first."""
-        return [(self._to_document(h), h.score) for h in await self._asearch(embedding, k, filter)]
+        return [(self._to_document(h), h.score) for h in await dense_hits_async(self.store, embedding, k, filter)]
 
     async def asimilarity_search_by_vector(
         self, embedding: list[float], k: int = 4, filter: dict[str, Any] | None = None, **kwargs: Any
@@ -444,23 +393,3 @@ class CareVectorStore(VectorStore):
 
 
 _T = TypeVar("_T")
-
-
-class CareVectorStoreRetriever(VectorStoreRetriever):
-    """LangChain's vector-store retriever plus ``search_type="hybrid"`` and ``"sparse"``."""
-
-    allowed_search_types = (*VectorStoreRetriever.allowed_search_types, "hybrid", "sparse")
-
-    def _get_relevant_documents(
-        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
-    ) -> list[Document]:
-        if self.search_type in ("hybrid", "sparse"):
-            return self.vectorstore.search(query, self.search_type, **(self.search_kwargs | kwargs))
-        return super()._get_relevant_documents(query, run_manager=run_manager, **kwargs)
-
-    async def _aget_relevant_documents(
-        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
-    ) -> list[Document]:
-        if self.search_type in ("hybrid", "sparse"):
-            return await self.vectorstore.asearch(query, self.search_type, **(self.search_kwargs | kwargs))
-        return await super()._aget_relevant_documents(query, run_manager=run_manager, **kwargs)

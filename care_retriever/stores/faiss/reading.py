@@ -15,7 +15,7 @@ import numpy as np
 from care_retriever.documents import Document
 from care_retriever.errors import InputError
 from care_retriever.sparse.fusion import FUSIONS, FusionConfig
-from care_retriever.stores.base import Filters, Hit, Manifest, validate_filters
+from care_retriever.stores.base import Hit, Manifest
 from care_retriever.stores.faiss import docstore, rescoring, sparse
 from care_retriever.stores.faiss.index_factory import (
     inner_index,
@@ -28,6 +28,7 @@ from care_retriever.stores.faiss.index_factory import (
 )
 from care_retriever.stores.faiss.opening import OpenedVersion
 from care_retriever.stores.faiss.session import InPlaceWrite
+from care_retriever.stores.filters import Filters, validate_filters
 
 
 class Reading(OpenedVersion):

@@ -18,8 +18,9 @@ import numpy as np
 
 from care_retriever.documents import Document
 from care_retriever.errors import StoreError
-from care_retriever.stores.base import Filters, Hit, VectorStore, validate_filters
+from care_retriever.stores.base import Hit, VectorStore
 from care_retriever.stores.config import QdrantCollectionConfig, StoreConfig, as_qdrant_config
+from care_retriever.stores.filters import Filters, validate_filters
 
 ID_NAMESPACE = uuid.UUID("6f1c2b1e-7d3a-5c43-9a53-2f5b0c6e8a11")
 DEFAULT_COLLECTION = "care"

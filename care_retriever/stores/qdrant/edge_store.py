@@ -29,8 +29,9 @@ import numpy as np
 from care_retriever import faults
 from care_retriever.documents import Document
 from care_retriever.errors import StoreError, WriteError
-from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions, is_filter_field
+from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
+from care_retriever.stores.filters import is_filter_field
 from care_retriever.stores.qdrant import edge, edge_space, legacy
 from care_retriever.stores.qdrant.common import (
     DEFAULT_COLLECTION,
