@@ -235,9 +235,9 @@ def document_forward(
     norms: str = "auto",
 ) -> Iterator[ForwardState]:
     """The forward pass :func:`prepare_document_forward` decides, for the passes of one block; after it the tower
-    runs as it did before (its attention implementation, eager layers, its own norms). Training uses it: the frozen tower's
-    encodings of Stage I and the document side of Stage II take the index path's decision, and the next stage
-    (LoRA wrapped around the layers, a save of the folder) gets the tower as loaded. A tower already prepared
+    runs as it did before (its attention implementation, eager layers, its own norms). Training uses it: the frozen
+    tower's encodings of Stage I and the document side of Stage II take the index path's decision, and the next
+    stage (LoRA wrapped around the layers, a save of the folder) gets the tower as loaded. A tower already prepared
     (by ``index``) keeps its state and is left as it is."""
     prepared_before = isinstance(getattr(model, _STATE, None), ForwardState)
     hf = getattr(model[0], "auto_model", None) if isinstance(model, torch.nn.Sequential) and len(model) else None
