@@ -58,7 +58,7 @@ def test_bench_writes_json_table_and_plot(
     # The asymmetric model and the symmetric LLM path index with the same document tower: timed once.
     assert data["models"][0]["indexing_docs_per_s"] == data["models"][2]["indexing_docs_per_s"]
     backends = {(s["backend"], s["n"]) for s in data["search"]}
-    assert backends == {(b, n) for b in ("faiss-flat", "faiss-hnsw", "qdrant-local") for n in (300, 600)}
+    assert backends == {(b, n) for b in ("faiss-flat", "faiss-hnsw", "qdrant-edge") for n in (300, 600)}
     hnsw = [s for s in data["search"] if s["backend"] == "faiss-hnsw"]
     # Clustered corpus, queries near corpus points: HNSW finds (nearly) what exact search finds.
     assert all(0.9 <= s["recall@10_vs_exact"] <= 1.0 for s in hnsw)

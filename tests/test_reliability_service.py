@@ -3,6 +3,7 @@ concurrent clients get what the in-process retriever gives, and the server keeps
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
@@ -106,11 +107,25 @@ def _raw(server: ServeProcess, request: bytes) -> bytes:
         return sock.recv(4096)
 
 
+def _raw_until_closed(server: ServeProcess, request: bytes) -> bytes:
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        sock.sendall(request)
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+        return reply
+
+
 def test_broken_http_gets_400(server: ServeProcess) -> None:
-    """What no well-behaved client sends: a non-numeric Content-Length, a garbage request line."""
-    reply = _raw(server, b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}")
-    assert reply.startswith(b"HTTP/1.1 400")
-    assert _raw(server, b"\x00\x01 garbage\r\n\r\n").startswith(b"HTTP/1.1 400")
+    """What no well-behaved client sends: a non-numeric Content-Length, a garbage request line. The answer is the
+    service's one error body (docs/serving.md, "Errors"), not the HTTP server's plain text."""
+    for request in (b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}", b"\x00\x01 garbage\r\n\r\n"):
+        reply = _raw_until_closed(server, request)
+        assert reply.startswith(b"HTTP/1.1 400"), reply
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert b"content-type: application/json" in head.lower(), reply
+        error = json.loads(body)["error"]
+        assert set(json.loads(body)) == {"error"} and "\n" not in error and "HTTP" in error, body
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
 
 

@@ -122,6 +122,7 @@ def serve(
 
     from care_retriever.model.loading import quiet_transformers
     from care_retriever.search.backends import resolve_backend
+    from care_retriever.search.http_protocol import ErrorBodyH11Protocol
     from care_retriever.search.retriever import CareRetriever
     from care_retriever.search.server import ServiceLimits, create_app
 
@@ -185,6 +186,7 @@ def serve(
         access_log=False,
         server_header=False,
         limit_concurrency=max_connections,
+        http=ErrorBodyH11Protocol,  # a request that is not valid HTTP gets the service's JSON error body too
         timeout_keep_alive=5,
         h11_max_incomplete_event_size=16 * 1024,
         # uvicorn types it int, and waits on it with asyncio.wait_for, which takes seconds as a float
