@@ -41,7 +41,7 @@ from care_retriever.stores.qdrant.common import (
     payload_of,
     point_id,
 )
-from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, read_manifest, write_manifest
+from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_open_space, require_space
 from care_retriever.vectors import VectorContract
@@ -358,7 +358,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
             }
 
     def verify(self, *, record_checksums: bool = False) -> int:  # no checksums kept: none to record
-        """The shard's own settings against the manifest, then every point's payload and dense vector."""
+        """The shard's settings and the manifest's own checksum, then every point's payload and dense vector."""
         manifest = self.require_manifest()
         with self._lock:
             actual = self.require_shard().recorded_settings()
@@ -368,6 +368,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
                 raise StoreError(
                     f"{self.describe()}: the shard holds {key}={actual[key]!r}; its manifest says {recorded[key]!r}"
                 )
+        check_manifest(self.folder / MANIFEST_FILE, self.describe())  # after the settings: those name the difference
         contract = VectorContract.for_metric(manifest.metric)  # the norms the store's model promises
         count = 0
         for records in self.scroll(["doc_id", "content_hash"], True):
