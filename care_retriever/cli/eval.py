@@ -14,6 +14,7 @@ from typer.core import TyperCommand
 from care_retriever import strict_json
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
+from care_retriever.faults import require_output_file
 from care_retriever.sparse.fusion import DEFAULT_FUSION
 
 if TYPE_CHECKING:
@@ -124,6 +125,8 @@ def eval_command(
         raise InputError(f"--sts-encode {sts_encode!r}: expected query, document or cross")
     if top_k < 1 or query_batch_size < 1 or doc_batch_size < 1:
         raise InputError("--top-k and batch sizes must be >= 1")
+    if save_run is not None:  # before any task is read or model loaded: a run cannot be written after minutes of work
+        require_output_file(save_run, "--save-run")
     paths = list(task or [])
     if suite:
         paths.extend(resolve_suite(suite[0], suite[1]))
