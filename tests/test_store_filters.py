@@ -5,12 +5,11 @@ matches no stored boolean, so a boolean filter found nothing there."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from care_retriever.documents import Document
+from care_retriever.errors import InputError
 from care_retriever.stores import open_store
 
 DIM = 8
@@ -53,3 +52,13 @@ def test_a_filter_finds_the_same_documents_in_every_store(store, filters: dict, 
     hits = store.search(np.ones((1, DIM), dtype=np.float32), top_k=10, filters=filters)[0]
     assert sorted(h.id for h in hits) == expected
     assert store.count(filters) == len(expected)
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, [1, 2**64]])
+def test_an_integer_no_store_can_hold_is_refused_in_one_line(store, value: object) -> None:
+    # SQLite and Qdrant keep 64-bit integers: past them FAISS's filter raised OverflowError and Qdrant Edge's
+    # binding a TypeError of several lines
+    with pytest.raises(InputError, match=r"^filter 'n': integers must be within 64 bits"):
+        store.search(np.ones((1, DIM), dtype=np.float32), top_k=10, filters={"n": value})
+    with pytest.raises(InputError, match=r"^filter 'n': integers must be within 64 bits"):
+        store.count({"n": value})
