@@ -3,6 +3,8 @@ naming the path given (not a temporary file), and nothing half-written left besi
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,54 @@ def test_a_save_run_whose_parent_is_missing_is_created(tasks: dict[str, Path], t
     code, _, _ = run_cli(capsys, "eval", "--model", "bm25", "--task", tasks["retrieval"], "--save-run", path)
     assert code == 0 and path.is_file() and "Q0" in path.read_text()
     assert sorted(p.name for p in path.parent.iterdir()) == ["run.trec"]  # no temporary file beside it
+
+
+def test_two_models_of_one_folder_name_save_two_runs(
+    tasks: dict[str, Path], tmp_path: Path, tiny_model_dir: Path, capsys
+) -> None:
+    # both were labelled by their folder's name: one run file, the second run written over the first
+    other = tmp_path / "elsewhere" / tiny_model_dir.name
+    shutil.copytree(tiny_model_dir, other)
+    runs = tmp_path / "runs" / "r.trec"
+    code, out, err = run_cli(
+        capsys,
+        "eval",
+        "--models",
+        tiny_model_dir,
+        other,
+        "--task",
+        tasks["retrieval"],
+        "--save-run",
+        runs,
+        "--json",
+        "--no-progress",
+    )
+    assert code == 0, err
+    labels = [json.loads(line)["model"] for line in out.splitlines()]
+    assert len(labels) == 2 and len(set(labels)) == 2, labels
+    assert len(list(runs.parent.glob("*.trec"))) == 2
+
+
+def test_two_tasks_of_one_name_with_save_run_are_one_line_before_any_work(
+    tasks: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    twin = tmp_path / "elsewhere" / tasks["retrieval"].name
+    shutil.copytree(tasks["retrieval"], twin)
+    runs = tmp_path / "runs" / "r.trec"
+    code, out, err = run_cli(
+        capsys,
+        "eval",
+        "--model",
+        "bm25",
+        "--task",
+        tasks["retrieval"],
+        twin,
+        "--save-run",
+        runs,
+        "--json",
+        "--no-progress",
+    )
+    line = err.strip()
+    assert code == 2 and not out and len(line.splitlines()) == 1, (out, line)
+    assert "--save-run" in line and "r.bm25.toy-retrieval.trec" in line, line
+    assert not runs.parent.exists()
