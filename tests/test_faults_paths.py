@@ -134,3 +134,30 @@ def test_a_store_on_a_read_only_file_system_is_one_line(read_only_store: Path, t
     assert code == 2 and "read-only" in one_line(err), err
     code, _, err = run_cli(capsys, "verify", "--store", spec)
     assert code == 0, err  # reading still works
+
+
+@pytest.mark.parametrize("name", ["../elsewhere", "a/b", "..", "."])
+def test_a_collection_name_that_is_no_folder_name_is_one_line_and_writes_nothing(
+    tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys, name: str
+) -> None:
+    # a collection is a folder inside qdrant:PATH: "../elsewhere" wrote a store beside PATH, outside it
+    store = tmp_path / "store"
+    code, out, err = run_cli(
+        capsys,
+        "index",
+        "--model",
+        tiny_model_dir,
+        "--corpus",
+        small_corpus_path,
+        "--store",
+        f"qdrant:{store}",
+        "--collection",
+        name,
+        "--no-progress",
+    )
+    line = one_line(err)
+    assert code == 2 and not out and f"invalid collection name {name!r}" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, inside PATH or beside it
+    for command in (["info"], ["verify"], ["delete", "a"]):
+        code, _, err = run_cli(capsys, *command, "--store", f"qdrant:{store}", "--collection", name)
+        assert code == 2 and f"invalid collection name {name!r}" in one_line(err)

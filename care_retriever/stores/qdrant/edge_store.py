@@ -36,7 +36,9 @@ from care_retriever.stores.qdrant.common import (
     DEFAULT_COLLECTION,
     QdrantOptions,
     QdrantStore,
+    collection_folder,
     document_of,
+    filter_conditions,
     is_server,
     payload_of,
     point_id,
@@ -78,7 +80,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self, location: str, collection: str = DEFAULT_COLLECTION, client: Any = None, *, api_key: str | None = None
     ) -> None:
         self.location = location
-        self.collection = collection
+        self.collection = collection_folder(collection)  # before any path is made of it
         self.manifest: Manifest | None = None
         self.shard: edge.EdgeShard | None = None
         self._lock = threading.RLock()  # the binding holds the GIL per call; this keeps a write's calls together
@@ -287,8 +289,6 @@ class EdgeStore(EdgeSearch, QdrantStore):
 
     # ------------------------------------------------------------------ reads
     def count(self, filters: Any = None) -> int:
-        from care_retriever.stores.qdrant.common import filter_conditions
-
         if self.manifest is None:
             return 0
         conditions = filter_conditions(filters)
