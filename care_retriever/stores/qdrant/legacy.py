@@ -85,5 +85,10 @@ class LocalModeReader:
             if offset is None:
                 return
 
+    def missing(self, point_ids: list[str]) -> set[str]:
+        """Which of ``point_ids`` this collection does not hold."""
+        found = self.client.retrieve(self.collection, point_ids, with_payload=False, with_vectors=False)
+        return set(point_ids) - {str(p.id) for p in found}
+
     def close(self) -> None:
         self.client.close()
