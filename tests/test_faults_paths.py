@@ -161,3 +161,19 @@ def test_a_collection_name_that_is_no_folder_name_is_one_line_and_writes_nothing
     for command in (["info"], ["verify"], ["delete", "a"]):
         code, _, err = run_cli(capsys, *command, "--store", f"qdrant:{store}", "--collection", name)
         assert code == 2 and f"invalid collection name {name!r}" in one_line(err)
+
+
+def test_a_faiss_store_folder_opened_as_qdrant_is_one_line_and_untouched(
+    tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys
+) -> None:
+    # a Qdrant collection was written inside the FAISS store's folder, and the next bulk FAISS index swapped the
+    # folder for its new version without it: the Qdrant store was lost, both commands exiting 0
+    folder = tmp_path / "store"
+    index = ["index", "--model", tiny_model_dir, "--corpus", small_corpus_path, "--no-progress"]
+    assert run_cli(capsys, *index, "--store", f"faiss:{folder}")[0] == 0
+    before = sorted(p.name for p in folder.iterdir())
+    for command in (index, ["info"], ["verify"], ["delete", "a"]):
+        code, out, err = run_cli(capsys, *command, "--store", f"qdrant:{folder}")
+        line = one_line(err)
+        assert code == 2 and not out and f"faiss:{folder}" in line and "a FAISS store" in line, line
+    assert sorted(p.name for p in folder.iterdir()) == before

@@ -89,7 +89,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self.root = Path(tempfile.mkdtemp(prefix="care-qdrant-edge-")) if self._temporary else Path(location)
         if not self._temporary:
             faults.require_folder(self.root, f"the Qdrant Edge store qdrant:{location}")  # a file there stays
-            legacy.refuse_local_mode(self.root, collection)
+            legacy.refuse_foreign_folder(self.root, collection)
         folder = self.root / collection
         if (folder / SHARD_FOLDER).is_dir():  # reading opens what exists; creating anything waits for prepare
             require_open_space(folder, location, collection)

@@ -32,8 +32,12 @@ def is_local_mode(folder: Path, collection: str | None = None) -> bool:
     return collection is None or (folder / "collection" / collection).is_dir()
 
 
-def refuse_local_mode(folder: Path, collection: str) -> None:
-    """One line naming the conversion command when ``folder`` is a store of an earlier release (nothing touched)."""
+def refuse_foreign_folder(folder: Path, collection: str) -> None:
+    """One line when ``folder`` is another kind of store, nothing touched: a FAISS store (a collection written in
+    it is lost when the next bulk FAISS write swaps the folder for its new version), or a store of an earlier
+    release (naming the conversion command)."""
+    if (folder / "manifest.json").is_file():  # a FAISS store's; an Edge store keeps one per collection, NAME/
+        raise InputError(f"qdrant:{folder} is a FAISS store (faiss:{folder}); a Qdrant store needs a folder of its own")
     if is_local_mode(folder) and not (folder / collection / "shard").is_dir():
         raise StoreError(
             f"qdrant:{folder} is a store of an earlier care-retriever (qdrant-client local mode); convert it to "
