@@ -177,3 +177,20 @@ def test_a_faiss_store_folder_opened_as_qdrant_is_one_line_and_untouched(
         line = one_line(err)
         assert code == 2 and not out and f"faiss:{folder}" in line and "a FAISS store" in line, line
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_a_collection_named_after_a_faiss_store_beside_it_is_one_line_and_untouched(
+    tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys
+) -> None:
+    # qdrant:PARENT --collection NAME, where PARENT/NAME is a FAISS store: the collection's manifest was written
+    # over the FAISS store's, which no longer opened
+    folder = tmp_path / "store"
+    index = ["index", "--model", tiny_model_dir, "--corpus", small_corpus_path, "--no-progress"]
+    assert run_cli(capsys, *index, "--store", f"faiss:{folder}")[0] == 0
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    code, out, err = run_cli(capsys, *index, "--store", f"qdrant:{tmp_path}", "--collection", "store")
+    line = one_line(err)
+    assert code == 2 and not out and f"faiss:{folder}" in line and "a FAISS store" in line, line
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    code, out, _ = run_cli(capsys, "verify", "--store", f"faiss:{folder}")
+    assert code == 0 and out.startswith("ok:")
