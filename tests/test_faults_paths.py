@@ -194,3 +194,18 @@ def test_a_collection_named_after_a_faiss_store_beside_it_is_one_line_and_untouc
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     code, out, _ = run_cli(capsys, "verify", "--store", f"faiss:{folder}")
     assert code == 0 and out.startswith("ok:")
+
+
+def test_a_qdrant_collection_folder_opened_as_faiss_says_what_it_is(
+    tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys
+) -> None:
+    # it was "index.faiss: missing; the store is incomplete", as if a FAISS store had been damaged
+    index = ["index", "--model", tiny_model_dir, "--corpus", small_corpus_path, "--no-progress"]
+    assert run_cli(capsys, *index, "--store", f"qdrant:{tmp_path / 'q'}")[0] == 0
+    folder = tmp_path / "q" / "care"
+    before = sorted(p.name for p in folder.iterdir())
+    for command in (index, ["info"], ["verify"], ["delete", "a"]):
+        code, out, err = run_cli(capsys, *command, "--store", f"faiss:{folder}")
+        line = one_line(err)
+        assert code == 2 and not out and "a qdrant store's folder" in line and "not a FAISS store" in line, line
+    assert sorted(p.name for p in folder.iterdir()) == before
