@@ -144,6 +144,19 @@ def require_folder(path: Path, what: str, *, writable: bool = False) -> None:
             raise InputError(f"{probe}: cannot write {what} here: {reason}")
 
 
+def require_output_file(path: Path, what: str) -> None:
+    """``path`` can become a file: not a folder, below a folder that exists (or can be made) and takes writes; one
+    line otherwise, before the work whose result it is meant to hold."""
+    if path.is_dir():
+        raise InputError(f"{path}: {what} must be a file, but this is a folder")
+    probe = _nearest_existing(path.parent)  # the folders missing below it are made when the file is written
+    if not probe.is_dir():
+        raise InputError(f"{probe}: {what} must be inside a folder, but this is a file")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        reason = REASONS[errno.EROFS] if _read_only_fs(probe) else REASONS[errno.EACCES]
+        raise InputError(f"{probe}: cannot write {what} here: {reason}")
+
+
 def require_file(path: Path, what: str) -> None:
     """``path`` must be a readable file; one line otherwise."""
     if not path.exists():

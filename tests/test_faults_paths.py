@@ -134,3 +134,78 @@ def test_a_store_on_a_read_only_file_system_is_one_line(read_only_store: Path, t
     assert code == 2 and "read-only" in one_line(err), err
     code, _, err = run_cli(capsys, "verify", "--store", spec)
     assert code == 0, err  # reading still works
+
+
+@pytest.mark.parametrize("name", ["../elsewhere", "a/b", "..", "."])
+def test_a_collection_name_that_is_no_folder_name_is_one_line_and_writes_nothing(
+    tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys, name: str
+) -> None:
+    # a collection is a folder inside qdrant:PATH: "../elsewhere" wrote a store beside PATH, outside it
+    store = tmp_path / "store"
+    code, out, err = run_cli(
+        capsys,
+        "index",
+        "--model",
+        tiny_model_dir,
+        "--corpus",
+        small_corpus_path,
+        "--store",
+        f"qdrant:{store}",
+        "--collection",
+        name,
+        "--no-progress",
+    )
+    line = one_line(err)
+    assert code == 2 and not out and f"invalid collection name {name!r}" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, inside PATH or beside it
+    for command in (["info"], ["verify"], ["delete", "a"]):
+        code, _, err = run_cli(capsys, *command, "--store", f"qdrant:{store}", "--collection", name)
+        assert code == 2 and f"invalid collection name {name!r}" in one_line(err)
+
+
+def test_a_faiss_store_folder_opened_as_qdrant_is_one_line_and_untouched(
+    tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys
+) -> None:
+    # a Qdrant collection was written inside the FAISS store's folder, and the next bulk FAISS index swapped the
+    # folder for its new version without it: the Qdrant store was lost, both commands exiting 0
+    folder = tmp_path / "store"
+    index = ["index", "--model", tiny_model_dir, "--corpus", small_corpus_path, "--no-progress"]
+    assert run_cli(capsys, *index, "--store", f"faiss:{folder}")[0] == 0
+    before = sorted(p.name for p in folder.iterdir())
+    for command in (index, ["info"], ["verify"], ["delete", "a"]):
+        code, out, err = run_cli(capsys, *command, "--store", f"qdrant:{folder}")
+        line = one_line(err)
+        assert code == 2 and not out and f"faiss:{folder}" in line and "a FAISS store" in line, line
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_a_collection_named_after_a_faiss_store_beside_it_is_one_line_and_untouched(
+    tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys
+) -> None:
+    # qdrant:PARENT --collection NAME, where PARENT/NAME is a FAISS store: the collection's manifest was written
+    # over the FAISS store's, which no longer opened
+    folder = tmp_path / "store"
+    index = ["index", "--model", tiny_model_dir, "--corpus", small_corpus_path, "--no-progress"]
+    assert run_cli(capsys, *index, "--store", f"faiss:{folder}")[0] == 0
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    code, out, err = run_cli(capsys, *index, "--store", f"qdrant:{tmp_path}", "--collection", "store")
+    line = one_line(err)
+    assert code == 2 and not out and f"faiss:{folder}" in line and "a FAISS store" in line, line
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    code, out, _ = run_cli(capsys, "verify", "--store", f"faiss:{folder}")
+    assert code == 0 and out.startswith("ok:")
+
+
+def test_a_qdrant_collection_folder_opened_as_faiss_says_what_it_is(
+    tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys
+) -> None:
+    # it was "index.faiss: missing; the store is incomplete", as if a FAISS store had been damaged
+    index = ["index", "--model", tiny_model_dir, "--corpus", small_corpus_path, "--no-progress"]
+    assert run_cli(capsys, *index, "--store", f"qdrant:{tmp_path / 'q'}")[0] == 0
+    folder = tmp_path / "q" / "care"
+    before = sorted(p.name for p in folder.iterdir())
+    for command in (index, ["info"], ["verify"], ["delete", "a"]):
+        code, out, err = run_cli(capsys, *command, "--store", f"faiss:{folder}")
+        line = one_line(err)
+        assert code == 2 and not out and "a qdrant store's folder" in line and "not a FAISS store" in line, line
+    assert sorted(p.name for p in folder.iterdir()) == before

@@ -112,3 +112,21 @@ def test_migrate_refuses_what_it_cannot_convert_in_one_line(tmp_path: Path, caps
         code, _, err = run_cli(capsys, "migrate", "--from", source, "--to", target)
         assert code == 2 and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "new").exists() and not (tmp_path / "none").exists()
+
+
+def test_a_target_holding_documents_the_old_store_has_not_is_refused_before_any_write(tmp_path: Path, capsys) -> None:
+    # the conversion merged the old store into it, then failed its count check: the target changed, exit 2
+    old, new = tmp_path / "old", tmp_path / "new"
+    old_store(old, n=10)
+    target = EdgeStore(str(new))
+    target.prepare(DIM, "old-space", "old-model", QdrantCollectionConfig(quantize="sq8", always_ram=True))
+    extra = np.zeros((1, DIM), dtype=np.float32)
+    extra[0, 0] = 1.0
+    target.upsert([Document(id="extra", text="另一个库的文档")], extra)
+    target.finalize()
+    target.close()
+    code, out, err = run_cli(capsys, "migrate", "--from", f"qdrant:{old}", "--to", f"qdrant:{new}")
+    assert code == 2 and not out and err.count("\n") == 1, err
+    assert "'extra'" in err and "another folder" in err, err
+    with open_store(f"qdrant:{new}") as unchanged:
+        assert unchanged.count() == 1 and [d.id for d in unchanged.get(["extra"])] == ["extra"]

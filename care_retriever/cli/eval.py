@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
@@ -14,6 +15,7 @@ from typer.core import TyperCommand
 from care_retriever import strict_json
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
+from care_retriever.faults import require_output_file
 from care_retriever.sparse.fusion import DEFAULT_FUSION
 
 if TYPE_CHECKING:
@@ -63,6 +65,31 @@ def display_name(model: str) -> str:
     path = Path(base)
     label = path.name if (path.exists() and path.name) else base
     return f"{label}{sep}{tower}"
+
+
+def model_labels(names: list[str]) -> dict[str, str]:
+    """Each model's label in the tables and the run files' names: its folder's name, or the argument as given where
+    two models share a folder name (one label for both put their runs in one file, the second over the first)."""
+    short = {name: display_name(name) for name in names}
+    counts = Counter(short.values())
+    return {name: label if counts[label] == 1 else name for name, label in short.items()}
+
+
+def check_run_paths(save_run: Path, labels: list[str], tasks: list[str]) -> None:
+    """Each (label, task) gets a run file of its own that can be written, or one line before any work (two runs in
+    one file: the second would be written over the first)."""
+    many = len(labels) * len(tasks) > 1
+    written: dict[Path, str] = {}
+    for label in labels:
+        for task in tasks:
+            path = run_path(save_run, label, task, many)
+            if path in written:
+                raise InputError(
+                    f"--save-run: {written[path]} and {label} on {task} would both be written to {path}; "
+                    "give the tasks (or models) folders of different names"
+                )
+            written[path] = f"{label} on {task}"
+            require_output_file(path, "--save-run")
 
 
 def run_path(save_run: Path, model: str, task: str, many: bool) -> Path:
@@ -124,6 +151,8 @@ def eval_command(
         raise InputError(f"--sts-encode {sts_encode!r}: expected query, document or cross")
     if top_k < 1 or query_batch_size < 1 or doc_batch_size < 1:
         raise InputError("--top-k and batch sizes must be >= 1")
+    if save_run is not None:  # before any task is read or model loaded: a run cannot be written after minutes of work
+        require_output_file(save_run, "--save-run")
     paths = list(task or [])
     if suite:
         paths.extend(resolve_suite(suite[0], suite[1]))
@@ -151,6 +180,7 @@ def eval_command(
         tasks.append(load_task(p, split=split, instruction=instruction))
         load_seconds.append(time.perf_counter() - t0)
     results = []
+    labels = model_labels(names)
     runs = []  # (label, name, mode): bm25 is the sparse mode; hybrid pairs a dense model with bm25
     for name in names:
         for m in modes:
@@ -158,7 +188,9 @@ def eval_command(
                 if ("bm25", "bm25", "sparse") not in runs:
                     runs.append(("bm25", "bm25", "sparse"))
             else:
-                runs.append((mode_label(display_name(name), m, fusion_config), name, m))
+                runs.append((mode_label(labels[name], m, fusion_config), name, m))
+    if save_run is not None:
+        check_run_paths(save_run, [label for label, _, _ in runs], [t.name for t in tasks])
     loaded: dict[str, tuple[Embedder | BM25Model, float]] = {}
     for label, name, m in runs:
         if name not in loaded:

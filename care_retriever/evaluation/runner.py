@@ -305,9 +305,13 @@ def write_trec_run(run: dict[str, dict[str, float]], path: str | Path, *, tag: s
     path.parent.mkdir(parents=True, exist_ok=True)
     safe_tag = "".join(c if c.isalnum() or c in "-_.#" else "_" for c in tag) or "run"
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for qid, docs in run.items():
-            for rank, (doc, score) in enumerate(M.trec_order(docs), start=1):
-                fh.write(f"{qid} Q0 {doc} {rank} {score:.9g} {safe_tag}\n")
-    tmp.replace(path)
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            for qid, docs in run.items():
+                for rank, (doc, score) in enumerate(M.trec_order(docs), start=1):
+                    fh.write(f"{qid} Q0 {doc} {rank} {score:.9g} {safe_tag}\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a run that cannot be written leaves no half file beside its path
+        raise
     return path

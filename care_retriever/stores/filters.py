@@ -37,4 +37,6 @@ def validate_filters(filters: Filters | None) -> Filters | None:
             raise InputError(f"filter {key!r}: values must be str, int, float or bool (or a non-empty list of them)")
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise InputError(f"filter {key!r}: values must be finite numbers")
+        if any(type(v) is int and not -(2**63) <= v < 2**63 for v in values):  # SQLite's and Qdrant's integers
+            raise InputError(f"filter {key!r}: integers must be within 64 bits (-2**63 to 2**63 - 1)")
     return filters

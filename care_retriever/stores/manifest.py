@@ -3,6 +3,8 @@ checksums and format version; read by every store kind (its fields checked by :m
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -17,6 +19,10 @@ STORE_FORMAT_VERSION = 2
 # 3: a FAISS store with compressed codes and a rescoring vector file (index option "quantize"); only such
 # stores are written as 3, so that an older reader refuses them instead of searching the codes alone.
 READABLE_FORMAT_VERSION = 3
+# The manifest file's own checksum, its last field (not a Manifest field): the SHA-256 of the JSON of the other
+# fields. The files' checksums cannot cover the manifest, and a Qdrant shard keeps no copy of the model's
+# fingerprint, the metric or the backend, so an edit of those would otherwise pass every check.
+MANIFEST_DIGEST = "manifest_sha256"
 
 
 def check_metric(metric: str) -> str:
@@ -66,3 +72,24 @@ class Manifest:
 
 def default_versions(**extra: str) -> dict[str, str]:
     return {"care_retriever": __version__, **extra}
+
+
+def manifest_bytes(data: dict[str, Any], *, indent: int = 2, ensure_ascii: bool = True) -> bytes:
+    """The manifest file for the fields ``data``: their JSON, closed by the SHA-256 of that JSON (written last, as
+    :data:`MANIFEST_DIGEST`), so that any byte changed in the file is caught (:func:`digest_mismatch`)."""
+    fields = {k: v for k, v in data.items() if k != MANIFEST_DIGEST}
+    text = json.dumps(fields, indent=indent, ensure_ascii=ensure_ascii)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return json.dumps({**fields, MANIFEST_DIGEST: digest}, indent=indent, ensure_ascii=ensure_ascii).encode()
+
+
+def digest_mismatch(raw: bytes, *, indent: int = 2, ensure_ascii: bool = True) -> bool | None:
+    """Whether the manifest file ``raw`` differs from what :func:`manifest_bytes` wrote for its fields; None when
+    it has no :data:`MANIFEST_DIGEST` (written before manifests had one) or is not a JSON object."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or MANIFEST_DIGEST not in data:
+        return None
+    return manifest_bytes(data, indent=indent, ensure_ascii=ensure_ascii) != raw

@@ -4,7 +4,6 @@ the staging folder that a bulk write fills and then swaps into place."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -15,6 +14,8 @@ import faiss
 
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
+from care_retriever.stores.manifest import MANIFEST_DIGEST as MANIFEST_DIGEST
+from care_retriever.stores.manifest import manifest_bytes as manifest_bytes
 
 MANIFEST = "manifest.json"
 INDEX = "index.faiss"
@@ -22,7 +23,6 @@ DOCSTORE = "docstore.sqlite"
 DELTA = "vectors.delta"
 NEXT_INDEX = "index.faiss.next"  # a fold's new index, renamed over INDEX once the docstore records it
 VECTORS = "vectors.f32"  # quantized stores: full-precision vectors by row id, the rescoring source
-MANIFEST_DIGEST = "manifest_sha256"  # the manifest's own checksum, its last field (not a Manifest field)
 
 
 def staging_path(path: Path) -> Path:
@@ -121,14 +121,6 @@ def read_manifest(path: Path, *, checkpoint_of: Path | None = None) -> Manifest:
             raise StoreError(f"{path}: unreadable manifest ({exc})") from exc
         raise StoreError(f"{path}: unreadable checkpoint manifest ({exc}); remove {checkpoint_of}") from exc
     return Manifest.from_dict(data, str(path))
-
-
-def manifest_bytes(data: dict[str, Any]) -> bytes:
-    """The manifest file for the fields ``data``: their JSON, closed by the SHA-256 of that JSON (written last, as
-    :data:`MANIFEST_DIGEST`), so that any byte changed in the file is caught (``integrity.check_manifest``)."""
-    fields = {k: v for k, v in data.items() if k != MANIFEST_DIGEST}
-    digest = hashlib.sha256(json.dumps(fields, indent=2).encode()).hexdigest()
-    return json.dumps({**fields, MANIFEST_DIGEST: digest}, indent=2).encode()
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:

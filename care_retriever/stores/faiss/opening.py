@@ -69,6 +69,10 @@ class OpenedVersion(VectorStore):
     def _open(self, folder: Path, writable: bool = False) -> None:
         """Open a published store: sizes, headers and counts are checked; no file is hashed (see verify())."""
         self.manifest = files.read_manifest(folder / MANIFEST)
+        if self.manifest.backend != "faiss":  # e.g. a Qdrant Edge collection's folder: not a damaged FAISS store
+            raise StoreError(
+                f"{folder}: a {self.manifest.backend} store's folder (its {MANIFEST} says so), not a FAISS store"
+            )
         for name in (INDEX, DOCSTORE):
             if not (folder / name).is_file():
                 raise StoreError(f"{folder / name}: missing; the store is incomplete")

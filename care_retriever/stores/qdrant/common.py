@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from care_retriever.documents import Document
-from care_retriever.errors import StoreError
+from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.base import Hit, VectorStore
 from care_retriever.stores.config import QdrantCollectionConfig, StoreConfig, as_qdrant_config
 from care_retriever.stores.filters import Filters, validate_filters
@@ -35,6 +35,16 @@ def point_id(doc_id: str) -> str:
 
 def is_server(location: str) -> bool:
     return location.startswith(("http://", "https://"))
+
+
+def collection_folder(name: str) -> str:
+    """``name``, the folder a Qdrant Edge collection is inside ``qdrant:PATH``, or one line: a path separator, ``.``
+    or ``..`` would put the collection beside the store (``../x`` wrote one outside it) or over it."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise InputError(
+            f"invalid collection name {name!r}: a folder name inside the store (no '/', '\\', '.' or '..')"
+        )
+    return name
 
 
 def redact(location: str) -> str:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from care_retriever.errors import StoreError
+from care_retriever.stores.qdrant.edge_filter import build_filter
 
 logger = logging.getLogger("care_retriever")
 
@@ -159,28 +160,6 @@ def _payload(fields: bool | Sequence[str]) -> Any:
     return fields if isinstance(fields, bool) else _engine().PayloadSelector.Include(list(fields))
 
 
-def build_filter(conditions: Sequence[tuple[str, Sequence[Any]]] | None) -> Any:
-    """An Edge filter: every ``(key, values)`` must match one of its values (a float as a point range)."""
-    if not conditions:
-        return None
-    qe = _engine()
-
-    def one(key: str, value: Any) -> Any:
-        if isinstance(value, float):  # Qdrant matches only str/int/bool exactly
-            return qe.FieldCondition(key, range=qe.RangeFloat(gte=value, lte=value))
-        return qe.FieldCondition(key, match=qe.MatchValue(value))
-
-    must: list[Any] = []
-    for key, values in conditions:
-        if len(values) == 1:
-            must.append(one(key, values[0]))
-        elif all(isinstance(v, str) for v in values) or all(type(v) is int for v in values):
-            must.append(qe.FieldCondition(key, match=qe.MatchAny(list(values))))
-        else:
-            must.append(qe.Filter(should=[one(key, v) for v in values]))
-    return qe.Filter(must=must)
-
-
 class EdgeShard:
     """One open Edge shard (a folder). Not thread-safe by itself: the store serialises calls."""
 
@@ -256,9 +235,8 @@ class EdgeShard:
     # ------------------------------------------------------------------ reads
     def count(self, conditions: Sequence[tuple[str, Sequence[Any]]] | None = None) -> int:
         qe = _engine()
-        return int(
-            _call(lambda: self._shard.count(qe.CountRequest(exact=True, filter=build_filter(conditions))), self.path)
-        )
+        request = qe.CountRequest(exact=True, filter=build_filter(qe, conditions))
+        return int(_call(lambda: self._shard.count(request), self.path))
 
     def retrieve(
         self, ids: Sequence[str], payload: bool | Sequence[str] = True, vectors: bool = False
@@ -300,7 +278,7 @@ class EdgeShard:
         """One query: ``query`` from :meth:`dense_query` / :meth:`sparse_query`."""
         qe = _engine()
         return qe.QueryRequest(
-            limit=limit, query=query, filter=build_filter(conditions), with_payload=_payload(payload), params=params
+            limit=limit, query=query, filter=build_filter(qe, conditions), with_payload=_payload(payload), params=params
         )
 
     def fused_request(
@@ -321,7 +299,7 @@ class EdgeShard:
         Edge's RRF gives rank r (from 1) ``1 / (k + r - 1)``, as the server's; ours (and ranx's) ``1 / (k + r)``:
         the engine is handed ``k + 1``."""
         qe = _engine()
-        flt = build_filter(conditions)
+        flt = build_filter(qe, conditions)
         prefetches = [
             qe.Prefetch(limit=candidates, query=dense, filter=flt, params=params),
             qe.Prefetch(limit=candidates, query=sparse, filter=flt),

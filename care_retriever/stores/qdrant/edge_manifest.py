@@ -1,5 +1,7 @@
 """The manifest of a Qdrant Edge store: ``PATH/NAME/manifest.json`` beside the shard (an Edge shard has no
-collection metadata), written atomically: a temporary file fsynced, renamed over the old one, the folder fsynced."""
+collection metadata), written atomically: a temporary file fsynced, renamed over the old one, the folder fsynced.
+It ends with its own checksum (``stores.manifest.MANIFEST_DIGEST``), which ``verify`` checks: the shard keeps no copy
+of the model's fingerprint, the metric or the backend, so an edit of those is caught only there."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 from care_retriever import faults
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
+from care_retriever.stores.manifest import MANIFEST_DIGEST, digest_mismatch, manifest_bytes
 
 MANIFEST_FILE = "manifest.json"
 
@@ -29,8 +32,8 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
     temporary = path.with_name(path.name + ".tmp")
     with faults.writing(path, "the store's manifest", unchanged="the previous manifest is kept"):
         try:
-            with open(temporary, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(manifest.to_dict(), ensure_ascii=False, indent=1))
+            with open(temporary, "wb") as fh:
+                fh.write(manifest_bytes(manifest.to_dict(), indent=1, ensure_ascii=False))
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(temporary, path)
@@ -42,3 +45,16 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
+
+
+def check_manifest(path: Path, source: str) -> None:
+    """The manifest file is byte for byte what care-retriever wrote; one written before manifests had their own
+    checksum has none to check."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise StoreError(f"{source}: the shard has no {path.name}: not written by care-retriever") from None
+    if digest_mismatch(raw, indent=1, ensure_ascii=False):
+        raise StoreError(
+            f"{path}: checksum mismatch (field {MANIFEST_DIGEST!r}): the manifest was changed after it was written"
+        )

@@ -37,12 +37,14 @@ from care_retriever.stores.qdrant.common import (
     DEFAULT_COLLECTION,
     QdrantOptions,
     QdrantStore,
+    collection_folder,
     document_of,
+    filter_conditions,
     is_server,
     payload_of,
     point_id,
 )
-from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, read_manifest, write_manifest
+from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_open_space, require_space
 from care_retriever.vectors import VectorContract
@@ -79,7 +81,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self, location: str, collection: str = DEFAULT_COLLECTION, client: Any = None, *, api_key: str | None = None
     ) -> None:
         self.location = location
-        self.collection = collection
+        self.collection = collection_folder(collection)  # before any path is made of it
         self.manifest: Manifest | None = None
         self.shard: edge.EdgeShard | None = None
         self._lock = threading.RLock()  # the binding holds the GIL per call; this keeps a write's calls together
@@ -88,7 +90,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self.root = Path(tempfile.mkdtemp(prefix="care-qdrant-edge-")) if self._temporary else Path(location)
         if not self._temporary:
             faults.require_folder(self.root, f"the Qdrant Edge store qdrant:{location}")  # a file there stays
-            legacy.refuse_local_mode(self.root, collection)
+            legacy.refuse_foreign_folder(self.root, collection)
         folder = self.root / collection
         if (folder / SHARD_FOLDER).is_dir():  # reading opens what exists; creating anything waits for prepare
             require_open_space(folder, location, collection)
@@ -288,8 +290,6 @@ class EdgeStore(EdgeSearch, QdrantStore):
 
     # ------------------------------------------------------------------ reads
     def count(self, filters: Any = None) -> int:
-        from care_retriever.stores.qdrant.common import filter_conditions
-
         if self.manifest is None:
             return 0
         conditions = filter_conditions(filters)
@@ -359,7 +359,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
             }
 
     def verify(self, *, record_checksums: bool = False) -> int:  # no checksums kept: none to record
-        """The shard's own settings against the manifest, then every point's payload and dense vector."""
+        """The shard's settings and the manifest's own checksum, then every point's payload and dense vector."""
         manifest = self.require_manifest()
         with self._lock:
             actual = self.require_shard().recorded_settings()
@@ -369,6 +369,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
                 raise StoreError(
                     f"{self.describe()}: the shard holds {key}={actual[key]!r}; its manifest says {recorded[key]!r}"
                 )
+        check_manifest(self.folder / MANIFEST_FILE, self.describe())  # after the settings: those name the difference
         contract = VectorContract.for_metric(manifest.metric)  # the norms the store's model promises
         count = 0
         for records in self.scroll(["doc_id", "content_hash"], True):

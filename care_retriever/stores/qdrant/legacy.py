@@ -32,8 +32,18 @@ def is_local_mode(folder: Path, collection: str | None = None) -> bool:
     return collection is None or (folder / "collection" / collection).is_dir()
 
 
-def refuse_local_mode(folder: Path, collection: str) -> None:
-    """One line naming the conversion command when ``folder`` is a store of an earlier release (nothing touched)."""
+def refuse_foreign_folder(folder: Path, collection: str) -> None:
+    """One line when ``folder`` or its ``collection`` is another kind of store, nothing touched: a FAISS store (a
+    collection written in it is lost when the next bulk FAISS write swaps the folder for its new version), or a
+    store of an earlier release (naming the conversion command)."""
+    if (folder / "manifest.json").is_file():  # a FAISS store's; an Edge store keeps one per collection, NAME/
+        raise InputError(f"qdrant:{folder} is a FAISS store (faiss:{folder}); a Qdrant store needs a folder of its own")
+    inside = folder / collection  # a FAISS store there would get the collection's manifest written over its own
+    if (inside / "index.faiss").exists() or (inside / "docstore.sqlite").exists():
+        raise InputError(
+            f"qdrant:{folder} collection {collection!r}: {inside} is a FAISS store (faiss:{inside}); "
+            "name another collection"
+        )
     if is_local_mode(folder) and not (folder / collection / "shard").is_dir():
         raise StoreError(
             f"qdrant:{folder} is a store of an earlier care-retriever (qdrant-client local mode); convert it to "
@@ -84,6 +94,11 @@ class LocalModeReader:
             ]
             if offset is None:
                 return
+
+    def missing(self, point_ids: list[str]) -> set[str]:
+        """Which of ``point_ids`` this collection does not hold."""
+        found = self.client.retrieve(self.collection, point_ids, with_payload=False, with_vectors=False)
+        return set(point_ids) - {str(p.id) for p in found}
 
     def close(self) -> None:
         self.client.close()

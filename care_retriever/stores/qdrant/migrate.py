@@ -38,6 +38,7 @@ def migrate_local(
         manifest = source.manifest
         config = QdrantCollectionConfig.from_manifest(manifest.index).local_mode()
         target.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name, config, metric=manifest.metric)
+        _check_target_holds_only(target, source)
         target_manifest = target.require_manifest()
         carry_sparse = bool(manifest.sparse) and manifest.sparse.get("tokenizer") == tokenizer_spec()
         if carry_sparse:
@@ -69,6 +70,19 @@ def migrate_local(
     finally:
         target.close()
         source.close()
+
+
+def _check_target_holds_only(target: EdgeStore, source: LocalModeReader) -> None:
+    """Refuse, before any write, a target holding a document the old store has not: the conversion would merge the
+    two stores, then fail its count check with the target changed."""
+    for records in target.scroll(["doc_id"], False):
+        missing = source.missing([str(r.id) for r in records])
+        if missing:
+            doc_id = next(r.payload.get("doc_id") for r in records if str(r.id) in missing)
+            raise InputError(
+                f"{target.describe()}: holds {doc_id!r}, which {source.describe} has not; "
+                "migrate into another folder (an empty one, or one an earlier migrate of this store wrote)"
+            )
 
 
 def _check_sparse(target: EdgeStore, written: list[tuple[Document, np.ndarray, Any]], source: str) -> None:
