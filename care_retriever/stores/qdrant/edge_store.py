@@ -57,17 +57,13 @@ SERVER_ONLY = ("shards", "replicas")
 BATCH = 256
 
 
+# the payload index of a metadata value's type (bool before int: a bool is an int to isinstance)
+METADATA_KINDS: tuple[tuple[type, str], ...] = ((bool, "bool"), (int, "integer"), (float, "float"), (str, "keyword"))
+
+
 def metadata_kind(value: Any) -> str | None:
     """The payload index a metadata value gets (the first value seen of a field decides)."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "keyword"
-    return None
+    return next((kind for of_type, kind in METADATA_KINDS if isinstance(value, of_type)), None)
 
 
 class EdgeStore(EdgeSearch, QdrantStore):
