@@ -136,7 +136,7 @@ def test_a_store_on_a_read_only_file_system_is_one_line(read_only_store: Path, t
     assert code == 0, err  # reading still works
 
 
-@pytest.mark.parametrize("name", ["../elsewhere", "a/b", "..", "."])
+@pytest.mark.parametrize("name", ["../elsewhere", "a/b", "..", ".", ""])
 def test_a_collection_name_that_is_no_folder_name_is_one_line_and_writes_nothing(
     tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys, name: str
 ) -> None:

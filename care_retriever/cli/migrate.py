@@ -27,7 +27,8 @@ def migrate(
     for spec, side in ((old, "--from"), (new, "--to")):
         if spec.kind is not StoreKind.QDRANT or is_server(spec.location) or spec.location == ":memory:":
             raise InputError(f"{side} takes qdrant:FOLDER (a folder on this machine), got {spec}")
-    name = collection or old.collection or DEFAULT_COLLECTION
+    given = old.collection if collection is None else collection
+    name = DEFAULT_COLLECTION if given is None else given
     moved = migrate_local(Path(old.location), Path(new.location), name)
     typer.echo(
         f"ok: {moved} documents of qdrant:{old.location} (collection {name}) are in qdrant:{new.location}; "

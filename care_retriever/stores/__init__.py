@@ -42,7 +42,9 @@ def open_store(
         return FaissStore(parsed.location, use_gpu=use_gpu)  # opening a FAISS folder creates nothing
     from care_retriever.stores.qdrant import DEFAULT_COLLECTION, is_server, open_qdrant
 
-    name = collection or parsed.collection or DEFAULT_COLLECTION
+    # an empty --collection is a name given (refused where the collection's folder is made), not the default
+    given = parsed.collection if collection is None else collection
+    name = DEFAULT_COLLECTION if given is None else given
     store = open_qdrant(parsed.location, name)  # an Edge folder is created by prepare, never by opening
     if not create and store.manifest is None and parsed.location != ":memory:" and not is_server(parsed.location):
         store.close()
