@@ -1,7 +1,8 @@
 """One metadata filter, one answer, whatever the store: a FAISS store and a Qdrant Edge store holding the same
 documents return the same hits for booleans, integers and floats (an integer filter matches a float of the same
-value and back, as Python's ``2 == 2.0``). Qdrant Edge's binding reads a Python ``True`` as the integer 1, which
-matches no stored boolean, so a boolean filter found nothing there."""
+value and back, as Python's ``2 == 2.0``; a boolean is not the integer 1) and for stored lists (any element matches,
+as in Qdrant: FAISS matched no list). Qdrant Edge's binding reads a Python ``True`` as the integer 1, which matches
+no stored boolean, so a boolean filter found nothing there."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ DOCS = [
     Document("b", "二", metadata={"flag": False, "n": 2, "x": 2.0, "ratio": 3}),
     Document("c", "三", metadata={"flag": True, "n": 1.0, "x": 1, "ratio": 2}),
     Document("d", "四", metadata={"n": 3}),
+    Document("e", "五", metadata={"tags": ["高血压", "糖尿病"], "level": 1}),
+    Document("f", "六", metadata={"tags": "高血压", "level": True}),
+    Document("g", "七", metadata={"tags": {"main": "高血压"}}),  # an object's members are not its values
 ]
 VECTORS = np.eye(len(DOCS), DIM, dtype=np.float32)
 CASES = [
@@ -33,6 +37,13 @@ CASES = [
     ({"ratio": 2}, ["a", "c"]),
     ({"ratio": [3, 2.0]}, ["a", "b", "c"]),
     ({"flag": True, "n": 1}, ["a", "c"]),
+    ({"tags": "高血压"}, ["e", "f"]),  # a list stored: any of its values matches
+    ({"tags": "糖尿病"}, ["e"]),
+    ({"tags": ["糖尿病", "感冒"]}, ["e"]),
+    ({"level": 1}, ["e"]),  # an integer is not a boolean, nor a boolean an integer
+    ({"level": True}, ["f"]),
+    ({"flag": 1}, []),
+    ({"n": True}, []),
 ]
 
 
