@@ -23,6 +23,7 @@ from haystack.testing.document_store import (
 
 from care_retriever.errors import InputError, StoreError
 from care_retriever.integrations.haystack import CareFaissDocumentStore, CareFaissEmbeddingRetriever
+from care_retriever.integrations.haystack.filters import to_core_filters
 
 
 def _unit(vector: list[float]) -> np.ndarray:
@@ -105,6 +106,28 @@ def test_post_filtering_widens_the_search_until_top_k_are_found(tmp_path: Path) 
     store.write_documents(docs)
     hits = store.embedding_retrieval([1.0, 0.0], top_k=1, filters={"field": "meta.rank", "operator": ">", "value": 50})
     assert [d.id for d in hits] == ["far"]
+
+
+@pytest.mark.parametrize("value", [1, True, 1.0, [1], [True, 2]])
+def test_an_equality_filter_finds_what_haystacks_evaluator_finds(tmp_path: Path, value: object) -> None:
+    """The core store tells a boolean from the integer 1 (as Qdrant does); Haystack's evaluator has ``True == 1``.
+    An ``==`` / ``in`` filter that runs inside the store still returns what InMemoryDocumentStore would."""
+    from haystack.document_stores.in_memory import InMemoryDocumentStore
+
+    docs = [
+        Document(id=name, content=name, meta={"level": level}, embedding=[1.0, i * 1e-3])
+        for i, (name, level) in enumerate([("flag", True), ("one", 1), ("real", 1.0), ("two", 2), ("off", False)])
+    ]
+    operator = "in" if isinstance(value, list) else "=="
+    filters = {"field": "meta.level", "operator": operator, "value": value}
+    assert to_core_filters(filters) is not None  # the store's own filter path, not the evaluator's alone
+    ours = CareFaissDocumentStore(str(tmp_path / "s"), embedding_dim=2)
+    theirs = InMemoryDocumentStore()
+    for store in (ours, theirs):
+        store.write_documents(docs)
+    want = sorted(d.id for d in theirs.filter_documents(filters))
+    assert len(want) >= 3  # True, 1 and 1.0 are one value to Haystack
+    assert sorted(d.id for d in ours.embedding_retrieval([1.0, 0.0], filters=filters, top_k=10)) == want
 
 
 def test_retriever_component_applies_filter_policy_and_round_trips(store: CareFaissDocumentStore) -> None:

@@ -61,10 +61,21 @@ def _looks_like_date(value: str) -> bool:
 
 
 def _plain(value: Any) -> bool:
-    """Values SQLite's JSON equality compares exactly as Python's ``==`` does (no dates, no None)."""
+    """Values the core store's filters can pre-select for Haystack's ``==`` (no dates, no None)."""
     if isinstance(value, str):
         return not _looks_like_date(value)
     return isinstance(value, (bool, int, float))
+
+
+def _python_equals(values: list[Any]) -> list[Any]:
+    """``values`` and what Python's ``==`` also finds equal to them that the core stores tell apart: they match
+    filters as Qdrant does, where a boolean is not the integer 1, while Haystack's evaluator has ``True == 1 == 1.0``.
+    The core filter is a pre-selection that the evaluator re-checks, so it may hold more, never less."""
+    found = list(values)
+    for v in values:
+        if isinstance(v, bool) or (isinstance(v, (int, float)) and v in (0, 1)):
+            found += [w for w in (bool(v), int(v)) if not any(w is u or (type(w) is type(u) and w == u) for u in found)]
+    return found
 
 
 def to_core_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -83,9 +94,9 @@ def to_core_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
         if not _CORE_KEY.match(key) or key in _NOT_METADATA or key in core:
             return None
         if op == "==" and _plain(value):
-            core[key] = value
+            core[key] = _python_equals([value])
         elif op == "in" and isinstance(value, list) and value and all(_plain(v) for v in value):
-            core[key] = list(value)
+            core[key] = _python_equals(list(value))
         else:
             return None
     return core
