@@ -366,7 +366,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
 def tower_runtime(loaded: AsymmetricEmbedder) -> dict[str, Any]:
     """What ``auto`` resolved to: the document tower's precision and attention implementation as loaded, and how its
     forward passes ran (:class:`care_retriever.model.forward.ForwardState`: ``forward``, ``attention``, ``compile``,
-    ``compile_seconds``, ``padded_because``)."""
+    ``compile_seconds``, ``padded_because``, ``norms``)."""
     from care_retriever.model.forward import forward_state
 
     model = loaded.document_model

@@ -28,6 +28,7 @@ __all__ = [
     "is_compiled",
     "query_compile_state",
     "transformer_layers",
+    "transformers_model",
     "uncompile_layers",
     "warm_up",
 ]
@@ -49,10 +50,15 @@ QUERY_WARM_UP: tuple[list[str], ...] = (
 )
 
 
+def transformers_model(model: Any) -> Any:
+    """A sentence-transformers tower's transformers model (its first module's ``auto_model``), or None."""
+    return getattr(model[0], "auto_model", None) if isinstance(model, torch.nn.Sequential) and len(model) else None
+
+
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
     """The decoder layers of a sentence-transformers tower's transformers model (``model.layers`` or
     ``model.model.layers``); empty where it has none."""
-    hf = getattr(model[0], "auto_model", None) if len(model) else None
+    hf = transformers_model(model)
     for owner in (hf, getattr(hf, "model", None)):
         layers = getattr(owner, "layers", None)
         if isinstance(layers, torch.nn.ModuleList):
@@ -66,7 +72,7 @@ def transformer_layers(model: Any) -> list[torch.nn.Module]:
     layers = decoder_layers(model)
     if layers:
         return layers
-    hf = getattr(model[0], "auto_model", None) if len(model) else None
+    hf = transformers_model(model)
     found = getattr(getattr(hf, "encoder", None), "layer", None)
     return list(found) if isinstance(found, torch.nn.ModuleList) else []
 

@@ -28,7 +28,14 @@ from typing import Any
 
 import torch
 
-from care_retriever.model.compiled import compile_layers, decoder_layers, is_compiled, uncompile_layers, warm_up
+from care_retriever.model.compiled import (
+    compile_layers,
+    decoder_layers,
+    is_compiled,
+    transformers_model,
+    uncompile_layers,
+    warm_up,
+)
 from care_retriever.model.fp8 import FP8, quantize_fp8
 from care_retriever.model.fused_norms import FUSABLE_NORMS, fuse_norms, norm_classes, norms_fused, unfuse_norms
 from care_retriever.model.towers.packed import (
@@ -97,8 +104,7 @@ def forward_state(model: Any) -> ForwardState:
     state = getattr(model, _STATE, None)
     if isinstance(state, ForwardState):
         return state
-    hf = getattr(model[0], "auto_model", None) if len(model) else None
-    attn = getattr(getattr(hf, "config", None), "_attn_implementation", None)
+    attn = getattr(getattr(transformers_model(model), "config", None), "_attn_implementation", None)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     norms = "fused" if norms_fused(model) else "eager"
     return ForwardState("packed" if is_packed(model) else "padded", attn, dtype, "off", norms=norms)
@@ -183,8 +189,7 @@ def prepare_document_forward(
     compiling = compile == "on" or (compile == "auto" and dtype == FP8)
     state = ForwardState("packed" if packed else "padded", attention, weights, "off", 0.0, because)
     if not packed:
-        config = getattr(getattr(model[0], "auto_model", None), "config", None)
-        state.attention = getattr(config, "_attn_implementation", None)
+        state.attention = getattr(getattr(transformers_model(model), "config", None), "_attn_implementation", None)
     if compiling and decoder_layers(model):
         try:
             compile_layers(model)
@@ -240,8 +245,7 @@ def document_forward(
     stage (LoRA wrapped around the layers, a save of the folder) gets the tower as loaded. A tower already prepared
     (by ``index``) keeps its state and is left as it is."""
     prepared_before = isinstance(getattr(model, _STATE, None), ForwardState)
-    hf = getattr(model[0], "auto_model", None) if isinstance(model, torch.nn.Sequential) and len(model) else None
-    attention = getattr(getattr(hf, "config", None), "_attn_implementation", None)
+    attention = getattr(getattr(transformers_model(model), "config", None), "_attn_implementation", None)
     state = prepare_document_forward(model, forward, compile, compute_dtype=compute_dtype, norms=norms)
     try:
         yield state

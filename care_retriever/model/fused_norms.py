@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from care_retriever.model.compiled import transformers_model
+
 __all__ = ["FUSABLE_NORMS", "fusable_norms", "fuse_norms", "norm_classes", "norms_fused", "unfuse_norms"]
 
 # transformers' RMSNorm classes computing the formula above (their ``weight`` and ``variance_epsilon``)
@@ -41,7 +43,7 @@ def _fused_rms_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
 
 def fusable_norms(model: Any) -> list[torch.nn.Module]:
     """The RMSNorm modules of a sentence-transformers tower's transformers model that :func:`fuse_norms` fuses."""
-    hf = getattr(model[0], "auto_model", None) if isinstance(model, torch.nn.Sequential) and len(model) else None
+    hf = transformers_model(model)
     if not isinstance(hf, torch.nn.Module):
         return []
     return [m for m in hf.modules() if type(m).__name__ in FUSABLE_NORMS and hasattr(m, "variance_epsilon")]
@@ -49,7 +51,7 @@ def fusable_norms(model: Any) -> list[torch.nn.Module]:
 
 def norm_classes(model: Any) -> list[str]:
     """The class names of the tower's norm layers (for the message that says why none is fused)."""
-    hf = getattr(model[0], "auto_model", None) if isinstance(model, torch.nn.Sequential) and len(model) else None
+    hf = transformers_model(model)
     modules = hf.modules() if isinstance(hf, torch.nn.Module) else []
     return sorted({type(m).__name__ for m in modules if "norm" in type(m).__name__.lower()})
 
