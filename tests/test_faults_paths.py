@@ -163,19 +163,33 @@ def test_a_collection_name_that_is_no_folder_name_is_one_line_and_writes_nothing
         assert code == 2 and f"invalid collection name {name!r}" in one_line(err)
 
 
+def _index_command(tiny_model_dir: Path, small_corpus_path: Path) -> list[object]:
+    return ["index", "--model", tiny_model_dir, "--corpus", small_corpus_path, "--no-progress"]
+
+
+def _refused_by_every_command(capsys, index: list[object], spec: str) -> list[str]:
+    """The error line of ``index``, ``info``, ``verify`` and ``delete`` on ``spec``: each one line, exit 2, nothing
+    on stdout."""
+    lines = []
+    for command in (index, ["info"], ["verify"], ["delete", "a"]):
+        code, out, err = run_cli(capsys, *command, "--store", spec)
+        line = one_line(err)
+        assert code == 2 and not out, line
+        lines.append(line)
+    return lines
+
+
 def test_a_faiss_store_folder_opened_as_qdrant_is_one_line_and_untouched(
     tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys
 ) -> None:
     # a Qdrant collection was written inside the FAISS store's folder, and the next bulk FAISS index swapped the
     # folder for its new version without it: the Qdrant store was lost, both commands exiting 0
     folder = tmp_path / "store"
-    index = ["index", "--model", tiny_model_dir, "--corpus", small_corpus_path, "--no-progress"]
+    index = _index_command(tiny_model_dir, small_corpus_path)
     assert run_cli(capsys, *index, "--store", f"faiss:{folder}")[0] == 0
     before = sorted(p.name for p in folder.iterdir())
-    for command in (index, ["info"], ["verify"], ["delete", "a"]):
-        code, out, err = run_cli(capsys, *command, "--store", f"qdrant:{folder}")
-        line = one_line(err)
-        assert code == 2 and not out and f"faiss:{folder}" in line and "a FAISS store" in line, line
+    lines = _refused_by_every_command(capsys, index, f"qdrant:{folder}")
+    assert all(f"faiss:{folder}" in line and "a FAISS store" in line for line in lines), lines
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
@@ -185,7 +199,7 @@ def test_a_collection_named_after_a_faiss_store_beside_it_is_one_line_and_untouc
     # qdrant:PARENT --collection NAME, where PARENT/NAME is a FAISS store: the collection's manifest was written
     # over the FAISS store's, which no longer opened
     folder = tmp_path / "store"
-    index = ["index", "--model", tiny_model_dir, "--corpus", small_corpus_path, "--no-progress"]
+    index = _index_command(tiny_model_dir, small_corpus_path)
     assert run_cli(capsys, *index, "--store", f"faiss:{folder}")[0] == 0
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     code, out, err = run_cli(capsys, *index, "--store", f"qdrant:{tmp_path}", "--collection", "store")
@@ -200,12 +214,10 @@ def test_a_qdrant_collection_folder_opened_as_faiss_says_what_it_is(
     tmp_path: Path, tiny_model_dir: Path, small_corpus_path: Path, capsys
 ) -> None:
     # it was "index.faiss: missing; the store is incomplete", as if a FAISS store had been damaged
-    index = ["index", "--model", tiny_model_dir, "--corpus", small_corpus_path, "--no-progress"]
+    index = _index_command(tiny_model_dir, small_corpus_path)
     assert run_cli(capsys, *index, "--store", f"qdrant:{tmp_path / 'q'}")[0] == 0
     folder = tmp_path / "q" / "care"
     before = sorted(p.name for p in folder.iterdir())
-    for command in (index, ["info"], ["verify"], ["delete", "a"]):
-        code, out, err = run_cli(capsys, *command, "--store", f"faiss:{folder}")
-        line = one_line(err)
-        assert code == 2 and not out and "a qdrant store's folder" in line and "not a FAISS store" in line, line
+    lines = _refused_by_every_command(capsys, index, f"faiss:{folder}")
+    assert all("a qdrant store's folder" in line and "not a FAISS store" in line for line in lines), lines
     assert sorted(p.name for p in folder.iterdir()) == before
