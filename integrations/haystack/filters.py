@@ -74,8 +74,8 @@ def _python_equals(values: list[Any]) -> list[Any]:
     found = list(values)
     for v in values:
         if isinstance(v, bool) or (isinstance(v, (int, float)) and v in (0, 1)):
-            found += [w for w in (bool(v), int(v)) if not any(w is u or (type(w) is type(u) and w == u) for u in found)]
-    return found
+            found += [bool(v), int(v)]
+    return list({(type(v), v): v for v in found}.values())  # each value once, 1 and True kept apart
 
 
 def to_core_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
