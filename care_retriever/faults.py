@@ -136,12 +136,7 @@ def require_folder(path: Path, what: str, *, writable: bool = False) -> None:
     if path.exists() and not path.is_dir():
         raise InputError(f"{path}: {what} must be a folder, but this is a file")
     if writable:
-        probe = path if path.exists() else _nearest_existing(path.parent)
-        if probe.exists() and not probe.is_dir():
-            raise InputError(f"{probe}: {what} must be inside a folder, but this is a file")
-        if not os.access(probe, os.W_OK | os.X_OK):
-            reason = REASONS[errno.EROFS] if _read_only_fs(probe) else REASONS[errno.EACCES]
-            raise InputError(f"{probe}: cannot write {what} here: {reason}")
+        _require_writable(path if path.exists() else _nearest_existing(path.parent), what)
 
 
 def require_output_file(path: Path, what: str) -> None:
@@ -149,8 +144,13 @@ def require_output_file(path: Path, what: str) -> None:
     line otherwise, before the work whose result it is meant to hold."""
     if path.is_dir():
         raise InputError(f"{path}: {what} must be a file, but this is a folder")
-    probe = _nearest_existing(path.parent)  # the folders missing below it are made when the file is written
-    if not probe.is_dir():
+    _require_writable(_nearest_existing(path.parent), what)  # the folders missing below it are made when written
+
+
+def _require_writable(probe: Path, what: str) -> None:
+    """``probe``, the path itself or the nearest folder of it that exists, is a folder that takes writes; one line
+    otherwise."""
+    if probe.exists() and not probe.is_dir():
         raise InputError(f"{probe}: {what} must be inside a folder, but this is a file")
     if not os.access(probe, os.W_OK | os.X_OK):
         reason = REASONS[errno.EROFS] if _read_only_fs(probe) else REASONS[errno.EACCES]
