@@ -5,6 +5,13 @@ document vector to its fp32 one.
 
     python -m benchmarks.fp8_fidelity --model runs/ablations-v3/seed-0/stage2   # a trained miniature
     python -m benchmarks.fp8_fidelity                                            # the tiny random tower (no model)
+    python -m benchmarks.fp8_fidelity --tower qwen3-4b                           # the real-size random tower
+
+``--tower qwen3-4b`` builds ``benchmarks.gpu_index``'s random Qwen3-4B-shaped tower (36 layers; about 16 GB in fp32)
+and reads its document vectors over an even spread of each dev corpus's texts three ways: fp32, bf16 (the tower cast
+as a GPU run loads it) and bf16 with the FP8 rounding: the cosine of each to the others, by corpus. A random tower
+has no retrieval scores; this is the depth's share of the rounding, which the trained miniature (2 layers) cannot
+show. The vectors of each pass are kept in ``--cache`` as they are made, so a stopped run resumes at the next pass.
 
 Writes its section of docs/gpu.md (``--no-write``: print only). The emulation rounds as the GPU does but
 multiplies in fp32: it measures what FP8's rounding costs, not the GPU's accumulation order.
@@ -47,6 +54,12 @@ def scores(embedder: Any, tasks: dict[str, Any]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a saved CARE model (default: the tiny random tower)")
+    parser.add_argument(
+        "--tower", choices=["qwen3-4b", "tiny"], default=None, help="a random tower (qwen3-4b: real size): cosines only"
+    )
+    parser.add_argument("--texts", type=int, default=192, help="--tower: texts a corpus (an even spread)")
+    parser.add_argument("--batch-size", type=int, default=32, help="--tower: texts a forward pass")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/care-fp8-fidelity"), help="--tower: vectors kept")
     parser.add_argument("--split", default="test", help="the split the shared tasks ship (test)")
     parser.add_argument("--cosine-docs", type=int, default=4000, help="documents whose vectors are compared")
     parser.add_argument("--docs", type=Path, default=DOC)
@@ -64,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     if not present:
         print(f"fp8_fidelity: no task under {SHARED / 'tasks'}; nothing measured", file=sys.stderr)
         return 0
+    if args.tower:
+        from benchmarks.fp8_fidelity_tower import real_size
+
+        return real_size(args, present, argv)
     tasks = {name: load_task(path, split=args.split) for name, path in present.items()}
     embedder, described = load_model(args.model, [p / "corpus.jsonl" for p in present.values()])
     start = time.perf_counter()

@@ -239,6 +239,24 @@ def test_fp8_emulation_moves_the_vectors_a_little(tiny_model_dir: Path) -> None:
     assert embedder.space_fingerprint == fingerprint
 
 
+def test_the_fp8_emulation_rounds_as_the_fp8_matmul_does_in_bf16(tiny_model_dir: Path) -> None:
+    """In bf16, as an FP8 run computes: an emulated Linear gives what torch's scaled matmul (the FP8 path's own
+    function, which also runs on the CPU) gives for the same rounded rows, one rounding to bf16 at the end."""
+    embedder = AsymmetricEmbedder.from_pretrained(str(tiny_model_dir), load="document", device="cpu")
+    model = embedder.document_model.to(torch.bfloat16)
+    weights = {m: m.weight.detach().clone() for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    assert emulate_fp8(model) == 2 * 7
+    linears = [m for m in weights if hasattr(m, "care_fp8_weight")]  # the decoder layers' (not a projection head)
+    weights = {m: weights[m] for m in linears}
+    generator = torch.Generator().manual_seed(0)
+    assert len(linears) == 2 * 7
+    for linear, weight in weights.items():
+        x = torch.randn(3, 7, linear.in_features, generator=generator).to(torch.bfloat16)
+        w_q, w_scale = round_rowwise(weight)
+        torch.testing.assert_close(linear(x), scaled_mm_linear(x, w_q, w_scale, linear.bias), rtol=0, atol=0)
+        assert torch.equal(linear.weight, weight)  # the weights stay as loaded
+
+
 def test_a_compile_that_fails_falls_back_to_eager_in_one_line(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -7,9 +7,9 @@ where torchao is installed, else torch's own ``torch._scaled_mm`` with the same 
 first; embeddings, norms and attention stay bf16.
 
 FP8 matmuls need a GPU of compute capability 8.9 or later (Ada, Hopper, Blackwell): elsewhere ``fp8`` is refused in
-one line, before the tower is loaded. :func:`emulate_fp8` rounds weights and activations the same way and computes
-in the tower's own dtype, on any device: it is how the fidelity of FP8 vectors is measured on a CPU
-(``benchmarks/fp8_fidelity.py``).
+one line, before the tower is loaded. :func:`emulate_fp8` rounds weights and activations the same way, multiplies
+the rounded values in fp32 and rounds the product once to the tower's dtype, on any device: it is how the fidelity
+of FP8 vectors is measured on a CPU (``benchmarks/fp8_fidelity.py``).
 """
 
 from __future__ import annotations
@@ -80,11 +80,6 @@ def round_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def _dequantised(x: torch.Tensor) -> torch.Tensor:
-    q, scale = round_rowwise(x)
-    return (q.float() * scale).to(x.dtype)
-
-
 def _target_linears(model: Any) -> list[torch.nn.Linear]:
     from care_retriever.model.compiled import decoder_layers
 
@@ -92,17 +87,25 @@ def _target_linears(model: Any) -> list[torch.nn.Linear]:
 
 
 def _emulated_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    weight = getattr(self, "care_fp8_weight")  # noqa: B009 (set by emulate_fp8 on this instance)
-    return F.linear(_dequantised(x), weight, self.bias)
+    w_q, w_scale = getattr(self, "care_fp8_weight"), getattr(self, "care_fp8_scale")  # noqa: B009 (emulate_fp8's)
+    x_q, x_scale = round_rowwise(x)
+    # the rounded operands are exact in fp32 and so is their product up to fp32's accumulation: one rounding to
+    # the tower's dtype at the end, as the GPU's scaled matmul rounds its fp32 accumulator once
+    out = F.linear(x_q.float() * x_scale, w_q.float() * w_scale)
+    if self.bias is not None:
+        out = out + self.bias.float()
+    return out.to(x.dtype)
 
 
 def emulate_fp8(model: Any) -> int:
-    """Round the decoder layers' Linear weights and, at every call, their inputs to float8 e4m3 rowwise and back,
-    computing in the tower's own dtype (any device). The weights themselves stay as loaded (the rounded copy is an
-    attribute beside them), so the tower's ``state_dict`` and fingerprint do not change. Returns the layers changed."""
+    """Round the decoder layers' Linear weights and, at every call, their inputs to float8 e4m3 rowwise, multiply
+    the rounded values in fp32 and round the output once to the input's dtype, on any device: what FP8's rounding
+    does to the tower's vectors, without FP8 matmuls. The weights themselves stay as loaded (their float8 rows and
+    scales are attributes beside them: one byte a weight), so the tower's ``state_dict`` and fingerprint do not
+    change. Returns the layers changed."""
     linears = _target_linears(model)
     for linear in linears:
-        linear.care_fp8_weight = _dequantised(linear.weight.detach())
+        linear.care_fp8_weight, linear.care_fp8_scale = round_rowwise(linear.weight.detach())
         linear.forward = types.MethodType(_emulated_forward, linear)  # type: ignore[method-assign]
     return len(linears)
 
