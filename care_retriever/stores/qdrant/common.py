@@ -109,6 +109,22 @@ def filter_conditions(filters: Filters | None) -> list[tuple[str, list[Any]]] | 
     return [(f"metadata.{name}", value if isinstance(value, list) else [value]) for name, value in filters.items()]
 
 
+EXACT_FLOAT_INTEGERS = 2**53  # integers below this in magnitude are held by a float without rounding
+
+
+def value_match(value: Any) -> str:
+    """How one filter value is matched in a Qdrant collection (Edge or a server: one engine) so that it answers as a
+    FAISS store does for the same documents: ``"bool"``, a boolean matching booleans only (not 1); ``"range"``, a
+    number as a point range, since Qdrant's exact match takes a stored 2.0 for no integer 2 while a FAISS store
+    (and Python) finds them equal; ``"exact"``, a string or an integer past what a float holds exactly. A stored
+    list matches on any of its elements in Qdrant, as in a FAISS store."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, float) or (isinstance(value, int) and abs(value) < EXACT_FLOAT_INTEGERS):
+        return "range"
+    return "exact"
+
+
 def query_rows(vectors: np.ndarray, top_k: int, dim: int) -> np.ndarray:
     """``vectors`` as float32 query rows of the store's width ``dim``, and ``top_k`` at least 1, else one line (what
     a dense search takes, on Edge and on a server, sync and async alike)."""

@@ -17,7 +17,7 @@ from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.base import Filters, Hit, Manifest
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize
-from care_retriever.stores.qdrant.common import filter_conditions, hit_of, is_server, query_rows
+from care_retriever.stores.qdrant.common import filter_conditions, hit_of, is_server, query_rows, value_match
 
 
 class ServerSearch:
@@ -37,7 +37,7 @@ class ServerSearch:
         return [hit_of(p.payload, p.score) for p in points]
 
     def _filter(self, filters: Filters | None) -> Any:
-        """The metadata filters as a qdrant-client filter (a float matched as a point range)."""
+        """The metadata filters as a qdrant-client filter, by the rule Edge's reads (:func:`value_match`)."""
         from qdrant_client import models
 
         conditions = filter_conditions(filters)
@@ -45,17 +45,17 @@ class ServerSearch:
             return None
 
         def condition(key: str, value: Any) -> Any:
-            if isinstance(value, float):  # Qdrant matches only str/int/bool exactly; a float is a point range
+            if value_match(value) == "range":
                 return models.FieldCondition(key=key, range=models.Range(gte=value, lte=value))
-            return models.FieldCondition(key=key, match=models.MatchValue(value=value))
+            return models.FieldCondition(key=key, match=models.MatchValue(value=value))  # JSON keeps a bool a bool
 
         must: list[Any] = []
         for key, values in conditions:
             if len(values) == 1:
                 must.append(condition(key, values[0]))
-            elif all(isinstance(v, str) for v in values) or all(type(v) is int for v in values):
+            elif all(isinstance(v, str) for v in values):
                 must.append(models.FieldCondition(key=key, match=models.MatchAny(any=values)))
-            else:  # mixed types, floats or bools: any of the single conditions
+            else:  # numbers or booleans: any of the single conditions
                 must.append(models.Filter(should=[condition(key, v) for v in values]))
         return models.Filter(must=must)
 
