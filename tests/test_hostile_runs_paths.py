@@ -162,6 +162,25 @@ def test_the_same_run_with_its_input_fixed_resumes_and_publishes(stopped_run: tu
     assert stored_ids(spec) == {r["_id"] for r in rows("d", 5) + rows("x", 120)}
 
 
+@pytest.mark.parametrize("command", ["info", "search", "verify"])
+def test_a_first_run_stopped_before_it_published_is_named_by_the_readers(
+    command: str, tmp_path: Path, embedder, tiny_model_dir: Path, capsys
+) -> None:
+    """Nothing published yet, but a staged copy: the readers name the stopped run and how to end it, rather than
+    saying that no store exists (a user would index again from scratch, or look for a store elsewhere)."""
+    spec = f"faiss:{tmp_path / 'first'}"
+    writer = writer_of(embedder, spec)
+    with pytest.raises(CareError):
+        writer.write(documents("x", 120, bad_last=True), source="corpus-a")
+    writer.store.close()
+    args = {"info": [], "search": ["高血压", "--model", str(tiny_model_dir)], "verify": []}[command]
+    code, out, err = run_cli(capsys, command, *args, "--store", spec)
+    line = one_line(err)
+    assert code == 2 and out == "", err
+    assert "an unfinished `index` of corpus-a" in line and "100 documents staged, not published" in line, line
+    assert f"--store {spec} --discard-pending` (nothing is published yet)" in line, line
+
+
 # ------------------------------------------------------------------------------------------ one real folder
 def test_a_symlinked_store_keeps_its_link_and_updates_its_target(tmp_path: Path, tiny_model_dir: Path, capsys) -> None:
     (tmp_path / "real").mkdir()

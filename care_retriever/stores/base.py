@@ -80,6 +80,10 @@ class VectorStore(ABC):
 
     def require_manifest(self) -> Manifest:
         if self.manifest is None:
+            # a first run stopped before it published: say what it left and how to end it, not "run index first"
+            staged = self.pending_run()
+            if staged is not None:
+                raise StoreError(staged)
             raise StoreError(f"{self.describe()}: store is empty or does not exist (run `care-retriever index` first)")
         return self.manifest
 

@@ -49,6 +49,11 @@ class OpenedVersion(VectorStore):
     _id_order: np.ndarray | None
     _bm25: sparse.Scorer
 
+    def published(self) -> bool:
+        """Whether a version of the store is published (a first bulk write's staged copy is all there is until it
+        ends)."""
+        return (self.path / MANIFEST).exists()
+
     # The version read now: a staged write reads and writes its staging version; an in-place write, the
     # published one (its session holds the store's own index and connection).
     @property

@@ -52,23 +52,25 @@ def describe(store: str, staging: Path) -> str:
     return f"{store}: an unfinished {run} is pending in {staging} ({held}, not published)"
 
 
-def how_to_end(store: str, staging: Path) -> str:
-    """How to finish or discard the run pending in ``staging``, in the words of the command that made it."""
+def how_to_end(store: str, staging: Path, *, published: bool = True) -> str:
+    """How to finish or discard the run pending in ``staging``, in the words of the command that made it;
+    ``published``: whether the store has a published version (a first run's staged copy is all there is)."""
     tag = read_tag(staging)
     discard = (
         f"care-retriever copy --to {store} --discard-pending"
         if tag is not None and tag.command == "copy"
         else f"care-retriever index --store {store} --discard-pending"
     )
-    return f"finish it by running that command again, or discard it with `{discard}` (the published store is kept)"
+    kept = "the published store is kept" if published else "nothing is published yet"
+    return f"finish it by running that command again, or discard it with `{discard}` ({kept})"
 
 
-def line(store: str, staging: Path, *, why: str = "") -> str:
+def line(store: str, staging: Path, *, why: str = "", published: bool = True) -> str:
     """What is pending, why this write is not it (``why``), and how to finish or discard it: one line."""
     reason = f"; {why}" if why else ""
-    return f"{describe(store, staging)}{reason}; {how_to_end(store, staging)}"
+    return f"{describe(store, staging)}{reason}; {how_to_end(store, staging, published=published)}"
 
 
-def refusal(store: str, staging: Path, *, why: str = "") -> StoreError:
+def refusal(store: str, staging: Path, *, why: str = "", published: bool = True) -> StoreError:
     """The one line that refuses a write while another run's staged copy is pending."""
-    return StoreError(line(store, staging, why=why))
+    return StoreError(line(store, staging, why=why, published=published))

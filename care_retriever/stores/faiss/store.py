@@ -159,7 +159,7 @@ class FaissStore(Reading, Writing):
         mine = isinstance(self._session, StagedWrite)
         if not (self.staging / MANIFEST).exists() or (mine and not self._checkpointed):
             return None
-        return pending.line(self.describe(), self.staging)
+        return pending.line(self.describe(), self.staging, published=self.published())
 
     def discard_pending(self) -> str | None:
         """Remove the staging folder of an unfinished bulk write; the published store is kept (and, where a run
@@ -236,10 +236,14 @@ class FaissStore(Reading, Writing):
         run's staging copy is neither resumed nor published: one line says what is pending."""
         staged_run = pending.read_tag(self.staging)
         if not run.same_run(staged_run):
-            raise pending.refusal(self.describe(), self.staging, why=run.difference(staged_run))
+            raise pending.refusal(
+                self.describe(), self.staging, why=run.difference(staged_run), published=self.published()
+            )
         staged = read_staged_manifest(self.staging)
         if staged.space_fingerprint != space_fingerprint or staged.dim != dim:
-            raise pending.refusal(self.describe(), self.staging, why="it was written by another model")
+            raise pending.refusal(
+                self.describe(), self.staging, why="it was written by another model", published=self.published()
+            )
         session = StagedWrite(self.staging)
         try:
             session.reconcile()

@@ -75,7 +75,7 @@ class Writing(OpenedVersion):
         self._writer_lock.acquire()  # fails fast while another writer is running
         try:
             if self.pending_write:  # a small write now would be lost when that run publishes its copy
-                raise pending.refusal(self.describe(), self.staging)
+                raise pending.refusal(self.describe(), self.staging, published=self.published())
             if (self.path / MANIFEST).exists() and self.manifest is not None:
                 with faults.writing(self.path, "the start of a transaction", unchanged=self._unchanged()):
                     self._session = self._begin_in_place()
