@@ -65,3 +65,29 @@ def test_later_writes_keep_the_edge_manifest_checksum_true(tmp_path: Path, capsy
     assert code == 0
     code, out, err = run_cli(capsys, "verify", "--store", f"qdrant:{tmp_path / 'q'}")
     assert code == 0 and "holds 3 documents" in out, err
+
+
+def test_a_manifest_without_a_checksum_is_named_until_one_is_recorded(tmp_path: Path, capsys) -> None:
+    """An earlier release wrote the manifest without its own checksum: `verify` does not say "every check passed"
+    for what it could not check; `--record-checksums` records one for it as it is, and edits are caught after."""
+    from care_retriever.stores.manifest import MANIFEST_DIGEST
+
+    manifest = _edge_store(tmp_path / "q")
+    data = json.loads(manifest.read_text("utf-8"))
+    del data[MANIFEST_DIGEST]
+    manifest.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
+    spec = f"qdrant:{tmp_path / 'q'}"
+    code, out, err = run_cli(capsys, "verify", "--store", spec)
+    line = err.strip()
+    assert code == 2 and not out and len(line.splitlines()) == 1, err
+    assert "manifest has no checksum" in line and "verify --record-checksums" in line, line
+    code, out, err = run_cli(capsys, "verify", "--store", spec, "--record-checksums")
+    assert code == 0 and "holds 5 documents" in out, err
+    assert json.loads(manifest.read_text("utf-8")) == {
+        **data,
+        MANIFEST_DIGEST: json.loads(manifest.read_text())[MANIFEST_DIGEST],
+    }
+    assert run_cli(capsys, "verify", "--store", spec)[0] == 0
+    manifest.write_text(manifest.read_text("utf-8").replace("fp-of-the-model", "fp-of-another"), encoding="utf-8")
+    code, _, err = run_cli(capsys, "verify", "--store", spec)
+    assert code == 2 and "checksum mismatch" in err, err

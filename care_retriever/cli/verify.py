@@ -14,8 +14,9 @@ def verify(
         bool,
         typer.Option(
             "--record-checksums",
-            help="FAISS: where a writer stopped before recording its files' checksums (verify names them), record "
-            "them for the files as they are, once every other check has passed.",
+            help="Where a FAISS writer stopped before recording its files' checksums, or a Qdrant Edge manifest was "
+            "written without one by an earlier release (verify names them), record them for the files as they are, "
+            "once every other check has passed.",
         ),
     ] = False,
 ) -> None:
@@ -26,7 +27,9 @@ def verify(
     target = open_store(store, collection=collection, create=False)
     try:
         if record_checksums and not target.keeps_checksums:
-            raise StoreError(f"{target.describe()}: --record-checksums is for FAISS stores; this store keeps none")
+            raise StoreError(
+                f"{target.describe()}: --record-checksums is for FAISS and Qdrant Edge stores; this store keeps none"
+            )
         count = target.verify(record_checksums=record_checksums)
     finally:
         target.close()

@@ -259,8 +259,9 @@ class VectorStore(ABC):
         for ``fusion.method`` in :attr:`hybrid_fusions`; callers go through
         :func:`care_retriever.search.hybrid.hybrid_search`, which also fuses the other methods."""
 
-    # Whether the store keeps checksums of its files that a stopped writer can leave describing the version
-    # before its last write (FAISS); an engine that checks its own files (Qdrant) keeps none.
+    # Whether the store keeps checksums that ``verify --record-checksums`` can record: of its files, which a
+    # stopped writer can leave describing the version before its last write (FAISS), or of its manifest, which an
+    # earlier release wrote without one (Qdrant Edge); a server checks its own files and keeps none.
     keeps_checksums: ClassVar[bool] = False
 
     def verify(self, *, record_checksums: bool = False) -> int:

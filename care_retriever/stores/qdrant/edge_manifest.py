@@ -47,14 +47,16 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
             os.close(descriptor)
 
 
-def check_manifest(path: Path, source: str) -> None:
-    """The manifest file is byte for byte what care-retriever wrote; one written before manifests had their own
-    checksum has none to check."""
+def check_manifest(path: Path, source: str) -> bool:
+    """The manifest file is byte for byte what care-retriever wrote: True; False where it has no checksum to check
+    (written before manifests had their own)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise StoreError(f"{source}: the shard has no {path.name}: not written by care-retriever") from None
-    if digest_mismatch(raw, indent=1, ensure_ascii=False):
+    mismatch = digest_mismatch(raw, indent=1, ensure_ascii=False)
+    if mismatch:
         raise StoreError(
             f"{path}: checksum mismatch (field {MANIFEST_DIGEST!r}): the manifest was changed after it was written"
         )
+    return mismatch is not None

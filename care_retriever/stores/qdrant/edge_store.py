@@ -47,7 +47,7 @@ from care_retriever.stores.qdrant.common import (
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_open_space, require_space
-from care_retriever.vectors import VectorContract
+from care_retriever.stores.qdrant.edge_verify import check_points, check_settings, unchecked_manifest
 
 logger = logging.getLogger("care_retriever")
 
@@ -68,6 +68,8 @@ def metadata_kind(value: Any) -> str | None:
 
 class EdgeStore(EdgeSearch, QdrantStore):
     """A Qdrant collection in a Qdrant Edge shard (``qdrant:PATH``, ``qdrant::memory:``)."""
+
+    keeps_checksums = True  # its manifest's own (the shard checks its own files)
 
     @classmethod
     def serves(cls, location: str, client: Any) -> bool:
@@ -354,36 +356,27 @@ class EdgeStore(EdgeSearch, QdrantStore):
                 "payload_indexes": shard.payload_indexes(),
             }
 
-    def verify(self, *, record_checksums: bool = False) -> int:  # no checksums kept: none to record
-        """The shard's settings and the manifest's own checksum, then every point's payload and dense vector."""
+    def verify(self, *, record_checksums: bool = False) -> int:
+        """The shard's settings and the manifest's own checksum, then every point's payload and dense vector. A
+        manifest written before manifests had a checksum is named in one line (its fingerprint, model and metric
+        could not be checked) unless ``record_checksums``: then, every other check passed, it is rewritten with one.
+        """
         manifest = self.require_manifest()
         with self._lock:
             actual = self.require_shard().recorded_settings()
         recorded = QdrantCollectionConfig.from_manifest(manifest.index).resolved().given()
-        for key in ("quantize", "always_ram", "on_disk", "m", "ef_construct"):
-            if key in recorded and actual[key] is not None and actual[key] != recorded[key]:
-                raise StoreError(
-                    f"{self.describe()}: the shard holds {key}={actual[key]!r}; its manifest says {recorded[key]!r}"
-                )
-        check_manifest(self.folder / MANIFEST_FILE, self.describe())  # after the settings: those name the difference
-        contract = VectorContract.for_metric(manifest.metric)  # the norms the store's model promises
+        check_settings(self.describe(), actual, recorded)
+        # after the settings: those name the difference
+        checked = check_manifest(self.folder / MANIFEST_FILE, self.describe())
         count = 0
         for records in self.scroll(["doc_id", "content_hash"], True):
-            for r in records:
-                doc_id, content = r.payload.get("doc_id"), r.payload.get("content_hash")
-                if not doc_id or not content:
-                    raise StoreError(f"{self.describe()}: point {r.id} has no doc_id or content_hash")
-                if r.id != point_id(doc_id):
-                    raise StoreError(f"{self.describe()}: point {r.id} does not carry the id of {doc_id!r}")
-                vector = np.asarray(r.vector if r.vector is not None else [], dtype=np.float32)
-                if vector.shape != (manifest.dim,) or not np.isfinite(vector).all():
-                    raise StoreError(f"{self.describe()}: {doc_id!r} has no finite {manifest.dim}-dim dense vector")
-                if contract.bad_norms(np.asarray([np.linalg.norm(vector)])).any():
-                    raise StoreError(
-                        f"{self.describe()}: {doc_id!r} has a vector not {contract.describe_norms()} as its "
-                        f"{manifest.metric} model's are"
-                    )
+            check_points(self.describe(), manifest, records)
             count += len(records)
+        if not checked:
+            if not record_checksums:
+                raise unchecked_manifest(self.describe())
+            with self._lock:
+                self._write_manifest(self._read_manifest())
         return count
 
     def close(self) -> None:
