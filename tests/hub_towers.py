@@ -139,10 +139,13 @@ def _assert_safetensors_only(folder: Path) -> None:
     assert not pickled, f"fixture {folder} must hold safetensors only, found {pickled}"
 
 
-def write_qwen3_embedding(out: Path, seed: int = 0, *, document_prompt: str = "") -> Path:
+def write_qwen3_embedding(
+    out: Path, seed: int = 0, *, document_prompt: str = "", dtype: torch.dtype = torch.float32
+) -> Path:
     """A Qwen3-Embedding-format sentence-transformers folder (``Qwen3Model``, last-token pooling).
 
     ``document_prompt``: a prompt before every document, as some embedding models declare (e5's ``passage: ``).
+    ``dtype=torch.bfloat16`` saves weights and config in bf16, as Qwen3-Embedding ships.
     """
     from transformers import Qwen3Model
 
@@ -150,6 +153,7 @@ def write_qwen3_embedding(out: Path, seed: int = 0, *, document_prompt: str = ""
     tokenizer = qwen_tokenizer(append_endoftext=True, padding_side="left")
     model = Qwen3Model(_qwen3_config(tokenizer))
     _widen(model, seed=seed)
+    model.to(dtype)
     hf = out.parent / f".{out.name}-hf"
     model.save_pretrained(hf, safe_serialization=True)
     tokenizer.save_pretrained(hf)

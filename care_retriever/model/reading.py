@@ -33,7 +33,7 @@ from care_retriever.model.towers.modules import (
     read_tower,
     tower_native_dim,
     tower_output_dim,
-    tower_pretrained_dtype,
+    tower_precision,
 )
 from care_retriever.model.towers.tokenizer import append_nothing, appended_tokens, ensure_eos_appended
 
@@ -86,7 +86,7 @@ def read_towers(
         return read_tower(
             folder,
             max_length=max_length,
-            dtype=resolve_dtype(dtype, dev, tower_pretrained_dtype(folder)),
+            dtype=resolve_dtype(dtype, dev, *tower_precision(folder)),
             trust_remote_code=trust_remote_code,
             allow_pickled_weights=allow_pickled_weights,
         )
@@ -177,7 +177,7 @@ def read_release(
     def read(
         folder: str,
     ) -> PretrainedTower:  # each tower in its own precision: dtype "auto"/"saved" read its config
-        torch_dtype = resolve_dtype(dtype, dev, tower_pretrained_dtype(folder))
+        torch_dtype = resolve_dtype(dtype, dev, *tower_precision(folder))
         attention = resolve_attn_implementation(attn_implementation, dev, torch_dtype)
         return read_tower(
             folder,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -282,8 +283,9 @@ def tower_native_dim(modules: list[Module]) -> int:
     raise ModelError("tower has no Pooling module")
 
 
-def tower_pretrained_dtype(name_or_path: str) -> str | None:
-    """The dtype a tower's ``config.json`` names (``dtype``, or transformers 4's ``torch_dtype``); None if unknown.
+def tower_precision(name_or_path: str) -> tuple[str | None, bool]:
+    """What a tower's precision is chosen from: the dtype its ``config.json`` names (``dtype``, or transformers 4's
+    ``torch_dtype``; None if unknown) and whether it is a decoder (:func:`config_is_decoder`; False if unknown).
 
     Read from the file, not from a loaded model: loading in fp32 rewrites the loaded config's dtype.
     A sentence-transformers folder keeps the transformer's config in its Transformer module's path.
@@ -304,20 +306,33 @@ def tower_pretrained_dtype(name_or_path: str) -> str | None:
     try:
         config, _ = PretrainedConfig.get_config_dict(name_or_path, subfolder=subfolder)
     except (OSError, ValueError):
-        return None
+        return None, False
     dtype = config.get("dtype") or config.get("torch_dtype")
-    return str(dtype).removeprefix("torch.") if dtype else None
+    return (str(dtype).removeprefix("torch.") if dtype else None), config_is_decoder(config)
+
+
+def tower_pretrained_dtype(name_or_path: str) -> str | None:
+    """The dtype a tower's ``config.json`` names (:func:`tower_precision`); None if unknown."""
+    return tower_precision(name_or_path)[0]
+
+
+DECODER_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt2"})
+
+
+def config_is_decoder(config: Mapping[str, Any]) -> bool:
+    """Whether a tower whose ``config.json`` holds ``config`` is a decoder (causal attention) rather than a
+    bidirectional encoder."""
+    archs = config.get("architectures") or []
+    return (
+        bool(config.get("is_decoder", False))
+        or any("CausalLM" in a for a in archs)
+        or config.get("model_type") in DECODER_MODEL_TYPES
+    )
 
 
 def is_decoder(transformer: Transformer) -> bool:
     """Whether the tower is a decoder (causal attention) rather than a bidirectional encoder."""
-    config = transformer.auto_model.config
-    archs = getattr(config, "architectures", None) or []
-    return (
-        bool(getattr(config, "is_decoder", False))
-        or any("CausalLM" in a for a in archs)
-        or config.model_type in {"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt2"}
-    )
+    return config_is_decoder(transformer.auto_model.config.to_dict())
 
 
 def load_saved_module(
@@ -341,7 +356,8 @@ def load_saved_module(
         # each tower in its own precision ("auto" keeps a bf16-pretrained tower off fp16): read from the
         # transformer's own config.json, the only module that has weights to cast
         saved = model_file(name, f"{module_id}/config.json", hub)
-        torch_dtype = resolve_dtype(dtype, device, tower_pretrained_dtype(str(Path(saved).parent)) if saved else None)
+        precision = tower_precision(str(Path(saved).parent)) if saved else (None, False)
+        torch_dtype = resolve_dtype(dtype, device, *precision)
         attention = resolve_attn_implementation(attn_implementation, device, torch_dtype)
         return module_class.load(
             name,
