@@ -59,9 +59,10 @@ class EncodeConfig:
         default=AUTO,
         metadata=meta(
             "Document tower precision: auto (bf16 on GPUs with native bf16; on older GPUs fp16, or fp32 for a "
-            "tower pretrained in bf16, which overflows fp16; fp32 on CPU) | saved (the tower's own) "
-            "| fp32 | bf16 | fp16 | fp8 (opt-in: the Linear layers in float8, rowwise scaled, compiled; GPUs of "
-            "compute capability >= 8.9 only)."
+            "tower pretrained in bf16, which overflows fp16; on CPU fp32, or bf16 for an LLM tower pretrained in bf16 "
+            "where the CPU multiplies bf16 in hardware, AMX) | saved (the tower's own) | fp32 | bf16 | fp16 | fp8 "
+            "(opt-in: the Linear layers in float8, rowwise scaled, compiled; GPUs of compute capability >= 8.9 only; "
+            "check its quality on your tower first: docs/gpu.md)."
         ),
     )
     forward: str = field(
