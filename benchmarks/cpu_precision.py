@@ -20,9 +20,7 @@ Reported: docs/s, the ratio to ``encode_document``, and each side's document vec
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import sys
 import tempfile
 import time
@@ -75,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from benchmarks.gpu_index_report import describe_device, write_section
+    from benchmarks.gpu_index_report import command_line, describe_device, publish
     from benchmarks.gpu_index_sides import run_index, run_st
     from care_retriever.documents import Document
     from care_retriever.indexing.corpus import read_corpus
@@ -143,16 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "tower": "random Qwen3-Embedding-0.6B shape (28 layers, 1,024 wide), saved in bf16",
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": (
-            "python -m benchmarks.cpu_precision " + shlex.join(argv if argv is not None else sys.argv[1:])
-        ).strip(),
+        "command": command_line("cpu_precision", argv),
         "rows": rows,
     }
     text = markdown(result)
-    print(json.dumps(result, ensure_ascii=False))
-    print(text)
-    if not args.no_write:
-        write_section(args.docs, "cpu-precision", text)
+    publish(result, text, args.docs, "cpu-precision", write=not args.no_write)
     return 0
 
 

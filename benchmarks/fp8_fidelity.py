@@ -20,9 +20,7 @@ multiplies in fp32: it measures what FP8's rounding costs, not the GPU's accumul
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -66,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
 
-    from benchmarks.gpu_index import write_section
+    from benchmarks.gpu_index_report import command_line, publish
     from care_retriever.evaluation.tasks import load_task
     from care_retriever.model.encoding import encode_texts
     from care_retriever.model.fp8 import emulate_fp8
@@ -103,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "cosine_mean": float(cosine.mean()),
         "documents_compared": len(texts),
         "seconds": round(time.perf_counter() - start, 1),
-        "command": (
-            "python -m benchmarks.fp8_fidelity " + shlex.join(argv if argv is not None else sys.argv[1:])
-        ).strip(),
+        "command": command_line("fp8_fidelity", argv),
     }
     lines = [
         f"### fp8 fidelity (CPU emulation): {described}, {args.split} split, {time.strftime('%Y-%m-%d %H:%M')}",
@@ -120,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         f"mean {cosine.mean():.5f}.",
     ]
     text = "\n".join(lines) + "\n"
-    print(json.dumps(result, ensure_ascii=False))
-    print(text)
-    if not args.no_write:
-        write_section(args.docs, "fp8", text)
+    publish(result, text, args.docs, "fp8", write=not args.no_write)
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -59,7 +58,7 @@ def prepare(model: Any, name: str) -> int:
 
 
 def real_size(args: argparse.Namespace, present: dict[str, Path], argv: list[str] | None) -> int:
-    from benchmarks.gpu_index import write_section
+    from benchmarks.gpu_index_report import command_line, publish
     from benchmarks.gpu_index_tower import build_embedder
 
     texts = {name: corpus_texts(folder, args.texts) for name, folder in present.items()}
@@ -114,15 +113,10 @@ def real_size(args: argparse.Namespace, present: dict[str, Path], argv: list[str
             }
             for a, b in PAIRS
         },
-        "command": (
-            "python -m benchmarks.fp8_fidelity " + shlex.join(argv if argv is not None else sys.argv[1:])
-        ).strip(),
+        "command": command_line("fp8_fidelity", argv),
     }
     text = markdown(result)
-    print(json.dumps(result, ensure_ascii=False))
-    print(text)
-    if not args.no_write:
-        write_section(args.docs, "fp8-real-size", text)
+    publish(result, text, args.docs, "fp8-real-size", write=not args.no_write)
     return 0
 
 

@@ -100,3 +100,21 @@ def write_section(doc: Path, kind: str, text: str) -> None:
     else:
         updated = current.rstrip("\n") + "\n\n" + block + "\n"
     doc.write_text(updated, encoding="utf-8")
+
+
+def command_line(module: str, argv: list[str] | None) -> str:
+    """The command a benchmark ran as, for its section: ``python -m benchmarks.NAME`` and its arguments."""
+    import shlex
+    import sys
+
+    return f"python -m benchmarks.{module} {shlex.join(argv if argv is not None else sys.argv[1:])}".strip()
+
+
+def publish(result: dict[str, Any], text: str, doc: Path, section: str, *, write: bool) -> None:
+    """Print a benchmark's result (JSON, then its markdown) and, unless told not to, write its section of ``doc``."""
+    import json
+
+    print(json.dumps(result, ensure_ascii=False))
+    print(text)
+    if write:
+        write_section(doc, section, text)

@@ -200,3 +200,35 @@ def test_sentence_transformers_sides_alone_make_a_report(capsys, sample_corpus_p
     args = ["--corpus", str(sample_corpus_path), "--limit", "20", "--batch-size", "8", "--rounds", "1"]
     assert gpu_index.main([*args, "--sides", "encode_document,encode_document defaults", "--no-write"]) == 0
     assert "`encode_document defaults`" in capsys.readouterr().out
+
+
+def test_fp8_fidelity_of_a_random_tower_reads_three_passes_and_resumes(
+    capsys, tmp_path: Path, sample_corpus_path: Path
+) -> None:
+    """``fp8_fidelity --tower``: fp32, bf16 and FP8-rounded vectors of one random tower, their cosines by corpus,
+    its section written; a second run reads the kept vectors and builds no tower."""
+    import argparse
+    import shutil
+
+    from benchmarks.fp8_fidelity_tower import real_size
+
+    folder = tmp_path / "sample"
+    folder.mkdir()
+    shutil.copy(sample_corpus_path, folder / "corpus.jsonl")
+    doc = tmp_path / "gpu.md"
+    args = argparse.Namespace(tower="tiny", texts=24, batch_size=8, cache=tmp_path / "cache", docs=doc, no_write=False)
+    assert real_size(args, {"sample": folder}, []) == 0
+    first = capsys.readouterr()
+    assert "tower built" in first.err
+    result = json.loads(next(line for line in first.out.splitlines() if line.startswith("{")))
+    cosine = {pair: figures["sample"] for pair, figures in result["cosine"].items()}
+    assert result["texts"] == {"sample": 24} and result["linear_layers_rounded"] == 2 * 7
+    assert 0.999 < cosine["bf16 vs fp32"]["min"] < 1  # bf16 rounds a little
+    assert 0.9 < cosine["fp8 vs fp32"]["min"] < cosine["bf16 vs fp32"]["min"]  # FP8 more
+    assert "<!-- gpu_index:fp8-real-size:begin -->" in doc.read_text("utf-8")
+    assert real_size(args, {"sample": folder}, []) == 0
+    again = capsys.readouterr()
+    assert "tower built" not in again.err
+    assert (
+        json.loads(next(line for line in again.out.splitlines() if line.startswith("{")))["cosine"] == result["cosine"]
+    )
