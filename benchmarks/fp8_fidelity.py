@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         "--tower", choices=["qwen3-4b", "tiny"], default=None, help="a random tower (qwen3-4b: real size): cosines only"
     )
     parser.add_argument("--texts", type=int, default=192, help="--tower: texts a corpus (an even spread)")
+    parser.add_argument(
+        "--layers", type=int, default=None, help="--tower qwen3-4b: this many decoder layers (a depth curve)"
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="--tower: texts a forward pass")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/care-fp8-fidelity"), help="--tower: vectors kept")
     parser.add_argument("--split", default="test", help="the split the shared tasks ship (test)")

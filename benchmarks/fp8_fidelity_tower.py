@@ -40,6 +40,16 @@ def corpus_texts(folder: Path, n: int) -> list[str]:
     return spread([document_text(doc.title, doc.text) for doc in docs], n)
 
 
+def tower(vocab: list[Path], name: str, layers: int | None) -> Any:
+    """``benchmarks.gpu_index``'s random tower on the CPU; ``layers``: the 4B shape at another depth."""
+    from benchmarks.gpu_index_tower import QWEN3_4B, build_embedder
+    from care_retriever.model.towers.scratch import init_from_scratch
+
+    if layers and name == "qwen3-4b":
+        return init_from_scratch("base", vocab, device="cpu", document_config={**QWEN3_4B, "num_hidden_layers": layers})
+    return build_embedder("cpu", vocab, name)
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
@@ -59,10 +69,11 @@ def prepare(model: Any, name: str) -> int:
 
 def real_size(args: argparse.Namespace, present: dict[str, Path], argv: list[str] | None) -> int:
     from benchmarks.gpu_index_report import command_line, publish
-    from benchmarks.gpu_index_tower import build_embedder
 
     texts = {name: corpus_texts(folder, args.texts) for name, folder in present.items()}
-    key = hashlib.sha256(json.dumps([args.tower, args.batch_size, texts], ensure_ascii=False).encode()).hexdigest()
+    layers = getattr(args, "layers", None)
+    shape = [args.tower, args.batch_size, texts] + ([layers] if layers else [])  # the first key form kept as it was
+    key = hashlib.sha256(json.dumps(shape, ensure_ascii=False).encode()).hexdigest()
     cache = args.cache / key[:16]
     cache.mkdir(parents=True, exist_ok=True)
     saved = {p: cache / f"{p}.npz" for p in PASSES}
@@ -79,7 +90,7 @@ def real_size(args: argparse.Namespace, present: dict[str, Path], argv: list[str
         from care_retriever.model.encoding import encode_texts
 
         vocab = [folder / "corpus.jsonl" for folder in present.values()]
-        embedder = build_embedder("cpu", vocab, args.tower)
+        embedder = tower(vocab, args.tower, layers)
         print(f"tower built in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         model, prompt = embedder.document_model, embedder.config.document_prompt
         described = describe(args.tower, model)
@@ -116,7 +127,8 @@ def real_size(args: argparse.Namespace, present: dict[str, Path], argv: list[str
         "command": command_line("fp8_fidelity", argv),
     }
     text = markdown(result)
-    publish(result, text, args.docs, "fp8-real-size", write=not args.no_write)
+    section = f"fp8-real-size-{layers}-layers" if layers else "fp8-real-size"  # a depth curve: one section a depth
+    publish(result, text, args.docs, section, write=not args.no_write)
     return 0
 
 
