@@ -62,3 +62,25 @@ def test_a_bf16_document_tower_on_a_cpu(native: bool, towers: tuple[Path, Path],
         exact = SentenceTransformer(str(document), device="cpu", model_kwargs={"dtype": torch.float32})
         precise = exact.encode_document(TEXTS, normalize_embeddings=True)[:, : ours.shape[1]]
         assert cosines(ours, precise).min() >= 0.99999
+
+
+def test_index_reads_a_saved_model_s_bf16_tower_by_the_same_rule(
+    towers: tuple[Path, Path], tmp_path: Path, sample_corpus_path: Path, capsys
+) -> None:
+    """A model written by ``init`` (its document tower saved in bf16, as it ships) and read back by ``index``: the
+    saved model's own loading path reads the rule too, and ``index --json`` says which precision ran."""
+    import json
+
+    from tests.conftest import run_cli
+
+    query, document = towers
+    model = tmp_path / "model"
+    code, _, err = run_cli(capsys, "init", str(model), "--query-model", str(query), "--document-model", str(document))
+    assert code == 0, err
+    store = f"faiss:{tmp_path / 'store'}"
+    args = ["index", "--model", str(model), "--corpus", str(sample_corpus_path), "--store", store, "--json"]
+    code, out, err = run_cli(capsys, *args, "--no-progress")
+    assert code == 0, err
+    assert json.loads(out)["dtype"] == ("bfloat16" if native_cpu_bf16() else "float32")
+    code, out, err = run_cli(capsys, *args, "--no-progress", "--dtype", "fp32")
+    assert code == 0 and json.loads(out)["dtype"] == "float32", err
