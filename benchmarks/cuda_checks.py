@@ -170,7 +170,11 @@ def check_compile(embedder: Any, forward: str) -> dict[str, Any]:
     for size in (1, 3, 5, 8, 13, 21, 32):
         encode_texts(model, TEXTS * 4, batch_size=size)
     stats = dict(dynamo_utils.counters["stats"])
-    breaks = sum(dynamo_utils.counters["graph_break"].values())
+    counted = dynamo_utils.counters["graph_break"]
+    # off CUDA the packed attention is the per-text reference, kept out of compiled code on purpose (a proof, not
+    # a fast path): its break is expected there, and the CUDA kernels never call it
+    reference = sum(n for reason, n in counted.items() if "_varlen_reference" in reason)
+    breaks = sum(counted.values()) - reference
     later = stats.get("unique_graphs", 0) - after_warm_up.get("unique_graphs", 0)
     return {
         "compile": state.compile,
@@ -178,7 +182,8 @@ def check_compile(embedder: Any, forward: str) -> dict[str, Any]:
         "graphs_at_warm_up": after_warm_up.get("unique_graphs", 0),
         "graphs_after": later,
         "graph_breaks": breaks,
-        "graph_break_reasons": sorted(dynamo_utils.counters["graph_break"])[:5],
+        "reference_attention_breaks": reference,
+        "graph_break_reasons": sorted(r for r in counted if "_varlen_reference" not in r)[:5],
         "passed": state.compile == "on" and later == 0 and breaks == 0,
     }
 

@@ -41,6 +41,7 @@ checks_device=$([[ $device == CPU ]] && echo cpu || echo cuda)
 "$PY" -c "import torch; print(torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_capability(0))"
 echo "device: $device"
 out=${OUT:-/tmp}
+mkdir -p "$out"  # a rehearsal's OUT may not exist yet; the device's does
 # by what they decide: the index path, then FP8 and compiling (the levers left), then sentence-transformers'
 # defaults (the targets' baseline), the index path with the model's own RMSNorm code (what the fused norms of
 # "index" gain), sentence-transformers at our batch and at its best, then the padded path ("index" is packed on CUDA).
