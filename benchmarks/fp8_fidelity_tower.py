@@ -71,7 +71,7 @@ def real_size(args: argparse.Namespace, present: dict[str, Path], argv: list[str
     from benchmarks.gpu_index_report import command_line, publish
 
     texts = {name: corpus_texts(folder, args.texts) for name, folder in present.items()}
-    layers = getattr(args, "layers", None)
+    layers = args.layers
     shape = [args.tower, args.batch_size, texts] + ([layers] if layers else [])  # the first key form kept as it was
     key = hashlib.sha256(json.dumps(shape, ensure_ascii=False).encode()).hexdigest()
     cache = args.cache / key[:16]

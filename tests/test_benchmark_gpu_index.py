@@ -216,7 +216,9 @@ def test_fp8_fidelity_of_a_random_tower_reads_three_passes_and_resumes(
     folder.mkdir()
     shutil.copy(sample_corpus_path, folder / "corpus.jsonl")
     doc = tmp_path / "gpu.md"
-    args = argparse.Namespace(tower="tiny", texts=24, batch_size=8, cache=tmp_path / "cache", docs=doc, no_write=False)
+    args = argparse.Namespace(
+        tower="tiny", layers=None, texts=24, batch_size=8, cache=tmp_path / "cache", docs=doc, no_write=False
+    )
     assert real_size(args, {"sample": folder}, []) == 0
     first = capsys.readouterr()
     assert "tower built" in first.err

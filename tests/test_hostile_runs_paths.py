@@ -315,3 +315,15 @@ def test_a_qdrant_run_stopped_by_bad_input_says_what_it_wrote(tmp_path: Path, em
     assert writer.store.pending_run() is None and writer.store.discard_pending() is None
     assert writer.store.count() == 50
     writer.store.close()
+
+
+def test_between_the_two_renames_of_a_publish_the_previous_version_counts_as_published(
+    stopped_run: tuple[str, str], tmp_path: Path, capsys
+) -> None:
+    """A publish renames the store aside, then the staged copy into place: a run stopped between the two leaves the
+    previous version where readers find it, and the pending line must not say that nothing is published."""
+    spec, _ = stopped_run
+    (tmp_path / "st").rename(tmp_path / ".st.old")
+    code, _, err = run_cli(capsys, "delete", "d0001", "--store", spec)
+    line = one_line(err)
+    assert code == 2 and "is pending in" in line and "(the published store is kept)" in line, line

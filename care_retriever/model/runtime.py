@@ -93,7 +93,7 @@ def auto_dtype(device: str | torch.device, pretrained: str | None = None, decode
     """The precision ``dtype="auto"`` picks: on CUDA :func:`gpu_dtype`, elsewhere :func:`cpu_dtype` (``pretrained``:
     the dtype the tower's ``config.json`` names, see
     :func:`care_retriever.model.towers.modules.tower_pretrained_dtype`; ``decoder``: whether it is an LLM tower,
-    :func:`~care_retriever.model.towers.modules.tower_config_is_decoder`).
+    :func:`~care_retriever.model.towers.modules.config_is_decoder`).
 
     Training and indexing call this one function, so both sides of a model agree on its precision.
     """

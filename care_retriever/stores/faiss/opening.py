@@ -51,8 +51,8 @@ class OpenedVersion(VectorStore):
 
     def published(self) -> bool:
         """Whether a version of the store is published (a first bulk write's staged copy is all there is until it
-        ends)."""
-        return (self.path / MANIFEST).exists()
+        ends), where a reader finds it: the folder, or the previous version between the two renames of a publish."""
+        return (self.path / MANIFEST).exists() or (files.old_path(self.path) / MANIFEST).exists()
 
     # The version read now: a staged write reads and writes its staging version; an in-place write, the
     # published one (its session holds the store's own index and connection).
