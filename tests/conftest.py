@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.support.data import MEDICAL_TEXTS, SAMPLE_DIR, SHARED_DATA
+from tests.support.eval_tasks import write_tasks
 from tests.support.models import build_tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -68,6 +69,20 @@ def embedder(tiny_model_dir: Path):
     from care_retriever.model.embedder import AsymmetricEmbedder
 
     return AsymmetricEmbedder.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def docs(small_corpus_path: Path) -> list:
+    """The small corpus as ``Document`` objects."""
+    from care_retriever.indexing.corpus import read_corpus
+
+    return list(read_corpus(small_corpus_path))
+
+
+@pytest.fixture
+def tasks(tmp_path: Path) -> dict[str, Path]:
+    """Small task folders of each kind ``eval`` reads (retrieval, rerank, STS), by kind."""
+    return write_tasks(tmp_path / "tasks")
 
 
 @pytest.fixture

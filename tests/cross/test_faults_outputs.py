@@ -10,12 +10,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import run_cli
-from tests.support.eval_tasks import write_tasks
-
-
-@pytest.fixture()
-def tasks(tmp_path: Path) -> dict[str, Path]:
-    return write_tasks(tmp_path / "tasks")
 
 
 def _wrong_kind(tmp_path: Path, kind: str) -> tuple[Path, str]:

@@ -10,18 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from care_retriever import CareRetriever, DocumentStoreWriter, read_corpus
+from care_retriever import CareRetriever, DocumentStoreWriter
 from care_retriever.cli.main import main
 from care_retriever.errors import StoreError
 from care_retriever.indexing.corpus import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import DOCSTORE, INDEX, MANIFEST, FaissStore
 from care_retriever.stores.qdrant import QdrantStore
-
-
-@pytest.fixture(scope="module")
-def docs(small_corpus_path: Path) -> list[Document]:
-    return list(read_corpus(small_corpus_path))
 
 
 @pytest.fixture

@@ -11,12 +11,7 @@ import pytest
 from care_retriever.cli.eval import expand_greedy
 from care_retriever.evaluation.tasks import load_task
 from tests.support.cli import run_cli
-from tests.support.eval_tasks import DOCS, write_tasks
-
-
-@pytest.fixture()
-def tasks(tmp_path: Path) -> dict[str, Path]:
-    return write_tasks(tmp_path / "tasks")
+from tests.support.eval_tasks import DOCS
 
 
 def test_greedy_options_expand() -> None:

@@ -18,11 +18,6 @@ from care_retriever.stores.faiss import DOCSTORE, INDEX, MANIFEST
 QUERIES = ["血压高怎么办", "拉肚子脱水", "宝宝发烧"]
 
 
-@pytest.fixture(scope="module")
-def docs(small_corpus_path: Path) -> list[Document]:
-    return list(read_corpus(small_corpus_path))
-
-
 def _write(path: Path, text: str | bytes) -> Path:
     (path.write_bytes if isinstance(text, bytes) else lambda t: path.write_text(t, encoding="utf-8"))(text)
     return path

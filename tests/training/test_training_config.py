@@ -12,24 +12,9 @@ from pathlib import Path
 import pytest
 
 from care_retriever.errors import InputError
-from tests.support.data import condition_pairs, write_jsonl
+from tests.support.data import write_jsonl
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("config-data")
-    write_jsonl(folder / "pairs.jsonl", condition_pairs(conditions=8, aspects=2))
-    return folder
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def pretraining_recipe(learning_rate: float = 5e-3) -> dict:
@@ -52,12 +37,12 @@ def pretraining_recipe(learning_rate: float = 5e-3) -> dict:
     }
 
 
-def run(raw: dict, out: Path, data_dir: Path, **kwargs):
+def run(raw: dict, out: Path, condition_pairs_dir: Path, **kwargs):
     from care_retriever.training.recipe import parse_recipe
     from care_retriever.training.runner import run_recipe
 
     kwargs.setdefault("keep_stages", True)  # the tests read the stages' models and checkpoints
-    return run_recipe(parse_recipe(raw), out, data_dir, show_progress=False, **kwargs)
+    return run_recipe(parse_recipe(raw), out, condition_pairs_dir, show_progress=False, **kwargs)
 
 
 # ------------------------------------------------------------------ keys a stage type does not take
@@ -104,7 +89,7 @@ def test_each_stage_type_gets_its_typed_class() -> None:
     assert recipe.stage("stage2").hard_negatives["range_min"] == 5
 
 
-def test_a_run_does_not_change_the_callers_recipe(data_dir: Path, tmp_path: Path) -> None:
+def test_a_run_does_not_change_the_callers_recipe(condition_pairs_dir: Path, tmp_path: Path) -> None:
     from care_retriever.training.recipe import parse_recipe
     from care_retriever.training.runner import run_recipe
 
@@ -112,17 +97,17 @@ def test_a_run_does_not_change_the_callers_recipe(data_dir: Path, tmp_path: Path
     raw["model"]["max_length"] = 100
     recipe = parse_recipe(raw)
     before = copy.deepcopy(recipe)
-    run_recipe(recipe, tmp_path / "out", data_dir, dry_run_steps=1, show_progress=False)
+    run_recipe(recipe, tmp_path / "out", condition_pairs_dir, dry_run_steps=1, show_progress=False)
     assert recipe == before
     assert recipe.model.max_length == 100  # the dry run trained at 64 on a copy
-    run_recipe(recipe, tmp_path / "preset", data_dir, dry_run_steps=1, preset="mini", show_progress=False)
+    run_recipe(recipe, tmp_path / "preset", condition_pairs_dir, dry_run_steps=1, preset="mini", show_progress=False)
     assert recipe == before and recipe.model.preset == "tiny"
 
 
 # ------------------------------------------------------------------ clm / mlm checkpoints and the fingerprint
 @pytest.fixture(scope="module")
-def pretrained(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    return run(pretraining_recipe(), tmp_path_factory.mktemp("lm") / "out", data_dir)
+def pretrained(condition_pairs_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    return run(pretraining_recipe(), tmp_path_factory.mktemp("lm") / "out", condition_pairs_dir)
 
 
 def interrupt(out: Path, stage: str) -> None:
@@ -141,7 +126,7 @@ def interrupt(out: Path, stage: str) -> None:
 
 @pytest.mark.parametrize("stage", ["mlm", "clm"])
 def test_pretraining_checkpoints_carry_the_fingerprint_and_another_recipe_is_refused(
-    stage: str, pretrained, data_dir: Path, tmp_path: Path
+    stage: str, pretrained, condition_pairs_dir: Path, tmp_path: Path
 ) -> None:
     from care_retriever.training.engine import RUN_FILE
 
@@ -155,27 +140,27 @@ def test_pretraining_checkpoints_carry_the_fingerprint_and_another_recipe_is_ref
     own = tmp_path / "own"
     shutil.copytree(pretrained.out, own)
     interrupt(own, stage)
-    resumed = run(pretraining_recipe(), own, data_dir, resume=True)
+    resumed = run(pretraining_recipe(), own, condition_pairs_dir, resume=True)
     assert (own / "final" / "care_config.json").is_file()
     assert {r["name"] for r in resumed.reports} == {"mlm", "clm"}
 
     # ... another recipe's run, handed this recipe's checkpoint, refuses it.
     other = tmp_path / "other"
-    run(pretraining_recipe(learning_rate=1e-3), other, data_dir)
+    run(pretraining_recipe(learning_rate=1e-3), other, condition_pairs_dir)
     interrupt(other, stage)
     shutil.rmtree(other / "checkpoints" / stage)
     shutil.copytree(pretrained.out / "checkpoints" / stage, other / "checkpoints" / stage)
     with pytest.raises(InputError, match="checkpoint of another recipe"):
-        run(pretraining_recipe(learning_rate=1e-3), other, data_dir, resume=True)
+        run(pretraining_recipe(learning_rate=1e-3), other, condition_pairs_dir, resume=True)
 
 
-def test_pretraining_reports_each_towers_compute(pretrained, data_dir: Path) -> None:
+def test_pretraining_reports_each_towers_compute(pretrained, condition_pairs_dir: Path) -> None:
     from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.training.pretraining import compute_ratio
 
     reports = {r["name"]: r for r in pretrained.reports}
     assert reports["mlm"]["tower"] == "query" and reports["clm"]["tower"] == "document"
-    rows = [json.loads(line) for line in (data_dir / "pairs.jsonl").read_text("utf-8").splitlines()]
+    rows = [json.loads(line) for line in (condition_pairs_dir / "pairs.jsonl").read_text("utf-8").splitlines()]
     texts = sorted({r["query"] for r in rows} | {r["text"] for r in rows})
     init = AsymmetricEmbedder.from_pretrained(pretrained.out / "stages" / "init")
     for name, modules in (("mlm", init.query_modules), ("clm", init.document_modules)):
@@ -189,7 +174,7 @@ def test_pretraining_reports_each_towers_compute(pretrained, data_dir: Path) -> 
 
 
 # ------------------------------------------------------------------ model: {foundation: DIR}
-def test_a_recipe_starts_from_a_foundation_run(pretrained, data_dir: Path, tmp_path: Path) -> None:
+def test_a_recipe_starts_from_a_foundation_run(pretrained, condition_pairs_dir: Path, tmp_path: Path) -> None:
     import torch
 
     from care_retriever.model.embedder import AsymmetricEmbedder
@@ -200,7 +185,7 @@ def test_a_recipe_starts_from_a_foundation_run(pretrained, data_dir: Path, tmp_p
         "datasets": {"pairs": {"path": "pairs.jsonl"}},
         "stages": [{"name": "s0", "type": "stage0_query", "datasets": ["pairs"]}],
     }
-    result = run(raw, tmp_path / "out", data_dir, dry_run_steps=1)
+    result = run(raw, tmp_path / "out", condition_pairs_dir, dry_run_steps=1)
     init = AsymmetricEmbedder.from_pretrained(result.out / "stages" / "init")
     foundation = AsymmetricEmbedder.from_pretrained(pretrained.final)
     for side in ("query_modules", "document_modules"):
@@ -211,7 +196,7 @@ def test_a_recipe_starts_from_a_foundation_run(pretrained, data_dir: Path, tmp_p
     assert state["foundation"] == str(pretrained.final)
 
 
-def test_an_unfinished_foundation_is_a_one_line_error(pretrained, data_dir: Path, tmp_path: Path) -> None:
+def test_an_unfinished_foundation_is_a_one_line_error(pretrained, condition_pairs_dir: Path, tmp_path: Path) -> None:
     unfinished = tmp_path / "foundation"
     shutil.copytree(pretrained.out, unfinished)
     shutil.rmtree(unfinished / "final")
@@ -222,11 +207,11 @@ def test_an_unfinished_foundation_is_a_one_line_error(pretrained, data_dir: Path
         "stages": [{"name": "s0", "type": "stage0_query", "datasets": ["pairs"]}],
     }
     with pytest.raises(InputError, match=r"no finished foundation model there .*--resume"):
-        run(raw, tmp_path / "out", data_dir, dry_run_steps=1)
+        run(raw, tmp_path / "out", condition_pairs_dir, dry_run_steps=1)
     assert not (tmp_path / "out").exists()
 
 
-def test_seeds_train_one_run_per_seed(data_dir: Path, tmp_path: Path, capsys) -> None:
+def test_seeds_train_one_run_per_seed(condition_pairs_dir: Path, tmp_path: Path, capsys) -> None:
     import yaml
 
     from care_retriever.cli.main import main
@@ -236,7 +221,7 @@ def test_seeds_train_one_run_per_seed(data_dir: Path, tmp_path: Path, capsys) ->
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
     out = tmp_path / "runs"
-    args = ["train", "--recipe", str(recipe), "--out", str(out), "--data-dir", str(data_dir)]
+    args = ["train", "--recipe", str(recipe), "--out", str(out), "--data-dir", str(condition_pairs_dir)]
     code = main([*args, "--dry-run-steps", "1", "--seeds", "2", "--no-progress"])
     printed = capsys.readouterr().out
     assert code == 0
@@ -246,7 +231,9 @@ def test_seeds_train_one_run_per_seed(data_dir: Path, tmp_path: Path, capsys) ->
     assert "pretraining compute, document / query tower:" in printed
 
 
-def test_selected_stages_train_first_and_a_resume_trains_the_rest(data_dir: Path, tmp_path: Path, capsys) -> None:
+def test_selected_stages_train_first_and_a_resume_trains_the_rest(
+    condition_pairs_dir: Path, tmp_path: Path, capsys
+) -> None:
     """``--stage X`` trains X and the stages it starts from, nothing else, and publishes no final model
     until the final stage is trained; a later ``--resume`` without a selection trains only the rest."""
     import yaml
@@ -259,7 +246,17 @@ def test_selected_stages_train_first_and_a_resume_trains_the_rest(data_dir: Path
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
     out = tmp_path / "run"
-    args = ["train", "--recipe", str(recipe), "--out", str(out), "--data-dir", str(data_dir), "--dry-run-steps", "1"]
+    args = [
+        "train",
+        "--recipe",
+        str(recipe),
+        "--out",
+        str(out),
+        "--data-dir",
+        str(condition_pairs_dir),
+        "--dry-run-steps",
+        "1",
+    ]
 
     assert main([*args, "--stage", "nope", "--no-progress"]) != 0
     assert "No stage 'nope' in recipe 'lm'. Available stages: ['mlm', 'clm', 'mlm-again']" in capsys.readouterr().err
@@ -338,7 +335,7 @@ def test_max_rows_caps_every_data_set_format(fmt: str, tmp_path: Path) -> None:
         assert pairs.extra_documents == ["回答0", "回答2", "回答4"]
 
 
-def test_a_presets_architecture_is_overridden_per_tower(data_dir: Path) -> None:
+def test_a_presets_architecture_is_overridden_per_tower(condition_pairs_dir: Path) -> None:
     from care_retriever.training.lora import transformer_of
     from care_retriever.training.models import initial_model
     from care_retriever.training.recipe import parse_recipe
@@ -346,7 +343,7 @@ def test_a_presets_architecture_is_overridden_per_tower(data_dir: Path) -> None:
     raw = pretraining_recipe()
     raw["model"] = {**raw["model"], "document_config": {"num_hidden_layers": 1}, "query_config": {"hidden_size": 16}}
     recipe = parse_recipe(raw)
-    embedder = initial_model(recipe.model, recipe, data_dir, seed=0, device="cpu")
+    embedder = initial_model(recipe.model, recipe, condition_pairs_dir, seed=0, device="cpu")
     document = transformer_of(embedder.document_modules).auto_model.config
     query = transformer_of(embedder.query_modules).auto_model.config
     # tiny: a 2-layer decoder, a 32-wide BERT; the keys not overridden keep the preset's values

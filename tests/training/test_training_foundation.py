@@ -93,17 +93,17 @@ def recipe_texts(shared: Path, *, pretraining: bool) -> dict[str, set[str]]:
 
 
 @pytest.fixture(scope="module")
-def tasks(shared_data: Path) -> set[str]:
+def evaluation_texts(shared_data: Path) -> set[str]:
     if not (shared_data / "tasks").is_dir():
         pytest.skip(f"no evaluation tasks under {shared_data}")
     return task_texts(shared_data / "tasks")
 
 
 @pytest.mark.shared_data
-def test_no_pretraining_text_equals_a_task_query_or_document(shared_data: Path, tasks: set[str]) -> None:
+def test_no_pretraining_text_equals_a_task_query_or_document(shared_data: Path, evaluation_texts: set[str]) -> None:
     found = recipe_texts(shared_data, pretraining=True)
     assert found and sum(map(len, found.values())) > 10_000
-    leaked = {name: sorted(texts & tasks)[:3] for name, texts in found.items() if texts & tasks}
+    leaked = {name: sorted(texts & evaluation_texts)[:3] for name, texts in found.items() if texts & evaluation_texts}
     assert not leaked, leaked
 
 

@@ -46,15 +46,7 @@ def write_pairs(path: Path) -> None:
     write_jsonl(path, condition_pairs())
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models train faster on one thread, and the CI machine is shared."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -18,25 +18,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.support.data import condition_pairs, write_jsonl
 from tests.support.hub_towers import write_gte_sentence_transformer, write_qwen3_causal_lm
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("saves-data")
-    write_jsonl(folder / "pairs.jsonl", condition_pairs(conditions=8, aspects=2))
-    return folder
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +50,11 @@ TWO_STAGES = (
 )
 
 
-def run(raw: dict, out: Path, data_dir: Path, **kwargs):
+def run(raw: dict, out: Path, condition_pairs_dir: Path, **kwargs):
     from care_retriever.training.recipe import parse_recipe
     from care_retriever.training.runner import run_recipe
 
-    return run_recipe(parse_recipe(raw), out, data_dir, show_progress=False, **kwargs)
+    return run_recipe(parse_recipe(raw), out, condition_pairs_dir, show_progress=False, **kwargs)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -107,7 +94,7 @@ def test_a_checkpoint_of_a_gte_query_tower_saves_and_loads_on_cpu(towers: Path, 
 
 
 def test_a_dry_run_saves_its_checkpoint_as_a_real_run_does(
-    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    condition_pairs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from care_retriever.training.engine import CareTrainer
 
@@ -119,27 +106,27 @@ def test_a_dry_run_saves_its_checkpoint_as_a_real_run_does(
         original(self, output_dir, state_dict)
 
     monkeypatch.setattr(CareTrainer, "_save", recording)
-    run(recipe(), tmp_path / "run", data_dir, dry_run_steps=1)
+    run(recipe(), tmp_path / "run", condition_pairs_dir, dry_run_steps=1)
     assert [Path(p).name for p in saved] == ["checkpoint-1"]
 
 
 @pytest.mark.slow
 # ----------------------------------------------------------------------------- what stays on disk
-def test_a_run_keeps_only_what_resume_and_the_final_model_need(data_dir: Path, tmp_path: Path) -> None:
+def test_a_run_keeps_only_what_resume_and_the_final_model_need(condition_pairs_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = run(recipe(*TWO_STAGES), out, data_dir, dry_run_steps=1)
+    result = run(recipe(*TWO_STAGES), out, condition_pairs_dir, dry_run_steps=1)
     assert result.final == out / "final" and (out / "final" / "care_config.json").is_file()
     assert not (out / "stages").exists() or not any((out / "stages").iterdir())
     assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
     # a finished run resumes to the same final model without loading anything
-    again = run(recipe(*TWO_STAGES), out, data_dir, dry_run_steps=1, resume=True)
+    again = run(recipe(*TWO_STAGES), out, condition_pairs_dir, dry_run_steps=1, resume=True)
     assert again.final == out / "final"
-    kept = run(recipe(*TWO_STAGES), tmp_path / "kept", data_dir, dry_run_steps=1, keep_stages=True)
+    kept = run(recipe(*TWO_STAGES), tmp_path / "kept", condition_pairs_dir, dry_run_steps=1, keep_stages=True)
     assert sorted(p.name for p in (kept.out / "stages").iterdir()) == ["init", "s0", "s1"]
 
 
 def test_stages_save_each_tower_in_its_own_dtype_and_hash_the_document_tower_once_per_state(
-    towers: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    towers: Path, condition_pairs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import care_retriever.model.embedder as embedder_module
 
@@ -156,7 +143,7 @@ def test_stages_save_each_tower_in_its_own_dtype_and_hash_the_document_tower_onc
         {"name": "q", "type": "stage0_query", "datasets": ["pairs"]},
         {"name": "align", "type": "stage1_align", "alignment": {"queries": ["pairs"], "documents": ["pairs"]}},
     )
-    result = run(recipe(*stages, model=model), tmp_path / "run", data_dir, dry_run_steps=1, keep_stages=True)
+    result = run(recipe(*stages, model=model), tmp_path / "run", condition_pairs_dir, dry_run_steps=1, keep_stages=True)
     for name in ("init", "q", "align"):
         folder = result.out / "stages" / name
         with safe_open(str(folder / "document_0_Transformer" / "model.safetensors"), "pt") as fh:
@@ -173,7 +160,7 @@ def test_stages_save_each_tower_in_its_own_dtype_and_hash_the_document_tower_onc
 
 
 def test_a_full_disk_while_saving_a_stage_is_one_line_and_the_previous_stage_is_intact(
-    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    condition_pairs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import yaml
 
@@ -193,7 +180,7 @@ def test_a_full_disk_while_saving_a_stage_is_one_line_and_the_previous_stage_is_
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe(*TWO_STAGES)), "utf-8")
     out = tmp_path / "run"
-    args = ["train", "--recipe", str(path), "--out", str(out), "--data-dir", str(data_dir), "--no-progress"]
+    args = ["train", "--recipe", str(path), "--out", str(out), "--data-dir", str(condition_pairs_dir), "--no-progress"]
     code = main([*args, "--dry-run-steps", "1"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
@@ -207,14 +194,16 @@ def test_a_full_disk_while_saving_a_stage_is_one_line_and_the_previous_stage_is_
 
 
 # ----------------------------------------------------------------------------- process group
-def test_run_json_records_the_process_group_timeout_of_one_process(data_dir: Path, tmp_path: Path) -> None:
-    run(recipe(ddp_timeout=77), tmp_path / "run", data_dir, dry_run_steps=1)
+def test_run_json_records_the_process_group_timeout_of_one_process(condition_pairs_dir: Path, tmp_path: Path) -> None:
+    run(recipe(ddp_timeout=77), tmp_path / "run", condition_pairs_dir, dry_run_steps=1)
     processes = json.loads((tmp_path / "run" / "run.json").read_text())["processes"]
     assert processes["world_size"] == 1 and processes["timeout_seconds"] == 77
 
 
 @pytest.mark.slow
-def test_a_single_process_launched_by_torchrun_gets_the_recipes_timeout(data_dir: Path, tmp_path: Path) -> None:
+def test_a_single_process_launched_by_torchrun_gets_the_recipes_timeout(
+    condition_pairs_dir: Path, tmp_path: Path
+) -> None:
     """torchrun --nproc-per-node 1 sets LOCAL_RANK: the trainer would create a gloo group with 1800 s."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -227,7 +216,9 @@ from care_retriever.training.recipe import parse_recipe
 from care_retriever.training.runner import run_recipe
 from care_retriever.training.distributed import process_group_timeout
 raw = json.load(open({str(tmp_path / "recipe.json")!r}))
-run_recipe(parse_recipe(raw), {str(tmp_path / "run")!r}, {str(data_dir)!r}, dry_run_steps=1, show_progress=False)
+run_recipe(
+    parse_recipe(raw), {str(tmp_path / "run")!r}, {str(condition_pairs_dir)!r}, dry_run_steps=1, show_progress=False
+)
 print("TIMEOUT", process_group_timeout())
 """
     env = {
@@ -257,7 +248,9 @@ def test_the_bm25_side_imports_jieba_without_warnings(tmp_path: Path) -> None:
     assert "Warning" not in done.stderr, done.stderr
 
 
-def test_activation_checkpointing_is_enabled_without_deprecation_warnings(data_dir: Path, tmp_path: Path) -> None:
+def test_activation_checkpointing_is_enabled_without_deprecation_warnings(
+    condition_pairs_dir: Path, tmp_path: Path
+) -> None:
     from transformers import PreTrainedModel
 
     from care_retriever.training.engine import enable_activation_checkpointing
@@ -265,7 +258,7 @@ def test_activation_checkpointing_is_enabled_without_deprecation_warnings(data_d
     raw = recipe(*TWO_STAGES, activation_checkpointing=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run(raw, tmp_path / "run", data_dir, dry_run_steps=1)
+        run(raw, tmp_path / "run", condition_pairs_dir, dry_run_steps=1)
     messages = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
     assert not [m for m in messages if "checkpointing" in m], messages
 

@@ -142,11 +142,6 @@ def assert_same_ranking(got: Ranked, expected: Ranked, atol: float = 1e-5) -> No
 
 
 @pytest.fixture(scope="module")
-def queries() -> list[str]:
-    return sample_queries()[:12]
-
-
-@pytest.fixture(scope="module")
 def doors(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, queries: list[str]) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("haystack_async")
     docs = corpus_documents()

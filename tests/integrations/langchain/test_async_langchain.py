@@ -18,7 +18,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 
 from care_retriever.integrations.langchain import CareEmbeddings, CareVectorStore
-from tests.support.data import SAMPLE_DIR, read_jsonl, sample_queries
+from tests.support.data import SAMPLE_DIR, read_jsonl
 
 Ranked = list[list[tuple[str, float]]]
 K = 10
@@ -63,11 +63,6 @@ def assert_same_ranking(got: Ranked, expected: Ranked, atol: float = 1e-5) -> No
     for n, (a, b) in enumerate(zip(got, expected, strict=True)):
         assert [i for i, _ in a] == [i for i, _ in b], f"query {n}: another order"
         np.testing.assert_allclose([s for _, s in a], [s for _, s in b], atol=atol, err_msg=f"query {n}")
-
-
-@pytest.fixture(scope="module")
-def queries() -> list[str]:
-    return sample_queries()[:12]
 
 
 @pytest.mark.parametrize("kind", ["faiss", "qdrant"])
