@@ -314,6 +314,7 @@ import sys
 from pathlib import Path
 from care_retriever.stores.qdrant.edge_store import EdgeStore
 disk = Path({str(small_disk)!r})
+# the disk must fill just as the engine starts optimizing: the store's private step is the only place to hook in
 optimize = EdgeStore._optimize
 def filled_as_it_begins(self):
     if sys._getframe(1).f_code.co_name == "commit" and not (disk / "ballast").exists():

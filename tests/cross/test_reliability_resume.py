@@ -22,9 +22,10 @@ import pytest
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
 from care_retriever.indexing.writer import WriteReport
 from care_retriever.stores import open_store
-from care_retriever.stores.faiss import MANIFEST, FaissStore, index_ids
+from care_retriever.stores.faiss import MANIFEST
 from care_retriever.stores.qdrant import EdgeStore, QdrantStore, dense_vector, edge
 from tests.support.cli import run_cli
+from tests.support.faiss_files import published_faiss_state
 
 pytestmark = pytest.mark.slow
 
@@ -132,20 +133,6 @@ def qdrant_manifest_count(folder: Path) -> int:
         return 0
 
 
-def faiss_state(folder: Path) -> dict[str, np.ndarray]:
-    """id -> vector of a published FAISS store, after checking there is exactly one vector per document."""
-    store = FaissStore(folder)
-    assert store._db is not None and store._index is not None
-    rows = dict(store._db.execute("SELECT id, row_id FROM documents"))
-    assert store.count() == len(rows) == store._index.ntotal  # flat: no tombstones, no orphans
-    assert sorted(index_ids(store._index).tolist()) == sorted(rows.values())
-    ids = list(rows)
-    state = dict(zip(ids, store.vectors(ids), strict=True))  # IndexIDMap: no reconstruct by id of its own
-    assert store.verify() == len(ids)
-    store.close()
-    return state
-
-
 def qdrant_state(folder: Path) -> dict[str, np.ndarray]:
     store = QdrantStore(str(folder))
     assert isinstance(store, EdgeStore)
@@ -197,18 +184,24 @@ def test_faiss_killed_at_four_points_then_resumed_equals_clean_run(
     first = run_to_end(index_cmd(tiny_model_dir, corpus, spec))
     assert first["count"] == 2000 and first["added"] + first["unchanged"] == 2000 and first["unchanged"] > 0
     reference(embedder, corpus, f"faiss:{tmp_path / 'clean'}")
-    assert_same(faiss_state(folder), faiss_state(tmp_path / "clean"), embedder, spec, f"faiss:{tmp_path / 'clean'}")
+    assert_same(
+        published_faiss_state(folder),
+        published_faiss_state(tmp_path / "clean"),
+        embedder,
+        spec,
+        f"faiss:{tmp_path / 'clean'}",
+    )
 
     # Re-indexing the same corpus adds nothing (in-process: the CLI runs this same writer).
     again = reindex(embedder, corpus, spec)
     assert (again.added, again.updated, again.unchanged, again.count) == (0, 0, 2000, 2000)
 
     # 3. mid-way through an --update (300 changed, 400 new): readers still see the published store ...
-    baseline = faiss_state(folder)
+    baseline = published_faiss_state(folder)
     run_and_kill(
         index_cmd(tiny_model_dir, updated, spec, "--update"), lambda: (staged_count(folder) or 0) >= 2100, after=0.05
     )
-    still = faiss_state(folder)
+    still = published_faiss_state(folder)
     assert sorted(still) == sorted(baseline)
     # the same vectors too (the update re-encodes 300 changed documents: none may leak into the published store)
     np.testing.assert_array_equal(
@@ -218,7 +211,13 @@ def test_faiss_killed_at_four_points_then_resumed_equals_clean_run(
     final = run_to_end(index_cmd(tiny_model_dir, updated, spec, "--update"))
     assert final["count"] == 2400 and final["updated"] + final["added"] < 700  # checkpointed work is kept
     reference(embedder, updated, f"faiss:{tmp_path / 'clean2'}")
-    assert_same(faiss_state(folder), faiss_state(tmp_path / "clean2"), embedder, spec, f"faiss:{tmp_path / 'clean2'}")
+    assert_same(
+        published_faiss_state(folder),
+        published_faiss_state(tmp_path / "clean2"),
+        embedder,
+        spec,
+        f"faiss:{tmp_path / 'clean2'}",
+    )
 
 
 @pytest.mark.parametrize("quantize", ["sq8", "binary"])
@@ -244,7 +243,7 @@ def test_faiss_quantized_killed_then_resumed_equals_clean_run(
     writer.write(read_corpus(corpus))
     writer.store.close()
     assert json.loads((folder / MANIFEST).read_text())["index"]["quantize"] == quantize
-    assert_same(faiss_state(folder), faiss_state(clean), embedder, spec, f"faiss:{clean}")
+    assert_same(published_faiss_state(folder), published_faiss_state(clean), embedder, spec, f"faiss:{clean}")
 
 
 def test_qdrant_edge_killed_then_resumed_equals_clean_run(embedder, tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -91,6 +91,7 @@ def test_a_new_store_that_trains_on_its_first_vectors_gets_the_first_chunk_first
             embedder, spec, chunk_size=256, checkpoint_every=256, index_options=options, show_progress=False
         )
         calls: list[list[str]] = []
+        # the texts of each encode call in the order the writer hands them over: only its encode step sees them
         original = writer._encode
 
         def recording(texts, *args, _original=original, _calls=calls):

@@ -14,7 +14,8 @@ from care_retriever.errors import ModelError, StoreError
 from care_retriever.indexing.corpus import Document
 from care_retriever.indexing.writer import DocumentStoreWriter
 from care_retriever.model.embedder import AsymmetricEmbedder
-from care_retriever.stores.faiss import FaissStore, index_ids
+from care_retriever.stores.faiss import FaissStore
+from tests.support.faiss_files import published_faiss_state
 
 CHARS = "高血压患者应低盐饮食规律服用降压药定期监测感冒多由病毒引起休息喝水糖尿病控制运动遵医嘱使用降糖药物"
 # slices of 50 documents, each checkpointed: six slices for 300 documents
@@ -23,19 +24,6 @@ SIZES = {"batch_size": 16, "chunk_size": 50, "checkpoint_every": 50}
 
 def documents(n: int = 300) -> list[Document]:
     return [Document(id=f"d{i}", text=CHARS[i % 20 :][: 3 + (i * 7) % 40], metadata={"i": i}) for i in range(n)]
-
-
-def state(folder: Path) -> dict[str, np.ndarray]:
-    """id -> vector of a published store, after checking there is one vector per document."""
-    store = FaissStore(folder)
-    assert store._db is not None and store._index is not None
-    rows = dict(store._db.execute("SELECT id, row_id FROM documents"))
-    assert store.count() == len(rows) == store._index.ntotal
-    assert sorted(index_ids(store._index).tolist()) == sorted(rows.values())
-    ids = sorted(rows)
-    out = dict(zip(ids, store.vectors(ids), strict=True))
-    store.close()
-    return out
 
 
 def write(embedder: AsymmetricEmbedder, folder: Path, docs: list[Document], **options: object) -> object:
@@ -110,7 +98,7 @@ def test_an_error_in_a_store_write_is_raised_as_itself_and_the_run_resumes(
     resumed = write(embedder, folder, docs, overlap_writes=overlap)
     assert (resumed.unchanged, resumed.added, resumed.count) == (100, 200, 300)  # type: ignore[attr-defined]
     write(embedder, tmp_path / "clean", docs, overlap_writes=False)
-    got, want = state(folder), state(tmp_path / "clean")
+    got, want = published_faiss_state(folder), published_faiss_state(tmp_path / "clean")
     assert sorted(got) == sorted(want) == sorted(d.id for d in docs)
     np.testing.assert_allclose(np.stack(list(got.values())), np.stack(list(want.values())), atol=1e-5)
 

@@ -87,6 +87,7 @@ def test_submit_returns_while_the_child_tokenises() -> None:
 
 def test_a_child_that_dies_falls_back_to_tokenising_here(caplog: pytest.LogCaptureFixture) -> None:
     with BackgroundTokenizer() as tokenizer, caplog.at_level(logging.WARNING, logger="care_retriever"):
+        # the child dies from outside, as the OS would kill it: its process handle is private to the tokenizer
         assert tokenizer._proc is not None
         tokenizer._proc.kill()
         tokenizer._proc.wait()

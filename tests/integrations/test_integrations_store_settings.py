@@ -7,6 +7,7 @@ write holds those settings, read back from the store itself (Qdrant's collection
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from langchain_core.embeddings import DeterministicFakeEmbedding
 from care_retriever.errors import InputError, StoreError
 from care_retriever.integrations.haystack import CareFaissDocumentStore
 from care_retriever.integrations.langchain import CareVectorStore
+from care_retriever.stores.faiss import FaissStore
 
 DIM = 16
 TEXTS = [f"passage {i} about {w}" for i, w in enumerate(["fever", "cough", "rash", "nausea", "headache"] * 4)]
@@ -93,7 +95,8 @@ def test_haystack_document_store_round_trips_and_applies_its_settings(tmp_path: 
         for i, (t, v) in enumerate(zip(TEXTS, vectors, strict=True))
     ]
     assert clone.write_documents(docs) == len(TEXTS)
-    footprint = clone._store.footprint()
+    with contextlib.closing(FaissStore(tmp_path / "f")) as written:  # the folder the clone wrote, read on its own
+        footprint = written.footprint()
     assert footprint["quantize"] == "binary" and footprint["oversample"] == 4.0
     hits = clone.embedding_retrieval(vectors[5].tolist(), top_k=3)
     exact = [f"h{i}" for i in np.argsort(-(vectors @ vectors[5]))[:3]]

@@ -205,4 +205,4 @@ def test_checkpoint_of_another_recipe_is_refused(tmp_path) -> None:
     trainer = CareTrainer.__new__(CareTrainer)
     trainer.care_fingerprint = "bbbb"
     with pytest.raises(InputError, match="checkpoint of another recipe"):
-        trainer._load_from_checkpoint(str(folder))
+        trainer._load_from_checkpoint(str(folder))  # transformers' resume hook, which CareTrainer overrides

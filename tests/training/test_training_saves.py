@@ -83,6 +83,8 @@ def test_a_checkpoint_of_a_gte_query_tower_saves_and_loads_on_cpu(towers: Path, 
         loss=MultipleNegativesRankingLoss(model),
         care_fingerprint="f",
     )
+    # transformers' Trainer saves and loads checkpoints through these hooks, which CareTrainer overrides: the test
+    # calls them as the training loop does
     trainer._save(str(tmp_path / "ckpt" / "checkpoint-1"))
     expected = {k: v.detach().clone() for k, v in model.state_dict().items()}
     _, fresh = gte_model(towers)
@@ -99,7 +101,7 @@ def test_a_dry_run_saves_its_checkpoint_as_a_real_run_does(
     from care_retriever.training.engine import CareTrainer
 
     saved: list[str] = []
-    original = CareTrainer._save
+    original = CareTrainer._save  # the trainer's checkpoint hook (see above): every checkpoint passes through it
 
     def recording(self, output_dir=None, state_dict=None):
         saved.append(str(output_dir))

@@ -60,11 +60,13 @@ class TestCareEmbeddingsIntegration(_ModelParams, EmbeddingsIntegrationTests):
     pass
 
 
-def test_query_and_document_towers_are_routed_and_loaded_lazily(tiny_model_dir: Path) -> None:
+def test_query_and_document_towers_are_routed_and_loaded_lazily(tiny_model_dir: Path, tower_loads: list[str]) -> None:
     embeddings = CareEmbeddings(model=str(tiny_model_dir))
+    assert tower_loads == []
     query = embeddings.embed_query("血压高怎么办")
-    assert embeddings._towers.loaded("query") and not embeddings._towers.loaded("document")
+    assert tower_loads == ["query"]
     docs = embeddings.embed_documents(["高血压患者应低盐饮食。", "多喝水"])
+    assert tower_loads == ["query", "document"]
     reference = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
     np.testing.assert_allclose(query, reference.embed_queries(["血压高怎么办"])[0], atol=1e-6)
     np.testing.assert_allclose(docs, reference.embed_documents(["高血压患者应低盐饮食。", "多喝水"]), atol=1e-5)
