@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from care_retriever.errors import CareError
-from tests.support.cli import run_cli
+from tests.support.cli import one_line, run_cli
 
 CONTENT = b"not a store: a user's own file\n"
 
@@ -22,12 +22,6 @@ def afile(tmp_path: Path) -> Path:
     path = tmp_path / "afile"
     path.write_bytes(CONTENT)
     return path
-
-
-def one_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.mark.parametrize("command", ["info", "verify", "delete"])

@@ -13,16 +13,10 @@ from pathlib import Path
 import pytest
 
 from care_retriever.errors import CareError
-from tests.support.cli import run_cli
+from tests.support.cli import one_line, run_cli
 from tests.support.data import write_jsonl
 
 FAST = ("--no-progress", "--checkpoint-every", "200", "--sort-window", "200", "--chunk-size", "200")
-
-
-def one_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def rows(prefix: str, n: int) -> list[dict]:

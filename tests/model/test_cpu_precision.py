@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
@@ -16,6 +15,7 @@ from care_retriever.model import runtime
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.model.runtime import cpu_dtype, native_cpu_bf16, resolve_dtype
 from tests.support.hub_towers import write_bert_sentence_transformer, write_qwen3_embedding
+from tests.support.vectors import cosines
 
 TEXTS = ["高血压患者的饮食注意事项", "糖尿病", "儿童发烧38度怎么办，需要去医院吗？", "咳嗽"]
 
@@ -34,12 +34,6 @@ def towers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("cpu-precision")
     query = write_bert_sentence_transformer(root / "bert")
     return query, write_qwen3_embedding(root / "qwen3-embedding-bf16", dtype=torch.bfloat16)
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return (a * b).sum(axis=1)
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["amx", "no-amx"])

@@ -30,6 +30,7 @@ from tests.support.hub_towers import (
     write_qwen3_embedding,
     write_remote_code_encoder,
 )
+from tests.support.vectors import cosines
 
 TEXTS = [
     "高血压患者平时饮食需要注意什么？",
@@ -48,12 +49,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_bert_sentence_transformer(root / "bert")
     write_gte_sentence_transformer(root / "gte")
     return root
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return (a * b).sum(axis=1)
 
 
 def truncated(vectors: np.ndarray, dim: int) -> np.ndarray:

@@ -19,6 +19,7 @@ import pytest
 from care_retriever.errors import ModelError
 from tests.support.cli import run_cli
 from tests.support.data import load_script
+from tests.support.vectors import cosines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "release"
 REFERENCE = json.loads((FIXTURES / "reference.json").read_text("utf-8"))
@@ -57,10 +58,6 @@ def one_error_line(err: str) -> bool:
         and sum(line.startswith("error:") for line in lines) == 1
         and ("Traceback" not in err)
     )
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def test_the_fixtures_are_the_ones_the_reference_was_computed_on(release: dict[str, Path]) -> None:

@@ -16,15 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
 from care_retriever.errors import InputError
 from care_retriever.search.server import ServiceLimits, create_app
+from tests.support.data import sample_queries
 
 SAMPLE = Path(__file__).resolve().parents[2] / "care_retriever" / "data" / "sample"
 TOKEN = "care-token-5c1d0e9b"
 FILTERS: list[dict | None] = [None, {"topic": "高血压"}, {"topic": ["感冒", "失眠", "胃炎"]}, None]
-
-
-def _queries() -> list[str]:
-    rows = [json.loads(line) for line in (SAMPLE / "queries.jsonl").open(encoding="utf-8") if line.strip()]
-    return [r["text"] for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +63,7 @@ def test_concurrent_requests_share_forward_passes_and_get_their_own_hits(retriev
     """48 concurrent requests, each with its own query, top_k and filter (some with two queries), are
     batched together, and every one gets what a direct single-query search gives for it."""
     rng = random.Random(7)
-    queries = _queries()
+    queries = sample_queries()
     bodies = []
     for i in range(48):
         qs = rng.sample(queries, 2 if i % 5 == 0 else 1)
@@ -119,7 +115,7 @@ async def _get(app, path: str, headers: dict | None = None) -> httpx.Response:
 
 def test_batching_off_runs_one_request_per_forward_pass(retriever) -> None:
     app = create_app(retriever, ServiceLimits(max_batch_size=1, max_wait_ms=50))
-    bodies = [{"query": q, "top_k": 3} for q in _queries()[:12]]
+    bodies = [{"query": q, "top_k": 3} for q in sample_queries()[:12]]
     responses = asyncio.run(_post_all(app, bodies))
     assert [r.status_code for r in responses] == [200] * 12
     seen = _metrics(asyncio.run(_get(app, "/metrics")).text)
@@ -138,7 +134,7 @@ def test_a_bad_request_in_a_batch_fails_alone(retriever, monkeypatch) -> None:
         return search(vectors, top_k, filters)
 
     monkeypatch.setattr(retriever.store, "search", refusing)
-    queries = _queries()[:6]
+    queries = sample_queries()[:6]
     bodies = [{"query": q, "top_k": 3} for q in queries]
     bodies[2]["filters"] = {"topic": "refused"}
     app = create_app(retriever, ServiceLimits(max_batch_size=16, max_wait_ms=50))
@@ -152,7 +148,7 @@ def test_a_bad_request_in_a_batch_fails_alone(retriever, monkeypatch) -> None:
 
 def test_a_full_queue_answers_503_with_retry_after(retriever) -> None:
     app = create_app(retriever, ServiceLimits(max_queries=2, max_batch_size=1, max_queue=2, max_concurrency=1))
-    queries = _queries()[:30]
+    queries = sample_queries()[:30]
     responses = asyncio.run(_post_all(app, [{"query": q, "top_k": 2} for q in queries]))
     codes = [r.status_code for r in responses]
     assert set(codes) == {200, 503} and codes.count(200) >= 2, codes

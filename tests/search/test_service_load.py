@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
+from tests.support.data import sample_queries
 from tests.support.serve_process import start_serve
 
 pytestmark = pytest.mark.slow  # end-to-end runs: scheduled first (tests/conftest.py)
@@ -45,11 +46,6 @@ LIMITS = [
     "--body-timeout",
     str(BODY_TIMEOUT),
 ]
-
-
-def _queries() -> list[str]:
-    rows = [json.loads(line) for line in (SAMPLE / "queries.jsonl").open(encoding="utf-8") if line.strip()]
-    return [r["text"] for r in rows]
 
 
 def _metrics(text: str) -> dict[str, float]:
@@ -103,7 +99,7 @@ def _matches(result: list[dict], want: list[tuple[str, float]]) -> bool:
 
 def _plan(n_clients: int, per_client: int, seed: int = 11) -> list[list[dict]]:
     rng = random.Random(seed)
-    queries = _queries()
+    queries = sample_queries()
     plan = []
     for _ in range(n_clients):
         bodies = []
@@ -298,7 +294,7 @@ def test_sigterm_lets_requests_in_flight_finish(tiny_model_dir: Path, store: str
     server = start_serve(
         tiny_model_dir, store, "--max-batch-size", "64", "--max-wait-ms", "1500", "--shutdown-timeout", "20"
     )
-    bodies = [{"query": q, "top_k": 4} for q in _queries()[:4]]
+    bodies = [{"query": q, "top_k": 4} for q in sample_queries()[:4]]
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:
             futures = [pool.submit(httpx.post, f"{server.url}/search", json=b, timeout=30) for b in bodies]

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import pytest
 
 from tests.support.cli import run_cli
+from tests.support.data import write_jsonl
 
 
 def unit(rows: list[list[float]]) -> np.ndarray:
@@ -73,11 +73,6 @@ def test_mining_uses_the_rank_window_and_skips_positives_and_their_near_duplicat
     assert mined == [[2, 3]]
 
 
-def write_pairs(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
 PAIRS = [
     {"query": "高血压吃什么药", "text": "高血压的常用药物有五大类，需遵医嘱。"},
     {"query": "高血压饮食", "text": "高血压患者应低盐饮食。"},
@@ -89,7 +84,7 @@ PAIRS = [
 
 
 def test_cli_mine_negatives_and_diversify_with_a_tiny_model(tmp_path, tiny_model_dir, capsys) -> None:
-    pairs = write_pairs(tmp_path / "pairs.jsonl", PAIRS)
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
     out = tmp_path / "mined.jsonl"
     code, stdout, err = run_cli(
         capsys,
@@ -124,7 +119,7 @@ def test_cli_mine_negatives_and_diversify_with_a_tiny_model(tmp_path, tiny_model
 
     # exact duplicates have cosine 1 and are dropped; the random document tower keeps distinct texts
     # below 0.99 (its random query tower does not: a random [CLS] is nearly the same for every text)
-    dup = write_pairs(tmp_path / "dup.jsonl", [*PAIRS, PAIRS[0], PAIRS[2]])
+    dup = write_jsonl(tmp_path / "dup.jsonl", [*PAIRS, PAIRS[0], PAIRS[2]])
     kept_file = tmp_path / "kept.jsonl"
     code, stdout, err = run_cli(
         capsys,
@@ -151,8 +146,8 @@ def test_cli_mine_negatives_and_diversify_with_a_tiny_model(tmp_path, tiny_model
 
 
 def test_cli_alignment_pairs_every_query_and_document_once(tmp_path, capsys) -> None:
-    pairs = write_pairs(tmp_path / "pairs.jsonl", [*PAIRS, PAIRS[0]])
-    sts = write_pairs(
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [*PAIRS, PAIRS[0]])
+    sts = write_jsonl(
         tmp_path / "sts.jsonl",
         [
             {"sentence1": "血压高", "sentence2": "高血压", "score": 1},
@@ -221,7 +216,7 @@ def judge_server():
 
 def test_cli_label_keeps_only_unanimous_grades(tmp_path, judge_server, capsys, monkeypatch) -> None:
     monkeypatch.setenv("JUDGE_KEY", "sk-test")
-    candidates = write_pairs(
+    candidates = write_jsonl(
         tmp_path / "candidates.jsonl",
         [
             {"query": "高血压吃什么药", "candidates": ["降压药有五大类", "感冒多喝水", "乱码文本"]},
@@ -270,7 +265,7 @@ def test_cli_label_keeps_only_unanimous_grades(tmp_path, judge_server, capsys, m
 
 
 def test_label_errors_are_one_line(tmp_path, judge_server, capsys) -> None:
-    candidates = write_pairs(tmp_path / "c.jsonl", [{"query": "头痛", "text": "头痛的原因"}])
+    candidates = write_jsonl(tmp_path / "c.jsonl", [{"query": "头痛", "text": "头痛的原因"}])
     # wrong path on a live server: HTTP 404, not retried
     code, _, err = run_cli(
         capsys,
@@ -309,7 +304,7 @@ def test_label_errors_are_one_line(tmp_path, judge_server, capsys) -> None:
     )
     assert code == 2 and "cannot reach" in one_error(err)
     assert not (tmp_path / "o.jsonl").exists()
-    bad = write_pairs(tmp_path / "bad.jsonl", [{"query": "头痛"}])
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"query": "头痛"}])
     code, _, err = run_cli(
         capsys,
         "data",

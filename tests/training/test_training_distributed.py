@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.cli import torchrun
 from tests.support.data import condition_pairs, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -56,11 +57,6 @@ stages:
 RTOL = 1e-5
 WORKER = Path(__file__).resolve().parents[1] / "support" / "alignment_gather_worker.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def torchrun() -> list[str]:
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-    return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
 
 
 @pytest.fixture(scope="module")

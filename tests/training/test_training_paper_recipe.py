@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +24,7 @@ from safetensors.torch import load_file
 
 from care_retriever.cli.main import main
 from care_retriever.errors import InputError
+from tests.support.cli import torchrun
 from tests.support.hub_towers import write_gte_sentence_transformer, write_qwen3_causal_lm, write_remote_code_encoder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -214,11 +213,6 @@ def test_a_towers_pretraining_dtype_is_read_from_its_checkpoint(towers: Path) ->
 
 
 # ----------------------------------------------------------------------------- two processes
-def torchrun() -> list[str]:
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-    return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
-
-
 @pytest.mark.slow
 @pytest.mark.shared_data
 def test_paper_recipe_in_two_processes_shares_the_work_under_the_recipes_timeout(
