@@ -65,10 +65,11 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="module")
 def embedder(tiny_model_dir: Path):
-    """The tiny model with both towers, loaded once per test module (tests may change its settings)."""
+    """The tiny model with both towers on the CPU in fp32 (the same numbers on any machine), loaded once per test
+    module (tests may change its settings)."""
     from care_retriever.model.embedder import AsymmetricEmbedder
 
-    return AsymmetricEmbedder.from_pretrained(tiny_model_dir)
+    return AsymmetricEmbedder.from_pretrained(tiny_model_dir, device="cpu", dtype="fp32")
 
 
 @pytest.fixture(scope="module")
