@@ -8,6 +8,7 @@ per folder.
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -19,9 +20,22 @@ import pytest
 pytest.importorskip("qdrant_edge")
 
 from care_retriever.stores.qdrant import edge
-from tests.support.edge_points import DIM
-from tests.support.edge_points import edge_point_ids as _ids
-from tests.support.edge_points import edge_points as _points
+
+DIM = 16
+
+
+def _ids(n: int, start: int = 0) -> list[str]:
+    return [f"00000000-0000-0000-0000-{i:012d}" for i in range(start, start + n)]
+
+
+def _points(n: int, start: int = 0, seed: int = 0) -> list[edge.EdgePoint]:
+    vectors = np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
+    return [
+        edge.EdgePoint(
+            pid, v.tolist(), {"doc_id": f"d{start + i}", "group": (start + i) % 3}, ([1, 100 + start + i], [0.5, 1.0])
+        )
+        for i, (pid, v) in enumerate(zip(_ids(n, start), vectors, strict=True))
+    ]
 
 
 def test_the_adapter_writes_reads_and_queries_the_engine(tmp_path: Path) -> None:
@@ -86,18 +100,19 @@ def test_one_owner_per_folder(tmp_path: Path) -> None:
 def test_updates_survive_the_death_of_their_process_without_a_flush(tmp_path: Path) -> None:
     """``update`` does no fsync (flush is the commit point against losing the machine), but ``load`` replays the
     log: a process killed (SIGKILL) after its updates loses none of them."""
+    points = tmp_path / "points.pickle"  # the child writes the points this module makes
+    points.write_bytes(pickle.dumps((_points(30), _points(20, start=30), _points(1)[0].id)))
     script = textwrap.dedent(
         f"""
-        import os, signal, sys
+        import os, pickle, signal
         from pathlib import Path
-        sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r})
-        from tests.support.edge_points import edge_points as _points
         from care_retriever.stores.qdrant import edge
+        flushed, unflushed, deleted = pickle.loads(Path({str(points)!r}).read_bytes())
         shard = edge.EdgeShard.create(Path({str(tmp_path / "s")!r}), edge.ShardSettings(dim={DIM}, metric="cosine"))
-        shard.upsert(_points(30))
+        shard.upsert(flushed)
         shard.flush()
-        shard.upsert(_points(20, start=30))  # never flushed
-        shard.delete([_points(1)[0].id])
+        shard.upsert(unflushed)  # never flushed
+        shard.delete([deleted])
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
@@ -186,16 +201,16 @@ def test_a_build_killed_mid_optimize_is_removed_by_the_next_load(tmp_path: Path)
     import time
 
     folder = tmp_path / "s"
+    points = tmp_path / "points.pickle"  # the child writes the points this module makes
+    points.write_bytes(pickle.dumps(_points(6000)))
     script = textwrap.dedent(
         f"""
-        import sys
+        import pickle
         from pathlib import Path
-        sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r})
-        from tests.support.edge_points import edge_points as _points
         from care_retriever.stores.qdrant import edge
         settings = edge.ShardSettings(dim={DIM}, metric="cosine", indexing_threshold_kb=1)
         shard = edge.EdgeShard.create(Path({str(folder)!r}), settings)
-        shard.upsert(_points(6000))
+        shard.upsert(pickle.loads(Path({str(points)!r}).read_bytes()))
         shard.flush()
         shard.optimize()
         print("the optimize finished before the kill", flush=True)
