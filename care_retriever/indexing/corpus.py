@@ -1,15 +1,29 @@
 """Corpus input: the first stop of the data path (corpus -> document tower -> store).
 
-Accepted: JSONL rows ``{"_id" | "id", "text", "title"?, "metadata"?}`` (a BEIR ``corpus.jsonl``
-reads as is), a BEIR folder (its ``corpus.jsonl``), or plain text with one document per line (ids
-are line numbers). Rows are validated as they stream, so a corpus larger than memory goes through,
-and errors name the file and line.
+Accepted, each streamed so a corpus larger than memory goes through:
 
-Which of the two a file is (:func:`corpus_format`): the name decides when it says JSONL (``.jsonl``, ``.ndjson``,
-``.json``); otherwise the content does: JSONL when the first non-blank line, after a UTF-8 byte-order mark and
-spaces, starts with ``{``, plain text otherwise. A plain-text corpus whose first line starts with ``{`` is thus read
-as JSONL and refused at its first line that is not a JSON object (one line, nothing indexed): text is never indexed
-as the wrong format with exit 0. Such a corpus is given as JSONL (``{"id": ..., "text": ...}`` per line).
+- JSONL rows ``{"_id" | "id", "text", "title"?, "metadata"?}`` (a BEIR ``corpus.jsonl`` reads as is), or a BEIR
+  folder (its ``corpus.jsonl``);
+- a JSON array of such objects, whatever the file's name;
+- CSV and TSV with a header: the columns ``_id``/``id``, ``text`` and ``title``, the rest as metadata;
+- Parquet, read a row group at a time (pyarrow), and a saved Hugging Face dataset folder (``datasets``), with the
+  same columns;
+- plain text, one document per line (ids are line numbers): only a ``.txt`` file or ``--format text``.
+
+:class:`~care_retriever.indexing.config.CorpusConfig` names other columns (``--id-field``, ``--text-field``,
+``--title-field``) or the format. Which format a file is (:func:`corpus_format`): its content when it starts with
+``{`` (JSONL) or ``[`` (a JSON array), after a UTF-8 byte-order mark and spaces; else its suffix. So text is never
+indexed as the wrong format with exit 0: a file that looks like one format and is not is refused in one line naming
+file:line, nothing indexed.
+
+Example:
+    ```python
+    from care_retriever.indexing.config import CorpusConfig
+    from care_retriever.indexing.corpus import read_corpus
+
+    for document in read_corpus("pubmed.csv", CorpusConfig(id_field="pmid", text_field="abstract")):
+        ...
+    ```
 """
 
 from __future__ import annotations
@@ -19,7 +33,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 from care_retriever.documents import (
     Document,
@@ -30,41 +44,86 @@ from care_retriever.documents import (
     metadata_json,
 )
 from care_retriever.errors import InputError, at
+from care_retriever.indexing import corpus_readers
+from care_retriever.indexing.config import CorpusConfig
 from care_retriever.model.protocols import check_unicode
 
-# Document, document_text and iter_jsonl live on the ground floor (care_retriever.documents) where the stores and
-# the model read them too; imported here for the reader, and for code that imports them from here
-# (care_retriever.old_paths lists these names with the release that drops them).
-__all__ = ["Document", "corpus_file", "corpus_format", "document_text", "iter_jsonl", "read_corpus"]
+__all__ = [
+    "Document",
+    "SkippedRows",
+    "corpus_file",
+    "corpus_format",
+    "document_text",
+    "iter_jsonl",
+    "read_corpus",
+]
 
 JSONL_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json"})
-CorpusFormat = Literal["jsonl", "text"]
+TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".parquet": "parquet", ".pq": "parquet"}
+HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # what datasets.save_to_disk writes
+FORMATS_HINT = "give --format jsonl|json|csv|tsv|parquet|hf|text"
 
 
 def corpus_file(path: str | Path) -> Path:
-    """Resolve a corpus argument: a file, or a BEIR folder holding ``corpus.jsonl``."""
+    """Resolve a corpus argument: a file, a BEIR folder (its ``corpus.jsonl``), or a saved Hugging Face dataset."""
     p = Path(path)
     if p.is_dir():
         candidate = p / "corpus.jsonl"
-        if not candidate.is_file():
-            raise InputError(f"{p}: folder has no corpus.jsonl (expected a BEIR folder or a corpus file)")
-        return candidate
+        if candidate.is_file():
+            return candidate
+        if any((p / marker).is_file() for marker in HF_MARKERS):
+            return p
+        raise InputError(
+            f"{p}: folder has no corpus.jsonl and is no saved Hugging Face dataset "
+            "(expected a BEIR folder, a dataset saved with save_to_disk, or a corpus file)"
+        )
     if not p.is_file():
         raise InputError(f"corpus not found: {p}")
     return p
 
 
-def corpus_format(path: Path) -> CorpusFormat:
-    """``"jsonl"`` when the name says so, else when the first non-blank line starts with ``{`` (a UTF-8 byte-order
-    mark and spaces before it skipped); ``"text"`` otherwise (the module's docstring gives the rule and why)."""
-    if path.suffix.lower() in JSONL_SUFFIXES:
+def corpus_format(path: Path, given: str = "auto") -> str:
+    """The format of the corpus at ``path`` (a resolved :func:`corpus_file`): ``given`` unless it is ``"auto"``;
+    otherwise a folder is ``"hf"``, a file starting with ``{`` ``"jsonl"``, with ``[`` ``"json"`` (a UTF-8
+    byte-order mark and spaces before it skipped), else its suffix decides (``.txt``: ``"text"``)."""
+    if given == "beir":
         return "jsonl"
+    if given != "auto":
+        return given
+    if path.is_dir():
+        return "hf"
+    suffix = path.suffix.lower()
+    if TABLE_SUFFIXES.get(suffix) == "parquet" or _starts_with(path, b"PAR1"):
+        return "parquet"
+    first = _first_byte(path)
+    if first == b"{":
+        return "jsonl"
+    if first == b"[":
+        return "json"
+    if suffix in TABLE_SUFFIXES:
+        return TABLE_SUFFIXES[suffix]
+    if suffix in JSONL_SUFFIXES:
+        return "jsonl"
+    if suffix == ".txt" or first == b"":
+        return "text"
+    raise InputError(
+        f"{path}: cannot tell the corpus format (not .txt, .jsonl, .json, .csv, .tsv or .parquet, and its first line "
+        f"is no JSON); {FORMATS_HINT}"
+    )
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(len(magic)) == magic
+
+
+def _first_byte(path: Path) -> bytes:
     with path.open("rb") as fh:
         for raw in fh:
             line = raw.removeprefix(codecs.BOM_UTF8).strip()
             if line:
-                return "jsonl" if line.startswith(b"{") else "text"
-    return "text"
+                return line[:1]
+    return b""
 
 
 @dataclass
@@ -80,67 +139,136 @@ class SkippedRows:
 
 
 def read_corpus(
-    path: str | Path, *, skip_invalid: bool = False, check_duplicates: bool = True, skipped: SkippedRows | None = None
+    path: str | Path,
+    config: CorpusConfig | None = None,
+    *,
+    skip_invalid: bool = False,
+    check_duplicates: bool = True,
+    skipped: SkippedRows | None = None,
 ) -> Iterator[Document]:
-    """Stream validated :class:`Document` objects from ``path``.
+    """Stream validated :class:`Document` objects from the corpus at ``path``.
 
     Empty text, missing ids, duplicate ids, undecodable bytes and text that is not Unicode (a lone surrogate)
-    raise :class:`InputError` naming the line; with ``skip_invalid`` such rows are skipped instead, each counted
-    in ``skipped`` (``index`` reports the count and the first).
+    raise :class:`InputError` naming the file and line (a table's row); with ``skip_invalid`` such rows are skipped
+    instead, each counted in ``skipped`` (``index`` reports the count and the first).
+
+    :param path: a corpus file or folder (:func:`corpus_file`).
+    :param config: its format and column names (default: recognised, the JSONL field names).
+    :param skip_invalid: skip an invalid row instead of stopping.
+    :param check_duplicates: refuse an id seen before in the corpus.
+    :param skipped: where the skipped rows are counted.
     """
+    config = config or CorpusConfig()
     file = corpus_file(path)
-    jsonl = corpus_format(file) == "jsonl"
+    fmt = corpus_format(file, config.format)
+    seen: set[str] = set()
+    for where, doc in _documents(file, fmt, config, skip_invalid):
+        try:
+            if isinstance(doc, InputError):
+                raise doc
+            if check_duplicates:
+                if doc.id in seen:
+                    raise InputError(f"{where}: duplicate document id {doc.id!r}")
+                seen.add(doc.id)
+        except InputError as exc:
+            if skip_invalid:
+                if skipped is not None:
+                    skipped.add(str(exc))
+                continue
+            raise
+        yield doc
+
+
+def _documents(
+    file: Path, fmt: str, config: CorpusConfig, skip_invalid: bool
+) -> Iterator[tuple[str, Document | InputError]]:
+    """Each row of ``file`` as a document, or the row's error (``skip_invalid`` decides what is done with it); an
+    error of the file as a whole (not that format, a column missing) is raised."""
+    if fmt in ("jsonl", "text"):
+        yield from _lines(file, fmt == "jsonl", config)
+        return
+    if fmt == "json":
+        rows: Iterator[tuple[int, Any]] = corpus_readers.json_array_rows(file)
+    elif fmt in ("csv", "tsv"):
+        rows = corpus_readers.delimited_rows(file, "\t" if fmt == "tsv" else ",", _columns(config))
+    elif fmt == "parquet":
+        rows = corpus_readers.parquet_rows(file, _columns(config))
+    else:
+        rows = corpus_readers.hf_rows(file, _columns(config))
+    table = fmt != "json"
+    for lineno, row in rows:
+        where = at(file, lineno)
+        if isinstance(row, InputError):
+            yield where, row
+            continue
+        try:
+            yield where, document_from_row(row, where, config, table=table)
+        except InputError as exc:
+            yield where, exc
+
+
+def _columns(config: CorpusConfig) -> corpus_readers.Columns:
+    return corpus_readers.Columns(
+        ids=(config.id_field,) if config.id_field else ("_id", "id"),
+        text=config.text_field or "text",
+        title=config.title_field or "title",
+        title_given=config.title_field is not None,
+    )
+
+
+def _lines(file: Path, jsonl: bool, config: CorpusConfig) -> Iterator[tuple[str, Document | InputError]]:
     # where the content chose JSONL, a line that is not JSON says why the file was read as JSONL
     why = "" if file.suffix.lower() in JSONL_SUFFIXES else " (read as JSONL: its first line starts with '{')"
-    seen: set[str] = set()
     with file.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
+            where = at(file, lineno)
             try:
-                doc = _parse_line(raw, lineno, file, jsonl, why)
-                if doc is None:
+                line = decode_line(raw, lineno, file)
+                if not line.strip():
                     continue
-                if check_duplicates:
-                    if doc.id in seen:
-                        raise InputError(f"{at(file, lineno)}: duplicate document id {doc.id!r}")
-                    seen.add(doc.id)
+                if not jsonl:
+                    yield where, Document(id=str(lineno), text=_check_text(line.rstrip("\r\n"), where))
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{where}: invalid JSON ({exc.msg}){why}") from exc
+                yield where, document_from_row(row, where, config, why=why)
             except InputError as exc:
-                if skip_invalid:
-                    if skipped is not None:
-                        skipped.add(str(exc))
-                    continue
-                raise
-            yield doc
+                yield where, exc
 
 
-def _parse_line(raw: bytes, lineno: int, file: Path, jsonl: bool, why: str = "") -> Document | None:
-    line = decode_line(raw, lineno, file)
-    if not line.strip():
-        return None
-    if not jsonl:
-        text = line.rstrip("\r\n")
-        return Document(id=str(lineno), text=_check_text(text, file, lineno))
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{at(file, lineno)}: invalid JSON ({exc.msg}){why}") from exc
+def document_from_row(row: Any, where: str, config: CorpusConfig, *, table: bool = False, why: str = "") -> Document:
+    """The document of one corpus row (a JSON object, or a table's row as a dict), or one line naming ``where``.
+
+    A JSON row's metadata is its ``metadata`` object; a table row's is every column besides the id, text and title
+    (empty cells left out)."""
     if not isinstance(row, dict):
-        raise InputError(f"{at(file, lineno)}: expected a JSON object, got {type(row).__name__}{why}")
-    doc_id = row.get("_id", row.get("id"))
+        raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}{why}")
+    id_fields = (config.id_field,) if config.id_field else ("_id", "id")
+    text_field, title_field = config.text_field or "text", config.title_field or "title"
+    doc_id = next((row[name] for name in id_fields if row.get(name) is not None), None)
     if doc_id is None or (isinstance(doc_id, str) and not doc_id.strip()):
-        raise InputError(f'{at(file, lineno)}: missing document id ("_id" or "id")')
+        names = " or ".join(f'"{name}"' for name in id_fields)
+        raise InputError(f"{where}: missing document id ({names})")
     if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool):
-        raise InputError(f"{at(file, lineno)}: document id must be a string or integer")
-    if "text" not in row:
-        raise InputError(f'{at(file, lineno)}: missing field "text"')
-    text, title, metadata = row["text"], row.get("title") or "", row.get("metadata") or {}
+        raise InputError(f"{where}: document id must be a string or integer")
+    if text_field not in row:
+        raise InputError(f'{where}: missing field "{text_field}"')
+    text, title = row[text_field], row.get(title_field) or ""
+    if table:
+        own = {*id_fields, text_field, title_field}
+        metadata = {k: v for k, v in row.items() if k not in own and v is not None and v != ""}
+    else:
+        metadata = row.get("metadata") or {}
     if not isinstance(text, str):
-        raise InputError(f'{at(file, lineno)}: "text" must be a string')
+        raise InputError(f'{where}: "{text_field}" must be a string')
     if not isinstance(title, str):
-        raise InputError(f'{at(file, lineno)}: "title" must be a string')
+        raise InputError(f'{where}: "{title_field}" must be a string')
     if not isinstance(metadata, dict):
-        raise InputError(f'{at(file, lineno)}: "metadata" must be an object')
+        raise InputError(f'{where}: "metadata" must be an object')
     if not (text.strip() or title.strip()):
-        raise InputError(f"{at(file, lineno)}: {empty_text_message(doc_id)}")
+        raise InputError(f"{where}: {empty_text_message(doc_id)}")
     # JSON escapes may spell what UTF-8 cannot hold (a lone surrogate such as \ud800), and Python's json reads NaN
     # and Infinity, which JSON has not: refused here, naming the line, before the writer sees the corpus
     try:
@@ -149,11 +277,11 @@ def _parse_line(raw: bytes, lineno: int, file: Path, jsonl: bool, why: str = "")
         if metadata:
             check_unicode(metadata_json(doc_id, metadata), '"metadata"')
     except InputError as exc:
-        raise InputError(f"{at(file, lineno)}: {exc}") from exc
+        raise InputError(f"{where}: {exc}") from exc
     return Document(id=str(doc_id), text=text, title=title, metadata=metadata)
 
 
-def _check_text(text: str, file: Path, lineno: int) -> str:
+def _check_text(text: str, where: str) -> str:
     if not text.strip():
-        raise InputError(f"{at(file, lineno)}: empty text")
+        raise InputError(f"{where}: empty text")
     return text  # decoded from UTF-8 bytes: no lone surrogate can be in it
