@@ -3,7 +3,8 @@
 An option declares its panel where it is declared: a config field in its metadata (``meta(..., panel=COMMON)``) or
 its class's ``cli_panel``, a hand-written option with typer's ``rich_help_panel``. An option that declares none is
 listed in the first panel when it is required or its command is short (:data:`SHORT` options or fewer), else
-under "Advanced", which comes last. So ``care-retriever index --help`` opens with the handful of options a first run needs.
+under "Advanced", which comes last. So ``care-retriever index --help`` opens with the handful of options a
+first run needs.
 
 Example:
     ```python
