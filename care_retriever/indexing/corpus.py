@@ -46,6 +46,7 @@ from care_retriever.documents import (
 from care_retriever.errors import InputError, at
 from care_retriever.indexing import corpus_readers
 from care_retriever.indexing.config import CorpusConfig
+from care_retriever.indexing.corpus_readers import DEFAULT_COLUMNS, Columns
 from care_retriever.model.protocols import check_unicode
 
 __all__ = [
@@ -162,13 +163,15 @@ def read_corpus(
     file = corpus_file(path)
     fmt = corpus_format(file, config.format)
     seen: set[str] = set()
-    for where, doc in _documents(file, fmt, config, skip_invalid):
+    columns = _columns(config)
+    rows = _lines(file, fmt == "jsonl", columns) if fmt in ("jsonl", "text") else _documents(file, fmt, columns)
+    for lineno, doc in rows:
         try:
             if isinstance(doc, InputError):
                 raise doc
             if check_duplicates:
                 if doc.id in seen:
-                    raise InputError(f"{where}: duplicate document id {doc.id!r}")
+                    raise InputError(f"{at(file, lineno)}: duplicate document id {doc.id!r}")
                 seen.add(doc.id)
         except InputError as exc:
             if skip_invalid:
@@ -179,36 +182,32 @@ def read_corpus(
         yield doc
 
 
-def _documents(
-    file: Path, fmt: str, config: CorpusConfig, skip_invalid: bool
-) -> Iterator[tuple[str, Document | InputError]]:
-    """Each row of ``file`` as a document, or the row's error (``skip_invalid`` decides what is done with it); an
-    error of the file as a whole (not that format, a column missing) is raised."""
-    if fmt in ("jsonl", "text"):
-        yield from _lines(file, fmt == "jsonl", config)
-        return
+def _documents(file: Path, fmt: str, columns: Columns) -> Iterator[tuple[int, Document | InputError]]:
+    """Each row of a JSON array or a table ``file`` with its line, as a document or the row's error (the caller
+    stops or skips it); an error of the file as a whole (not that format, a column missing) is raised."""
     if fmt == "json":
         rows: Iterator[tuple[int, Any]] = corpus_readers.json_array_rows(file)
     elif fmt in ("csv", "tsv"):
-        rows = corpus_readers.delimited_rows(file, "\t" if fmt == "tsv" else ",", _columns(config))
+        rows = corpus_readers.delimited_rows(file, "\t" if fmt == "tsv" else ",", columns)
     elif fmt == "parquet":
-        rows = corpus_readers.parquet_rows(file, _columns(config))
+        rows = corpus_readers.parquet_rows(file, columns)
     else:
-        rows = corpus_readers.hf_rows(file, _columns(config))
+        rows = corpus_readers.hf_rows(file, columns)
     table = fmt != "json"
     for lineno, row in rows:
-        where = at(file, lineno)
         if isinstance(row, InputError):
-            yield where, row
+            yield lineno, row
             continue
         try:
-            yield where, document_from_row(row, where, config, table=table)
+            document = document_from_row(row, columns, table=table)
         except InputError as exc:
-            yield where, exc
+            yield lineno, _error(file, lineno, str(exc))
+            continue
+        yield lineno, document
 
 
-def _columns(config: CorpusConfig) -> corpus_readers.Columns:
-    return corpus_readers.Columns(
+def _columns(config: CorpusConfig) -> Columns:
+    return Columns(
         ids=(config.id_field,) if config.id_field else ("_id", "id"),
         text=config.text_field or "text",
         title=config.title_field or "title",
@@ -216,72 +215,89 @@ def _columns(config: CorpusConfig) -> corpus_readers.Columns:
     )
 
 
-def _lines(file: Path, jsonl: bool, config: CorpusConfig) -> Iterator[tuple[str, Document | InputError]]:
+def _lines(file: Path, jsonl: bool, columns: Columns) -> Iterator[tuple[int, Document | InputError]]:
     # where the content chose JSONL, a line that is not JSON says why the file was read as JSONL
     why = "" if file.suffix.lower() in JSONL_SUFFIXES else " (read as JSONL: its first line starts with '{')"
+    loads = json.loads
     with file.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
-            where = at(file, lineno)
             try:
                 line = decode_line(raw, lineno, file)
-                if not line.strip():
-                    continue
-                if not jsonl:
-                    yield where, Document(id=str(lineno), text=_check_text(line.rstrip("\r\n"), where))
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{where}: invalid JSON ({exc.msg}){why}") from exc
-                yield where, document_from_row(row, where, config, why=why)
             except InputError as exc:
-                yield where, exc
+                yield lineno, exc
+                continue
+            if not line.strip():
+                continue
+            if not jsonl:
+                text = line.rstrip("\r\n")
+                yield (
+                    lineno,
+                    Document(id=str(lineno), text=text) if text.strip() else _error(file, lineno, "empty text"),
+                )
+                continue
+            try:
+                row = loads(line)
+            except json.JSONDecodeError as exc:
+                yield lineno, _error(file, lineno, f"invalid JSON ({exc.msg}){why}")
+                continue
+            try:
+                document = document_from_row(row, columns, why=why)
+            except InputError as exc:
+                yield lineno, _error(file, lineno, str(exc))
+                continue
+            yield lineno, document  # decoded from UTF-8 bytes: a plain line holds no lone surrogate
 
 
-def document_from_row(row: Any, where: str, config: CorpusConfig, *, table: bool = False, why: str = "") -> Document:
-    """The document of one corpus row (a JSON object, or a table's row as a dict), or one line naming ``where``.
+def _error(file: Path, lineno: int, message: str) -> InputError:
+    return InputError(f"{at(file, lineno)}: {message}")
+
+
+def document_from_row(row: Any, columns: Columns | None = None, *, table: bool = False, why: str = "") -> Document:
+    """The document of one corpus row (a JSON object, or a table's row as a dict), or one line saying what is wrong
+    with it (the caller adds where).
 
     A JSON row's metadata is its ``metadata`` object; a table row's is every column besides the id, text and title
-    (empty cells left out)."""
+    (empty cells left out).
+
+    :param row: the row.
+    :param columns: the names of its id, text and title fields (default: ``_id``/``id``, ``text``, ``title``).
+    :param table: a table's row (its other columns are the metadata).
+    :param why: said after a row that is no JSON object (why the file was read as JSON).
+    """
+    columns = columns or DEFAULT_COLUMNS
     if not isinstance(row, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}{why}")
-    id_fields = (config.id_field,) if config.id_field else ("_id", "id")
-    text_field, title_field = config.text_field or "text", config.title_field or "title"
-    doc_id = next((row[name] for name in id_fields if row.get(name) is not None), None)
+        raise InputError(f"expected a JSON object, got {type(row).__name__}{why}")
+    ids = columns.ids
+    doc_id = row.get(ids[0])
+    if doc_id is None and len(ids) > 1:
+        doc_id = row.get(ids[1])
     if doc_id is None or (isinstance(doc_id, str) and not doc_id.strip()):
-        names = " or ".join(f'"{name}"' for name in id_fields)
-        raise InputError(f"{where}: missing document id ({names})")
+        raise InputError(f"missing document id ({columns.id_names})")
     if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool):
-        raise InputError(f"{where}: document id must be a string or integer")
-    if text_field not in row:
-        raise InputError(f'{where}: missing field "{text_field}"')
-    text, title = row[text_field], row.get(title_field) or ""
+        raise InputError("document id must be a string or integer")
+    text = row.get(columns.text)
+    if text is None and columns.text not in row:
+        raise InputError(f'missing field "{columns.text}"')
+    title = row.get(columns.title) or ""
     if table:
-        own = {*id_fields, text_field, title_field}
+        own = columns.own
         metadata = {k: v for k, v in row.items() if k not in own and v is not None and v != ""}
     else:
         metadata = row.get("metadata") or {}
     if not isinstance(text, str):
-        raise InputError(f'{where}: "{text_field}" must be a string')
+        raise InputError(f'"{columns.text}" must be a string')
     if not isinstance(title, str):
-        raise InputError(f'{where}: "{title_field}" must be a string')
+        raise InputError(f'"{columns.title}" must be a string')
     if not isinstance(metadata, dict):
-        raise InputError(f'{where}: "metadata" must be an object')
+        raise InputError('"metadata" must be an object')
     if not (text.strip() or title.strip()):
-        raise InputError(f"{where}: {empty_text_message(doc_id)}")
+        raise InputError(empty_text_message(doc_id))
     # JSON escapes may spell what UTF-8 cannot hold (a lone surrogate such as \ud800), and Python's json reads NaN
     # and Infinity, which JSON has not: refused here, naming the line, before the writer sees the corpus
-    try:
-        for name, value in (("id", str(doc_id)), ("text", text), ("title", title)):
-            check_unicode(value, f'"{name}"')
-        if metadata:
-            check_unicode(metadata_json(doc_id, metadata), '"metadata"')
-    except InputError as exc:
-        raise InputError(f"{where}: {exc}") from exc
-    return Document(id=str(doc_id), text=text, title=title, metadata=metadata)
-
-
-def _check_text(text: str, where: str) -> str:
-    if not text.strip():
-        raise InputError(f"{where}: empty text")
-    return text  # decoded from UTF-8 bytes: no lone surrogate can be in it
+    doc_id = str(doc_id)
+    check_unicode(doc_id, '"id"')
+    check_unicode(text, '"text"')
+    check_unicode(title, '"title"')
+    if metadata:
+        check_unicode(metadata_json(doc_id, metadata), '"metadata"')
+    return Document(id=doc_id, text=text, title=title, metadata=metadata)

@@ -17,7 +17,7 @@ import json
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ CHUNK_CHARS = 1 << 20  # a JSON array is read this many characters at a time
 BATCH_ROWS = 4096  # Parquet and dataset rows converted to Python at a time
 CORPUS_EXTRA = "pip install 'care-retriever[corpus]'"
 _SPACE = re.compile(r"\s*")
+_COMMA = re.compile(r"\s*,\s*")
 
 Row = tuple[int, "dict[str, Any] | InputError"]
 
@@ -45,14 +46,19 @@ class Columns:
     text: str = "text"
     title: str = "title"
     title_given: bool = False
+    own: frozenset[str] = field(init=False)  # the columns that are no metadata
+    id_names: str = field(init=False)  # the id columns as an error line names them
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "own", frozenset({*self.ids, self.text, self.title}))
+        object.__setattr__(self, "id_names", " or ".join(f'"{n}"' for n in self.ids))
 
     def check(self, where: str, names: Sequence[str]) -> None:
         """One line naming ``where`` when ``names`` (a table's columns) lacks the id or text column."""
         have = ", ".join(names)
         if not any(name in names for name in self.ids):
             flag = "--id-field" if len(self.ids) > 1 else f"--id-field {self.ids[0]}"
-            wanted = " or ".join(f'"{n}"' for n in self.ids)
-            raise InputError(f"{where}: no id column {wanted} (columns: {have}); name it with {flag}")
+            raise InputError(f"{where}: no id column {self.id_names} (columns: {have}); name it with {flag}")
         if self.text not in names:
             raise InputError(f'{where}: no text column "{self.text}" (columns: {have}); name it with --text-field')
         if self.title_given and self.title not in names:
@@ -62,9 +68,12 @@ class Columns:
             raise InputError(f"{where}: the header names {', '.join(duplicated)} twice")
 
 
+DEFAULT_COLUMNS = Columns()
+
+
 def json_array_rows(file: Path) -> Iterator[Row]:
     """The elements of the JSON array in ``file``, each with the line it starts on, read a chunk at a time."""
-    decoder = json.JSONDecoder()
+    scan = json.JSONDecoder().scan_once  # the C scanner that json.loads runs: (value, end) of a value at an index
     with file.open("r", encoding="utf-8-sig") as fh:
         buf, pos, line, eof = "", 0, 1, False
 
@@ -95,9 +104,9 @@ def json_array_rows(file: Path) -> Iterator[Row]:
         if skip_space() != "[":
             raise InputError(f"{at(file, line)}: expected a JSON array ('[')")
         pos += 1
-        after_element, first = False, True
+        after_element, first, at_value = False, True, False
         while True:
-            char = skip_space()
+            char = "" if at_value else skip_space()
             if after_element:
                 if char == "]":
                     pos += 1
@@ -106,22 +115,30 @@ def json_array_rows(file: Path) -> Iterator[Row]:
                     raise InputError(f"{at(file, line)}: invalid JSON (expected ',' or ']' after an element)")
                 pos, after_element = pos + 1, False
                 continue
-            if char == "]" and first:
+            if char == "]" and first and not at_value:
                 pos += 1
                 break
             while True:
                 try:
-                    value, end = decoder.raw_decode(buf, pos)
+                    value, end = scan(buf, pos)
                     if end < len(buf) or eof:
                         break
+                except StopIteration as stop:  # the C scanner's "no value starts here"
+                    if eof:
+                        where = at(file, line + buf.count("\n", pos, stop.value))
+                        raise InputError(f"{where}: invalid JSON (Expecting value)") from None
                 except json.JSONDecodeError as exc:
                     if eof:
                         where = at(file, line + buf.count("\n", pos, exc.pos))
                         raise InputError(f"{where}: invalid JSON ({exc.msg})") from exc
                 more()  # a value may run past the buffer: decoded again once more is read
             yield line, value
-            line += buf.count("\n", pos, end)
-            pos, after_element, first = end, True, False
+            # the common case, a comma and the next element in the buffer, without a call per step
+            comma = _COMMA.match(buf, end)
+            at_value = comma is not None and comma.end() < len(buf)
+            following = comma.end() if at_value else end  # type: ignore[union-attr]
+            line += buf.count("\n", pos, following)
+            pos, first, after_element = following, False, not at_value
         if skip_space():
             raise InputError(f"{at(file, line)}: text after the JSON array's closing ']'")
 
