@@ -27,7 +27,11 @@ def init(
     ] = None,
     vocab_from: Annotated[
         list[Path] | None,
-        typer.Option("--vocab-from", help="JSONL or text file(s) to train the tokenizers on (with --preset)."),
+        typer.Option(
+            "--vocab-from",
+            help="JSONL or text file(s) to train the tokenizers on (with --preset).",
+            rich_help_panel=COMMON,
+        ),
     ] = None,
     query_model: Annotated[
         str | None, typer.Option(help="Pretrained query tower: hub id or folder.", rich_help_panel=COMMON)
