@@ -65,11 +65,14 @@ HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # what da
 FORMATS_HINT = "give --format jsonl|json|csv|tsv|parquet|hf|text"
 
 
-def corpus_file(path: str | Path) -> Path:
-    """Resolve a corpus argument: a file, a BEIR folder (its ``corpus.jsonl``), or a saved Hugging Face dataset."""
+def corpus_file(path: str | Path, given: str = "auto") -> Path:
+    """Resolve a corpus argument: a file, a BEIR folder (its ``corpus.jsonl``), or a saved Hugging Face dataset
+    (the folder; ``given`` "hf" takes a folder as one whatever else it holds)."""
     p = Path(path)
     if p.is_dir():
         candidate = p / "corpus.jsonl"
+        if given == "hf":
+            return p
         if candidate.is_file():
             return candidate
         if any((p / marker).is_file() for marker in HF_MARKERS):
@@ -160,7 +163,7 @@ def read_corpus(
     :param skipped: where the skipped rows are counted.
     """
     config = config or CorpusConfig()
-    file = corpus_file(path)
+    file = corpus_file(path, config.format)
     fmt = corpus_format(file, config.format)
     seen: set[str] = set()
     columns = _columns(config)

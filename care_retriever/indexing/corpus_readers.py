@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from care_retriever.errors import InputError, at
 
@@ -73,7 +73,8 @@ DEFAULT_COLUMNS = Columns()
 
 def json_array_rows(file: Path) -> Iterator[Row]:
     """The elements of the JSON array in ``file``, each with the line it starts on, read a chunk at a time."""
-    scan = json.JSONDecoder().scan_once  # the C scanner that json.loads runs: (value, end) of a value at an index
+    # the C scanner json.loads runs: (value, end) of the value at an index
+    scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
     with file.open("r", encoding="utf-8-sig") as fh:
         buf, pos, line, eof = "", 0, 1, False
 
@@ -147,7 +148,7 @@ def delimited_rows(file: Path, delimiter: str, columns: Columns) -> Iterator[Row
     """The rows of a CSV (``delimiter`` ",", quoted fields as Excel writes them) or TSV file (tabs, no quoting)
     with a header, each with the line it starts on."""
     csv.field_size_limit(sys.maxsize if sys.maxsize < 2**63 else 2**31 - 1)  # long documents fit in one field
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    quoting: Literal[0, 3] = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     with file.open("r", encoding="utf-8-sig", newline="") as fh:
         reader = csv.reader(fh, delimiter=delimiter, quoting=quoting, strict=True)
         try:

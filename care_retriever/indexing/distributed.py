@@ -306,7 +306,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
     counts_all_ranks: dict[str, int] = {}
     try:
         assert settings.corpus is not None  # IndexSettings refuses a run without one
-        file = corpus_file(settings.corpus)
+        file = corpus_file(settings.corpus, settings.reader.format)
         # Validate the whole corpus before the first write (each document as the writer will check it), so bad
         # input leaves the store untouched: no checkpoint of a run that cannot finish is left staged.
         total, corpus_ids, skipped = 0, set(), SkippedRows()
