@@ -32,7 +32,7 @@ from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
 from care_retriever.stores.filters import is_filter_field
-from care_retriever.stores.qdrant import edge, edge_space, legacy
+from care_retriever.stores.qdrant import edge, edge_space, edge_verify, legacy
 from care_retriever.stores.qdrant.common import (
     DEFAULT_COLLECTION,
     QdrantOptions,
@@ -41,13 +41,12 @@ from care_retriever.stores.qdrant.common import (
     document_of,
     filter_conditions,
     is_server,
-    payload_of,
     point_id,
 )
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_open_space, require_space
-from care_retriever.stores.qdrant.edge_verify import check_points, check_settings, unchecked_manifest
+from care_retriever.stores.qdrant.edge_verify import check_points, check_settings, damage, unchecked_manifest
 
 logger = logging.getLogger("care_retriever")
 
@@ -186,9 +185,10 @@ class EdgeStore(EdgeSearch, QdrantStore):
     ) -> None:
         vectors = self.checked_vectors(documents, vectors)
         sparse = self.sparse_terms(documents, sparse_tokens)
+        terms = sparse if sparse is not None else [None] * len(documents)
         points = [
-            edge.EdgePoint(point_id(d.id), v.tolist(), payload_of(d), sparse[i] if sparse is not None else None)
-            for i, (d, v) in enumerate(zip(documents, vectors, strict=True))
+            edge.EdgePoint(point_id(d.id), v.tolist(), edge_verify.payload_of(d, v), t)
+            for d, v, t in zip(documents, vectors, terms, strict=True)
         ]
         with self._lock, self._write_faults("the points"):
             shard = self.require_shard()
@@ -198,6 +198,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
                 # the log, the vectors and the payloads: each point's bytes about three times over
                 require_space(self.folder, 3 * sum(4 * len(p.vector) + len(repr(p.payload).encode()) for p in batch))
                 shard.upsert(batch)
+                edge_verify.recorded_as_stored(shard, batch)
             self._unindexed_kb += vectors.size * 4 / 1024
 
     def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
@@ -215,7 +216,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
                     indexed[key] = kind
 
     def delete(self, ids: Sequence[str]) -> int:
-        existing = list(self.content_hashes(list(ids)))
+        existing = [r.payload["doc_id"] for r in self._records(list(ids), ["doc_id"], False)]
         if existing:
             with self._lock, self._write_faults("the deletion"):
                 self.require_shard().delete([point_id(i) for i in existing])
@@ -310,10 +311,12 @@ class EdgeStore(EdgeSearch, QdrantStore):
         return [found.get(i) for i in ids]
 
     def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
+        """The content hash of each stored document whose text and vector still match their hashes: a damaged
+        point counts as not stored, so that ``index`` writes it again."""
         if self.manifest is None or not ids:
             return {}
-        records = self._records(list(ids), ["doc_id", "content_hash"], False)
-        return {r.payload["doc_id"]: r.payload["content_hash"] for r in records}
+        records = self._records(list(ids), True, True)
+        return {r.payload["doc_id"]: r.payload["content_hash"] for r in records if damage(r) is None}
 
     def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
         if self.manifest is None:
@@ -357,7 +360,8 @@ class EdgeStore(EdgeSearch, QdrantStore):
             }
 
     def verify(self, *, record_checksums: bool = False) -> int:
-        """The shard's settings and the manifest's own checksum, then every point's payload and dense vector. A
+        """The shard's settings and the manifest's own checksum, then every point's payload and dense vector (its
+        content hash against its stored document, its vector against its checksum: ``edge_verify``). A
         manifest written before manifests had a checksum is named in one line (its fingerprint, model and metric
         could not be checked) unless ``record_checksums``: then, every other check passed, it is rewritten with one.
         """
@@ -368,10 +372,17 @@ class EdgeStore(EdgeSearch, QdrantStore):
         check_settings(self.describe(), actual, recorded)
         # after the settings: those name the difference
         checked = check_manifest(self.folder / MANIFEST_FILE, self.describe())
-        count = 0
-        for records in self.scroll(["doc_id", "content_hash"], True):
+        count, unrecorded = 0, {}
+        for records in self.scroll(True, True):
             check_points(self.describe(), manifest, records)
+            unrecorded.update(edge_verify.unrecorded_vectors(records))
             count += len(records)
+        if unrecorded and not record_checksums:  # written before vectors had checksums: texts and norms checked
+            logger.warning(edge_verify.unrecorded_line(self.describe(), len(unrecorded)))
+        elif unrecorded:
+            with self._lock, self._write_faults("the vector checksums"):
+                self.require_shard().set_payload(unrecorded)
+                self.require_shard().flush()
         if not checked:
             if not record_checksums:
                 raise unchecked_manifest(self.describe())
