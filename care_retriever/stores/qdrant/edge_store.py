@@ -32,7 +32,7 @@ from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
 from care_retriever.stores.filters import is_filter_field
-from care_retriever.stores.qdrant import edge, edge_space, edge_verify, legacy
+from care_retriever.stores.qdrant import edge, edge_readonly, edge_space, edge_verify, legacy
 from care_retriever.stores.qdrant.common import (
     DEFAULT_COLLECTION,
     QdrantOptions,
@@ -45,7 +45,7 @@ from care_retriever.stores.qdrant.common import (
 )
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
-from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_open_space, require_space
+from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
 from care_retriever.stores.qdrant.edge_verify import check_points, check_settings, damage, unchecked_manifest
 
 logger = logging.getLogger("care_retriever")
@@ -89,10 +89,11 @@ class EdgeStore(EdgeSearch, QdrantStore):
             faults.require_folder(self.root, f"the Qdrant Edge store qdrant:{location}")  # a file there stays
             legacy.refuse_foreign_folder(self.root, collection)
         folder = self.root / collection
+        self._read_copy: Path | None = None  # on a full disk: the copy read instead (edge_readonly), no writes
         if (folder / SHARD_FOLDER).is_dir():  # reading opens what exists; creating anything waits for prepare
-            require_open_space(folder, location, collection)
+            self._read_copy = edge_readonly.read_copy(folder, location, collection)
             try:
-                self.shard = edge.EdgeShard.load(folder / SHARD_FOLDER)
+                self.shard = edge.EdgeShard.load((self._read_copy or folder) / SHARD_FOLDER)
             except edge.ShardBusy as exc:
                 raise StoreError(
                     f"{self.describe()} is open in another process (or object): one owner per folder at a time"
@@ -256,6 +257,8 @@ class EdgeStore(EdgeSearch, QdrantStore):
         from disk, so that this object counts what the next process will (what each update had written to the log
         is replayed). A write the free-space check refused before the engine ran it: the open shard already holds
         what its folder holds, and is kept (reopening it on a full disk would die of SIGBUS)."""
+        if self._read_copy is not None:
+            raise edge_readonly.refuse_write(self.location, self.collection, what)
         try:
             yield
         except WriteError:
@@ -397,5 +400,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
             if self.shard is not None:
                 self.shard.close()
                 self.shard = None
+            if self._read_copy is not None:
+                shutil.rmtree(self._read_copy.parent, ignore_errors=True)
             if self._temporary:
                 shutil.rmtree(self.root, ignore_errors=True)
