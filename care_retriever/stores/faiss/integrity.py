@@ -171,8 +171,8 @@ def seal(
             start, offsets = min(before, length), {0} | (pages or set())
         else:
             start, offsets = min(written.get(name, length), before), None
-        known, size, sqlite = manifest.block_checksums.get(name), block_size(name), name in PAGED
-        blocks[name] = block_sha256(folder / name, length, known, start, size=size, changed=offsets, sqlite=sqlite)
+        hashed, size, sqlite = manifest.block_checksums.get(name), block_size(name), name in PAGED
+        blocks[name] = block_sha256(folder / name, length, hashed, start, size=size, changed=offsets, sqlite=sqlite)
     manifest.checksums, manifest.block_checksums, manifest.sizes = checksums, blocks, lengths
     manifest.sealed = dict(meta)
     manifest.updated_at = time.time()
