@@ -3,9 +3,10 @@
 An in-place write runs the docstore in SQLite's write-ahead log: every page the write changes is a frame of
 ``docstore.sqlite-wal`` (file format: https://www.sqlite.org/fileformat2.html#walformat), named by its page
 number. Before the log is folded into the file, :func:`logged_pages` reads those numbers; afterwards the
-docstore goes back to its rollback journal (:func:`leave_wal`), so that a reader never needs the log's shared
-memory file (a read-only or full disk cannot hold one). SQLite's checksum VFS keeps one checksum per page for
-the same reason; here the checksums live in the manifest, one per block of pages.
+docstore goes back to its rollback journal (:func:`leave_wal`), so that a reader needs no shared-memory file of
+the log (a read-only or full disk cannot hold one); where another process holds the docstore open, it stays in
+WAL mode until a later write can switch it back. SQLite's checksum VFS keeps one checksum per page for the same
+reason; here the checksums live in the manifest, one per block of pages (:mod:`integrity`).
 """
 
 from __future__ import annotations

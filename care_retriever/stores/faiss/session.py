@@ -177,8 +177,8 @@ class StagedWrite(WriteSession):
 
 
 class InPlaceWrite(WriteSession):
-    """A small write into the published store: rows in its docstore (SQLite, committed through its rollback
-    journal; a store upgraded from format 1 keeps its WAL), vectors in its delta."""
+    """A small write into the published store: rows in its docstore (SQLite, committed through its write-ahead
+    log, which the commit's checksums read and fold: :mod:`docstore_pages`), vectors in its delta."""
 
     def __init__(
         self,
