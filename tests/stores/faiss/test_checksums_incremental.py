@@ -137,3 +137,36 @@ def test_a_store_whose_docstore_was_hashed_whole_verifies_and_takes_blocks_on_it
     _verify(folder)
     with FaissStore(folder) as store:
         assert store.count() == 53
+
+
+def _journal_mode_byte(folder: Path) -> int:
+    """SQLite's header byte 18: 1 for the rollback journal, 2 for the write-ahead log."""
+    with open(folder / DOCSTORE, "rb") as fh:
+        return fh.read(19)[18]
+
+
+def test_a_docstore_held_open_by_another_reader_stays_checked_and_returns_to_its_rollback_journal(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    folder = tmp_path / "store"
+    _build(folder, 50)
+    _small_write(folder, 50)
+    assert _journal_mode_byte(folder) == 1  # the write's log folded, the rollback journal back
+    # a docstore in WAL mode (as a store upgraded from format 1 kept it) and a reader of it in another connection
+    reader = sqlite3.connect(str(folder / DOCSTORE))
+    try:
+        assert reader.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+        _verify(folder)  # the journal-mode bytes are left out of the checksum, and consistent
+        assert reader.execute("SELECT COUNT(*) FROM documents").fetchone()[0] == 53
+        _small_write(folder, 53)  # the reader's connection keeps the docstore in WAL mode
+        assert _journal_mode_byte(folder) == 2
+        _small_write(folder, 56)
+        _verify(folder)
+        assert reader.execute("SELECT COUNT(*) FROM documents").fetchone()[0] == 59
+    finally:
+        reader.close()
+    _small_write(folder, 59)
+    assert _journal_mode_byte(folder) == 1
+    _verify(folder)
