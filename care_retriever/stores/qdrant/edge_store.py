@@ -46,7 +46,7 @@ from care_retriever.stores.qdrant.common import (
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
-from care_retriever.stores.qdrant.edge_verify import check_points, check_settings, damage, unchecked_manifest
+from care_retriever.stores.qdrant.edge_verify import check_settings, damage, unchecked_manifest
 
 logger = logging.getLogger("care_retriever")
 
@@ -314,8 +314,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         return [found.get(i) for i in ids]
 
     def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
-        """The content hash of each stored document whose text and vector still match their hashes: a damaged
-        point counts as not stored, so that ``index`` writes it again."""
+        """Each stored document's content hash, where its text and vector match their hashes (else: not stored)."""
         if self.manifest is None or not ids:
             return {}
         records = self._records(list(ids), True, True)
@@ -363,11 +362,9 @@ class EdgeStore(EdgeSearch, QdrantStore):
             }
 
     def verify(self, *, record_checksums: bool = False) -> int:
-        """The shard's settings and the manifest's own checksum, then every point's payload and dense vector (its
-        content hash against its stored document, its vector against its checksum: ``edge_verify``). A
-        manifest written before manifests had a checksum is named in one line (its fingerprint, model and metric
-        could not be checked) unless ``record_checksums``: then, every other check passed, it is rewritten with one.
-        """
+        """The shard's settings and the manifest's own checksum, then every point (``edge_verify``). A manifest
+        written before manifests had a checksum is named in one line (its fingerprint, model and metric could not
+        be checked) unless ``record_checksums``: then, every other check passed, it is rewritten with one."""
         manifest = self.require_manifest()
         with self._lock:
             actual = self.require_shard().recorded_settings()
@@ -375,11 +372,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         check_settings(self.describe(), actual, recorded)
         # after the settings: those name the difference
         checked = check_manifest(self.folder / MANIFEST_FILE, self.describe())
-        count, unrecorded = 0, {}
-        for records in self.scroll(True, True):
-            check_points(self.describe(), manifest, records)
-            unrecorded.update(edge_verify.unrecorded_vectors(records))
-            count += len(records)
+        count, unrecorded = edge_verify.check_every_point(self.describe(), manifest, self.scroll(True, True))
         if unrecorded and not record_checksums:  # written before vectors had checksums: texts and norms checked
             logger.warning(edge_verify.unrecorded_line(self.describe(), len(unrecorded)))
         elif unrecorded:

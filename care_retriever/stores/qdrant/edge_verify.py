@@ -11,7 +11,7 @@ them: ``verify`` names the point, and ``index`` treats it as not stored, so that
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -96,6 +96,19 @@ def recorded_as_stored(shard: Any, points: Sequence[Any]) -> None:
             fixes[record.id] = {VECTOR_CHECKSUM: vector_checksum(record.vector)}
     if fixes:
         shard.set_payload(fixes)
+
+
+def check_every_point(
+    source: str, manifest: Manifest, batches: Iterable[Sequence[Any]]
+) -> tuple[int, dict[str, dict[str, str]]]:
+    """Every point, read with its whole payload and its vector, checked (:func:`check_points`); returns how many,
+    and the points written before vectors had a checksum (:func:`unrecorded_vectors`)."""
+    count, unrecorded = 0, {}
+    for records in batches:
+        check_points(source, manifest, records)
+        unrecorded.update(unrecorded_vectors(records))
+        count += len(records)
+    return count, unrecorded
 
 
 def unrecorded_vectors(records: Sequence[Any]) -> dict[str, dict[str, str]]:
