@@ -18,6 +18,7 @@ from care_retriever.sparse.qdrant_sparse import VECTOR
 from care_retriever.stores import open_store
 from care_retriever.stores.config import QdrantCollectionConfig
 from care_retriever.stores.qdrant import EdgeStore, QdrantStore, ServerStore, point_id
+from care_retriever.stores.qdrant.edge_verify import VECTOR_CHECKSUM, vector_checksum
 from tests.support.cli import run_cli
 
 DIM = 12
@@ -88,7 +89,9 @@ def test_an_old_store_is_named_in_one_line_and_converted_with_nothing_lost(tmp_p
     assert set(new_by_id) == set(old_by_id) == {point_id(i) for i in ids}
     for pid, record in new_by_id.items():
         previous = old_by_id[pid]
-        assert record.payload == previous.payload
+        # the payload carried over, plus the checksum of the vector as the Edge shard stores it
+        assert {k: v for k, v in record.payload.items() if k != VECTOR_CHECKSUM} == previous.payload
+        assert record.payload[VECTOR_CHECKSUM] == vector_checksum(record.vector)
         assert record.sparse is not None and record.sparse[0] == list(previous.vector[VECTOR].indices)
         np.testing.assert_allclose(record.sparse[1], previous.vector[VECTOR].values, rtol=1e-6)
     assert store.search_sparse(["高血压"], 3)[0][0].text.startswith("高血压")
