@@ -124,7 +124,7 @@ def door_cli(cell: Cell) -> Ranked:
 
 
 def door_python(cell: Cell) -> Ranked:
-    from care_retriever.indexing.corpus import Document
+    from care_retriever.documents import Document
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.search.retriever import CareRetriever
@@ -527,8 +527,8 @@ def test_empty_text_is_refused_alike_at_every_door(models: dict[str, Path], work
     from haystack import Document as HaystackDocument
 
     from care_retriever.cli.main import main
+    from care_retriever.documents import Document
     from care_retriever.errors import InputError
-    from care_retriever.indexing.corpus import Document
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.integrations.haystack import CareDocumentEmbedder, CareFaissDocumentStore
     from care_retriever.integrations.langchain import CareEmbeddings, CareVectorStore

@@ -31,8 +31,6 @@ REPO = Path(__file__).resolve().parents[1]
 # import: ``import care_retriever`` stays torch-free, its public names loading their module on first use.
 LAZY_ON_PURPOSE = {
     ("care_retriever", "__getattr__"): "the package's public names, loaded on first use",
-    # the old module paths of earlier releases: a moved module is imported only when code imports its old path
-    ("care_retriever.old_paths", "create_module"): "an old path's module, loaded when imported by its old path",
 }
 
 
@@ -163,13 +161,13 @@ def test_imports_are_acyclic() -> None:
 
 
 # The floors of docs/architecture.md, bottom first: each a set of rooms (a module belongs to the room that is the
-# longest prefix of its name). Errors and the old-path finder import nothing of the package; the ground floor
+# longest prefix of its name). Errors and strict JSON import nothing of the package; the ground floor
 # (torch-free) is what every room may read: documents and JSONL rows, the batch defaults, the settings helpers,
 # the package's version. The BM25 side lies under the stores that hold one and the baselines that use its tokens.
 FLOORS: tuple[frozenset[str], ...] = tuple(
     frozenset(floor)
     for floor in (
-        {"care_retriever.errors", "care_retriever.old_paths", "care_retriever.strict_json"},
+        {"care_retriever.errors", "care_retriever.strict_json"},
         {
             "care_retriever",
             "care_retriever.documents",
@@ -239,7 +237,7 @@ def test_model_and_stores_import_without_indexing() -> None:
     code = (
         "import sys\n"
         "import care_retriever.model.embedder, care_retriever.model.baselines, care_retriever.stores.faiss\n"
-        "import care_retriever.stores.qdrant_store\n"
+        "import care_retriever.stores.qdrant\n"
         "loaded = sorted(m for m in sys.modules if m.startswith(('care_retriever.indexing', 'care_retriever.cli')))\n"
         "assert not loaded, loaded\n"
     )

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from care_retriever.indexing.corpus import Document
+from care_retriever.documents import Document
+from care_retriever.indexing.config import EncodeConfig
 from care_retriever.indexing.writer import DocumentStoreWriter
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.model.encoding import BatchLimits, auto_batch_limits, encode_texts
@@ -71,7 +72,10 @@ def test_batches_are_sorted_over_the_whole_input_not_per_chunk(embedder: Asymmet
     twice the real tokens); sorted over the window, a batch holds documents of one length."""
     docs = mixed_documents()
     writer = DocumentStoreWriter(
-        embedder, f"faiss:{tmp_path / 's'}", batch_size=16, chunk_size=16, checkpoint_every=64, show_progress=False
+        embedder,
+        f"faiss:{tmp_path / 's'}",
+        show_progress=False,
+        encode=EncodeConfig(batch_size=16, chunk_size=16, checkpoint_every=64),
     )
     with forward_shapes(embedder) as shapes:
         report = writer.write(docs)
@@ -93,7 +97,11 @@ def test_a_new_store_that_trains_on_its_first_vectors_gets_the_first_chunk_first
     encoded: list[list[str]] = []
     for spec, options in ((f"faiss:{tmp_path / 'q'}", {"quantize": "sq8"}), (f"faiss:{tmp_path / 'f'}", None)):
         writer = DocumentStoreWriter(
-            embedder, spec, chunk_size=256, checkpoint_every=256, index_options=options, show_progress=False
+            embedder,
+            spec,
+            index=options,
+            show_progress=False,
+            encode=EncodeConfig(chunk_size=256, checkpoint_every=256),
         )
         calls: list[list[str]] = []
         original = writer._encode
@@ -115,7 +123,10 @@ def test_window_sorted_vectors_are_the_documents_own(embedder: AsymmetricEmbedde
     """Documents encoded out of input order, a window at a time, still get their own vectors (by id)."""
     docs = mixed_documents(120)
     writer = DocumentStoreWriter(
-        embedder, f"faiss:{tmp_path / 's'}", chunk_size=8, sort_window=50, checkpoint_every=20, show_progress=False
+        embedder,
+        f"faiss:{tmp_path / 's'}",
+        show_progress=False,
+        encode=EncodeConfig(chunk_size=8, sort_window=50, checkpoint_every=20),
     )
     writer.write(docs)
     writer.store.close()
@@ -129,7 +140,9 @@ def test_a_repeated_id_in_one_window_is_written_once_the_last_version(
     embedder: AsymmetricEmbedder, tmp_path: Path
 ) -> None:
     docs = [*mixed_documents(40), Document(id="d3", text="最后的版本：高血压患者应低盐饮食")]
-    writer = DocumentStoreWriter(embedder, f"faiss:{tmp_path / 's'}", chunk_size=8, show_progress=False)
+    writer = DocumentStoreWriter(
+        embedder, f"faiss:{tmp_path / 's'}", show_progress=False, encode=EncodeConfig(chunk_size=8)
+    )
     report = writer.write(docs)
     writer.store.close()
     store = FaissStore(tmp_path / "s")

@@ -33,8 +33,7 @@ from care_retriever.errors import InputError, at
 from care_retriever.model.protocols import check_unicode
 
 # Document, document_text and iter_jsonl live on the ground floor (care_retriever.documents) where the stores and
-# the model read them too; imported here for the reader, and for code that imports them from here
-# (care_retriever.old_paths lists these names with the release that drops them).
+# the model read them too; imported here for the reader.
 __all__ = ["Document", "corpus_file", "corpus_format", "document_text", "iter_jsonl", "read_corpus"]
 
 JSONL_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json"})
