@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from care_retriever.version import __version__
 
 _LAZY = {
     "AsymmetricEmbedder": "care_retriever.model.embedder",

@@ -171,6 +171,7 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
         {
             "care_retriever",
             "care_retriever.documents",
+            "care_retriever.version",
             "care_retriever.faults",
             "care_retriever.vectors",
             "care_retriever.model.batch_limits",

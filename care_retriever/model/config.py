@@ -12,12 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from care_retriever import __version__
 from care_retriever.errors import ModelError
 from care_retriever.model.loading import model_file
 from care_retriever.model.prompts import DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE, fill_query_prompt
 from care_retriever.model.towers import release
 from care_retriever.vectors import Normalization, Similarity, VectorContract
+from care_retriever.version import __version__
 
 __all__ = [
     "CONFIG_NAME",

@@ -22,7 +22,6 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Module, Normalize, Router
 from tqdm.auto import tqdm
 
-from care_retriever import __version__
 from care_retriever.errors import ModelError
 from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.config import DEFAULT_INSTRUCTION, CareConfig, TowerInfo
@@ -34,6 +33,7 @@ from care_retriever.model.runtime import resolve_device
 from care_retriever.model.saving import save_model
 from care_retriever.model.tower import Side, Tower
 from care_retriever.model.towers.modules import DEFAULT_MAX_LENGTH
+from care_retriever.version import __version__
 
 
 def _assemble(modules: list[Module], device: torch.device, config: CareConfig) -> SentenceTransformer:

@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from care_retriever import faults
+import care_retriever.faults as faults
 
 # free space kept beyond a write's own bytes: the engine's log and mapped files grow by whole pages and chunks
 SPACE_MARGIN = 4 * 1024 * 1024
