@@ -63,7 +63,7 @@ def spec(store_kind: str, folder: Path) -> str:
 def tiny_care_model(out: Path, corpus: Path) -> Path:
     """A model in this package's format: tiny random towers whose tokenizers are trained on the corpus, widened
     so that texts get told apart (conftest's ``discriminative_init``)."""
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
 
     embedder = init_from_scratch("tiny", [corpus], seed=0)
     discriminative_init(embedder)

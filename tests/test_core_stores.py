@@ -157,7 +157,7 @@ def test_approximate_faiss_indexes(embedder, docs, tmp_path: Path, options: dict
 
 
 def test_store_refuses_another_model(embedder, docs, tmp_path: Path, small_corpus_path: Path) -> None:
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
 
     DocumentStoreWriter(embedder, f"faiss:{tmp_path / 's'}", show_progress=False).write(docs)
     other = init_from_scratch("tiny", [small_corpus_path], seed=1)

@@ -14,7 +14,7 @@ from sentence_transformers import SentenceTransformer
 
 from care_retriever.model import runtime
 from care_retriever.model.embedder import AsymmetricEmbedder
-from care_retriever.model.runtime import cpu_dtype, native_cpu_bf16, resolve_dtype
+from care_retriever.runtime.device import cpu_dtype, native_cpu_bf16, resolve_dtype
 from tests.hub_towers import write_bert_sentence_transformer, write_qwen3_embedding
 
 TEXTS = ["高血压患者的饮食注意事项", "糖尿病", "儿童发烧38度怎么办，需要去医院吗？", "咳嗽"]

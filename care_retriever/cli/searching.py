@@ -10,7 +10,7 @@ import typer
 from care_retriever import strict_json
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.errors import InputError
-from care_retriever.model.loading import quiet_transformers
+from care_retriever.model.towers.loading import quiet_transformers
 from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
 
 if TYPE_CHECKING:

@@ -36,10 +36,10 @@ from care_retriever.indexing.checks import check_prune, check_storable, chunks, 
 from care_retriever.indexing.config import SPARSE, EncodeConfig
 from care_retriever.indexing.report import WriteReport
 from care_retriever.indexing.store_writes import StoreWrites
-from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.encoding import BatchLimits, auto_batch_limits
-from care_retriever.model.forward import prepare_encoder_forward
 from care_retriever.model.protocols import DocumentEncoder
+from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
+from care_retriever.runtime.forward import prepare_encoder_forward
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
 from care_retriever.stores.config import (

@@ -23,16 +23,16 @@ from sentence_transformers.sentence_transformer.modules import Module, Normalize
 from tqdm.auto import tqdm
 
 from care_retriever.errors import ModelError
-from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.config import DEFAULT_INSTRUCTION, CareConfig, TowerInfo
 from care_retriever.model.encoding import BatchLimits, check_texts, encode_texts
 from care_retriever.model.fingerprint import weights_fingerprint
 from care_retriever.model.protocols import ConfiguredEmbedder
 from care_retriever.model.reading import Load, read_release, read_saved, read_towers
-from care_retriever.model.runtime import resolve_device
 from care_retriever.model.saving import save_model
 from care_retriever.model.tower import Side, Tower
 from care_retriever.model.towers.modules import DEFAULT_MAX_LENGTH
+from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
+from care_retriever.runtime.device import resolve_device
 from care_retriever.version import __version__
 
 
