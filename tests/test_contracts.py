@@ -208,7 +208,6 @@ def test_a_document_text_rule_change_changes_every_fingerprint(
 # ---------------------------------------------------------------------- query prompt
 def test_every_embedder_fills_the_one_query_prompt(tiny_model_dir: Path, tmp_path: Path) -> None:
     from care_retriever.model import baselines
-    from care_retriever.model import embedder as embedder_module
     from care_retriever.model.baselines import OneTowerEmbedder, SentenceTransformerEmbedder
     from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.model.towers.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt
@@ -227,7 +226,7 @@ def test_every_embedder_fills_the_one_query_prompt(tiny_model_dir: Path, tmp_pat
     assert OneTowerEmbedder(care, "query").query_prompt("检索医学文档") == expected
     assert baseline.query_prompt("检索医学文档") == expected
     assert baseline.query_prompt(None) == "Instruct: 其他任务\nQuery: "  # a fixed prompt of the model is kept
-    assert embedder_module.QUERY_PROMPT_TEMPLATE is baselines.QUERY_PROMPT_TEMPLATE is QUERY_PROMPT_TEMPLATE
+    assert baselines.QUERY_PROMPT_TEMPLATE is QUERY_PROMPT_TEMPLATE
 
 
 def test_the_query_template_is_written_once() -> None:

@@ -12,8 +12,8 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 
-from care_retriever.model import runtime
 from care_retriever.model.embedder import AsymmetricEmbedder
+from care_retriever.runtime import device as runtime
 from care_retriever.runtime.device import cpu_dtype, native_cpu_bf16, resolve_dtype
 from tests.hub_towers import write_bert_sentence_transformer, write_qwen3_embedding
 

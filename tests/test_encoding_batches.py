@@ -232,7 +232,7 @@ def test_the_dtypes_the_index_options_take_are_the_ones_the_embedder_resolves() 
     """``index --dtype`` is checked (torch-free) by EncodeConfig against the names the embedder resolves: every
     one of them, ``saved`` included, and nothing else."""
     from care_retriever.indexing.config import EncodeConfig
-    from care_retriever.model.towers.loading import DTYPE_NAMES
+    from care_retriever.runtime.choices import DTYPE_NAMES
     from care_retriever.runtime.device import DTYPES
 
     assert set(DTYPE_NAMES) - {"auto", "saved"} == set(DTYPES)

@@ -306,8 +306,8 @@ def test_the_writer_hashes_the_document_weights_before_their_forward_pass_is_set
     # Found on an H100: `--dtype fp8` replaced the Linear weights by torchao's float8 tensors before the space
     # fingerprint hashed them, and the hash could not read them (the run stopped). The weights are hashed as loaded.
     from care_retriever.indexing.writer import DocumentStoreWriter
-    from care_retriever.model import forward as forward_module
     from care_retriever.model.scratch import init_from_scratch
+    from care_retriever.runtime import forward as forward_module
 
     embedder = init_from_scratch("tiny", [sample_corpus_path])  # no fingerprint recorded: the weights are hashed
     events: list[str] = []

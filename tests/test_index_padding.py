@@ -210,7 +210,7 @@ def test_the_background_thread_gives_the_same_vectors_and_stops(embedder: Asymme
 def test_an_error_in_the_background_thread_reaches_the_caller(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     import threading
 
-    from care_retriever.model import tokenised
+    from care_retriever.runtime import tokenised
 
     calls = {"n": 0}
     original = tokenised.TokenisedTexts.add
@@ -232,7 +232,7 @@ def test_an_error_in_the_background_thread_reaches_the_caller(embedder: Asymmetr
 def test_the_tokenizer_backend_gives_the_towers_own_batches(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     """After the first group, texts are tokenised by the Rust backend directly once it gave the tower's own ids
     for that group; a text that may reach the max length goes through the tower's preprocess (its truncation)."""
-    from care_retriever.model import tokenised
+    from care_retriever.runtime import tokenised
 
     monkeypatch.setattr(tokenised, "GROUP_TEXTS", 32)
     model = embedder.document_model
@@ -260,7 +260,7 @@ def test_auto_limits_on_cpu_are_the_cpu_defaults(embedder: AsymmetricEmbedder) -
 def test_the_backend_verdict_holds_for_the_towers_later_calls(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     """The index writer encodes a slice per call: once the backend gave the tower's own ids for a prompt, later calls
     with it tokenise with the backend from their first group instead of tokenising that group twice."""
-    from care_retriever.model import tokenised
+    from care_retriever.runtime import tokenised
 
     monkeypatch.setattr(tokenised, "GROUP_TEXTS", 32)
     model = embedder.document_model
