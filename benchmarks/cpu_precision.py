@@ -50,7 +50,7 @@ def build_towers(vocab: list[Path], out: Path) -> tuple[Path, Path]:
     import torch
     from transformers import AutoModel
 
-    from care_retriever.model.towers.scratch import build_random_towers, iter_vocab_texts
+    from care_retriever.model.scratch import build_random_towers, iter_vocab_texts
 
     query, document = build_random_towers("tiny", iter_vocab_texts(vocab), out, document_config=QWEN3_EMBEDDING_06B)
     AutoModel.from_pretrained(document, dtype=torch.float32).to(torch.bfloat16).save_pretrained(document)
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     from care_retriever.indexing.corpus import read_corpus
     from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.model.encoding import encode_texts
-    from care_retriever.model.loading import quiet_transformers
-    from care_retriever.model.runtime import native_cpu_bf16
+    from care_retriever.model.towers.loading import quiet_transformers
+    from care_retriever.runtime.device import native_cpu_bf16
 
     quiet_transformers()
     wanted = {"kuake-qtr titles": args.titles, "im-qa answers": args.answers}

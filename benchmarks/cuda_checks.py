@@ -47,7 +47,7 @@ def cosines(a: Any, b: Any) -> Any:
 def check_vectors(embedder: Any) -> dict[str, Any]:
     """Packed vs padded document vectors, bf16, the same tower."""
     from care_retriever.model.encoding import encode_texts
-    from care_retriever.model.forward import document_forward
+    from care_retriever.runtime.forward import document_forward
 
     model = embedder.document_model.to(torch.bfloat16)
     out = {}
@@ -67,8 +67,8 @@ def check_norms(embedder: Any, device: str) -> dict[str, Any]:
     """The RMSNorm layers through torch's fused kernel give the model's own vectors (bf16, the same tower), and
     one norm of the 4B tower's width over a pass of tokens, timed: the model's own code against the fused call."""
     from care_retriever.model.encoding import encode_texts
-    from care_retriever.model.forward import document_forward
-    from care_retriever.model.fused_norms import fusable_norms
+    from care_retriever.runtime.forward import document_forward
+    from care_retriever.runtime.fused_norms import fusable_norms
 
     model = embedder.document_model.to(torch.bfloat16)
     out = {}
@@ -160,7 +160,7 @@ def check_compile(embedder: Any, forward: str) -> dict[str, Any]:
     import torch._dynamo.utils as dynamo_utils
 
     from care_retriever.model.encoding import encode_texts
-    from care_retriever.model.forward import prepare_document_forward
+    from care_retriever.runtime.forward import prepare_document_forward
 
     torch._dynamo.reset()
     dynamo_utils.counters.clear()
@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.startswith("cuda") and not torch.cuda.is_available():
         print("cuda_checks: no CUDA device; nothing checked", file=sys.stderr)
         return 0
-    from care_retriever.model.loading import quiet_transformers
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
+    from care_retriever.model.towers.loading import quiet_transformers
 
     quiet_transformers()
     vocab = args.vocab or [Path(__file__).resolve().parents[1] / "README.md"]

@@ -1,6 +1,6 @@
 """FP8 fidelity measured on the CPU: a model's scores on the dev retrieval tasks with its document tower in fp32 and
 through the FP8 rounding ``--dtype fp8`` computes (weights and activations of the decoder layers' Linear layers
-rounded to float8 e4m3, rowwise scaled; :func:`care_retriever.model.fp8.emulate_fp8`), and the cosine of each
+rounded to float8 e4m3, rowwise scaled; :func:`care_retriever.runtime.fp8.emulate_fp8`), and the cosine of each
 document vector to its fp32 one.
 
     python -m benchmarks.fp8_fidelity --model runs/ablations-v3/seed-0/stage2   # a trained miniature
@@ -38,7 +38,7 @@ def load_model(model: str | None, vocab: list[Path]) -> tuple[Any, str]:
 
     if model:
         return AsymmetricEmbedder.from_pretrained(model, device="cpu", dtype="fp32"), model
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
 
     return init_from_scratch("tiny", vocab, seed=0), "tiny (random weights, untrained)"
 
@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.gpu_index_report import command_line, publish
     from care_retriever.evaluation.tasks import load_task
     from care_retriever.model.encoding import encode_texts
-    from care_retriever.model.fp8 import emulate_fp8
-    from care_retriever.model.loading import quiet_transformers
+    from care_retriever.model.towers.loading import quiet_transformers
+    from care_retriever.runtime.fp8 import emulate_fp8
 
     quiet_transformers()
     present = {name: SHARED / "tasks" / name for name in TASKS if (SHARED / "tasks" / name).is_dir()}

@@ -3,7 +3,7 @@
 The random Qwen3-4B-shaped tower ``benchmarks.gpu_index`` times on a GPU, built here in fp32, encodes an even spread
 of each dev corpus's texts three times: in fp32 (the precise answer), cast to bf16 (as a GPU run loads it), then in
 bf16 with its decoder layers' Linear layers rounded as ``--dtype fp8`` rounds them
-(:func:`care_retriever.model.fp8.emulate_fp8`: e4m3 rows, products in fp32, one rounding to bf16). Reported: the
+(:func:`care_retriever.runtime.fp8.emulate_fp8`: e4m3 rows, products in fp32, one rounding to bf16). Reported: the
 cosine of each pass's vectors to the others', min and mean by corpus. Each pass's vectors are saved in ``--cache``
 as soon as they are made (keyed by the tower, the texts and the batch size), so a stopped run resumes at the pass it
 had not finished; a tower is built only where a pass is left to run.
@@ -43,7 +43,7 @@ def corpus_texts(folder: Path, n: int) -> list[str]:
 def tower(vocab: list[Path], name: str, layers: int | None) -> Any:
     """``benchmarks.gpu_index``'s random tower on the CPU; ``layers``: the 4B shape at another depth."""
     from benchmarks.gpu_index_tower import QWEN3_4B, build_embedder
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
 
     if layers and name == "qwen3-4b":
         return init_from_scratch("base", vocab, device="cpu", document_config={**QWEN3_4B, "num_hidden_layers": layers})
@@ -58,7 +58,7 @@ def prepare(model: Any, name: str) -> int:
     """Turn the tower the pass before left into pass ``name``'s: returns the Linear layers rounded (fp8 only)."""
     import torch
 
-    from care_retriever.model.fp8 import emulate_fp8
+    from care_retriever.runtime.fp8 import emulate_fp8
 
     if name == "bf16":
         model.to(torch.bfloat16)

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from care_retriever.indexing.corpus import read_corpus
-    from care_retriever.model.loading import quiet_transformers
+    from care_retriever.model.towers.loading import quiet_transformers
 
     quiet_transformers()
     if args.threads:

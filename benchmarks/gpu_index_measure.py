@@ -42,7 +42,7 @@ def _set_up(
     best_batch: int,
 ) -> tuple[SideRun, dict[str, Any]]:
     """A side's tower copy, set up and warmed (its compiling measured), and what the row says of it."""
-    from care_retriever.model.forward import forward_state
+    from care_retriever.runtime.forward import forward_state
 
     if label in INDEX_SIDES:
         copy, encode = tower_copy(embedder), INDEX_SIDES[label]

@@ -12,7 +12,7 @@ from benchmarks.gpu_index_tower import PeakMemory, sync
 
 
 def token_lengths(model: Any, texts: list[str], prompt: str | None) -> list[int]:
-    from care_retriever.model.features import sequence_lengths
+    from care_retriever.runtime.features import sequence_lengths
 
     lengths: list[int] = []
     for start in range(0, len(texts), 1024):
@@ -96,7 +96,7 @@ ST_DEFAULT_BATCH = 32
 
 def cannot_run(label: str, device: str) -> str | None:
     """Why a side does not run on ``device``, or None."""
-    from care_retriever.model.fp8 import fp8_refusal
+    from care_retriever.runtime.fp8 import fp8_refusal
 
     if "fp8" in label:
         return fp8_refusal(device)
@@ -108,7 +108,7 @@ def st_best(embedder: Any, texts: list[str], batch: int, device: str) -> tuple[A
     halved on out-of-memory); returns the model, the batch and the seconds of the first (compiling) call."""
     import torch
 
-    from care_retriever.model.batch_sizing import OOM_ERRORS
+    from care_retriever.runtime.batch_sizing import OOM_ERRORS
 
     model = tower_copy(embedder)
     model.document_model.compile(dynamic=True)

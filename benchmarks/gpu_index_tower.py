@@ -21,7 +21,7 @@ QWEN3_4B = {
 
 def build_embedder(device: str, vocab: list[Path], tower: str) -> Any:
     """A CARE model with random weights on ``device``: ``qwen3-4b`` (real size) or ``tiny``."""
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
 
     if tower == "qwen3-4b":
         return init_from_scratch("base", vocab, device=device, document_config=QWEN3_4B)

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from care_retriever import DocumentStoreWriter, read_corpus
     from care_retriever.documents import iter_jsonl
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
     from care_retriever.stores import open_store
     from care_retriever.stores.config import QdrantCollectionConfig
     from care_retriever.stores.copying import copy_store

@@ -54,7 +54,7 @@ def task_scores(
 
 def build_model(args: argparse.Namespace, texts: list[str], out: Path) -> Any:
     from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.model.towers.scratch import build_random_towers
+    from care_retriever.model.scratch import build_random_towers
 
     overrides = {"num_hidden_layers": args.document_layers} if args.document_layers else None
     q_dir, d_dir = build_random_towers(args.preset, texts, out, seed=args.seed, document_config=overrides)

@@ -70,7 +70,7 @@ def kuake_dataset(work: Path, task: Path, k: int, model: Path | None = None) -> 
     from care_retriever import read_corpus
     from care_retriever.documents import iter_jsonl
     from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
 
     folder.mkdir(parents=True, exist_ok=True)
     if model is None:

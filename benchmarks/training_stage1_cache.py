@@ -23,7 +23,7 @@ student (forward, backward), so the cache can speed Stage I up by at most
 - ``stage1 recomputed``: the frozen document tower run on every batch.
 
 ``--forward padded packed`` runs the stages that run the document tower (Stage I's cache or recomputed teacher,
-Stage II's document side) once per forward pass (care_retriever.model.forward; default ``auto``: packed on CUDA,
+Stage II's document side) once per forward pass (care_retriever.runtime.forward; default ``auto``: packed on CUDA,
 padded on the CPU, where ``packed`` is the reference attention, text by text, a proof and not a faster path), in
 alternation with the rest; the table names the path each ran and its cache build time.
 
@@ -59,8 +59,8 @@ def build_model(query_preset: str, document_preset: str, out: Path, document_lay
     from dataclasses import replace
 
     from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.scratch import build_random_towers, iter_vocab_texts
     from care_retriever.model.towers.presets import PRESETS
-    from care_retriever.model.towers.scratch import build_random_towers, iter_vocab_texts
 
     if document_layers:
         base = PRESETS[document_preset]

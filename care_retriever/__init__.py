@@ -12,10 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from care_retriever import old_paths
-
-__version__ = "0.1.0"
-old_paths.install()  # module paths of earlier releases (care_retriever.embedder, ...) keep working, with a warning
+from care_retriever.version import __version__
 
 _LAZY = {
     "AsymmetricEmbedder": "care_retriever.model.embedder",

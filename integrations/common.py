@@ -21,8 +21,8 @@ import numpy as np
 from care_retriever.documents import Document, check_document_text, metadata_json
 from care_retriever.errors import InputError, ModelError
 from care_retriever.model.config import CONFIG_NAME, CareConfig
-from care_retriever.model.loading import local_model_dir
 from care_retriever.model.protocols import DocumentEncoder, QueryEncoder
+from care_retriever.model.towers.loading import local_model_dir
 from care_retriever.stores.base import Manifest
 from care_retriever.stores.config import (
     FaissIndexConfig,
@@ -40,7 +40,7 @@ UNKNOWN_FINGERPRINT = "unknown"
 
 def check_model_location(model: str) -> Path | None:
     """Fail early, in one line, when a local-looking model path does not exist (``org/name`` may be a hub id);
-    return the local folder, or None for a hub id (:func:`care_retriever.model.loading.local_model_dir`)."""
+    return the local folder, or None for a hub id (:func:`care_retriever.model.towers.loading.local_model_dir`)."""
     return local_model_dir(model)
 
 

@@ -65,8 +65,8 @@ def load_model(
 
 def hold_in(embedder: AsymmetricEmbedder, held: dict[str, str]) -> AsymmetricEmbedder:
     """Cast each tower's transformer to the dtype ``held`` names for it (a no-op where it already is)."""
-    from care_retriever.model.runtime import resolve_dtype
     from care_retriever.model.saving import cast_tower
+    from care_retriever.runtime.device import resolve_dtype
 
     for side in SIDES:
         if side in held:
@@ -84,7 +84,7 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
     from care_retriever.training.precision import PRETRAINED_DTYPE_KEY
 
     if spec.preset:
-        from care_retriever.model.towers.scratch import init_from_scratch
+        from care_retriever.model.scratch import init_from_scratch
 
         logger.info("Training tokenizers and building a random %r model ...", spec.preset)
         embedder = init_from_scratch(
@@ -150,7 +150,7 @@ def set_max_length(embedder: AsymmetricEmbedder, max_length: int) -> AsymmetricE
 def set_query_prompt_template(embedder: AsymmetricEmbedder, template: str) -> AsymmetricEmbedder:
     """``embedder`` with the recipe's ``model.query_prompt_template`` (kept in its saved care_config.json); a
     template with an ``{instruction}`` slot gets the default instruction where the model has none."""
-    from care_retriever.model.prompts import DEFAULT_INSTRUCTION
+    from care_retriever.model.towers.prompts import DEFAULT_INSTRUCTION
 
     instruction = (embedder.config.default_instruction or DEFAULT_INSTRUCTION) if "{instruction}" in template else None
     return embedder.with_config(query_prompt_template=template, default_instruction=instruction)

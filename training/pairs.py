@@ -291,7 +291,7 @@ def read_alignment(path: Path) -> tuple[list[str], list[str]]:
 
 def read_texts(path: Path) -> list[str]:
     """Raw texts for MLM: JSONL text-like fields, or plain lines."""
-    from care_retriever.model.towers.scratch import iter_vocab_texts
+    from care_retriever.model.scratch import iter_vocab_texts
 
     if not path.is_file():
         raise InputError(f"training file not found: {path}")

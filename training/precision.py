@@ -24,7 +24,7 @@ from typing import Any
 from care_retriever.errors import InputError
 
 logger = logging.getLogger("care_retriever")
-NATIVE_BF16_CAPABILITY = (8, 0)  # Ampere on: A100, A10, RTX 30xx, H100 (the rule of model.runtime.native_bf16)
+NATIVE_BF16_CAPABILITY = (8, 0)  # Ampere on: A100, A10, RTX 30xx, H100 (the rule of runtime.device.native_bf16)
 PRETRAINED_DTYPE_KEY = "pretrained_dtype"  # care_config.json extra: {"query": "float32", "document": "bfloat16"}
 
 

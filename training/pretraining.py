@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import InputError
 from care_retriever.model.embedder import AsymmetricEmbedder
-from care_retriever.model.towers.modules import is_decoder
+from care_retriever.runtime.architecture import is_decoder
 from care_retriever.training.pairs import read_texts, resolve_data_path, unique
 from care_retriever.training.recipe_spec import ClmStage, MlmStage, StageSpec
 from care_retriever.training.stage_context import (

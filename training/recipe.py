@@ -189,7 +189,7 @@ def _model(raw: Any, source: str) -> ModelSpec:
             spec.vocab_from = [spec.vocab_from]
         from transformers import BertConfig, Qwen3Config
 
-        from care_retriever.model.towers.scratch import check_architecture
+        from care_retriever.model.scratch import check_architecture
 
         check_architecture(BertConfig, spec.query_config, f"{source}: model.query_config")
         check_architecture(Qwen3Config, spec.document_config, f"{source}: model.document_config")

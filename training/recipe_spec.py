@@ -164,7 +164,7 @@ class Stage1AlignStage(EmbeddingStage):
     # texts are cheap steps, long document-side texts dear ones.
     max_query_texts: int | None = None
     max_document_texts: int | None = None
-    # The frozen document tower's forward pass, decided as ``index`` decides it (care_retriever.model.forward):
+    # The frozen document tower's forward pass, decided as ``index`` decides it (care_retriever.runtime.forward):
     # auto | packed | padded (auto packs where a varlen kernel runs: CUDA in fp16 / bf16), and for the teacher
     # cache's encoding compile auto | on | off. None: the recipe's ``defaults``, else auto.
     forward: str | None = None

@@ -68,7 +68,7 @@ def with_row_prompts(examples: list[Example], template: str | None, default_prom
     symmetric_sts/clustering rows the row's prompt goes before the positive and negatives too. A stage that
     trains these passes no query prompt for the anchor column (it is in the text; the same tokens as the
     trainer's ``prompts`` give: no pooling here excludes prompt tokens)."""
-    from care_retriever.model.prompts import fill_query_prompt
+    from care_retriever.model.towers.prompts import fill_query_prompt
 
     out: list[Example] = []
     for e in examples:

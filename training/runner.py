@@ -16,10 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from care_retriever.errors import (  # DiskFullError also importable from here for earlier callers (old_paths)
-    DiskFullError,  # noqa: F401
-    InputError,
-)
+from care_retriever.errors import InputError
 from care_retriever.training.models import (
     export_model,
     initial_model,

@@ -9,7 +9,7 @@ a resumed one) with the same document tower and texts reuses the file.
 Files: ``<dir>/<key>.f32`` (rows, raw float32) and ``<dir>/<key>.json`` (shape, fingerprint). The
 key hashes the document space fingerprint, the tower's max length and the texts, so a changed
 tower or data set never reads a stale cache. The forward pass that encoded the rows (packed or padded,
-compiled or eager: care_retriever.model.forward, decided as ``index`` decides it) is not part of the key: it
+compiled or eager: care_retriever.runtime.forward, decided as ``index`` decides it) is not part of the key: it
 changes how the rows are computed, not what they are (packed = padded to cosine >= 0.9999, as a batch size or a
 batch's neighbours change the last bits of a padded pass), so a cache written one way is reused the other way
 rather than recomputed. The ``.json`` records the forward that wrote the rows, and a reuse logs it, so rows of
@@ -95,7 +95,7 @@ def build_teacher_cache(
     seconds); None hashes the weights now.
 
     ``forward`` (auto | packed | padded) and ``compile`` (auto | on | off): the frozen tower's forward pass, set
-    up for the encoding by :func:`care_retriever.model.forward.document_forward` (the index path's decision) and
+    up for the encoding by :func:`care_retriever.runtime.forward.document_forward` (the index path's decision) and
     undone after it; logged once and returned as the cache's ``forward``.
     """
     from care_retriever.training.distributed import (
@@ -135,7 +135,7 @@ def build_teacher_cache(
     model = _full_width_model(embedder) if full_width else embedder.document_model
     was_training = model.training
     from care_retriever.model.encoding import encode_texts
-    from care_retriever.model.forward import document_forward
+    from care_retriever.runtime.forward import document_forward
 
     with (
         document_forward(model, forward, compile, compute_dtype=half_dtype(dtype)) as state,

@@ -1,8 +1,9 @@
 """The document tower's forward pass in a training stage's own passes (Stage II's document side, with gradients;
-Stage I's recomputed teacher), decided as ``index`` decides it (:func:`care_retriever.model.forward.document_forward`).
+Stage I's recomputed teacher), decided as ``index`` decides it
+(:func:`care_retriever.runtime.forward.document_forward`).
 
 sentence-transformers' collator pads a stage's texts; where the decision packs, each padded pass that reaches the
-document tower is laid out packed on its way in (:func:`care_retriever.model.towers.packed.pack_padded_passes`)
+document tower is laid out packed on its way in (:func:`care_retriever.runtime.packed.pack_padded_passes`)
 and runs the packed attention: torch's ``varlen_attn`` on CUDA, whose backward torch registers (flash attention's
 backward kernel, grouped-query heads included), or on the CPU the reference (SDPA text by text, differentiable).
 The layers are not compiled here: LoRA and activation checkpointing wrap the layers a compile would replace.
@@ -34,8 +35,8 @@ def stage_document_forward(
     """For the block, the document tower's passes packed where ``forward`` (auto | packed | padded) decides so;
     yields the decided state (``ForwardState.to_dict()``, for the stage's report). After it the tower runs as
     loaded. ``compute_dtype``: the stage's autocast dtype (bf16 / fp16), None in fp32."""
-    from care_retriever.model.forward import document_forward
-    from care_retriever.model.towers.packed import pack_padded_passes
+    from care_retriever.runtime.forward import document_forward
+    from care_retriever.runtime.packed import pack_padded_passes
 
     model = embedder.document_model
     config = getattr(getattr(model[0], "auto_model", None), "config", None)

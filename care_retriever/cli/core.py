@@ -13,7 +13,7 @@ from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.cli.panels import COMMON
 from care_retriever.errors import CareError, InputError, ModelError
 from care_retriever.indexing.distributed import index_options_classes
-from care_retriever.model.loading import quiet_transformers
+from care_retriever.model.towers.loading import quiet_transformers
 
 if TYPE_CHECKING:
     from care_retriever.model.embedder import AsymmetricEmbedder
@@ -102,8 +102,8 @@ def init(
             raise InputError("use either --preset (from scratch) or --query-model/--document-model, not both")
         if not vocab_from:
             raise InputError("--preset needs --vocab-from FILE (a JSONL corpus or plain text) to train tokenizers")
+        from care_retriever.model.scratch import init_from_scratch
         from care_retriever.model.towers.presets import get_preset
-        from care_retriever.model.towers.scratch import init_from_scratch
 
         try:
             get_preset(preset)

@@ -30,7 +30,7 @@ def _read_rows(path: Path) -> list[dict]:
 
 def _load(model: str, load: Load, trust_remote_code: bool) -> AsymmetricEmbedder:
     from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.model.loading import quiet_transformers
+    from care_retriever.model.towers.loading import quiet_transformers
 
     quiet_transformers()
     return AsymmetricEmbedder.from_pretrained(model, load=load, trust_remote_code=trust_remote_code)

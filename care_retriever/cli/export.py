@@ -23,7 +23,7 @@ def export(
         raise InputError(f"Unknown --backend {backend!r}. Available export backends: {list(EXPORT_BACKENDS)}")
     if quantize not in QUANTIZE:
         raise InputError(f"Unknown --quantize {quantize!r}. Available: {list(QUANTIZE)}")
-    from care_retriever.model.loading import quiet_transformers
+    from care_retriever.model.towers.loading import quiet_transformers
 
     quiet_transformers()
     files = ("none", "int8") if quantize == "int8" else ("none",)

@@ -6,6 +6,6 @@ from typing import Annotated
 
 import typer
 
-from care_retriever.model.loading import TRUST_REMOTE_CODE_HELP
+from care_retriever.model.towers.loading import TRUST_REMOTE_CODE_HELP
 
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP)]

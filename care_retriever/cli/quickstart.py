@@ -17,7 +17,7 @@ def quickstart(
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
 ) -> None:
     """Build a miniature CARE from scratch on the shipped sample (offline, about a minute on 2 idle CPU cores)."""
-    from care_retriever.model.loading import quiet_transformers
+    from care_retriever.model.towers.loading import quiet_transformers
     from care_retriever.training import require
 
     require("datasets", "accelerate", "peft", "bm25s", "jieba", "pytrec_eval", extra="train,eval")

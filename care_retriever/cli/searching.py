@@ -11,7 +11,7 @@ from care_retriever import strict_json
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.cli.panels import COMMON, HYBRID
 from care_retriever.errors import InputError
-from care_retriever.model.loading import quiet_transformers
+from care_retriever.model.towers.loading import quiet_transformers
 from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
 
 if TYPE_CHECKING:

@@ -147,7 +147,7 @@ def serve(
         raise InputError(f"${token_env} is set but empty: set a token, or unset it to serve without auth")
     import uvicorn
 
-    from care_retriever.model.loading import quiet_transformers
+    from care_retriever.model.towers.loading import quiet_transformers
     from care_retriever.search.backends import query_backend, resolve_backend
     from care_retriever.search.http_protocol import ErrorBodyH11Protocol
     from care_retriever.search.retriever import CareRetriever
@@ -172,7 +172,7 @@ def serve(
     )
     query_compile = "off"
     if compile:  # the torch backend (load_query_embedder refuses the others): torch is imported already
-        from care_retriever.model.compiled import query_compile_state
+        from care_retriever.runtime.compiled import query_compile_state
 
         query_compile = query_compile_state(getattr(retriever.embedder, "query_model", None))
     limits = ServiceLimits(

@@ -76,7 +76,7 @@ def train(
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Train a CARE model from a recipe; the final model is left in OUT/final."""
-    from care_retriever.model.loading import quiet_transformers
+    from care_retriever.model.towers.loading import quiet_transformers
     from care_retriever.training import require
 
     require("datasets", "accelerate", "peft", extra="train")

@@ -27,8 +27,8 @@ import numpy as np
 
 from care_retriever.documents import document_text
 from care_retriever.evaluation import speed
-from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.protocols import Embedder
+from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.stores.config import FaissIndexConfig, IndexType
 
 logger = logging.getLogger("care_retriever")

@@ -18,7 +18,7 @@ import numpy as np
 
 from care_retriever.evaluation.runner import TaskResult
 from care_retriever.evaluation.tasks import INSTRUCTIONS, instruction_for
-from care_retriever.model.loading import offline
+from care_retriever.model.towers.loading import offline
 
 logger = logging.getLogger("care_retriever")
 

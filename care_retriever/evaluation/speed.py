@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
+from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
 
 if TYPE_CHECKING:
     from care_retriever.stores.config import StoreConfig

@@ -22,13 +22,13 @@ from typing import Any, Literal
 
 from care_retriever.documents import document_text, iter_jsonl
 from care_retriever.errors import InputError, at
-from care_retriever.model.prompts import TASK_INSTRUCTIONS
+from care_retriever.model.towers.prompts import TASK_INSTRUCTIONS
 
 TaskType = Literal["retrieval", "rerank", "sts"]
 TASK_TYPES: tuple[TaskType, ...] = ("retrieval", "rerank", "sts")
 TASK_META = "task.json"
 
-# Query instructions of the paper's Table 8, one per task type (the one table: care_retriever/model/prompts.py).
+# Query instructions of the paper's Table 8, one per task type (the one table: care_retriever/model/towers/prompts.py).
 INSTRUCTIONS: dict[str, str] = {kind: TASK_INSTRUCTIONS[kind] for kind in TASK_TYPES}
 
 

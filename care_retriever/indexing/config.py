@@ -2,7 +2,7 @@
 
 The home of the ``index`` command's encoding flags (generated from the fields,
 :mod:`care_retriever.cli.dataclass_options`); the batch defaults and the ``max_batch_tokens`` parser it checks with
-live on the ground floor (:mod:`care_retriever.model.batch_limits`). Torch-free: the CLI reads it when it starts.
+live on the ground floor (:mod:`care_retriever.runtime.batch_limits`). Torch-free: the CLI reads it when it starts.
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from care_retriever.errors import InputError
-from care_retriever.model.batch_limits import (
+from care_retriever.model.settings import CORPUS_PANEL, ENCODING_PANEL, count, meta
+from care_retriever.runtime.batch_limits import (
     AUTO,
     CUDA_DOCUMENT_BATCH_SIZE,
     DOCUMENT_BATCH_SIZE,
     parse_max_batch_tokens,
 )
-from care_retriever.model.loading import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES, DTYPE_NAMES
-from care_retriever.model.settings import CORPUS_PANEL, ENCODING_PANEL, count, meta
+from care_retriever.runtime.choices import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES, DTYPE_NAMES
 
-# The document tower's forward pass (care_retriever.model.forward): how a pass is laid out, and whether the tower's
+# The document tower's forward pass (care_retriever.runtime.forward): how a pass is laid out, and whether the tower's
 # layers are compiled. "fp8" is a document-side precision only (the Linear layers in float8, on GPUs that compute it).
 FORWARD_PATHS = ("auto", "packed", "padded")
 COMPILE_MODES = ("auto", "on", "off")

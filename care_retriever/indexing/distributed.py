@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import InputError, ModelError
 from care_retriever.indexing.config import SPARSE, CorpusConfig, EncodeConfig
-from care_retriever.model.loading import TRUST_REMOTE_CODE_HELP
 from care_retriever.model.settings import COMMON_PANEL, CORPUS_PANEL, meta
+from care_retriever.model.towers.loading import TRUST_REMOTE_CODE_HELP
 from care_retriever.stores.config import STORE_HELP, FaissIndexConfig, QdrantCollectionConfig, StoreKind, StoreSpec
 
 if TYPE_CHECKING:  # numpy too: the CLI reads IndexSettings' defaults when it starts, and imports nothing heavy
@@ -101,7 +101,7 @@ class ShardedEncoder:
         encode: EncodeConfig,
     ) -> None:
         from care_retriever.model.encoding import auto_batch_limits
-        from care_retriever.model.forward import prepare_encoder_forward
+        from care_retriever.runtime.forward import prepare_encoder_forward
 
         self.embedder = embedder
         self.group = group
@@ -278,7 +278,7 @@ def run_index(settings: IndexSettings) -> dict[str, Any] | None:
 
 def load_document_tower(settings: IndexSettings, device: str | None) -> AsymmetricEmbedder:
     from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.model.loading import quiet_transformers
+    from care_retriever.model.towers.loading import quiet_transformers
 
     quiet_transformers()
     assert settings.model is not None  # IndexSettings refuses a run without one
@@ -374,9 +374,9 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
 
 def tower_runtime(loaded: AsymmetricEmbedder) -> dict[str, Any]:
     """What ``auto`` resolved to: the document tower's precision and attention implementation as loaded, and how its
-    forward passes ran (:class:`care_retriever.model.forward.ForwardState`: ``forward``, ``attention``, ``compile``,
+    forward passes ran (:class:`care_retriever.runtime.forward.ForwardState`: ``forward``, ``attention``, ``compile``,
     ``compile_seconds``, ``padded_because``, ``norms``)."""
-    from care_retriever.model.forward import forward_state
+    from care_retriever.runtime.forward import forward_state
 
     model = loaded.document_model
     config = getattr(getattr(model[0], "auto_model", None), "config", None)

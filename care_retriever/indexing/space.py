@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from care_retriever import faults
+import care_retriever.faults as faults
 
 if TYPE_CHECKING:
     from care_retriever.stores.base import VectorStore

@@ -36,15 +36,13 @@ from care_retriever.indexing.checks import check_prune, check_storable, chunks, 
 from care_retriever.indexing.config import SPARSE, EncodeConfig
 from care_retriever.indexing.report import WriteReport
 from care_retriever.indexing.store_writes import StoreWrites
-from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.model.encoding import BatchLimits, auto_batch_limits
-from care_retriever.model.forward import prepare_encoder_forward
 from care_retriever.model.protocols import DocumentEncoder
+from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
+from care_retriever.runtime.forward import prepare_encoder_forward
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
 from care_retriever.stores.config import (
-    FaissIndexConfig,
-    QdrantCollectionConfig,
     StoreKind,
     StoreOptions,
     store_config,
@@ -56,8 +54,6 @@ __all__ = ["DocumentStoreWriter", "Encoder", "WriteReport", "check_prune", "chec
 
 # texts -> (len(texts), dim) float32 unit rows, in input order
 Encoder = Callable[[list[str]], np.ndarray]
-# EncodeConfig's fields that DocumentStoreWriter took one by one before it took the config (still read)
-_EARLIER_KEYWORDS = frozenset({"batch_size", "max_batch_tokens", "chunk_size", "sort_window", "checkpoint_every"})
 
 logger = logging.getLogger("care_retriever")
 
@@ -69,12 +65,8 @@ class DocumentStoreWriter:
     defaults, those of ``care-retriever index``). ``index``: the store's settings, the config of its kind
     (:class:`~care_retriever.stores.config.FaissIndexConfig` or
     :class:`~care_retriever.stores.config.QdrantCollectionConfig`; None: an existing store's own, a new one's
-    defaults). ``sparse``: also write the BM25 side, as ``care-retriever index`` does unless ``--no-sparse``.
-
-    Keywords of code written before ``encode`` and ``index``, still read: ``batch_size``, ``max_batch_tokens``,
-    ``chunk_size``, ``sort_window`` and ``checkpoint_every`` each replace that field of ``encode`` (checked by
-    :class:`EncodeConfig`, built once here), and ``index_options`` is ``index`` (a config, or a dict of the store's
-    settings as an integration's users give it, read once by the config of the store's kind).
+    defaults; a dict of those settings is read once by the config of the store's kind). ``sparse``: also write the
+    BM25 side, as ``care-retriever index`` does unless ``--no-sparse``.
     """
 
     def __init__(
@@ -84,25 +76,17 @@ class DocumentStoreWriter:
         *,
         collection: str | None = None,
         encode: EncodeConfig | None = None,
-        index: FaissIndexConfig | QdrantCollectionConfig | None = None,
+        index: StoreOptions = None,
         show_progress: bool = True,
         encoder: Encoder | None = None,
         sparse: bool = SPARSE,
         background_tokenizer: bool | None = None,
         overlap_writes: bool | None = None,
-        index_options: StoreOptions = None,
-        **encode_options: Any,
     ) -> None:
-        unknown = sorted(set(encode_options) - _EARLIER_KEYWORDS)
-        if unknown:
-            raise TypeError(f"DocumentStoreWriter() got unexpected keyword arguments {unknown}")
         self.embedder = embedder
         self.store = open_store(store, collection=collection)
-        # the one EncodeConfig of the run: its defaults and checks, the keywords of earlier code applied once
-        self.encode = dataclasses.replace(encode or EncodeConfig(), **encode_options)
-        if index is not None and index_options is not None:
-            raise TypeError("DocumentStoreWriter() takes index or index_options (its earlier name), not both")
-        self.index = store_config(self.store.backend, index if index is not None else index_options)
+        self.encode = encode or EncodeConfig()
+        self.index = store_config(self.store.backend, index)
         # texts and padded tokens per forward pass; halved on out-of-memory and kept lowered for the run. "auto" and
         # None are resolved once the first write starts (auto_batch_limits: from the GPU's free memory).
         tokens = self.encode.max_batch_tokens
@@ -115,9 +99,6 @@ class DocumentStoreWriter:
         self.show_progress = show_progress
         self.encoder = encoder
         self.sparse = sparse  # also write the BM25 side (care_retriever.sparse), in the same transactions
-        # The BM25 side's tokens computed in a child process while the chunk encodes (sparse.background). None:
-        # where the document tower runs on an accelerator. On CPU torch's threads already take every core, so
-        # the child only competes with them (measured on 2 cores: no gain, and slower under load; docs/scale.md).
         # The document tower this writer runs, or None: an encoder of its own (torchrun's scatter, vectors computed
         # elsewhere) batches for itself, and its model may hold no document tower.
         self._document_tower = embedder.document_model if encoder is None else None
@@ -125,18 +106,15 @@ class DocumentStoreWriter:
             prepare_encoder_forward(
                 embedder, self.encode.forward, self.encode.compile, self.encode.dtype, norms=self.encode.norms
             )
+        # BM25 tokens in a child process while a chunk encodes: only where the tower runs on an accelerator; on a
+        # CPU, torch's threads already take every core.
         if background_tokenizer is None:
             tower = self._document_tower
             background_tokenizer = tower is not None and str(tower.device).split(":")[0] not in ("cpu", "")
         self.background_tokenizer = background_tokenizer
-        # Store writes on a thread of their own while the next slice encodes (StoreWrites). None: for a FAISS store,
-        # whose writes (hashing, docstore rows, index add) took about a quarter of a CPU run's time on the calling
-        # thread; its docstore connection is shared across threads. Qdrant stores write inline: the thread was measured
-        # and tested with FAISS stores only.
-        # Not with an encoder of its own (torchrun's rank 0, whose encoder runs the job's collectives): that path
-        # keeps its writes inline, as measured and tested before the overlap (one gloo run of the sharded test
-        # aborted in C++ at exit under load with the thread; the abort, seen since without it, was the process
-        # group's gloo threads outliving destroy_process_group: indexing.distributed.init_distributed).
+        # Store writes on a thread of their own while the next slice encodes (StoreWrites): by default for a FAISS
+        # store, whose writes take a large share of a CPU run. Not with an encoder of its own (torchrun's rank 0,
+        # whose encoder runs the job's collectives): those writes stay inline, the path tested under torchrun.
         if overlap_writes is None:
             overlap_writes = self.store.backend == StoreKind.FAISS and encoder is None
         self.overlap_writes = overlap_writes

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
-from care_retriever.model.loading import hub_options, local_model_dir, quiet_transformers
-from care_retriever.model.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt, is_instruction_prompt
 from care_retriever.model.protocols import Embedder, OneModelEmbedder
+from care_retriever.model.towers.loading import hub_options, local_model_dir, quiet_transformers
+from care_retriever.model.towers.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt, is_instruction_prompt
+from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
 
 if TYPE_CHECKING:
     from tqdm.auto import tqdm
@@ -55,7 +55,7 @@ class SentenceTransformerEmbedder(OneModelEmbedder):
     ) -> None:
         from sentence_transformers import SentenceTransformer
 
-        from care_retriever.model.runtime import resolve_device
+        from care_retriever.runtime.device import resolve_device
 
         self.name = model_name_or_path
         try:
@@ -162,7 +162,7 @@ class OneTowerEmbedder(OneModelEmbedder):
     """
 
     def __init__(self, embedder: AsymmetricEmbedder, tower: Literal["query", "document"]) -> None:
-        from care_retriever.model.prompts import DEFAULT_INSTRUCTION
+        from care_retriever.model.towers.prompts import DEFAULT_INSTRUCTION
 
         self.embedder = embedder
         self.tower = tower

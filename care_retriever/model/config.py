@@ -12,12 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from care_retriever import __version__
 from care_retriever.errors import ModelError
-from care_retriever.model.loading import model_file
-from care_retriever.model.prompts import DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE, fill_query_prompt
-from care_retriever.model.towers import release
+from care_retriever.model.towers import DEFAULT_MAX_LENGTH, release
+from care_retriever.model.towers.loading import model_file
+from care_retriever.model.towers.prompts import DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE, fill_query_prompt
 from care_retriever.vectors import Normalization, Similarity, VectorContract
+from care_retriever.version import __version__
 
 __all__ = [
     "CONFIG_NAME",
@@ -33,7 +33,6 @@ CONFIG_NAME = "care_config.json"
 # 2: a model whose towers normalise before the Matryoshka cut (``normalize: before_truncation``); an older
 # reader would renormalise after it and give other vectors, so such configs say they need this version.
 FORMAT_VERSION = 2
-DEFAULT_MAX_LENGTH = 512
 
 
 @dataclass

@@ -22,36 +22,18 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Module, Normalize, Router
 from tqdm.auto import tqdm
 
-from care_retriever import __version__
 from care_retriever.errors import ModelError
-from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
-from care_retriever.model.config import (  # also re-exported for earlier callers (care_retriever.old_paths)
-    CONFIG_NAME,  # noqa: F401
-    DEFAULT_INSTRUCTION,
-    FORMAT_VERSION,  # noqa: F401
-    QUERY_PROMPT_TEMPLATE,  # noqa: F401
-    CareConfig,
-    TowerInfo,
-)
+from care_retriever.model.config import DEFAULT_INSTRUCTION, CareConfig, TowerInfo
 from care_retriever.model.encoding import BatchLimits, check_texts, encode_texts
 from care_retriever.model.fingerprint import weights_fingerprint
 from care_retriever.model.protocols import ConfiguredEmbedder
-from care_retriever.model.reading import ROUTES as ROUTES  # re-exported for earlier callers (old_paths)
 from care_retriever.model.reading import Load, read_release, read_saved, read_towers
-from care_retriever.model.runtime import (  # all but resolve_device re-exported for earlier callers (old_paths)
-    DTYPES,  # noqa: F401
-    auto_dtype,  # noqa: F401
-    flash_attn_installed,  # noqa: F401
-    gpu_dtype,  # noqa: F401
-    native_bf16,  # noqa: F401
-    resolve_attn_implementation,  # noqa: F401
-    resolve_device,
-    resolve_dtype,  # noqa: F401
-)
 from care_retriever.model.saving import save_model
 from care_retriever.model.tower import Side, Tower
 from care_retriever.model.towers.modules import DEFAULT_MAX_LENGTH
-from care_retriever.model.towers.modules import is_decoder as is_decoder  # re-exported for earlier callers
+from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
+from care_retriever.runtime.device import resolve_device
+from care_retriever.version import __version__
 
 
 def _assemble(modules: list[Module], device: torch.device, config: CareConfig) -> SentenceTransformer:

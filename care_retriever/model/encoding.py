@@ -19,12 +19,12 @@ from sentence_transformers import SentenceTransformer
 from tqdm.auto import tqdm
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.model.batch_limits import BatchLimits
-from care_retriever.model.batch_sizing import OOM_ERRORS, auto_batch_limits, halve_limits, measure_token_budget
-from care_retriever.model.features import to_device, tokenizer_lock
-from care_retriever.model.prefetch import Prefetcher
 from care_retriever.model.protocols import check_texts, check_unicode
-from care_retriever.model.tokenised import PassInput, TokenisedTexts, planned_passes, split_pass
+from care_retriever.runtime.batch_limits import BatchLimits
+from care_retriever.runtime.batch_sizing import OOM_ERRORS, auto_batch_limits, halve_limits, measure_token_budget
+from care_retriever.runtime.features import to_device, tokenizer_lock
+from care_retriever.runtime.prefetch import Prefetcher
+from care_retriever.runtime.tokenised import PassInput, TokenisedTexts, planned_passes, split_pass
 
 # the encoding loop's face: what callers took from it before its parts had modules of their own
 __all__ = [

@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from care_retriever import documents
+import care_retriever.documents as documents
 
 # (title, text) pairs run through the document-text rule, and what the format-1 rule gives for them.
 _RULE_PROBES = (("标题 title", "正文 text"), ("", "正文 text"), ("标题 title", ""))

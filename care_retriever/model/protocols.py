@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from care_retriever.errors import InputError
 from care_retriever.model import fingerprint
-from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
+from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,9 +40,9 @@ if TYPE_CHECKING:
     from sentence_transformers.sentence_transformer.modules import Module
     from tqdm.auto import tqdm
 
-    from care_retriever.model.batch_limits import BatchLimits
     from care_retriever.model.config import CareConfig
     from care_retriever.model.tower import Side, Tower
+    from care_retriever.runtime.batch_limits import BatchLimits
     from care_retriever.vectors import VectorContract
 
 

@@ -18,24 +18,24 @@ from sentence_transformers.sentence_transformer.modules import Module, Router
 from care_retriever.errors import ModelError
 from care_retriever.model.config import CONFIG_NAME, DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE, CareConfig, TowerInfo
 from care_retriever.model.encoding import logger
-from care_retriever.model.loading import hub_options, local_model_dir, model_file
-from care_retriever.model.prompts import literal_template
-from care_retriever.model.runtime import resolve_attn_implementation, resolve_device, resolve_dtype
 from care_retriever.model.towers import release
 from care_retriever.model.towers.adapters import attach_adapter
 from care_retriever.model.towers.adapters import merge_lora as merge_lora_modules
+from care_retriever.model.towers.loading import hub_options, local_model_dir, model_file
 from care_retriever.model.towers.modules import (
     DEFAULT_MAX_LENGTH,
     REMOTE_CODE_FLAG,
     PretrainedTower,
-    is_decoder,
     load_saved_module,
     read_tower,
     tower_native_dim,
     tower_output_dim,
     tower_precision,
 )
+from care_retriever.model.towers.prompts import literal_template
 from care_retriever.model.towers.tokenizer import append_nothing, appended_tokens, ensure_eos_appended
+from care_retriever.runtime.architecture import is_decoder
+from care_retriever.runtime.device import resolve_attn_implementation, resolve_device, resolve_dtype
 
 Load = Literal["both", "query", "document"]
 ROUTES: dict[str, tuple[str, ...]] = {

@@ -27,9 +27,9 @@ from sentence_transformers import SentenceTransformer
 from care_retriever.errors import DiskFullError
 from care_retriever.faults import free_bytes, human, reason_of, write_error
 from care_retriever.model.config import CONFIG_NAME
-from care_retriever.model.loading import replace_folder
 from care_retriever.model.protocols import SavableModel
 from care_retriever.model.tower import Side
+from care_retriever.model.towers.loading import replace_folder
 from care_retriever.model.towers.modules import lift_model_code
 
 logger = logging.getLogger("care_retriever")

@@ -1,7 +1,7 @@
 """The small helpers every typed config is written with: a field's command-line option (:func:`meta`,
 :func:`flag_of`), a closed choice (:class:`Choice`, :func:`choice`) and the one-line checks of counts and ratios.
 
-On the ground floor beside the batch defaults (:mod:`care_retriever.model.batch_limits`): the encoding config, the
+On the ground floor beside the batch defaults (:mod:`care_retriever.runtime.batch_limits`): the encoding config, the
 store configs and the CLI read them; torch-free, it imports nothing of the package but its errors.
 """
 

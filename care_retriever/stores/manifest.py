@@ -9,9 +9,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from care_retriever import __version__
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.manifest_fields import METRICS, check_fields, check_format_version
+from care_retriever.version import __version__
 
 # 2: the FAISS store may hold an append-only vector delta (written by small in-place writes). Format 1
 # stores (no delta) are read as they are.

@@ -21,7 +21,7 @@ from care_retriever.documents import document_text
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import check_model_location, core_title, model_metric
 from care_retriever.integrations.haystack.text_embedder import NOT_WARMED_UP
-from care_retriever.model.batch_limits import DOCUMENT_BATCH_SIZE
+from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
 
 if TYPE_CHECKING:
     from care_retriever.model.protocols import DocumentEncoder

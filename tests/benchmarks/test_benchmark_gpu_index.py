@@ -161,8 +161,8 @@ def test_each_side_is_read_against_the_towers_fp32_vectors(sample_corpus_path: P
     """The fidelity column: the same function gives cosine 1 to the fp32 reference, FP8's rounding less (and a
     side whose tower computes something else would show it)."""
     from care_retriever.indexing.corpus import read_corpus
-    from care_retriever.model.fp8 import emulate_fp8
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
+    from care_retriever.runtime.fp8 import emulate_fp8
 
     embedder = init_from_scratch("tiny", [sample_corpus_path])
     texts = [d.embedding_text() for d in read_corpus(sample_corpus_path)][:40]

@@ -64,7 +64,7 @@ def spec(store_kind: str, folder: Path) -> str:
 def tiny_care_model(out: Path, corpus: Path) -> Path:
     """A model in this package's format: tiny random towers whose tokenizers are trained on the corpus, widened
     so that texts get told apart (conftest's ``discriminative_init``)."""
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
 
     embedder = init_from_scratch("tiny", [corpus], seed=0)
     discriminative_init(embedder)
@@ -125,7 +125,7 @@ def door_cli(cell: Cell) -> Ranked:
 
 
 def door_python(cell: Cell) -> Ranked:
-    from care_retriever.indexing.corpus import Document
+    from care_retriever.documents import Document
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.search.retriever import CareRetriever
@@ -528,8 +528,8 @@ def test_empty_text_is_refused_alike_at_every_door(models: dict[str, Path], work
     from haystack import Document as HaystackDocument
 
     from care_retriever.cli.main import main
+    from care_retriever.documents import Document
     from care_retriever.errors import InputError
-    from care_retriever.indexing.corpus import Document
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.integrations.haystack import CareDocumentEmbedder, CareFaissDocumentStore
     from care_retriever.integrations.langchain import CareEmbeddings, CareVectorStore

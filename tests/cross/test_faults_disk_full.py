@@ -298,7 +298,7 @@ def test_qdrant_edge_disk_filled_at_a_commit_time_optimize(
     first = corpus(tmp_path / "first.jsonl", 50, "old", repeat=6)
     options = {"indexing_threshold": 1, "max_segment_size": 20}  # KB: 160 of the tiny model's 32-d vectors
     writer = DocumentStoreWriter(
-        AsymmetricEmbedder.from_pretrained(tiny_model_dir), spec, index_options=options, show_progress=False
+        AsymmetricEmbedder.from_pretrained(tiny_model_dir), spec, index=options, show_progress=False
     )
     writer.write(read_corpus(first))
     writer.store.close()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from care_retriever import CareRetriever, DocumentStoreWriter
-from care_retriever.indexing.corpus import Document
+from care_retriever.documents import Document
 
 WORDS = [
     "高血压",
@@ -56,7 +56,7 @@ def test_threaded_search_equals_serial(embedder, corpus, tmp_path: Path, spec: s
         "qdrant-memory": "qdrant::memory:",
     }[spec]
     options = {"type": "hnsw", "m": 8} if spec == "faiss-hnsw" else None
-    writer = DocumentStoreWriter(embedder, store, show_progress=False, index_options=options)
+    writer = DocumentStoreWriter(embedder, store, show_progress=False, index=options)
     writer.write(corpus)
     retriever = CareRetriever(writer.store, embedder)
     queries = _queries(60)

@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
+from care_retriever.documents import Document
 from care_retriever.errors import CareError, InputError, ModelError
-from care_retriever.indexing.corpus import Document
+from care_retriever.indexing.config import EncodeConfig
 
 SETTINGS = settings(
     max_examples=30,
@@ -152,7 +153,7 @@ def test_any_documents_round_trip_through_both_stores(embedder, docs: list[Docum
     latest = {d.id: d for d in docs}  # repeated ids: the last one wins, as an upsert would
     with tempfile.TemporaryDirectory() as tmp:
         for spec in (f"faiss:{Path(tmp) / 'f'}", "qdrant::memory:"):
-            writer = DocumentStoreWriter(embedder, spec, show_progress=False, chunk_size=3)
+            writer = DocumentStoreWriter(embedder, spec, show_progress=False, encode=EncodeConfig(chunk_size=3))
             report = writer.write(docs)
             assert report.count == len(latest) == writer.store.count()
             assert writer.store.get(list(latest)) == list(latest.values())

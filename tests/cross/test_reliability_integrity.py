@@ -12,8 +12,8 @@ import pytest
 
 from care_retriever import CareRetriever, DocumentStoreWriter
 from care_retriever.cli.main import main
+from care_retriever.documents import Document
 from care_retriever.errors import StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import DOCSTORE, INDEX, MANIFEST, FaissStore
 from care_retriever.stores.qdrant import QdrantStore

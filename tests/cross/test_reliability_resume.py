@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
+from care_retriever.indexing.config import EncodeConfig
 from care_retriever.indexing.writer import WriteReport
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import MANIFEST
@@ -159,7 +160,7 @@ def assert_same(state: dict, reference: dict, embedder: AsymmetricEmbedder, stor
 
 
 def reindex(embedder: AsymmetricEmbedder, corpus: Path, store: str) -> WriteReport:
-    writer = DocumentStoreWriter(embedder, store, show_progress=False, **WRITER)
+    writer = DocumentStoreWriter(embedder, store, show_progress=False, encode=EncodeConfig(**WRITER))
     report = writer.write(read_corpus(corpus))
     writer.store.close()
     return report
@@ -238,7 +239,11 @@ def test_faiss_quantized_killed_then_resumed_equals_clean_run(
     assert final["count"] == 1500 and final["unchanged"] >= 512
     clean = tmp_path / "clean"
     writer = DocumentStoreWriter(
-        embedder, f"faiss:{clean}", show_progress=False, index_options={"quantize": quantize}, **{**WRITER, **sizes}
+        embedder,
+        f"faiss:{clean}",
+        show_progress=False,
+        index={"quantize": quantize},
+        encode=EncodeConfig(**{**WRITER, **sizes}),
     )
     writer.write(read_corpus(corpus))
     writer.store.close()
@@ -282,7 +287,7 @@ def test_qdrant_edge_killed_during_a_commit_time_optimize_keeps_old_or_new(
     folder = tmp_path / "q"
     spec = f"qdrant:{folder}"
     options = {"indexing_threshold": 1, "max_segment_size": 100}  # KB: 800 of the tiny model's 32-d vectors
-    writer = DocumentStoreWriter(embedder, spec, show_progress=False, index_options=options, **WRITER)
+    writer = DocumentStoreWriter(embedder, spec, show_progress=False, index=options, encode=EncodeConfig(**WRITER))
     writer.write(read_corpus(old))
     writer.store.close()
     before = {d.id: d.text for d in read_corpus(old)}
@@ -307,7 +312,9 @@ def test_qdrant_edge_killed_during_a_commit_time_optimize_keeps_old_or_new(
     final = run_to_end(cmd)
     assert final["count"] == len(after) and final["unchanged"] > 0  # what the killed run wrote is kept
     clean = tmp_path / "clean"
-    writer = DocumentStoreWriter(embedder, f"qdrant:{clean}", show_progress=False, index_options=options, **WRITER)
+    writer = DocumentStoreWriter(
+        embedder, f"qdrant:{clean}", show_progress=False, index=options, encode=EncodeConfig(**WRITER)
+    )
     writer.write(read_corpus(updated))
     writer.store.close()
     state, reference_state = qdrant_state(folder), qdrant_state(clean)
@@ -326,7 +333,7 @@ def test_delete_then_reindex_restores_only_the_deleted(embedder, tmp_path: Path)
     corpus = make_corpus(tmp_path / "corpus.jsonl", 300, seed=2)
     spec = f"faiss:{tmp_path / 's'}"
     reference(embedder, corpus, spec)
-    writer = DocumentStoreWriter(embedder, spec, show_progress=False, **WRITER)
+    writer = DocumentStoreWriter(embedder, spec, show_progress=False, encode=EncodeConfig(**WRITER))
     assert writer.delete(["doc-1", "doc-7", "missing"]) == 2
     report = writer.write(read_corpus(corpus))
     assert (report.added, report.updated, report.unchanged, report.count) == (2, 0, 298, 300)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from qdrant_client import QdrantClient
 
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.config import FaissIndexConfig, IndexType, QdrantCollectionConfig
 from care_retriever.stores.faiss import FaissStore

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
+from care_retriever.indexing.config import EncodeConfig
 from care_retriever.stores.faiss import FaissStore
 
 pytestmark = pytest.mark.slow
@@ -90,7 +91,10 @@ def test_two_gloo_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
     single = tmp_path / "single"
     DocumentStoreWriter(
-        embedder, f"faiss:{single}", batch_size=8, chunk_size=64, checkpoint_every=64, show_progress=False
+        embedder,
+        f"faiss:{single}",
+        show_progress=False,
+        encode=EncodeConfig(batch_size=8, chunk_size=64, checkpoint_every=64),
     ).write(read_corpus(corpus))
     rows_a, vec_a = _rows(sharded)
     rows_b, vec_b = _rows(single)

@@ -208,10 +208,9 @@ def test_a_document_text_rule_change_changes_every_fingerprint(
 # ---------------------------------------------------------------------- query prompt
 def test_every_embedder_fills_the_one_query_prompt(tiny_model_dir: Path, tmp_path: Path) -> None:
     from care_retriever.model import baselines
-    from care_retriever.model import embedder as embedder_module
     from care_retriever.model.baselines import OneTowerEmbedder, SentenceTransformerEmbedder
     from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.model.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt
+    from care_retriever.model.towers.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt
 
     care = AsymmetricEmbedder.from_pretrained(tiny_model_dir, load="query")
     care.config.query_prompt_template = QUERY_PROMPT_TEMPLATE  # what from_towers gives a decoder query tower
@@ -227,12 +226,12 @@ def test_every_embedder_fills_the_one_query_prompt(tiny_model_dir: Path, tmp_pat
     assert OneTowerEmbedder(care, "query").query_prompt("检索医学文档") == expected
     assert baseline.query_prompt("检索医学文档") == expected
     assert baseline.query_prompt(None) == "Instruct: 其他任务\nQuery: "  # a fixed prompt of the model is kept
-    assert embedder_module.QUERY_PROMPT_TEMPLATE is baselines.QUERY_PROMPT_TEMPLATE is QUERY_PROMPT_TEMPLATE
+    assert baselines.QUERY_PROMPT_TEMPLATE is QUERY_PROMPT_TEMPLATE
 
 
 def test_the_query_template_is_written_once() -> None:
     holders = [str(p.relative_to(REPO)) for p in _sources() if "Instruct: {instruction}" in p.read_text("utf-8")]
-    assert holders == ["care_retriever/model/prompts.py"]
+    assert holders == ["care_retriever/model/towers/prompts.py"]
 
 
 # ---------------------------------------------------------------------- local paths
@@ -255,7 +254,7 @@ def test_every_loader_refuses_a_missing_local_path_alike(name: str) -> None:
 
 
 def test_hub_ids_are_not_local_paths() -> None:
-    from care_retriever.model.loading import local_model_dir, looks_local
+    from care_retriever.model.towers.loading import local_model_dir, looks_local
 
     for hub_id in ("BAAI/bge-small-zh-v1.5", "Qwen/Qwen3-Embedding-0.6B", "bert-base-chinese"):
         assert not looks_local(hub_id) and local_model_dir(hub_id) is None

@@ -31,8 +31,6 @@ REPO = Path(__file__).resolve().parents[2]
 # import: ``import care_retriever`` stays torch-free, its public names loading their module on first use.
 LAZY_ON_PURPOSE = {
     ("care_retriever", "__getattr__"): "the package's public names, loaded on first use",
-    # the old module paths of earlier releases: a moved module is imported only when code imports its old path
-    ("care_retriever.old_paths", "create_module"): "an old path's module, loaded when imported by its old path",
 }
 
 
@@ -163,22 +161,26 @@ def test_imports_are_acyclic() -> None:
 
 
 # The floors of docs/architecture.md, bottom first: each a set of rooms (a module belongs to the room that is the
-# longest prefix of its name). Errors and the old-path finder import nothing of the package; the ground floor
+# longest prefix of its name). Errors, strict JSON and the version import nothing of the package; the ground floor
 # (torch-free) is what every room may read: documents and JSONL rows, the batch defaults, the settings helpers,
-# the package's version. The BM25 side lies under the stores that hold one and the baselines that use its tokens.
+# the package's version. The document-side runtime lies under the towers, the towers under the model that pairs
+# them. The BM25 side lies under the stores that hold one and the baselines that use its tokens.
 FLOORS: tuple[frozenset[str], ...] = tuple(
     frozenset(floor)
     for floor in (
-        {"care_retriever.errors", "care_retriever.old_paths", "care_retriever.strict_json"},
+        {"care_retriever.errors", "care_retriever.strict_json", "care_retriever.version"},
         {
             "care_retriever",
             "care_retriever.documents",
             "care_retriever.faults",
             "care_retriever.vectors",
-            "care_retriever.model.batch_limits",
+            "care_retriever.runtime.batch_limits",
+            "care_retriever.runtime.choices",
             "care_retriever.model.settings",
         },
         {"care_retriever.sparse"},
+        {"care_retriever.runtime"},  # the document side's runtime: imports nothing of the model
+        {"care_retriever.model.towers"},  # the towers as their own libraries read them: nothing above them
         {"care_retriever.model", "care_retriever.stores"},
         {"care_retriever.indexing", "care_retriever.search"},
         {"care_retriever.evaluation"},
@@ -216,15 +218,15 @@ def wrong_way_imports(graph: dict[str, set[str]]) -> list[str]:
 def test_wrong_way_imports_finds_an_import_up_or_across() -> None:
     graph = {
         "care_retriever.model.embedder": {"care_retriever.documents", "care_retriever.model.encoding"},
-        "care_retriever.model.encoding": {"care_retriever.model.batch_limits"},
+        "care_retriever.model.encoding": {"care_retriever.runtime.batch_limits"},
         "care_retriever.stores.base": {"care_retriever.indexing.corpus"},  # up a floor
         "care_retriever.search.retriever": {"care_retriever.indexing.writer"},  # across one floor
     }
     assert wrong_way_imports(graph) == [
         "care_retriever.search.retriever -> care_retriever.indexing.writer "
-        "(care_retriever.search 4 -> care_retriever.indexing 4)",
+        "(care_retriever.search 6 -> care_retriever.indexing 6)",
         "care_retriever.stores.base -> care_retriever.indexing.corpus "
-        "(care_retriever.stores 3 -> care_retriever.indexing 4)",
+        "(care_retriever.stores 5 -> care_retriever.indexing 6)",
     ]
 
 
@@ -239,7 +241,7 @@ def test_model_and_stores_import_without_indexing() -> None:
     code = (
         "import sys\n"
         "import care_retriever.model.embedder, care_retriever.model.baselines, care_retriever.stores.faiss\n"
-        "import care_retriever.stores.qdrant_store\n"
+        "import care_retriever.stores.qdrant\n"
         "loaded = sorted(m for m in sys.modules if m.startswith(('care_retriever.indexing', 'care_retriever.cli')))\n"
         "assert not loaded, loaded\n"
     )

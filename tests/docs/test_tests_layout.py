@@ -81,9 +81,7 @@ def test_every_test_module_has_a_unique_basename() -> None:
 
 def test_test_modules_live_in_a_folder_of_the_tree() -> None:
     """Only conftest.py sits at the root of tests/; test modules go in the folder of the code they test."""
-    # The module-path aliases of earlier releases are tested in place until they are removed with their module.
-    leftover = {"test_old_paths.py"}
-    assert sorted(p.name for p in TESTS.glob("test_*.py") if p.name not in leftover) == []
+    assert sorted(p.name for p in TESTS.glob("test_*.py")) == []
 
 
 def test_a_fixture_of_a_conftest_is_not_defined_again_below_it() -> None:

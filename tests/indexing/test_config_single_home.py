@@ -184,7 +184,7 @@ OLD_LITERAL_DEFAULTS = [
 CONFIG_HOMES = {
     Path("care_retriever/stores/config.py"),
     Path("care_retriever/indexing/config.py"),
-    Path("care_retriever/model/batch_limits.py"),
+    Path("care_retriever/runtime/batch_limits.py"),
 }
 
 

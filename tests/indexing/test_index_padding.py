@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from care_retriever.indexing.corpus import Document
+from care_retriever.documents import Document
+from care_retriever.indexing.config import EncodeConfig
 from care_retriever.indexing.writer import DocumentStoreWriter
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.model.encoding import BatchLimits, auto_batch_limits, encode_texts
@@ -66,7 +67,10 @@ def test_batches_are_sorted_over_the_whole_input_not_per_chunk(embedder: Asymmet
     twice the real tokens); sorted over the window, a batch holds documents of one length."""
     docs = mixed_documents()
     writer = DocumentStoreWriter(
-        embedder, f"faiss:{tmp_path / 's'}", batch_size=16, chunk_size=16, checkpoint_every=64, show_progress=False
+        embedder,
+        f"faiss:{tmp_path / 's'}",
+        show_progress=False,
+        encode=EncodeConfig(batch_size=16, chunk_size=16, checkpoint_every=64),
     )
     with forward_shapes(embedder) as shapes:
         report = writer.write(docs)
@@ -88,7 +92,11 @@ def test_a_new_store_that_trains_on_its_first_vectors_gets_the_first_chunk_first
     encoded: list[list[str]] = []
     for spec, options in ((f"faiss:{tmp_path / 'q'}", {"quantize": "sq8"}), (f"faiss:{tmp_path / 'f'}", None)):
         writer = DocumentStoreWriter(
-            embedder, spec, chunk_size=256, checkpoint_every=256, index_options=options, show_progress=False
+            embedder,
+            spec,
+            index=options,
+            show_progress=False,
+            encode=EncodeConfig(chunk_size=256, checkpoint_every=256),
         )
         calls: list[list[str]] = []
         # the texts of each encode call in the order the writer hands them over: only its encode step sees them
@@ -111,7 +119,10 @@ def test_window_sorted_vectors_are_the_documents_own(embedder: AsymmetricEmbedde
     """Documents encoded out of input order, a window at a time, still get their own vectors (by id)."""
     docs = mixed_documents(120)
     writer = DocumentStoreWriter(
-        embedder, f"faiss:{tmp_path / 's'}", chunk_size=8, sort_window=50, checkpoint_every=20, show_progress=False
+        embedder,
+        f"faiss:{tmp_path / 's'}",
+        show_progress=False,
+        encode=EncodeConfig(chunk_size=8, sort_window=50, checkpoint_every=20),
     )
     writer.write(docs)
     writer.store.close()
@@ -125,7 +136,9 @@ def test_a_repeated_id_in_one_window_is_written_once_the_last_version(
     embedder: AsymmetricEmbedder, tmp_path: Path
 ) -> None:
     docs = [*mixed_documents(40), Document(id="d3", text="最后的版本：高血压患者应低盐饮食")]
-    writer = DocumentStoreWriter(embedder, f"faiss:{tmp_path / 's'}", chunk_size=8, show_progress=False)
+    writer = DocumentStoreWriter(
+        embedder, f"faiss:{tmp_path / 's'}", show_progress=False, encode=EncodeConfig(chunk_size=8)
+    )
     report = writer.write(docs)
     writer.store.close()
     store = FaissStore(tmp_path / "s")
@@ -193,7 +206,7 @@ def test_the_background_thread_gives_the_same_vectors_and_stops(embedder: Asymme
 def test_an_error_in_the_background_thread_reaches_the_caller(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     import threading
 
-    from care_retriever.model import tokenised
+    from care_retriever.runtime import tokenised
 
     calls = {"n": 0}
     original = tokenised.TokenisedTexts.add
@@ -215,7 +228,7 @@ def test_an_error_in_the_background_thread_reaches_the_caller(embedder: Asymmetr
 def test_the_tokenizer_backend_gives_the_towers_own_batches(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     """After the first group, texts are tokenised by the Rust backend directly once it gave the tower's own ids
     for that group; a text that may reach the max length goes through the tower's preprocess (its truncation)."""
-    from care_retriever.model import tokenised
+    from care_retriever.runtime import tokenised
 
     monkeypatch.setattr(tokenised, "GROUP_TEXTS", 32)
     model = embedder.document_model
@@ -243,7 +256,7 @@ def test_auto_limits_on_cpu_are_the_cpu_defaults(embedder: AsymmetricEmbedder) -
 def test_the_backend_verdict_holds_for_the_towers_later_calls(embedder: AsymmetricEmbedder, monkeypatch) -> None:
     """The index writer encodes a slice per call: once the backend gave the tower's own ids for a prompt, later calls
     with it tokenise with the backend from their first group instead of tokenising that group twice."""
-    from care_retriever.model import tokenised
+    from care_retriever.runtime import tokenised
 
     monkeypatch.setattr(tokenised, "GROUP_TEXTS", 32)
     model = embedder.document_model

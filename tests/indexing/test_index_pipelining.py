@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from care_retriever.documents import Document
 from care_retriever.errors import ModelError, StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.indexing.writer import DocumentStoreWriter
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.stores.faiss import FaissStore

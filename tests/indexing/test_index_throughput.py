@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from care_retriever.indexing.config import EncodeConfig
 from care_retriever.indexing.corpus import read_corpus
 from care_retriever.indexing.writer import DocumentStoreWriter
 from care_retriever.model.embedder import AsymmetricEmbedder
@@ -117,11 +118,11 @@ def test_the_background_tokens_are_the_postings_the_store_would_write(
         store = tmp_path / f"background-{background}"
         writer = DocumentStoreWriter(
             embedder,
-            f"faiss:{store}",
-            chunk_size=4,  # two chunks: a request per chunk, answered in step
+            f"faiss:{store}",  # two chunks: a request per chunk, answered in step
             sparse=True,
             background_tokenizer=background,
             show_progress=False,
+            encode=EncodeConfig(chunk_size=4),
         )
         writer.write(read_corpus(small_corpus_path))
         writer.store.close()

@@ -21,6 +21,7 @@ import pytest
 
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, WriteError
+from care_retriever.indexing.config import EncodeConfig
 from care_retriever.indexing.space import check_store_space
 from care_retriever.indexing.writer import DocumentStoreWriter
 from care_retriever.model.protocols import DocumentEncoder
@@ -73,7 +74,9 @@ def vector_of(text: str) -> np.ndarray:
 def test_the_writer_indexes_with_an_encoder_that_implements_only_the_protocol(tmp_path: Path) -> None:
     encoder = HashingDocumentEncoder()
     assert isinstance(encoder, DocumentEncoder)
-    writer = DocumentStoreWriter(encoder, f"faiss:{tmp_path / 's'}", show_progress=False, chunk_size=16)
+    writer = DocumentStoreWriter(
+        encoder, f"faiss:{tmp_path / 's'}", show_progress=False, encode=EncodeConfig(chunk_size=16)
+    )
     assert writer.background_tokenizer is False  # no torch tower: nothing runs on an accelerator
     report = writer.write(DOCS)
     assert report.added == len(DOCS) and report.count == len(DOCS) and encoder.calls >= 1
@@ -95,7 +98,9 @@ def test_the_writer_trains_a_new_ivf_store_on_the_corpus_first_documents(tmp_pat
     """The store says whether it trains on the first vectors; the writer then writes them in corpus order."""
     encoder = HashingDocumentEncoder()
     index = FaissIndexConfig(index_type=IndexType.IVF, nlist=2, nprobe=2)
-    writer = DocumentStoreWriter(encoder, f"faiss:{tmp_path / 's'}", index=index, show_progress=False, chunk_size=40)
+    writer = DocumentStoreWriter(
+        encoder, f"faiss:{tmp_path / 's'}", index=index, show_progress=False, encode=EncodeConfig(chunk_size=40)
+    )
     assert writer.store.trains_on_first_vectors(index)
     assert writer.write(DOCS).count == len(DOCS)
     with FaissStore(tmp_path / "s") as store:
@@ -144,7 +149,7 @@ def test_a_qdrant_store_takes_only_its_config(settings: Any) -> None:
 def test_a_users_dict_is_read_once_where_it_is_handed_in(tmp_path: Path) -> None:
     """The writer's earlier ``index_options=`` keyword is such a door: the store is handed the config."""
     writer = DocumentStoreWriter(
-        HashingDocumentEncoder(), f"faiss:{tmp_path / 's'}", index_options={"type": "hnsw", "m": 8}, show_progress=False
+        HashingDocumentEncoder(), f"faiss:{tmp_path / 's'}", index={"type": "hnsw", "m": 8}, show_progress=False
     )
     assert writer.index == FaissIndexConfig(index_type=IndexType.HNSW, m=8)
     writer.write(DOCS[:5])

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.model.embedder import QUERY_PROMPT_TEMPLATE, AsymmetricEmbedder
-from care_retriever.model.towers.scratch import build_random_towers, iter_vocab_texts
+from care_retriever.model.config import QUERY_PROMPT_TEMPLATE
+from care_retriever.model.embedder import AsymmetricEmbedder
+from care_retriever.model.scratch import build_random_towers, iter_vocab_texts
 
 QUERIES = ["血压高怎么办", "宝宝发烧三十九度要去医院吗", "失眠"]
 DOCS = [

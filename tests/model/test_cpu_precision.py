@@ -11,9 +11,9 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 
-from care_retriever.model import runtime
 from care_retriever.model.embedder import AsymmetricEmbedder
-from care_retriever.model.runtime import cpu_dtype, native_cpu_bf16, resolve_dtype
+from care_retriever.runtime import device as runtime
+from care_retriever.runtime.device import cpu_dtype, native_cpu_bf16, resolve_dtype
 from tests.support.hub_towers import write_bert_sentence_transformer, write_qwen3_embedding
 from tests.support.vectors import cosines
 

@@ -293,7 +293,7 @@ def test_a_declared_document_prompt_is_part_of_indexing_training_and_the_space(h
 
 def test_the_index_writer_encodes_documents_with_the_declared_document_prompt(hub: Path, tmp_path: Path) -> None:
     """The writer encodes through the embedder's embed_documents: each stored vector is that document's row."""
-    from care_retriever.indexing.corpus import Document
+    from care_retriever.documents import Document
     from care_retriever.indexing.writer import DocumentStoreWriter
 
     folder = write_qwen3_embedding(tmp_path / "prompted", document_prompt="文档：")

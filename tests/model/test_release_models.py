@@ -163,7 +163,7 @@ def test_the_release_is_a_model_everywhere_via_the_cli(
 
 def test_qdrant_scores_release_vectors_by_dot_product(embedders: dict, tmp_path: Path) -> None:
     """Qdrant's cosine would renormalise the cut document vectors; the store is created with DOT."""
-    from care_retriever.indexing.corpus import Document
+    from care_retriever.documents import Document
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.search.retriever import CareRetriever
 
@@ -245,8 +245,8 @@ def test_a_gte_config_the_native_model_cannot_reproduce_is_refused(
 
 def test_a_store_of_another_convention_refuses_the_release(capsys, release: dict[str, Path], tmp_path: Path) -> None:
     """The same towers read with this package's own convention (EOS appended, renormalised) write another space."""
+    from care_retriever.documents import Document
     from care_retriever.errors import StoreError
-    from care_retriever.indexing.corpus import Document
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.model.embedder import AsymmetricEmbedder
     from care_retriever.search.retriever import CareRetriever

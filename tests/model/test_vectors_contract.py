@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.model.config import CareConfig, TowerInfo
 from care_retriever.model.towers import release
 from care_retriever.vectors import VectorContract

@@ -18,12 +18,12 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Module
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.model.batch_limits import BatchLimits
-from care_retriever.model.batch_sizing import Batches
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.model.encoding import encode_texts
-from care_retriever.model.features import sequence_lengths
-from care_retriever.model.runtime import auto_dtype, gpu_dtype, resolve_attn_implementation, resolve_dtype
+from care_retriever.runtime.batch_limits import BatchLimits
+from care_retriever.runtime.batch_sizing import Batches
+from care_retriever.runtime.device import auto_dtype, gpu_dtype, resolve_attn_implementation, resolve_dtype
+from care_retriever.runtime.features import sequence_lengths
 
 # Texts of many lengths (1 to 60 characters), in no length order.
 CHARS = "高血压患者应低盐饮食规律服用降压药定期监测感冒多由病毒引起休息喝水糖尿病控制运动"
@@ -188,7 +188,7 @@ def test_the_attention_implementation_reaches_the_loaded_tower(tiny_model_dir: P
 
 
 def test_auto_takes_flash_attention_only_on_cuda_in_half_precision(monkeypatch: pytest.MonkeyPatch) -> None:
-    import care_retriever.model.runtime as runtime_module
+    import care_retriever.runtime.device as runtime_module
 
     # the flash_attn package is not installed on CI machines: its presence is what is stood in for here
     monkeypatch.setattr(runtime_module, "flash_attn_installed", lambda: True)
@@ -232,8 +232,8 @@ def test_the_dtypes_the_index_options_take_are_the_ones_the_embedder_resolves() 
     """``index --dtype`` is checked (torch-free) by EncodeConfig against the names the embedder resolves: every
     one of them, ``saved`` included, and nothing else."""
     from care_retriever.indexing.config import EncodeConfig
-    from care_retriever.model.loading import DTYPE_NAMES
-    from care_retriever.model.runtime import DTYPES
+    from care_retriever.runtime.choices import DTYPE_NAMES
+    from care_retriever.runtime.device import DTYPES
 
     assert set(DTYPE_NAMES) - {"auto", "saved"} == set(DTYPES)
     for name in DTYPE_NAMES:

@@ -16,7 +16,7 @@ import pytest
 
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.model.encoding import encode_texts
-from care_retriever.model.forward import WARM_UP_TEXTS, prepare_document_forward
+from care_retriever.runtime.forward import WARM_UP_TEXTS, prepare_document_forward
 
 TEXT = "高血压患者应低盐饮食，规律服用降压药，定期监测血压。糖尿病患者需要控制饮食、适量运动，并遵医嘱使用降糖药物。"
 

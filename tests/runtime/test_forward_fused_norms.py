@@ -17,8 +17,8 @@ from care_retriever.errors import InputError, ModelError
 from care_retriever.indexing.config import EncodeConfig
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.model.encoding import encode_texts
-from care_retriever.model.forward import document_forward, forward_state, prepare_document_forward
-from care_retriever.model.fused_norms import fusable_norms, fuse_norms, norms_fused, unfuse_norms
+from care_retriever.runtime.forward import document_forward, forward_state, prepare_document_forward
+from care_retriever.runtime.fused_norms import fusable_norms, fuse_norms, norms_fused, unfuse_norms
 from tests.fixtures.release import make_release_fixtures as release
 from tests.support.cli import run_cli
 from tests.support.data import MIXED_LENGTH_TEXTS

@@ -14,13 +14,13 @@ import torch
 
 from care_retriever.errors import InputError, ModelError
 from care_retriever.indexing.config import EncodeConfig
-from care_retriever.model.batch_limits import BatchLimits
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.model.encoding import encode_texts
-from care_retriever.model.forward import forward_state, prepare_document_forward
-from care_retriever.model.fp8 import emulate_fp8, fp8_refusal, quantize_fp8, round_rowwise, scaled_mm_linear
-from care_retriever.model.runtime import resolve_dtype
-from care_retriever.model.towers.packed import (
+from care_retriever.runtime.batch_limits import BatchLimits
+from care_retriever.runtime.device import resolve_dtype
+from care_retriever.runtime.forward import forward_state, prepare_document_forward
+from care_retriever.runtime.fp8 import emulate_fp8, fp8_refusal, quantize_fp8, round_rowwise, scaled_mm_linear
+from care_retriever.runtime.packed import (
     can_pack,
     disable_packed,
     is_packed,
@@ -307,8 +307,8 @@ def test_the_writer_hashes_the_document_weights_before_their_forward_pass_is_set
     # Found on an H100: `--dtype fp8` replaced the Linear weights by torchao's float8 tensors before the space
     # fingerprint hashed them, and the hash could not read them (the run stopped). The weights are hashed as loaded.
     from care_retriever.indexing.writer import DocumentStoreWriter
-    from care_retriever.model import forward as forward_module
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
+    from care_retriever.runtime import forward as forward_module
 
     embedder = init_from_scratch("tiny", [sample_corpus_path])  # no fingerprint recorded: the weights are hashed
     events: list[str] = []

@@ -140,7 +140,7 @@ async def test_qdrant_async_reads_go_through_async_qdrant_client(embedder: Asymm
     documents and counts."""
     from qdrant_client import AsyncQdrantClient, QdrantClient
 
-    from care_retriever.indexing.corpus import Document
+    from care_retriever.documents import Document
     from care_retriever.stores.qdrant import QdrantStore
 
     rows = read_jsonl(SAMPLE_DIR / "corpus.jsonl")[:60]
@@ -175,7 +175,7 @@ async def test_qdrant_edge_async_reads_run_off_the_event_loop(embedder: Asymmetr
     on the loop's own, and give the sync reads' hits, documents and counts."""
     import threading
 
-    from care_retriever.indexing.corpus import Document
+    from care_retriever.documents import Document
     from care_retriever.stores.qdrant import EdgeStore, QdrantStore
 
     rows = read_jsonl(SAMPLE_DIR / "corpus.jsonl")[:40]

@@ -12,7 +12,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from care_retriever.errors import InputError
-from care_retriever.model.compiled import is_compiled, query_compile_state
+from care_retriever.runtime.compiled import is_compiled, query_compile_state
 from care_retriever.search.backends import load_query_embedder
 from tests.support.data import sample_queries
 from tests.support.models import exported_tiny_model

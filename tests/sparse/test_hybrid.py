@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from care_retriever.cli.main import main
+from care_retriever.documents import Document
 from care_retriever.errors import StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.indexing.writer import DocumentStoreWriter
 from care_retriever.search.retriever import CareRetriever
 from care_retriever.sparse import FusionConfig

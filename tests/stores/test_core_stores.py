@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.indexing.corpus import Document
+from care_retriever.indexing.config import EncodeConfig
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import DOCSTORE, INDEX, MANIFEST
 
@@ -42,7 +43,7 @@ def test_write_then_search_matches_brute_force(embedder, docs, tmp_path: Path, s
         "qdrant-memory": "qdrant::memory:",
         "qdrant-path": f"qdrant:{tmp_path / 'q'}",
     }[spec]
-    writer = DocumentStoreWriter(embedder, store, show_progress=False, chunk_size=4)
+    writer = DocumentStoreWriter(embedder, store, show_progress=False, encode=EncodeConfig(chunk_size=4))
     report = writer.write(docs)
     assert (report.added, report.count) == (len(docs), len(docs))
     retriever = CareRetriever(writer.store, embedder)
@@ -89,7 +90,7 @@ def test_reindex_adds_nothing_update_reencodes_changed_and_delete(embedder, docs
 
 @pytest.mark.parametrize("options", [{"type": "hnsw", "m": 8}, {"type": "ivf", "nlist": 2, "nprobe": 2}])
 def test_approximate_faiss_indexes(embedder, docs, tmp_path: Path, options: dict) -> None:
-    writer = DocumentStoreWriter(embedder, f"faiss:{tmp_path / 's'}", index_options=options, show_progress=False)
+    writer = DocumentStoreWriter(embedder, f"faiss:{tmp_path / 's'}", index=options, show_progress=False)
     writer.write(docs)
     hits = CareRetriever(writer.store, embedder).search(QUERIES[0], top_k=3)
     assert [h.id for h in hits] == _brute_force(embedder, docs, QUERIES[0])[:3]  # tiny index: exact
@@ -100,7 +101,7 @@ def test_approximate_faiss_indexes(embedder, docs, tmp_path: Path, options: dict
 
 
 def test_store_refuses_another_model(embedder, docs, tmp_path: Path, small_corpus_path: Path) -> None:
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
 
     DocumentStoreWriter(embedder, f"faiss:{tmp_path / 's'}", show_progress=False).write(docs)
     other = init_from_scratch("tiny", [small_corpus_path], seed=1)

@@ -204,7 +204,7 @@ def vector(text: str) -> np.ndarray:
 
 
 def documents(ids_texts: list[tuple[str, str]]) -> list[Any]:
-    from care_retriever.indexing.corpus import Document
+    from care_retriever.documents import Document
 
     return [Document(id=i, text=t) for i, t in ids_texts]
 

@@ -38,7 +38,7 @@ EXPORT_INIT_STD = 0.2
 def exported_tiny_model(folder: Path, corpus: Path, backend: str) -> Path:
     """A tiny model saved in ``folder/tiny`` with an fp32 + int8 ``backend`` export of its query tower."""
     from care_retriever.cli.main import main
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
 
     model = folder / "tiny"
     embedder = init_from_scratch("tiny", [corpus, SAMPLE_DIR / "corpus.jsonl"], seed=0)
@@ -72,7 +72,7 @@ def discrimination(embedder) -> tuple[float, int]:
 
 
 def build_tiny_model(out: Path, small_corpus: Path) -> Path:
-    from care_retriever.model.towers.scratch import init_from_scratch
+    from care_retriever.model.scratch import init_from_scratch
 
     vocab = [small_corpus]
     if (SAMPLE_DIR / "corpus.jsonl").is_file():

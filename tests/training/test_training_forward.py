@@ -15,8 +15,8 @@ import torch
 
 from care_retriever.errors import InputError
 from care_retriever.model.embedder import AsymmetricEmbedder
-from care_retriever.model.forward import forward_state
-from care_retriever.model.towers.packed import is_packed
+from care_retriever.runtime.forward import forward_state
+from care_retriever.runtime.packed import is_packed
 from care_retriever.training.lora import LoraSpec
 from care_retriever.training.recipe import build_stage, parse_recipe
 from care_retriever.training.stage_common import lora_on
@@ -235,7 +235,7 @@ def test_a_recipe_trains_stage1_and_stage2_on_the_packed_forward_and_reports_it(
 
 def test_an_fp32_pass_cannot_run_the_cuda_varlen_kernels() -> None:
     # flash attention's varlen kernels compute fp16 / bf16 only: on CUDA an fp32 pass pads instead
-    from care_retriever.model.towers.packed import varlen_dtype_refusal
+    from care_retriever.runtime.packed import varlen_dtype_refusal
 
     assert varlen_dtype_refusal(torch.bfloat16) is None and varlen_dtype_refusal(torch.float16) is None
     assert varlen_dtype_refusal(torch.float32) == (
@@ -248,7 +248,7 @@ def test_a_teacher_cache_compiled_for_its_encoding_leaves_the_layers_eager(
 ) -> None:
     # the compiler stands in as one that returns the layer's own forward: what is checked is that the cache asks
     # for the compile and gives the layers back eager, not inductor (minutes on these CPUs)
-    from care_retriever.model.compiled import decoder_layers
+    from care_retriever.runtime.compiled import decoder_layers
 
     compiled: list[object] = []
 

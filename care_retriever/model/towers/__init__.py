@@ -1,1 +1,5 @@
-"""Tower construction: sentence-transformers modules, presets, offline tokenizers."""
+"""The towers as their own libraries read them: sentence-transformers modules, the authors' release, presets,
+offline tokenizers. This layer imports nothing of the model above it."""
+
+# Tokens a tower reads at most unless its model says otherwise.
+DEFAULT_MAX_LENGTH = 512

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,9 +17,10 @@ from sentence_transformers.sentence_transformer.modules import Dense, Module, No
 from sentence_transformers.util import import_module_class
 
 from care_retriever.errors import ModelError
-from care_retriever.model.config import DEFAULT_MAX_LENGTH
-from care_retriever.model.loading import hub_options, model_file
-from care_retriever.model.runtime import resolve_attn_implementation, resolve_dtype
+from care_retriever.model.towers import DEFAULT_MAX_LENGTH
+from care_retriever.model.towers.loading import hub_options, model_file
+from care_retriever.runtime.architecture import config_is_decoder
+from care_retriever.runtime.device import resolve_attn_implementation, resolve_dtype
 
 PoolingName = Literal["cls", "mean", "last_token"]
 POOLING_MODES: dict[str, str] = {"cls": "cls", "mean": "mean", "last_token": "lasttoken"}
@@ -314,25 +314,6 @@ def tower_precision(name_or_path: str) -> tuple[str | None, bool]:
 def tower_pretrained_dtype(name_or_path: str) -> str | None:
     """The dtype a tower's ``config.json`` names (:func:`tower_precision`); None if unknown."""
     return tower_precision(name_or_path)[0]
-
-
-DECODER_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt2"})
-
-
-def config_is_decoder(config: Mapping[str, Any]) -> bool:
-    """Whether a tower whose ``config.json`` holds ``config`` is a decoder (causal attention) rather than a
-    bidirectional encoder."""
-    archs = config.get("architectures") or []
-    return (
-        bool(config.get("is_decoder", False))
-        or any("CausalLM" in a for a in archs)
-        or config.get("model_type") in DECODER_MODEL_TYPES
-    )
-
-
-def is_decoder(transformer: Transformer) -> bool:
-    """Whether the tower is a decoder (causal attention) rather than a bidirectional encoder."""
-    return config_is_decoder(transformer.auto_model.config.to_dict())
 
 
 def load_saved_module(

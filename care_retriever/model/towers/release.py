@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from care_retriever.errors import ModelError
-from care_retriever.model.loading import local_model_dir, offline
-from care_retriever.model.prompts import TASK_INSTRUCTIONS
+from care_retriever.model.towers.loading import local_model_dir, offline
+from care_retriever.model.towers.prompts import TASK_INSTRUCTIONS
 
 logger = logging.getLogger("care_retriever")
 

@@ -83,7 +83,7 @@ def load_query_embedder(
     tower (onnx, openvino) is a graph and runs no model code.
     ``compile``: torch only, compile the query tower's layers and warm them up now (seconds to a minute), for a
     long-running process (``serve --compile``): batch-1 queries ran 1.26-1.41x faster on a 2-core CPU
-    (docs/query-backends.md); the state is ``care_retriever.model.compiled.query_compile_state``.
+    (docs/query-backends.md); the state is ``care_retriever.runtime.compiled.query_compile_state``.
     """
     chosen = resolve_backend(model, backend)
     if compile and chosen != "torch":
@@ -108,7 +108,7 @@ def load_query_embedder(
         model, load="query", device=device, trust_remote_code=trust_remote_code, **kwargs
     )
     if compile:
-        from care_retriever.model.compiled import compile_query_tower
+        from care_retriever.runtime.compiled import compile_query_tower
 
         compile_query_tower(embedder.query_model)
     return embedder

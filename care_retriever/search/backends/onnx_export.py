@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.model.loading import replace_folder
+from care_retriever.model.towers.loading import replace_folder
 from care_retriever.search.backends.layout import (
     BACKEND_FILES,
     ONNX_FILES,
@@ -72,7 +72,7 @@ def load_tower(
     from sentence_transformers.sentence_transformer.modules import Transformer
 
     from care_retriever.model.embedder import AsymmetricEmbedder
-    from care_retriever.model.towers.modules import is_decoder
+    from care_retriever.runtime.architecture import is_decoder
 
     unknown = [q for q in quantize if q not in QUANTIZE]
     if unknown:

@@ -166,7 +166,7 @@ class WriterLock:
             import fcntl
         except ImportError:  # no flock (Windows): single-writer is then the caller's duty
             return
-        from care_retriever import faults
+        import care_retriever.faults as faults
 
         with faults.writing(self.path, "the writer lock", unchanged="nothing was written"):
             self.path.parent.mkdir(parents=True, exist_ok=True)

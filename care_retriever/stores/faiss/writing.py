@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from care_retriever import faults
+import care_retriever.faults as faults
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError, WriteError
 from care_retriever.stores.base import STORE_FORMAT_VERSION, LocalFootprint

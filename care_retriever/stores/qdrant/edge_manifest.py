@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from care_retriever import faults
+import care_retriever.faults as faults
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
 from care_retriever.stores.manifest import MANIFEST_DIGEST, digest_mismatch, manifest_bytes

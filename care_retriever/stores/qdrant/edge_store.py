@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from care_retriever import faults
+import care_retriever.faults as faults
 from care_retriever.documents import Document
 from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions

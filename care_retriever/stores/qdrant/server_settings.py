@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from care_retriever import faults
+import care_retriever.faults as faults
 from care_retriever.errors import StoreError
 from care_retriever.stores.config import QdrantCollectionConfig
 from care_retriever.stores.qdrant.common import first_line, is_server

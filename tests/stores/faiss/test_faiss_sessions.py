@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from care_retriever.documents import Document
 from care_retriever.errors import StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.stores.config import FaissIndexConfig, IndexType, Quantize
 from care_retriever.stores.faiss import DELTA, FaissStore
 from care_retriever.stores.faiss.session import InPlaceWrite, StagedWrite

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from care_retriever.cli.main import main
-from care_retriever.indexing.corpus import Document
+from care_retriever.documents import Document
 from care_retriever.stores.faiss import FaissStore
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "format1"

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from care_retriever.cli.main import main
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.stores.config import FaissIndexConfig, IndexType, Quantize
 from care_retriever.stores.faiss import DELTA, INDEX, MANIFEST, VECTORS, FaissStore
 

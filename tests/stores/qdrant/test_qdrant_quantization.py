@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from qdrant_client import QdrantClient, models
 
+from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.indexing.corpus import Document
 from care_retriever.sparse import FusionConfig
 from care_retriever.stores.config import QdrantCollectionConfig
 from care_retriever.stores.qdrant import MANIFEST_KEY, QdrantStore

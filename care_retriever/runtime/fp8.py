@@ -81,7 +81,7 @@ def round_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _target_linears(model: Any) -> list[torch.nn.Linear]:
-    from care_retriever.model.compiled import decoder_layers
+    from care_retriever.runtime.compiled import decoder_layers
 
     return [m for layer in decoder_layers(model) for m in layer.modules() if isinstance(m, torch.nn.Linear)]
 

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-from care_retriever.model.batch_limits import BatchLimits
-from care_retriever.model.batch_sizing import Batches, batch_cost
-from care_retriever.model.features import sequence_lengths, tokenizer_lock
-from care_retriever.model.towers.packed import is_packed, pack_features
+from care_retriever.runtime.batch_limits import BatchLimits
+from care_retriever.runtime.batch_sizing import Batches, batch_cost
+from care_retriever.runtime.features import sequence_lengths, tokenizer_lock
+from care_retriever.runtime.packed import is_packed, pack_features
 
 
 @dataclass

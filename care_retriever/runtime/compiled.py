@@ -8,7 +8,7 @@ would compile once per batch. The layers share one compiled graph (same code, pa
 compiles a bounded number of times: once per kind of pass, not per shape (padded: texts of one length with no mask,
 mixed lengths with the padding mask, a single text, whose batch dimension of 1 is specialised; packed: one row of
 any length). The compile time is paid in the first passes of each kind; :func:`warm_up` runs such passes up front
-(``care_retriever.model.forward.WARM_UP_TEXTS``) so that it is measured on its own and a run compiles nothing after.
+(``care_retriever.runtime.forward.WARM_UP_TEXTS``) so that it is measured on its own and a run compiles nothing after.
 """
 
 from __future__ import annotations

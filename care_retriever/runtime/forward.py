@@ -3,17 +3,17 @@ layers, FP8 Linear layers or not (:func:`prepare_document_forward`), and what wa
 which ``index --json`` reports). Training takes the same decision for the passes of one stage and gives the tower
 back as loaded after them (:func:`document_forward`).
 
-* **Packed** (:mod:`care_retriever.model.towers.packed`): where the tower can pack (a decoder on transformers'
+* **Packed** (:mod:`care_retriever.runtime.packed`): where the tower can pack (a decoder on transformers'
   attention registry, pooled by sentence-transformers' ``Pooling``) and a variable-length kernel runs on its device
   (CUDA: torch's ``varlen_attn`` or the ``flash_attn`` package). ``auto`` packs there and pads elsewhere: on the CPU
   the packed path is a reference (SDPA text by text) that proves packed = padded, not a faster path.
-* **Compiled** (:mod:`care_retriever.model.compiled`): ``auto`` compiles for ``fp8`` (the FP8 matmuls need
+* **Compiled** (:mod:`care_retriever.runtime.compiled`): ``auto`` compiles for ``fp8`` (the FP8 matmuls need
   compiling to fuse the rowwise scaling with the matmuls around it) and nowhere else until compiling is measured
   worth it there: on the 2-core CPU machines the compiled tiny tower ran its passes 1.48x faster but took 124 s to
   compile, more than a CPU run of tens of thousands of texts saves (docs/gpu.md), and the GPU rows of
   ``benchmarks.gpu_index`` are what decide it on CUDA. A compile that fails falls back to eager, said in one line.
-* **FP8** (:mod:`care_retriever.model.fp8`): ``dtype="fp8"``; refused in one line off GPUs that compute it.
-* **Fused norms** (:mod:`care_retriever.model.fused_norms`): ``auto`` runs the RMSNorm layers through torch's fused
+* **FP8** (:mod:`care_retriever.runtime.fp8`): ``dtype="fp8"``; refused in one line off GPUs that compute it.
+* **Fused norms** (:mod:`care_retriever.runtime.fused_norms`): ``auto`` runs the RMSNorm layers through torch's fused
   kernel where the layers run eager on CUDA (compiled layers fuse them with their neighbours already; on the CPU the
   fused call is the same composite of kernels as the model's own code).
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from care_retriever.model.compiled import (
+from care_retriever.runtime.compiled import (
     compile_layers,
     decoder_layers,
     is_compiled,
@@ -36,9 +36,9 @@ from care_retriever.model.compiled import (
     uncompile_layers,
     warm_up,
 )
-from care_retriever.model.fp8 import FP8, quantize_fp8
-from care_retriever.model.fused_norms import FUSABLE_NORMS, fuse_norms, norm_classes, norms_fused, unfuse_norms
-from care_retriever.model.towers.packed import (
+from care_retriever.runtime.fp8 import FP8, quantize_fp8
+from care_retriever.runtime.fused_norms import FUSABLE_NORMS, fuse_norms, norm_classes, norms_fused, unfuse_norms
+from care_retriever.runtime.packed import (
     can_pack,
     disable_packed,
     enable_packed,

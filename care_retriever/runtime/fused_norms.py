@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from care_retriever.model.compiled import transformers_model
+from care_retriever.runtime.compiled import transformers_model
 
 __all__ = ["FUSABLE_NORMS", "fusable_norms", "fuse_norms", "norm_classes", "norms_fused", "unfuse_norms"]
 

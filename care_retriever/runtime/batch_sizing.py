@@ -11,14 +11,14 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-from care_retriever.model.batch_limits import (
+from care_retriever.runtime.batch_limits import (
     CUDA_DOCUMENT_BATCH_SIZE,
     DOCUMENT_BATCH_SIZE,
     BatchLimits,
     parse_max_batch_tokens,
 )
-from care_retriever.model.features import sequence_lengths, to_device, tokenizer_lock
-from care_retriever.model.towers.packed import is_packed, pack_features
+from care_retriever.runtime.features import sequence_lengths, to_device, tokenizer_lock
+from care_retriever.runtime.packed import is_packed, pack_features
 
 logger = logging.getLogger("care_retriever")
 
@@ -78,8 +78,8 @@ AUTO_MAX_TOKENS = 1 << 17
 def auto_batch_limits(
     model: SentenceTransformer | None, batch_size: int | None, max_batch_tokens: int | str | None
 ) -> BatchLimits:
-    """The limits of a run: ``batch_size`` texts (None: :data:`~care_retriever.model.batch_limits.DOCUMENT_BATCH_SIZE`
-    on the CPU, :data:`~care_retriever.model.batch_limits.CUDA_DOCUMENT_BATCH_SIZE` on a GPU) and ``max_batch_tokens``
+    """The limits of a run: ``batch_size`` texts (None: :data:`~care_retriever.runtime.batch_limits.DOCUMENT_BATCH_SIZE`
+    on the CPU, :data:`~care_retriever.runtime.batch_limits.CUDA_DOCUMENT_BATCH_SIZE` on a GPU) and ``max_batch_tokens``
     tokens, where ``"auto"`` is a budget measured on the GPU the tower is on (:func:`measure_token_budget`) and no
     budget elsewhere."""
     device = torch.device(getattr(model, "device", "cpu")) if model is not None else torch.device("cpu")

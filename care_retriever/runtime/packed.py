@@ -110,7 +110,7 @@ def packed_offsets(lengths: np.ndarray) -> dict[str, Any]:
 # ------------------------------------------------------------------ attention
 # What a device type's packed passes run, found once per process (find_spec and inspect.signature are Python that
 # torch.compile cannot trace: called inside a compiled layer's attention, each broke the graph there). The forward
-# pass is set up outside any compiled code (care_retriever.model.forward), which fills these first.
+# pass is set up outside any compiled code (care_retriever.runtime.forward), which fills these first.
 _BACKENDS: dict[str, str | None] = {}
 _TORCH_VARLEN_PARAMETERS: list[frozenset[str]] = []
 
@@ -283,7 +283,7 @@ def can_pack(model: Any) -> str | None:
     packed rows), on SDPA or eager attention (flash-attention towers are packed by sentence-transformers itself)."""
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
-    from care_retriever.model.towers.modules import is_decoder
+    from care_retriever.runtime.architecture import is_decoder
 
     modules = list(model)
     if not modules or not isinstance(modules[0], Transformer):

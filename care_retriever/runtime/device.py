@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from care_retriever.errors import ModelError
-from care_retriever.model.fp8 import FP8, check_fp8
-from care_retriever.model.loading import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES
+from care_retriever.runtime.choices import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES
+from care_retriever.runtime.fp8 import FP8, check_fp8
 
 __all__ = [
     "DTYPES",
@@ -93,7 +93,7 @@ def auto_dtype(device: str | torch.device, pretrained: str | None = None, decode
     """The precision ``dtype="auto"`` picks: on CUDA :func:`gpu_dtype`, elsewhere :func:`cpu_dtype` (``pretrained``:
     the dtype the tower's ``config.json`` names, see
     :func:`care_retriever.model.towers.modules.tower_pretrained_dtype`; ``decoder``: whether it is an LLM tower,
-    :func:`~care_retriever.model.towers.modules.config_is_decoder`).
+    :func:`~care_retriever.runtime.architecture.config_is_decoder`).
 
     Training and indexing call this one function, so both sides of a model agree on its precision.
     """
@@ -115,7 +115,7 @@ def resolve_dtype(
         return auto_dtype(device, pretrained, decoder)
     elif dtype == "saved":
         return DTYPES.get(str(pretrained), torch.float32)
-    elif dtype == FP8:  # loaded in bf16, its Linear layers then in float8 (care_retriever.model.forward)
+    elif dtype == FP8:  # loaded in bf16, its Linear layers then in float8 (care_retriever.runtime.forward)
         check_fp8(device)
         return torch.bfloat16
     else:
