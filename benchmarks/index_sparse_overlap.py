@@ -24,7 +24,8 @@ from pathlib import Path
 
 def worker(model: str, corpus: str, background: bool, store: str) -> dict[str, float]:
     from care_retriever.indexing.corpus import corpus_file, read_corpus
-    from care_retriever.indexing.distributed import IndexSettings, load_document_tower
+    from care_retriever.indexing.run import load_document_tower
+    from care_retriever.indexing.settings import IndexSettings
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.sparse.background import BackgroundTokenizer
 

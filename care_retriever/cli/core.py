@@ -12,7 +12,7 @@ from care_retriever.cli.dataclass_options import with_options
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.cli.panels import COMMON
 from care_retriever.errors import CareError, InputError, ModelError
-from care_retriever.indexing.distributed import index_options_classes
+from care_retriever.indexing.settings import index_options_classes
 from care_retriever.model.towers.loading import quiet_transformers
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ def index(
     """
     # The other options are generated from IndexSettings and its configs' fields (care_retriever.cli.dataclass_options).
     from care_retriever.cli.index_settings import settings_from_options
-    from care_retriever.indexing.distributed import run_index
+    from care_retriever.indexing.run import run_index
 
     values = options or {}
     if discard_pending:

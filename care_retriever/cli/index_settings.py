@@ -1,5 +1,5 @@
 """The ``index`` command's generated options, read back into
-:class:`~care_retriever.indexing.distributed.IndexSettings`.
+:class:`~care_retriever.indexing.settings.IndexSettings`.
 
 The command line is the CLI's: the indexing room knows its settings as typed objects only, and this module turns
 the options typer parsed (by option name) into them.
@@ -14,7 +14,7 @@ from typing import Any
 from care_retriever.cli.dataclass_options import cli_fields, cli_options, values_for
 from care_retriever.errors import InputError
 from care_retriever.indexing.config import CorpusConfig, EncodeConfig
-from care_retriever.indexing.distributed import IndexSettings
+from care_retriever.indexing.settings import IndexSettings
 from care_retriever.stores.config import (
     FaissIndexConfig,
     QdrantCollectionConfig,

@@ -19,7 +19,7 @@ from care_retriever.cli.index_settings import settings_from_options
 from care_retriever.cli.main import main as cli_main
 from care_retriever.errors import InputError
 from care_retriever.indexing.config import DOCUMENT_BATCH_SIZE, EncodeConfig
-from care_retriever.indexing.distributed import index_options_classes
+from care_retriever.indexing.settings import index_options_classes
 from care_retriever.integrations.common import check_index_options
 from care_retriever.stores.config import (
     FaissIndexConfig,
