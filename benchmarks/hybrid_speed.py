@@ -23,6 +23,7 @@ from pathlib import Path
 
 from care_retriever.documents import Document
 from care_retriever.evaluation.tasks import load_task
+from care_retriever.indexing.config import EncodeConfig
 from care_retriever.indexing.writer import DocumentStoreWriter
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.search.retriever import CareRetriever
@@ -31,7 +32,9 @@ from care_retriever.stores import open_store
 
 def index_seconds(embedder, docs, spec: str, sparse: bool) -> float:
     """Wall seconds of one full build of the store."""
-    writer = DocumentStoreWriter(embedder, spec, sparse=sparse, show_progress=False, chunk_size=4096)
+    writer = DocumentStoreWriter(
+        embedder, spec, sparse=sparse, show_progress=False, encode=EncodeConfig(chunk_size=4096)
+    )
     t0 = time.perf_counter()
     writer.write(docs)
     total = time.perf_counter() - t0

@@ -49,9 +49,7 @@ def worker(model: str, corpus: str, background: bool, store: str) -> dict[str, f
     writer = DocumentStoreWriter(
         embedder,
         settings.store,
-        batch_size=settings.batch_size,
-        chunk_size=settings.chunk_size,
-        checkpoint_every=settings.checkpoint_every,
+        encode=settings.encode,
         show_progress=False,
         sparse=True,
         background_tokenizer=background,

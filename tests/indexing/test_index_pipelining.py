@@ -12,6 +12,7 @@ import pytest
 
 from care_retriever.documents import Document
 from care_retriever.errors import ModelError, StoreError
+from care_retriever.indexing.config import EncodeConfig
 from care_retriever.indexing.writer import DocumentStoreWriter
 from care_retriever.model.embedder import AsymmetricEmbedder
 from care_retriever.stores.faiss import FaissStore
@@ -27,7 +28,9 @@ def documents(n: int = 300) -> list[Document]:
 
 
 def write(embedder: AsymmetricEmbedder, folder: Path, docs: list[Document], **options: object) -> object:
-    writer = DocumentStoreWriter(embedder, f"faiss:{folder}", show_progress=False, **SIZES, **options)  # type: ignore[arg-type]
+    writer = DocumentStoreWriter(
+        embedder, f"faiss:{folder}", show_progress=False, encode=EncodeConfig(**SIZES), **options
+    )  # type: ignore[arg-type]
     try:
         return writer.write(docs)
     finally:

@@ -147,7 +147,7 @@ def test_a_qdrant_store_takes_only_its_config(settings: Any) -> None:
 
 
 def test_a_users_dict_is_read_once_where_it_is_handed_in(tmp_path: Path) -> None:
-    """The writer's earlier ``index_options=`` keyword is such a door: the store is handed the config."""
+    """A dict handed to the writer's ``index=`` is such a door: the store is handed the config."""
     writer = DocumentStoreWriter(
         HashingDocumentEncoder(), f"faiss:{tmp_path / 's'}", index={"type": "hnsw", "m": 8}, show_progress=False
     )
