@@ -30,12 +30,15 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     os.chdir(ROOT)  # [tool.mypy] files are relative to the repository root
     package_dir = tomllib.loads(Path("pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]["package-dir"]
-    renamed = {folder: package for package, folder in package_dir.items() if folder != package}
+    # folder as a dotted prefix -> its installed name; the longest prefix wins (a folder inside another may install
+    # under a name of its own, as integrations/haystack_integrations does)
+    renamed = {folder.replace("/", "."): package for package, folder in package_dir.items() if folder != package}
     sources, options = process_options(["--config-file", "pyproject.toml", *argv])
     for source in sources:
-        head, dot, tail = source.module.partition(".")
-        if head in renamed:
-            source.module = renamed[head] + dot + tail
+        prefixes = [p for p in renamed if source.module == p or source.module.startswith(p + ".")]
+        prefix = max(prefixes, key=len, default=None)
+        if prefix is not None:
+            source.module = renamed[prefix] + source.module[len(prefix) :]
     try:
         messages = build.build(sources, options).errors
     except build.CompileError as exc:  # a blocking error (syntax error, a module found twice)

@@ -6,13 +6,20 @@
   format of ``care-retriever index --store faiss:DIR``.
 * :class:`CareStoreRetriever` searches any store ``care-retriever index`` writes (``faiss:DIR``,
   ``qdrant:PATH``, ``qdrant:http://host:6333``), e.g. a Qdrant collection qdrant-haystack cannot read.
+
+The components live in Haystack's integrations namespace, where a saved pipeline finds them
+(``haystack_integrations.components.embedders.care_retriever``, ``...retrievers.care_retriever``,
+``haystack_integrations.document_stores.care_retriever``); this module names them for code.
 """
 
-from care_retriever.integrations.haystack.document_embedder import CareDocumentEmbedder
-from care_retriever.integrations.haystack.document_store import CareFaissDocumentStore
-from care_retriever.integrations.haystack.retriever import CareFaissEmbeddingRetriever
-from care_retriever.integrations.haystack.store_retriever import CareStoreBM25Retriever, CareStoreRetriever
-from care_retriever.integrations.haystack.text_embedder import CareTextEmbedder
+from haystack_integrations.components.embedders.care_retriever.document_embedder import CareDocumentEmbedder
+from haystack_integrations.components.embedders.care_retriever.text_embedder import CareTextEmbedder
+from haystack_integrations.components.retrievers.care_retriever.retriever import CareFaissEmbeddingRetriever
+from haystack_integrations.components.retrievers.care_retriever.store_retriever import (
+    CareStoreBM25Retriever,
+    CareStoreRetriever,
+)
+from haystack_integrations.document_stores.care_retriever.document_store import CareFaissDocumentStore
 
 __all__ = [
     "CareDocumentEmbedder",

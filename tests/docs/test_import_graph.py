@@ -40,8 +40,12 @@ def package_modules() -> dict[str, Path]:
         "package-dir"
     ]
     modules: dict[str, Path] = {}
+    folders = {REPO / folder for folder in package_dir.values()}
     for package, folder in package_dir.items():
         for file in (REPO / folder).rglob("*.py"):
+            inner = [other for other in folders if REPO / folder in other.parents and other in file.parents]
+            if inner:
+                continue  # a folder inside this one that installs under a name of its own
             parts = file.relative_to(REPO / folder).with_suffix("").parts
             modules[".".join([package, *parts[:-1], *([] if parts[-1] == "__init__" else parts[-1:])])] = file
     return modules
@@ -185,7 +189,9 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
         {"care_retriever.indexing", "care_retriever.search"},
         {"care_retriever.evaluation"},
         {"care_retriever.training"},
-        {"care_retriever.cli", "care_retriever.integrations"},
+        {"care_retriever.cli", "care_retriever.integrations", "care_retriever.integrations.haystack.filters"},
+        {"haystack_integrations"},  # the Haystack components, in Haystack's integrations namespace
+        {"care_retriever.integrations.haystack"},  # their names for code
         {"care_retriever.index"},  # the entry torchrun starts: `care-retriever index`
     )
 )
