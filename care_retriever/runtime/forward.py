@@ -1,21 +1,14 @@
-"""How the document tower's forward pass runs, decided once per tower: packed or padded passes, compiled or eager
-layers, FP8 Linear layers or not (:func:`prepare_document_forward`), and what was decided (:func:`forward_state`,
-which ``index --json`` reports). Training takes the same decision for the passes of one stage and gives the tower
-back as loaded after them (:func:`document_forward`).
+"""How the document tower's forward pass runs, decided once per tower (:func:`prepare_document_forward`) and
+reported by ``index --json`` (:func:`forward_state`); training takes the same decision for one stage's passes
+(:func:`document_forward`).
 
-* **Packed** (:mod:`care_retriever.runtime.packed`): where the tower can pack (a decoder on transformers'
-  attention registry, pooled by sentence-transformers' ``Pooling``) and a variable-length kernel runs on its device
-  (CUDA: torch's ``varlen_attn`` or the ``flash_attn`` package). ``auto`` packs there and pads elsewhere: on the CPU
-  the packed path is a reference (SDPA text by text) that proves packed = padded, not a faster path.
-* **Compiled** (:mod:`care_retriever.runtime.compiled`): ``auto`` compiles for ``fp8`` (the FP8 matmuls need
-  compiling to fuse the rowwise scaling with the matmuls around it) and nowhere else until compiling is measured
-  worth it there: on the 2-core CPU machines the compiled tiny tower ran its passes 1.48x faster but took 124 s to
-  compile, more than a CPU run of tens of thousands of texts saves (docs/gpu.md), and the GPU rows of
-  ``benchmarks.gpu_index`` are what decide it on CUDA. A compile that fails falls back to eager, said in one line.
-* **FP8** (:mod:`care_retriever.runtime.fp8`): ``dtype="fp8"``; refused in one line off GPUs that compute it.
-* **Fused norms** (:mod:`care_retriever.runtime.fused_norms`): ``auto`` runs the RMSNorm layers through torch's fused
-  kernel where the layers run eager on CUDA (compiled layers fuse them with their neighbours already; on the CPU the
-  fused call is the same composite of kernels as the model's own code).
+* **Packed** (:mod:`~care_retriever.runtime.packed`): ``auto`` packs where a variable-length kernel runs (CUDA);
+  on the CPU the packed path is a reference that proves packed = padded, not a faster path.
+* **Compiled** (:mod:`~care_retriever.runtime.compiled`): ``auto`` compiles for ``fp8`` only, where the rowwise
+  scaling must fuse with the matmuls; a compile that fails falls back to eager, said in one line.
+* **FP8** (:mod:`~care_retriever.runtime.fp8`): ``dtype="fp8"``, refused in one line off GPUs that compute it.
+* **Fused norms** (:mod:`~care_retriever.runtime.fused_norms`): ``auto`` runs RMSNorm through torch's fused kernel
+  where layers run eager on CUDA.
 """
 
 from __future__ import annotations

@@ -7,18 +7,24 @@ A store has a sparse side when its manifest's ``sparse`` entry is set; it record
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from care_retriever.errors import StoreError
 from care_retriever.sparse.fusion import FUSIONS, MODES, FusionConfig, check_mode, fuse
 from care_retriever.sparse.tokenizer import check_spec, tokenizer_spec
 
-if TYPE_CHECKING:
-    from care_retriever.stores.base import VectorStore
-
 __all__ = ["FUSIONS", "MODES", "FusionConfig", "check_mode", "fuse", "require_sparse", "sparse_entry"]
 
 ADD_COMMAND = "care-retriever index --sparse-only --store {spec}"
+
+
+class NamedStore(Protocol):
+    """What the sparse side reads of a store (every store has both): its name and its manifest. A protocol, so
+    the BM25 side, below the stores, imports none of them."""
+
+    def describe(self) -> str: ...
+
+    def require_manifest(self) -> Any: ...
 
 
 def sparse_entry(kind: str, **params: Any) -> dict[str, Any]:
@@ -28,7 +34,7 @@ def sparse_entry(kind: str, **params: Any) -> dict[str, Any]:
     return {"kind": kind, "tokenizer": tokenizer_spec(), "k1": K1, "b": B, **params}
 
 
-def store_spec(store: VectorStore) -> str:
+def store_spec(store: NamedStore) -> str:
     """``faiss:DIR`` / ``qdrant:PATH`` for messages that name a command to run."""
     described = store.describe()
     spec, _, collection = described.partition(" (collection ")
@@ -36,7 +42,7 @@ def store_spec(store: VectorStore) -> str:
     return f"{spec} --collection {collection}" if collection and collection != "care" else spec
 
 
-def require_sparse(store: VectorStore) -> dict[str, Any]:
+def require_sparse(store: NamedStore) -> dict[str, Any]:
     """The store's sparse entry; a one-line error naming the command that adds it when there is none."""
     manifest = store.require_manifest()
     entry = manifest.sparse

@@ -169,7 +169,7 @@ class ServerSearch:
         from care_retriever.sparse.qdrant_sparse import VECTOR, query_vector
         from care_retriever.sparse.tokenizer import tokenize
 
-        require_sparse(self)  # type: ignore[arg-type]  # a mixin of a VectorStore
+        require_sparse(self)
         if top_k < 1:
             raise InputError(f"top_k must be >= 1, got {top_k}")
         flt = self._filter(filters)
