@@ -16,7 +16,8 @@ from care_retriever.version import __version__
 
 _LAZY = {
     "AsymmetricEmbedder": "care_retriever.model.embedder",
-    "CareConfig": "care_retriever.model.config",  # torch-free: read by search hosts that never import torch
+    "CareConfig": "care_retriever.model.config",
+    "TowerPairing": "care_retriever.model.pairing",  # torch-free: read by search hosts that never import torch
     "QueryEncoder": "care_retriever.model.protocols",
     "DocumentEncoder": "care_retriever.model.protocols",
     "DocumentStoreWriter": "care_retriever.indexing.writer",
@@ -38,6 +39,7 @@ __all__ = [
     "DocumentStoreWriter",
     "Hit",
     "QueryEncoder",
+    "TowerPairing",
     "__version__",
     "open_store",
     "read_corpus",
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.model.config import CareConfig
     from care_retriever.model.embedder import AsymmetricEmbedder
+    from care_retriever.model.pairing import TowerPairing
     from care_retriever.model.protocols import DocumentEncoder, QueryEncoder
     from care_retriever.search.retriever import CareRetriever
     from care_retriever.stores import open_store

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import InputError, ModelError
+from care_retriever.model.pairing import TowerPairing
 from care_retriever.training.pairs import resolve_data_path
 from care_retriever.training.recipe_spec import ModelSpec, Recipe
 from care_retriever.training.run_folder import foundation_dir
@@ -113,10 +114,9 @@ def initial_model(spec: ModelSpec, recipe: Recipe, data_dir: Path, seed: int, de
         embedder = AsymmetricEmbedder.from_towers(
             spec.query_model,
             spec.document_model,
+            TowerPairing(trust_remote_code=spec.trust_remote_code, convention=spec.convention),
             device=device,
             dtype="fp32",  # one dtype for both towers: the document tower is cast to its own below
-            trust_remote_code=spec.trust_remote_code,
-            convention=spec.convention,
         )
         hold_in(embedder, held_dtypes(recipe.defaults, pretrained, device))
         embedder = embedder.with_config(extra={**embedder.config.extra, PRETRAINED_DTYPE_KEY: pretrained})

@@ -13,6 +13,7 @@ from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.cli.panels import COMMON
 from care_retriever.errors import CareError, InputError, ModelError
 from care_retriever.indexing.settings import index_options_classes
+from care_retriever.model.pairing import TowerPairing
 from care_retriever.model.towers.loading import quiet_transformers
 
 if TYPE_CHECKING:
@@ -123,17 +124,18 @@ def init(
             raise InputError("--document-model is required (or pass --symmetric for a one-tower baseline)")
         from care_retriever.model.embedder import AsymmetricEmbedder
 
-        embedder = AsymmetricEmbedder.from_towers(
-            query_model,
-            None if symmetric else document_model,
+        pairing = TowerPairing(
             query_pooling=query_pooling,
             document_pooling=document_pooling,
             document_adapter=document_adapter,
             max_length=max_length,
-            dtype="saved",  # each tower in its own dtype, whatever the device (a GPU would make both bf16)
             trust_remote_code=trust_remote_code,
             allow_pickled_weights=allow_pickled_weights,
             convention=convention,
+        )
+        # each tower in its own dtype, whatever the device (a GPU would make both bf16)
+        embedder = AsymmetricEmbedder.from_towers(
+            query_model, None if symmetric else document_model, pairing, dtype="saved"
         )
     check_encodes(embedder)  # a model that cannot encode is never written
     embedder.save_pretrained(out)

@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,14 +23,14 @@ from sentence_transformers.sentence_transformer.modules import Module, Normalize
 from tqdm.auto import tqdm
 
 from care_retriever.errors import ModelError
-from care_retriever.model.config import DEFAULT_INSTRUCTION, CareConfig, TowerInfo
+from care_retriever.model.config import CareConfig, TowerInfo
 from care_retriever.model.encoding import BatchLimits, check_texts, encode_texts
 from care_retriever.model.fingerprint import weights_fingerprint
+from care_retriever.model.pairing import TowerPairing
 from care_retriever.model.protocols import ConfiguredEmbedder
 from care_retriever.model.reading import Load, read_release, read_saved, read_towers
 from care_retriever.model.saving import save_model
 from care_retriever.model.tower import Side, Tower
-from care_retriever.model.towers.modules import DEFAULT_MAX_LENGTH
 from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.runtime.device import resolve_device
 from care_retriever.version import __version__
@@ -82,54 +82,31 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
         cls,
         query_model: str,
         document_model: str | None = None,
+        pairing: TowerPairing | None = None,
         *,
-        query_pooling: str | None = None,
-        document_pooling: str | None = None,
-        query_prompt_template: str | Literal["auto"] | None = "auto",
-        default_instruction: str = DEFAULT_INSTRUCTION,
-        max_length: int = DEFAULT_MAX_LENGTH,
-        document_adapter: str | None = None,
-        merge_adapter: bool = True,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = "auto",
-        trust_remote_code: bool = False,
-        allow_pickled_weights: bool = False,
-        preset: str | None = None,
-        convention: str | None = None,
     ) -> AsymmetricEmbedder:
-        """Pair two pretrained towers (hub ids or folders); ``document_model=None`` is symmetric.
+        """Pair two pretrained towers (hub ids or folders) into one model, each read the way its own library reads
+        it; the document tower is cut (Matryoshka) to the query tower's width.
 
-        Each tower is read the way its own library reads it (:func:`read_tower`): a sentence-transformers
-        folder (Qwen3-Embedding, bge, gte) keeps its pooling, prompts and tokenizer; a bare checkpoint
-        (Qwen3-4B) gets ``cls`` pooling if it is an encoder, ``last_token`` over an appended EOS if it is a
-        decoder. ``query_pooling`` / ``document_pooling`` override that. The document tower is truncated
-        (Matryoshka) to the query tower's width. ``query_prompt_template`` ``"auto"``: the query tower's
-        own query prompt where its folder declares one, else the instruction form for decoder query towers
-        and none for BERT towers. ``trust_remote_code`` lets a tower run code shipped with it (recorded per
-        tower; every later load must pass it again); ``allow_pickled_weights`` reads ``pytorch_model.bin``.
-        ``convention="authors-release"``: the conventions of the authors' released models
-        (:mod:`care_retriever.model.towers.release`): [CLS] queries with their instruction format and table, a
-        document tokenizer that appends nothing (the last text token is pooled), normalisation at full width
-        before the cut, dot-product scores. A gte query tower saved in the original ``new`` format is read
-        natively as transformers' ``GteModel`` (its own code does not run under transformers 5).
+        Usage example:
+            ```python
+            from care_retriever import AsymmetricEmbedder
+
+            embedder = AsymmetricEmbedder.from_towers(
+                "alibaba-nlp-community/gte-multilingual-base", "Qwen/Qwen3-Embedding-4B"
+            )
+            ```
+
+        :param query_model: the query tower (a small encoder), hub id or folder.
+        :param document_model: the document tower (an LLM embedder); None: the query tower on both sides.
+        :param pairing: how the towers are paired (:class:`~care_retriever.model.pairing.TowerPairing`: pooling,
+            prompts, max length, adapters, the authors' conventions); None: its defaults.
+        :param device: where the towers run (default: the best device the machine has).
+        :param dtype: the towers' precision: ``auto``, ``saved`` (each tower's own), or a named dtype.
         """
-        parts = read_towers(
-            query_model,
-            document_model,
-            query_pooling=query_pooling,
-            document_pooling=document_pooling,
-            query_prompt_template=query_prompt_template,
-            default_instruction=default_instruction,
-            max_length=max_length,
-            document_adapter=document_adapter,
-            merge_adapter=merge_adapter,
-            device=device,
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-            allow_pickled_weights=allow_pickled_weights,
-            preset=preset,
-            convention=convention,
-        )
+        parts = read_towers(query_model, document_model, pairing, device=device, dtype=dtype)
         return cls(parts.config, parts.query, parts.document, device=parts.device)
 
     @classmethod

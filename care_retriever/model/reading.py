@@ -16,14 +16,14 @@ import torch
 from sentence_transformers.sentence_transformer.modules import Module, Router
 
 from care_retriever.errors import ModelError
-from care_retriever.model.config import CONFIG_NAME, DEFAULT_INSTRUCTION, QUERY_PROMPT_TEMPLATE, CareConfig, TowerInfo
+from care_retriever.model.config import CONFIG_NAME, QUERY_PROMPT_TEMPLATE, CareConfig, TowerInfo
 from care_retriever.model.encoding import logger
+from care_retriever.model.pairing import TowerPairing
 from care_retriever.model.towers import release
 from care_retriever.model.towers.adapters import attach_adapter
 from care_retriever.model.towers.adapters import merge_lora as merge_lora_modules
 from care_retriever.model.towers.loading import hub_options, local_model_dir, model_file
 from care_retriever.model.towers.modules import (
-    DEFAULT_MAX_LENGTH,
     REMOTE_CODE_FLAG,
     PretrainedTower,
     load_saved_module,
@@ -58,26 +58,15 @@ class ModelParts:
 def read_towers(
     query_model: str,
     document_model: str | None = None,
+    pairing: TowerPairing | None = None,
     *,
-    query_pooling: str | None = None,
-    document_pooling: str | None = None,
-    query_prompt_template: str | Literal["auto"] | None = "auto",
-    default_instruction: str = DEFAULT_INSTRUCTION,
-    max_length: int = DEFAULT_MAX_LENGTH,
-    document_adapter: str | None = None,
-    merge_adapter: bool = True,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = "auto",
-    trust_remote_code: bool = False,
-    allow_pickled_weights: bool = False,
-    preset: str | None = None,
-    convention: str | None = None,
 ) -> ModelParts:
     """Two pretrained towers paired: see :meth:`AsymmetricEmbedder.from_towers
     <care_retriever.model.embedder.AsymmetricEmbedder.from_towers>`."""
-    if convention not in (None, release.CONVENTION):
-        raise ModelError(f"Unknown convention {convention!r}. Available conventions: [{release.CONVENTION!r}]")
-    authors = convention == release.CONVENTION
+    p = pairing or TowerPairing()
+    authors = p.convention == release.CONVENTION
     dev = resolve_device(device)
 
     def read(
@@ -85,14 +74,14 @@ def read_towers(
     ) -> PretrainedTower:  # each tower in its own precision: dtype "auto"/"saved" read its config
         return read_tower(
             folder,
-            max_length=max_length,
+            max_length=p.max_length,
             dtype=resolve_dtype(dtype, dev, *tower_precision(folder)),
-            trust_remote_code=trust_remote_code,
-            allow_pickled_weights=allow_pickled_weights,
+            trust_remote_code=p.trust_remote_code,
+            allow_pickled_weights=p.allow_pickled_weights,
         )
 
     q_tower = read(release.readable_folder(query_model))
-    q_pool = query_pooling or ("cls" if authors else None) or q_tower.pooling
+    q_pool = p.query_pooling or ("cls" if authors else None) or q_tower.pooling
     q_pool = q_pool or ("last_token" if is_decoder(q_tower.transformer) else "cls")
     if q_pool == "last_token" and not authors:
         ensure_eos_appended(q_tower.transformer.tokenizer, query_model)
@@ -102,9 +91,9 @@ def read_towers(
         mode: Literal["asymmetric", "symmetric"] = "symmetric"
     else:
         d_tower = read(release.readable_folder(document_model))
-        if document_adapter:
-            attach_adapter(d_tower.transformer, document_adapter, merge_adapter, document_model)
-        d_pool = document_pooling or ("last_token" if authors else None) or d_tower.pooling or "last_token"
+        if p.document_adapter:
+            attach_adapter(d_tower.transformer, p.document_adapter, p.merge_adapter, document_model)
+        d_pool = p.document_pooling or ("last_token" if authors else None) or d_tower.pooling or "last_token"
         if authors:
             if append_nothing(d_tower.transformer.tokenizer, document_model):
                 logger.info("document tower tokenizer (%s) appends nothing, as the authors read it", document_model)
@@ -114,13 +103,13 @@ def read_towers(
         mode = "asymmetric"
     # the authors' conventions, as a release read as it is records them (its template is the "auto" one here)
     conventions = release.authors_conventions() if authors else {}
-    if query_prompt_template == "auto":
+    if p.query_prompt_template == "auto":
         own = q_tower.prompts.get("query")
         template = conventions.get("query_prompt_template") or (
             literal_template(own) if own else (QUERY_PROMPT_TEMPLATE if q_pool == "last_token" else None)
         )
     else:
-        template = query_prompt_template
+        template = p.query_prompt_template
     conventions.pop("query_prompt_template", None)
     conventions.pop("default_instruction", None)  # the argument's default is the same retrieval instruction
     config = CareConfig(
@@ -129,7 +118,7 @@ def read_towers(
         query=TowerInfo(
             q_pool,
             tower_native_dim(q_mods),
-            max_length,
+            p.max_length,
             query_model,
             q_tower.remote_code,
             appended_tokens(q_tower.transformer.tokenizer),
@@ -137,15 +126,15 @@ def read_towers(
         document=TowerInfo(
             d_pool,
             tower_native_dim(d_mods),
-            max_length,
+            p.max_length,
             document_model or query_model,
             d_tower.remote_code,
             appended_tokens(d_tower.transformer.tokenizer),
         ),
         query_prompt_template=template,
-        default_instruction=default_instruction if template and "{instruction}" in template else None,
+        default_instruction=p.default_instruction if template and "{instruction}" in template else None,
         document_prompt=d_tower.prompts.get("document"),
-        preset=preset,
+        preset=p.preset,
         **conventions,
     )
     return ModelParts(config, q_mods, d_mods, dev)

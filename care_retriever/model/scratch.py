@@ -14,6 +14,7 @@ from transformers import BertConfig, BertModel, Qwen3Config, Qwen3Model
 
 from care_retriever.documents import iter_jsonl
 from care_retriever.errors import InputError
+from care_retriever.model.pairing import TowerPairing
 from care_retriever.model.towers.presets import get_preset
 from care_retriever.model.towers.tokenizer import train_document_tokenizer, train_query_tokenizer
 
@@ -125,7 +126,7 @@ def init_from_scratch(
             query_config=query_config,
             document_config=document_config,
         )
-        embedder = AsymmetricEmbedder.from_towers(str(q_dir), str(d_dir), device=device, preset=preset)
+        embedder = AsymmetricEmbedder.from_towers(str(q_dir), str(d_dir), TowerPairing(preset=preset), device=device)
     # Weights are in memory now; the towers' base_model paths name the deleted temp dir.
     config = embedder.config
     return embedder.with_config(

@@ -12,6 +12,7 @@ import torch
 from care_retriever.errors import InputError, ModelError
 from care_retriever.model.config import QUERY_PROMPT_TEMPLATE
 from care_retriever.model.embedder import AsymmetricEmbedder
+from care_retriever.model.pairing import TowerPairing
 from care_retriever.model.scratch import build_random_towers, iter_vocab_texts
 
 QUERIES = ["血压高怎么办", "宝宝发烧三十九度要去医院吗", "失眠"]
@@ -110,7 +111,7 @@ def test_towers_from_folders_prompts_and_symmetric_mode(tower_dirs: tuple[Path, 
     sym = AsymmetricEmbedder.from_towers(str(d_dir))  # a decoder used on both sides
     assert sym.mode == "symmetric" and sym.config.query.pooling == "last_token"
     assert sym.query_prompt("X") == QUERY_PROMPT_TEMPLATE.format(instruction="X")
-    plain = AsymmetricEmbedder.from_towers(str(d_dir), query_prompt_template=None)
+    plain = AsymmetricEmbedder.from_towers(str(d_dir), None, TowerPairing(query_prompt_template=None))
     np.testing.assert_allclose(plain.embed_queries(DOCS), plain.embed_documents(DOCS), atol=1e-6)
     with_prompt = sym.embed_queries(DOCS)
     assert not np.allclose(with_prompt, sym.embed_documents(DOCS), atol=1e-4)
@@ -119,7 +120,9 @@ def test_towers_from_folders_prompts_and_symmetric_mode(tower_dirs: tuple[Path, 
 def test_document_tower_narrower_than_query_tower_is_a_load_error(tower_dirs: tuple[Path, Path]) -> None:
     q_dir, d_dir = tower_dirs  # query tower 32 dims, decoder 48: swapping them asks to widen 32 -> 48
     with pytest.raises(ModelError, match="dimension mismatch"):
-        AsymmetricEmbedder.from_towers(str(d_dir), str(q_dir), query_pooling="last_token", document_pooling="cls")
+        AsymmetricEmbedder.from_towers(
+            str(d_dir), str(q_dir), TowerPairing(query_pooling="last_token", document_pooling="cls")
+        )
 
 
 def test_lora_adapter_on_document_tower_loads_and_merges(tower_dirs: tuple[Path, Path], tmp_path: Path) -> None:
@@ -133,7 +136,9 @@ def test_lora_adapter_on_document_tower_loads_and_merges(tower_dirs: tuple[Path,
     )
     peft_model.save_pretrained(tmp_path / "adapter")
     plain = AsymmetricEmbedder.from_towers(str(q_dir), str(d_dir))
-    adapted = AsymmetricEmbedder.from_towers(str(q_dir), str(d_dir), document_adapter=str(tmp_path / "adapter"))
+    adapted = AsymmetricEmbedder.from_towers(
+        str(q_dir), str(d_dir), TowerPairing(document_adapter=str(tmp_path / "adapter"))
+    )
     assert not hasattr(adapted.document_modules[0].auto_model, "peft_config")  # merged into the weights
     assert not np.allclose(plain.embed_documents(DOCS), adapted.embed_documents(DOCS), atol=1e-4)
     adapted.save_pretrained(tmp_path / "m")

@@ -20,6 +20,7 @@ from sentence_transformers import SentenceTransformer
 
 from care_retriever.errors import ModelError
 from care_retriever.model.embedder import AsymmetricEmbedder
+from care_retriever.model.pairing import TowerPairing
 from care_retriever.model.towers.tokenizer import appended_tokens, ensure_eos_appended
 from tests.support.hub_towers import (
     QWEN3_EMBEDDING_QUERY_PROMPT,
@@ -163,7 +164,7 @@ def test_causal_lm_lora_adapter_named_for_the_causal_wrapper_applies_and_merges(
     ):
         adapter = write_lora_adapter(causal, tmp_path / name, task_type="CAUSAL_LM", target_modules=targets)
         care = AsymmetricEmbedder.from_towers(
-            str(hub / "bert"), str(causal), document_adapter=str(adapter), device="cpu"
+            str(hub / "bert"), str(causal), TowerPairing(document_adapter=str(adapter)), device="cpu"
         )
         reference = causal_lm_reference(causal, care.dim, adapter)
         assert cosines(care.embed_documents(TEXTS), reference).min() >= PARITY, name
@@ -176,7 +177,9 @@ def test_feature_extraction_lora_adapter_on_a_qwen3_encoder(hub: Path, tmp_path:
 
     folder = hub / "qwen3-embedding"
     adapter = write_lora_adapter(folder, tmp_path / "fe", task_type="FEATURE_EXTRACTION")
-    care = AsymmetricEmbedder.from_towers(str(hub / "bert"), str(folder), document_adapter=str(adapter), device="cpu")
+    care = AsymmetricEmbedder.from_towers(
+        str(hub / "bert"), str(folder), TowerPairing(document_adapter=str(adapter)), device="cpu"
+    )
     st = SentenceTransformer(str(folder), device="cpu")
     st[0].model = PeftModel.from_pretrained(st[0].auto_model, str(adapter)).merge_and_unload()
     reference = truncated(st.encode_document(TEXTS, normalize_embeddings=True), care.dim)
@@ -188,7 +191,7 @@ def test_an_adapter_for_another_base_model_is_one_line_naming_both(hub: Path, tm
     adapter = write_lora_adapter(other, tmp_path / "other-adapter", task_type="CAUSAL_LM")
     with pytest.raises(ModelError) as err:
         AsymmetricEmbedder.from_towers(
-            str(hub / "bert"), str(hub / "qwen3-causal"), document_adapter=str(adapter), device="cpu"
+            str(hub / "bert"), str(hub / "qwen3-causal"), TowerPairing(document_adapter=str(adapter)), device="cpu"
         )
     message = str(err.value)
     assert "\n" not in message and str(other) in message and str(hub / "qwen3-causal") in message
@@ -204,7 +207,9 @@ def test_remote_code_tower_is_refused_without_the_opt_in_and_matches_with_it(rem
     with pytest.raises(ModelError, match="trust-remote-code") as err:
         AsymmetricEmbedder.from_towers(str(remote), str(hub / "qwen3-causal"), device="cpu")
     assert "\n" not in str(err.value)
-    care = AsymmetricEmbedder.from_towers(str(remote), str(hub / "qwen3-causal"), device="cpu", trust_remote_code=True)
+    care = AsymmetricEmbedder.from_towers(
+        str(remote), str(hub / "qwen3-causal"), TowerPairing(trust_remote_code=True), device="cpu"
+    )
     reference = st_reference(remote, "query", trust_remote_code=True)
     assert cosines(care.embed_queries(TEXTS), reference).min() >= PARITY
     assert care.config.query.trust_remote_code is True and care.config.document.trust_remote_code is False
@@ -264,7 +269,7 @@ def test_a_tower_with_only_pickled_weights_needs_the_opt_in(hub: Path, tmp_path:
         AsymmetricEmbedder.from_towers(str(folder), str(hub / "qwen3-causal"), device="cpu")
     assert "\n" not in str(err.value)
     care = AsymmetricEmbedder.from_towers(
-        str(folder), str(hub / "qwen3-causal"), device="cpu", allow_pickled_weights=True
+        str(folder), str(hub / "qwen3-causal"), TowerPairing(allow_pickled_weights=True), device="cpu"
     )
     assert cosines(care.embed_queries(TEXTS), st_reference(hub / "bert", "query")).min() >= PARITY
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from care_retriever.errors import ModelError
+from care_retriever.model.pairing import TowerPairing
 from tests.support.cli import run_cli
 from tests.support.data import load_script
 from tests.support.vectors import cosines
@@ -252,7 +253,9 @@ def test_a_store_of_another_convention_refuses_the_release(capsys, release: dict
     from care_retriever.search.retriever import CareRetriever
 
     own = AsymmetricEmbedder.from_towers(
-        str(release["bert"] / "query_encoder"), str(release["bert"] / "doc_encoder"), default_instruction=""
+        str(release["bert"] / "query_encoder"),
+        str(release["bert"] / "doc_encoder"),
+        TowerPairing(default_instruction=""),
     )
     spec = f"faiss:{tmp_path / 'own'}"
     DocumentStoreWriter(own, spec, show_progress=False).write([Document("a", "高血压患者应低盐饮食。")])
