@@ -68,6 +68,8 @@ def _compare(node: Comparison, metadata: Mapping[str, Any]) -> bool:
     if node.operator == "in" and None in node.value and _compare(Comparison(node.path, "==", None), metadata):
         return True
     elements = stored if isinstance(stored, list) else [stored]
+    if isinstance(node.value, datetime) and any(_is_number(e) for e in elements):
+        return False  # a list holding a number is not compared as dates (Qdrant reads numbers as timestamps)
     if node.operator == "==":
         return any(_equals(e, node.value) for e in elements)
     if node.operator == "in":

@@ -15,7 +15,8 @@ AND-ed. What the comparisons mean, the same on FAISS, Qdrant Edge, a Qdrant serv
   ``==`` and ``in``, so they match documents without the field (as Haystack's FilterDocumentsTest asks).
 * ``>``, ``>=``, ``<``, ``<=`` take a number (stored numbers compare numerically) or an ISO 8601 date string
   (``2021-03-01``, ``2021-03-01T08:00:00``, ``...+08:00`` or ``Z``; stored strings of that form compare as instants,
-  a date without a zone being UTC). Any other string, a list or a boolean is refused; ``None`` matches nothing.
+  a date without a zone being UTC; a stored list holding a number is not compared as dates). Any other string, a
+  list or a boolean is refused; ``None`` matches nothing. ``==`` compares strings as strings, dates included.
 
 Every store reads its filters through :func:`parse_filters`, and the service's request schema checks them with it
 too (:mod:`care_retriever.search.service_schema`), so a bad filter is the same one line from every door.

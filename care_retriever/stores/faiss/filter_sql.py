@@ -68,7 +68,7 @@ def _empty(path: str) -> tuple[str, list[object]]:
 
 def _ordered(path: str, operator: str, bound: object) -> tuple[str, list[object]]:
     """The field (or one of its list's elements) compares with ``bound``: numbers numerically, ISO dates as UTC
-    instants (a stored string that is no date never matches)."""
+    instants (a stored string that is no date never matches, nor a list holding a number: Qdrant's rule)."""
     if isinstance(bound, datetime):
         utc = bound.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
         test = f"COALESCE(strftime('{DATE_FORMAT}', {{x}}) {operator} ?, 0)"
@@ -76,9 +76,10 @@ def _ordered(path: str, operator: str, bound: object) -> tuple[str, list[object]
         element = f"(e.type = 'text' AND e.value GLOB '{DATE_PREFIX}' AND {test.format(x='e.value')})"
         sql = (
             f"CASE json_type({META}, ?) WHEN 'array' THEN EXISTS (SELECT 1 FROM json_each({META}, ?) AS e "
-            f"WHERE {element}) WHEN 'text' THEN {scalar} ELSE 0 END"
+            f"WHERE {element}) AND NOT EXISTS (SELECT 1 FROM json_each({META}, ?) AS e "
+            f"WHERE e.type IN ('integer', 'real')) WHEN 'text' THEN {scalar} ELSE 0 END"
         )
-        return sql, [path, path, utc, path, path, utc]
+        return sql, [path, path, utc, path, path, path, utc]
     sql = (
         f"CASE json_type({META}, ?) WHEN 'array' THEN EXISTS (SELECT 1 FROM json_each({META}, ?) AS e "
         f"WHERE e.type IN ('integer', 'real') AND e.value {operator} ?) "

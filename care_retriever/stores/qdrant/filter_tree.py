@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from care_retriever.stores.filters import Comparison, Constant, FilterNode
 
 EXACT_FLOAT_INTEGERS = 2**53  # integers below this in magnitude are held by a float without rounding
+NUMBER_LIMIT = 1.7e308  # every finite float: a range over all stored numbers
 RANGE_KEYS = {">": "gt", ">=": "gte", "<": "lt", "<=": "lte"}
 
 
@@ -58,8 +59,11 @@ def _comparison(terms: QdrantTerms, node: Comparison) -> Any:
         return conditions[0] if len(conditions) == 1 else terms.filter(should=conditions)
     bound = RANGE_KEYS[node.operator]
     if isinstance(node.value, datetime):
+        # Qdrant reads a stored number as a timestamp in a datetime range: numbers are ruled out, so that only
+        # stored date strings compare (a list holding a number is not compared as dates, on every engine)
         text = node.value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
-        return terms.date_range(key, **{bound: text})
+        numbers = terms.number_range(key, gte=-NUMBER_LIMIT, lte=NUMBER_LIMIT)
+        return terms.filter(must=[terms.date_range(key, **{bound: text})], must_not=[numbers])
     return terms.number_range(key, **{bound: float(node.value)})
 
 
