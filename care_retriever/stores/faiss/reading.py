@@ -30,6 +30,10 @@ from care_retriever.stores.faiss.opening import OpenedVersion
 from care_retriever.stores.faiss.session import InPlaceWrite
 from care_retriever.stores.filters import Constant, FilterNode, Filters, parse_filters
 
+# Filters selecting at most this many rows are scanned exactly on an HNSW index (a restricted graph search loses
+# recall when few rows are allowed); above it the graph searches with the id selector.
+EXACT_SCAN_ROWS = 20_000
+
 
 class Reading(OpenedVersion):
     """The read side of a FaissStore. Safe for concurrent searches from many threads."""
@@ -161,6 +165,12 @@ class Reading(OpenedVersion):
         if quantization(manifest_config(manifest.index)) != "none":
             return self._rescored(vectors, top_k, manifest, allowed)
         k = min(top_k + self._current_tombstones(), self._index.ntotal)
+        if (
+            allowed is not None
+            and len(allowed) <= EXACT_SCAN_ROWS
+            and isinstance(inner_index(self._index), faiss.IndexHNSW)
+        ):
+            return self._exact_among(vectors, k, allowed)
         params = search_params(self._index, manifest_config(manifest.index), allowed)
         if params is False:
             return [[] for _ in range(len(vectors))]
@@ -169,6 +179,20 @@ class Reading(OpenedVersion):
             [(int(r), float(s)) for r, s in zip(row_ids, row_scores, strict=True) if r >= 0]
             for row_scores, row_ids in zip(scores, ids, strict=True)
         ]
+
+    def _exact_among(self, vectors: np.ndarray, k: int, allowed: np.ndarray) -> list[list[tuple[int, float]]]:
+        """Each vector's ``k`` best among the ``allowed`` rows, scored exactly from the vectors the HNSW graph
+        stores: a graph search restricted to a few rows loses their neighbours, a scan of a few rows does not."""
+        assert self._index is not None
+        with self._lock:
+            found, self._id_order = reconstruct(self._index, allowed, self._id_order)
+        rows = np.asarray([r for r, v in zip(allowed, found, strict=True) if v is not None], dtype=np.int64)
+        if not len(rows):
+            return [[] for _ in range(len(vectors))]
+        matrix = np.stack([v for v in found if v is not None]).astype(np.float32)
+        scores = vectors @ matrix.T
+        best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return [[(int(rows[j]), float(row[j])) for j in order] for row, order in zip(scores, best, strict=True)]
 
     def _rescored(
         self, vectors: np.ndarray, top_k: int, manifest: Manifest, allowed: np.ndarray | None
