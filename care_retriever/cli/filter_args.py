@@ -118,7 +118,7 @@ def _refuse_contradictions(conditions: list[dict[str, Any]]) -> None:
     for c in conditions:
         if c.get("operator") != "==" or isinstance(c.get("value"), list):
             continue
-        field, value = c.get("field"), c.get("value")
+        field, value = str(c.get("field")), c.get("value")
         if field in equal and (type(equal[field]), equal[field]) != (type(value), value):
             name = str(field).removeprefix("meta.")
             raise InputError(

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from care_retriever.stores.filters import Comparison, Constant, FilterNode
@@ -26,7 +27,7 @@ def json_path(path: tuple[str, ...]) -> str:
     return "$" + "".join(f'."{step}"' for step in path)
 
 
-def _marks(values: list[object]) -> str:
+def _marks(values: Sequence[object]) -> str:
     return ",".join("?" * len(values))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -42,7 +43,8 @@ class ClientTerms:
     def date_range(self, key: str, **bounds: str) -> Any:
         from qdrant_client import models
 
-        return models.FieldCondition(key=key, range=models.DatetimeRange(**bounds))
+        dates = {name: datetime.fromisoformat(text.replace("Z", "+00:00")) for name, text in bounds.items()}
+        return models.FieldCondition(key=key, range=models.DatetimeRange(**dates))
 
     def is_empty(self, key: str) -> Any:
         from qdrant_client import models
