@@ -55,6 +55,22 @@ def check_document_text(doc_id: object, text: str, title: str = "") -> None:
         raise InputError(empty_text_message(doc_id))
 
 
+def dotted_key(metadata: object) -> str | None:
+    """The first metadata key (at any depth) holding a ``.``, else None: filters name nested fields by dotted paths
+    (``meta.src.kind``), the same on every engine, so a key with a dot would be a field no filter could name."""
+    if isinstance(metadata, Mapping):
+        for key, value in metadata.items():
+            if isinstance(key, str) and "." in key:
+                return key
+            if (found := dotted_key(value)) is not None:
+                return found
+    elif isinstance(metadata, list):
+        for value in metadata:
+            if (found := dotted_key(value)) is not None:
+                return found
+    return None
+
+
 # What metadata a document may carry: what strict JSON holds, the one rule every door applies (the corpus reader
 # naming the file and line, the Python writer, the Haystack and LangChain adapters). Python's json reads and writes
 # NaN and Infinity, which JSON has not: stored, they would come back in `search --json` and the service's bodies as
@@ -62,7 +78,12 @@ def check_document_text(doc_id: object, text: str, title: str = "") -> None:
 # behind the user's back.
 def metadata_json(doc_id: object, metadata: Mapping[str, Any]) -> str:
     """``metadata`` as JSON text (the form the stores keep), or one line (:class:`InputError`) naming the field that
-    holds a NaN or an infinite number, or saying what is not JSON at all."""
+    holds a NaN or an infinite number or a key with a dot, or saying what is not JSON at all."""
+    if (dotted := dotted_key(metadata)) is not None:
+        raise InputError(
+            f"document {doc_id!r}: metadata key {dotted!r} holds a '.', which filters read as a step into a nested "
+            "object: rename it (e.g. with '_') or nest it"
+        )
     try:
         return json.dumps(metadata, ensure_ascii=False, allow_nan=False)
     except ValueError as exc:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from care_retriever import strict_json
+from care_retriever.cli.filter_args import cli_filters
 from care_retriever.cli.options import TrustRemoteCode
 from care_retriever.cli.panels import COMMON, HYBRID
 from care_retriever.errors import InputError
@@ -26,20 +27,6 @@ def _load_query_side(model: str, device: str | None, backend: str, trust_remote_
     return load_query_embedder(model, backend, device=device, trust_remote_code=trust_remote_code)
 
 
-def _parse_filters(items: list[str] | None) -> dict[str, str | list[str]] | None:
-    if not items:
-        return None
-    filters: dict[str, str | list[str]] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InputError(
-                f"--filter {item!r}: expected FIELD=VALUE (repeat the flag; FIELD=A,B matches any of A, B)"
-            )
-        filters[key] = value.split(",") if "," in value else value
-    return filters
-
-
 def search(
     queries: Annotated[list[str], typer.Argument(help="One or more queries.")],
     model: Annotated[
@@ -52,7 +39,20 @@ def search(
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.", rich_help_panel=COMMON)] = None,
     top_k: Annotated[int, typer.Option(help="Hits per query.", rich_help_panel=COMMON)] = 10,
     filter_: Annotated[
-        list[str] | None, typer.Option("--filter", help="Metadata filter FIELD=VALUE (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--filter",
+            help="Metadata filter FIELD OP VALUE, OP one of = != > >= < <= (year>=2020, dept=心内科, dept=A,B for any "
+            "of; 3 is a number, '3' a string; a.b a nested field). Repeatable: every flag is AND-ed.",
+        ),
+    ] = None,
+    filter_json: Annotated[
+        str | None,
+        typer.Option(
+            "--filter-json",
+            help="A whole filter as JSON (Haystack syntax: field/operator/value, AND/OR/NOT) or @file.json; "
+            "AND-ed with --filter. See docs/filters.md.",
+        ),
     ] = None,
     instruction: Annotated[
         str | None, typer.Option(help="Override the query instruction (instruction-tuned query towers).")
@@ -97,7 +97,7 @@ def search(
         raise InputError(f"--top-k must be >= 1, got {top_k}")
     check_mode(mode)
     fusion_config = FusionConfig(fusion, k=rrf_k, dense_weight=dense_weight)
-    filters = _parse_filters(filter_)
+    filters = cli_filters(filter_, filter_json)
     target = open_store(store, collection=collection, create=False)
     target.require_manifest()
     if mode != "dense":

@@ -194,18 +194,49 @@ def check_queries(value: Any, limits: ServiceLimits) -> Any:
     return value
 
 
+FilterScalar = StrictStr | StrictBool | StrictInt | StrictFloat | None
+
+
+class FilterComparison(BaseModel):
+    """One comparison of the filter language (:mod:`care_retriever.stores.filters`): ``meta.`` and a dotted path,
+    an operator, a typed value (a list for ``in`` / ``not in``; ordering operators take a number or an ISO 8601
+    date)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    field: Annotated[StrictStr, Field(pattern=r"^meta\.[\w\-]+(\.[\w\-]+)*$", examples=["meta.year"])]
+    operator: Literal["==", "!=", ">", ">=", "<", "<=", "in", "not in"]
+    value: FilterScalar | Annotated[list[FilterScalar], Field(min_length=1, max_length=256)]
+
+
+class FilterLogic(BaseModel):
+    """AND (all), OR (any) or NOT (not all) of filter conditions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    operator: Literal["AND", "OR", "NOT"]
+    conditions: Annotated[list["FilterComparison | FilterLogic"], Field(min_length=1, max_length=64)]
+
+
+ShortFilterValue = FilterScalar | Annotated[list[FilterScalar], Field(min_length=1, max_length=256)]
+# The filter grammar as the OpenAPI schema declares it: a Haystack comparison, a logical node, or the short form
+# {"dotted.key": value | [values]} (keys AND-ed). Tried in that order; the stores' own parser checks the rest.
+RequestFilters = Annotated[
+    FilterComparison | FilterLogic | Annotated[dict[str, ShortFilterValue], Field(max_length=32)],
+    Field(union_mode="left_to_right"),
+]
+
+
 def request_model(limits: ServiceLimits, store: VectorStore) -> type[SearchBody]:
     """The /search body, with the limits baked into its validation (and its schema)."""
     query_text = Annotated[StrictStr, StringConstraints(min_length=1, max_length=limits.max_query_chars)]
-    scalar = StrictStr | StrictBool | StrictInt | StrictFloat
-    filter_value = scalar | Annotated[list[scalar], Field(min_length=1, max_length=256)]
 
     class SearchRequest(SearchBody):
         model_config = ConfigDict(extra="forbid")
 
         query: query_text | Annotated[list[query_text], Field(min_length=1, max_length=limits.max_queries)]
         top_k: StrictInt = Field(10, ge=1, le=limits.max_top_k)
-        filters: Annotated[dict[str, filter_value], Field(max_length=32)] | None = None
+        filters: RequestFilters | None = None
         mode: Literal["dense", "sparse", "hybrid"] = "dense"  # hybrid: the store's BM25 side fused (docs/hybrid.md)
 
         @field_validator("query", mode="before")

@@ -11,7 +11,8 @@ the authors' released models), exactly as ``care-retriever index`` stores them. 
 all-or-nothing (one store transaction); Qdrant has no transactions, so a failed Qdrant write may be partial
 (as with ``QdrantVectorStore``).
 
-``filter`` takes the core's metadata filter: ``{"field": value}`` or ``{"field": [v1, v2]}`` (any of).
+``filter`` takes the core filter language (docs/filters.md): ``{"field": value}``, ``{"field": [v1, v2]}`` (any of), or
+Haystack syntax (ranges, NOT, OR, nested ``meta.a.b`` fields), run inside the store.
 
 Hybrid search (the store's BM25 side fused with the dense ranking, as ``care-retriever search --mode
 hybrid``): ``hybrid_search(query)``, ``search(query, "hybrid")`` or

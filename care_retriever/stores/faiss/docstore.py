@@ -13,7 +13,9 @@ import numpy as np
 
 from care_retriever.documents import Document
 from care_retriever.errors import StoreError
-from care_retriever.stores.base import Filters, Hit
+from care_retriever.stores.base import Hit
+from care_retriever.stores.faiss import filter_sql
+from care_retriever.stores.filters import FilterNode
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -121,44 +123,10 @@ def delete_rows(db: sqlite3.Connection, rows: Sequence[int]) -> None:
     db.executemany("DELETE FROM documents WHERE row_id = ?", [(r,) for r in rows])
 
 
-def _key_clause(key: str, value: object) -> tuple[str, list[object]]:
-    """The SQL condition, and its arguments in order, that a document's metadata field ``key`` matches the filter
-    value ``value`` (a list: any of its values) as Qdrant matches it, so that a store answers a filter the same on
-    either engine (``copy`` moves it between them): a boolean matches only booleans (SQLite's JSON reads ``true``
-    as 1), a number any number of equal value (``2 == 2.0``), a string the same string; a stored list matches where
-    any of its elements does; a stored object matches nothing. Scalars, the common case, are read by
-    ``json_extract``, dispatched on their JSON type; only stored lists are walked (``json_each``: about twice as
-    slow over a whole table)."""
-    values = value if isinstance(value, list) else [value]
-    strings = [v for v in values if isinstance(v, str)]
-    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    flags = ["true" if v else "false" for v in sorted({v for v in values if isinstance(v, bool)})]
-    path = f'$."{key}"'
-    element = [f"e.type = '{flag}'" for flag in flags]
-    if strings:
-        element.append(f"(e.type = 'text' AND e.value IN ({_marks(strings)}))")
-    if numbers:
-        element.append(f"(e.type IN ('integer', 'real') AND e.value IN ({_marks(numbers)}))")
-    sql = (
-        "CASE json_type(documents.metadata, ?) WHEN 'array' THEN EXISTS (SELECT 1 FROM "
-        f"json_each(documents.metadata, ?) AS e WHERE {' OR '.join(element)}) "
-    )
-    args: list[object] = [path, path, *strings, *numbers]
-    if strings:
-        sql += f"WHEN 'text' THEN json_extract(documents.metadata, ?) IN ({_marks(strings)}) "
-        args += [path, *strings]
-    for kind in ("integer", "real") if numbers else ():
-        sql += f"WHEN '{kind}' THEN json_extract(documents.metadata, ?) IN ({_marks(numbers)}) "
-        args += [path, *numbers]
-    sql += "".join(f"WHEN '{flag}' THEN 1 " for flag in flags)
-    return sql + "ELSE 0 END", args
-
-
-def filtered_row_ids(db: sqlite3.Connection, filters: Filters) -> np.ndarray:
-    """Row ids of the documents whose metadata match every key (:func:`_key_clause`)."""
-    clauses = [_key_clause(key, value) for key, value in filters.items()]
-    sql = f"SELECT row_id FROM documents WHERE {' AND '.join(c for c, _ in clauses)}"
-    rows = db.execute(sql, [a for _, args in clauses for a in args]).fetchall()
+def filtered_row_ids(db: sqlite3.Connection, node: FilterNode) -> np.ndarray:
+    """Row ids of the documents whose metadata match the filter tree ``node`` (:mod:`.filter_sql`)."""
+    sql, args = filter_sql.condition(node)
+    rows = db.execute(f"SELECT row_id FROM documents WHERE {sql}", args).fetchall()
     return np.asarray([r for (r,) in rows], dtype=np.int64)
 
 

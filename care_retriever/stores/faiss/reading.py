@@ -28,7 +28,11 @@ from care_retriever.stores.faiss.index_factory import (
 )
 from care_retriever.stores.faiss.opening import OpenedVersion
 from care_retriever.stores.faiss.session import InPlaceWrite
-from care_retriever.stores.filters import Filters, validate_filters
+from care_retriever.stores.filters import Constant, FilterNode, Filters, parse_filters
+
+# Filters selecting at most this many rows are scanned exactly on an HNSW index (a restricted graph search loses
+# recall when few rows are allowed); above it the graph searches with the id selector.
+EXACT_SCAN_ROWS = 20_000
 
 
 class Reading(OpenedVersion):
@@ -48,8 +52,7 @@ class Reading(OpenedVersion):
         sparse.check_search(self.describe(), self._session is not None, top_k)
         self._follow_writes()
         require_sparse(self)
-        filters = validate_filters(filters)
-        ranked = self._sparse_ranked(queries, top_k, self._filtered_row_ids(filters) if filters else None)
+        ranked = self._sparse_ranked(queries, top_k, self._filtered_row_ids(filters))
         docs = self._rows({r for row in ranked for r, _ in row}, payload=payload)
         return [docstore.hits(row, docs, top_k) for row in ranked]
 
@@ -74,10 +77,9 @@ class Reading(OpenedVersion):
         self._follow_writes()
         require_sparse(self)
         fusion = fusion or FusionConfig()
-        filters = validate_filters(filters)
-        allowed = self._filtered_row_ids(filters) if filters else None  # one filter query for both sides
+        allowed = self._filtered_row_ids(filters)  # one filter query for both sides
         depth = max(fusion.candidates, top_k)
-        dense = self._dense_ranked(vectors, depth, filters, allowed)
+        dense = self._dense_ranked(vectors, depth, allowed)
         if self._current_tombstones():  # removed rows still in the index (HNSW): dropped before they are fused
             live = self._rows({r for row in dense for r, _ in row}, payload=False)
             dense = [[(r, s) for r, s in row if r in live][:depth] for row in dense]
@@ -98,9 +100,9 @@ class Reading(OpenedVersion):
         if self._db is None:
             return 0
         self._follow_writes()
-        filters = validate_filters(filters)
-        if filters:
-            return len(self._filtered_row_ids(filters))
+        allowed = self._filtered_row_ids(filters)
+        if allowed is not None:
+            return len(allowed)
         session = self._session
         if session is None:
             return self._count
@@ -139,16 +141,16 @@ class Reading(OpenedVersion):
         self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
     ) -> list[list[Hit]]:
         self._follow_writes()
-        filters = validate_filters(filters)
-        ranked = self._dense_ranked(vectors, top_k, filters, self._filtered_row_ids(filters) if filters else None)
+        ranked = self._dense_ranked(vectors, top_k, self._filtered_row_ids(filters))
         docs = self._rows({r for row in ranked for r, _ in row}, payload=payload)
         return [docstore.hits(row, docs, top_k) for row in ranked]
 
     def _dense_ranked(
-        self, vectors: np.ndarray, top_k: int, filters: Filters | None, allowed: np.ndarray | None
+        self, vectors: np.ndarray, top_k: int, allowed: np.ndarray | None
     ) -> list[list[tuple[int, float]]]:
-        """Each vector's nearest (row id, score), best first: ``top_k`` plus as many as the index holds
-        tombstones (removed rows an HNSW index still returns; the caller drops them)."""
+        """Each vector's nearest (row id, score), best first, among the ``allowed`` rows (None: all): ``top_k``
+        plus as many as the index holds tombstones (removed rows an HNSW index still returns; the caller drops
+        them)."""
         if self._index is None:
             self.require_manifest()
         assert self._index is not None
@@ -161,9 +163,15 @@ class Reading(OpenedVersion):
         if len(vectors) == 0 or self._index.ntotal == 0:
             return [[] for _ in range(len(vectors))]
         if quantization(manifest_config(manifest.index)) != "none":
-            return self._rescored(vectors, top_k, manifest, filters, allowed)
+            return self._rescored(vectors, top_k, manifest, allowed)
         k = min(top_k + self._current_tombstones(), self._index.ntotal)
-        params = search_params(self._index, manifest_config(manifest.index), allowed if filters else None)
+        if (
+            allowed is not None
+            and len(allowed) <= EXACT_SCAN_ROWS
+            and isinstance(inner_index(self._index), faiss.IndexHNSW)
+        ):
+            return self._exact_among(vectors, k, allowed)
+        params = search_params(self._index, manifest_config(manifest.index), allowed)
         if params is False:
             return [[] for _ in range(len(vectors))]
         scores, ids = search_with(self._searchable() if params is None else self._index, vectors, k, params)
@@ -172,8 +180,22 @@ class Reading(OpenedVersion):
             for row_scores, row_ids in zip(scores, ids, strict=True)
         ]
 
+    def _exact_among(self, vectors: np.ndarray, k: int, allowed: np.ndarray) -> list[list[tuple[int, float]]]:
+        """Each vector's ``k`` best among the ``allowed`` rows, scored exactly from the vectors the HNSW graph
+        stores: a graph search restricted to a few rows loses their neighbours, a scan of a few rows does not."""
+        assert self._index is not None
+        with self._lock:
+            found, self._id_order = reconstruct(self._index, allowed, self._id_order)
+        rows = np.asarray([r for r, v in zip(allowed, found, strict=True) if v is not None], dtype=np.int64)
+        if not len(rows):
+            return [[] for _ in range(len(vectors))]
+        matrix = np.stack([v for v in found if v is not None]).astype(np.float32)
+        scores = vectors @ matrix.T
+        best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return [[(int(rows[j]), float(row[j])) for j in order] for row, order in zip(scores, best, strict=True)]
+
     def _rescored(
-        self, vectors: np.ndarray, top_k: int, manifest: Manifest, filters: Filters | None, allowed: np.ndarray | None
+        self, vectors: np.ndarray, top_k: int, manifest: Manifest, allowed: np.ndarray | None
     ) -> list[list[tuple[int, float]]]:
         """Quantized stores: ``top_k x oversample`` candidates from the codes, re-scored with exact inner products
         from vectors.f32, best ``top_k`` (plus tombstones) returned. The scores are exact cosines."""
@@ -181,24 +203,29 @@ class Reading(OpenedVersion):
         tombstones = self._current_tombstones()
         want = top_k + tombstones
         oversample = float(self.oversample if self.oversample is not None else manifest.index.get("oversample", 1.0))
-        if filters and not takes_search_params(inner_index(self._index)):
+        if allowed is not None and not takes_search_params(inner_index(self._index)):
             # Sign-bit and flat PQ codes take no id selector: the matching rows are scored exactly instead
             # (cost grows with the number of matches, not with the store).
-            assert allowed is not None
             candidates = [allowed] * len(vectors)
         else:
             k = rescoring.candidates_wanted(top_k, tombstones, oversample, self._index.ntotal)
-            params = search_params(self._index, manifest_config(manifest.index), allowed if filters else None)
+            params = search_params(self._index, manifest_config(manifest.index), allowed)
             if params is False:
                 return [[] for _ in range(len(vectors))]
             _, ids = search_with(self._index, vectors, k, params)
             candidates = [row[row >= 0] for row in ids]
         return rescoring.rescore(vectors, candidates, self._full_vectors, want)
 
-    def _filtered_row_ids(self, filters: Filters) -> np.ndarray:
+    def _filtered_row_ids(self, filters: Filters | None) -> np.ndarray | None:
+        """Row ids of the documents ``filters`` lets through (read by :func:`parse_filters`); None: no filter."""
+        node: FilterNode | None = parse_filters(filters)
+        if node is None or node == Constant(True):
+            return None
+        if isinstance(node, Constant):
+            return np.empty(0, dtype=np.int64)
         db = self._require_db()
         with self._lock:
-            return docstore.filtered_row_ids(db, filters)
+            return docstore.filtered_row_ids(db, node)
 
     def _rows(self, row_ids: set[int], payload: bool = True) -> dict[int, Document]:
         """Stored documents by row id; without ``payload``, their ids alone (no text, no metadata parsing)."""

@@ -20,7 +20,7 @@ from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.base import Hit, VectorStore
 from care_retriever.stores.config import QdrantCollectionConfig, StoreConfig, as_qdrant_config
-from care_retriever.stores.filters import Filters, validate_filters
+from care_retriever.stores.filters import FilterNode, Filters, parse_filters
 
 ID_NAMESPACE = uuid.UUID("6f1c2b1e-7d3a-5c43-9a53-2f5b0c6e8a11")
 DEFAULT_COLLECTION = "care"
@@ -101,28 +101,9 @@ def hit_of(payload: dict[str, Any], score: float) -> Hit:
     )
 
 
-def filter_conditions(filters: Filters | None) -> list[tuple[str, list[Any]]] | None:
-    """Metadata filters as ``(payload key, any of these values)`` pairs, each of which must match."""
-    filters = validate_filters(filters)
-    if not filters:
-        return None
-    return [(f"metadata.{name}", value if isinstance(value, list) else [value]) for name, value in filters.items()]
-
-
-EXACT_FLOAT_INTEGERS = 2**53  # integers below this in magnitude are held by a float without rounding
-
-
-def value_match(value: Any) -> str:
-    """How one filter value is matched in a Qdrant collection (Edge or a server: one engine) so that it answers as a
-    FAISS store does for the same documents: ``"bool"``, a boolean matching booleans only (not 1); ``"range"``, a
-    number as a point range, since Qdrant's exact match takes a stored 2.0 for no integer 2 while a FAISS store
-    (and Python) finds them equal; ``"exact"``, a string or an integer past what a float holds exactly. A stored
-    list matches on any of its elements in Qdrant, as in a FAISS store."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, float) or (isinstance(value, int) and abs(value) < EXACT_FLOAT_INTEGERS):
-        return "range"
-    return "exact"
+def filter_conditions(filters: Filters | None) -> FilterNode | None:
+    """Metadata filters as the typed tree both Qdrant engines build their Filter from (:mod:`.filter_tree`)."""
+    return parse_filters(filters)
 
 
 def query_rows(vectors: np.ndarray, top_k: int, dim: int) -> np.ndarray:

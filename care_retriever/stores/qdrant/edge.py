@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from care_retriever.errors import StoreError
+from care_retriever.stores.filters import FilterNode
 from care_retriever.stores.qdrant.edge_filter import build_filter
 
 logger = logging.getLogger("care_retriever")
@@ -240,7 +241,7 @@ class EdgeShard:
         _call(self._shard.close, self.path)
 
     # ------------------------------------------------------------------ reads
-    def count(self, conditions: Sequence[tuple[str, Sequence[Any]]] | None = None) -> int:
+    def count(self, conditions: FilterNode | None = None) -> int:
         qe = _engine()
         request = qe.CountRequest(exact=True, filter=build_filter(qe, conditions))
         return int(_call(lambda: self._shard.count(request), self.path))
@@ -278,7 +279,7 @@ class EdgeShard:
         query: Any,
         limit: int,
         *,
-        conditions: Sequence[tuple[str, Sequence[Any]]] | None = None,
+        conditions: FilterNode | None = None,
         payload: bool | Sequence[str] = True,
         params: Any = None,
     ) -> Any:
@@ -297,7 +298,7 @@ class EdgeShard:
         *,
         method: str,
         rrf_k: int = 60,
-        conditions: Sequence[tuple[str, Sequence[Any]]] | None = None,
+        conditions: FilterNode | None = None,
         payload: bool | Sequence[str] = True,
         params: Any = None,
     ) -> Any:

@@ -56,8 +56,25 @@ SERVER_ONLY = ("shards", "replicas")
 BATCH = 256
 
 
-# the payload index of a metadata value's type (bool before int: a bool is an int to isinstance)
-METADATA_KINDS: tuple[tuple[type, str], ...] = ((bool, "bool"), (int, "integer"), (float, "float"), (str, "keyword"))
+# the payload index of a metadata value's type (bool before int: a bool is an int to isinstance). Every number gets a
+# float index: an integer index leaves out a stored 2019.5, which a range filter on the field must still find.
+METADATA_KINDS: tuple[tuple[type, str], ...] = ((bool, "bool"), (int, "float"), (float, "float"), (str, "keyword"))
+
+
+def metadata_fields(metadata: dict[str, Any], prefix: str = "metadata") -> Iterator[tuple[str, Any]]:
+    """Each (payload key, value) filters can name in ``metadata``: nested objects walked, a list read by its first
+    element; a key filters cannot name (such as ``""`` or ``"a b"``) is no JSON path the engine indexes: skipped."""
+    for name, value in metadata.items():
+        if not is_filter_field(name):
+            continue
+        key = f"{prefix}.{name}"
+        if isinstance(value, dict):
+            yield from metadata_fields(value, key)
+        elif isinstance(value, list):
+            if value and not isinstance(value[0], (dict, list)):
+                yield key, value[0]
+        else:
+            yield key, value
 
 
 def metadata_kind(value: Any) -> str | None:
@@ -203,15 +220,12 @@ class EdgeStore(EdgeSearch, QdrantStore):
             self._unindexed_kb += vectors.size * 4 / 1024
 
     def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
-        """A payload index for each metadata field filters can match, created the first time the field is seen (a
-        field filters cannot name, such as ``""`` or ``"a b"``, is no JSON path the engine indexes: kept, not
-        indexed)."""
+        """A payload index for each metadata field filters can match (:func:`metadata_fields`), created the first
+        time the field is seen."""
         indexed = shard.payload_indexes()
         for document in documents:
-            for name, value in document.metadata.items():
-                if not is_filter_field(name):
-                    continue
-                key, kind = f"metadata.{name}", metadata_kind(value)
+            for key, value in metadata_fields(document.metadata):
+                kind = metadata_kind(value)
                 if kind is not None and key not in indexed:
                     shard.index_field(key, kind)
                     indexed[key] = kind

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -17,7 +18,50 @@ from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores.base import Filters, Hit, Manifest
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize
-from care_retriever.stores.qdrant.common import filter_conditions, hit_of, is_server, query_rows, value_match
+from care_retriever.stores.qdrant import filter_tree
+from care_retriever.stores.qdrant.common import filter_conditions, hit_of, is_server, query_rows
+
+
+class ClientTerms:
+    """:class:`~.filter_tree.QdrantTerms` of qdrant-client's models (a server, or the client's local mode)."""
+
+    def match(self, key: str, value: str | int | bool) -> Any:
+        from qdrant_client import models
+
+        return models.FieldCondition(key=key, match=models.MatchValue(value=value))  # JSON keeps a bool a bool
+
+    def match_any(self, key: str, values: list[str]) -> Any:
+        from qdrant_client import models
+
+        return models.FieldCondition(key=key, match=models.MatchAny(any=values))
+
+    def number_range(self, key: str, **bounds: float) -> Any:
+        from qdrant_client import models
+
+        return models.FieldCondition(key=key, range=models.Range(**bounds))
+
+    def date_range(self, key: str, **bounds: str) -> Any:
+        from qdrant_client import models
+
+        dates = {name: datetime.fromisoformat(text.replace("Z", "+00:00")) for name, text in bounds.items()}
+        return models.FieldCondition(key=key, range=models.DatetimeRange(**dates))
+
+    def is_empty(self, key: str) -> Any:
+        from qdrant_client import models
+
+        return models.IsEmptyCondition(is_empty=models.PayloadField(key=key))
+
+    def nothing(self) -> Any:
+        from qdrant_client import models
+
+        return models.HasIdCondition(has_id=[])
+
+    def filter(
+        self, must: list[Any] | None = None, should: list[Any] | None = None, must_not: list[Any] | None = None
+    ) -> Any:
+        from qdrant_client import models
+
+        return models.Filter(must=must, should=should, must_not=must_not)
 
 
 class ServerSearch:
@@ -37,27 +81,8 @@ class ServerSearch:
         return [hit_of(p.payload, p.score) for p in points]
 
     def _filter(self, filters: Filters | None) -> Any:
-        """The metadata filters as a qdrant-client filter, by the rule Edge's reads (:func:`value_match`)."""
-        from qdrant_client import models
-
-        conditions = filter_conditions(filters)
-        if not conditions:
-            return None
-
-        def condition(key: str, value: Any) -> Any:
-            if value_match(value) == "range":
-                return models.FieldCondition(key=key, range=models.Range(gte=value, lte=value))
-            return models.FieldCondition(key=key, match=models.MatchValue(value=value))  # JSON keeps a bool a bool
-
-        must: list[Any] = []
-        for key, values in conditions:
-            if len(values) == 1:
-                must.append(condition(key, values[0]))
-            elif all(isinstance(v, str) for v in values):
-                must.append(models.FieldCondition(key=key, match=models.MatchAny(any=values)))
-            else:  # numbers or booleans: any of the single conditions
-                must.append(models.Filter(should=[condition(key, v) for v in values]))
-        return models.Filter(must=must)
+        """The metadata filters as a qdrant-client filter, built as Edge's is (:mod:`.filter_tree`)."""
+        return filter_tree.build(ClientTerms(), filter_conditions(filters))
 
     def search_params(self) -> Any:
         """Search parameters of a quantized collection on a server: rescore ``oversample`` x ``top_k`` candidates

@@ -23,7 +23,6 @@ from haystack.testing.document_store import (
 
 from care_retriever.errors import InputError, StoreError
 from care_retriever.integrations.haystack import CareFaissDocumentStore, CareFaissEmbeddingRetriever
-from care_retriever.integrations.haystack.filters import to_core_filters
 
 
 def _unit(vector: list[float]) -> np.ndarray:
@@ -87,10 +86,9 @@ def test_retrieval_ranks_by_cosine_and_skips_documents_without_embeddings(store:
 @pytest.mark.parametrize(
     ("filters", "expected"),
     [
-        ({"field": "meta.group", "operator": "==", "value": "x"}, ["a", "c"]),  # core pre-filter path
+        ({"field": "meta.group", "operator": "==", "value": "x"}, ["a", "c"]),
         ({"field": "meta.group", "operator": "in", "value": ["y"]}, ["b"]),
-        ({"field": "meta.n", "operator": ">=", "value": 2}, ["b", "c"]),  # post-filter path
-        ({"field": "meta.title", "operator": "==", "value": "A"}, ["a"]),  # title is a column, not metadata
+        ({"field": "meta.n", "operator": ">=", "value": 2}, ["b", "c"]),
         ({"operator": "NOT", "conditions": [{"field": "meta.group", "operator": "==", "value": "x"}]}, ["b"]),
     ],
 )
@@ -99,7 +97,7 @@ def test_retrieval_with_haystack_filters(store: CareFaissDocumentStore, filters:
     assert [d.id for d in store.embedding_retrieval([1.0, 0, 0, 0], filters=filters, top_k=10)] == expected
 
 
-def test_post_filtering_widens_the_search_until_top_k_are_found(tmp_path: Path) -> None:
+def test_a_selective_filter_finds_its_match_beyond_the_nearest(tmp_path: Path) -> None:
     store = CareFaissDocumentStore(str(tmp_path / "s"), embedding_dim=2)
     docs = [Document(id=f"n{i}", content=f"near {i}", meta={"rank": i}, embedding=[1.0, i * 1e-3]) for i in range(40)]
     docs += [Document(id="far", content="far", meta={"rank": 100}, embedding=[0.0, 1.0])]
@@ -108,26 +106,29 @@ def test_post_filtering_widens_the_search_until_top_k_are_found(tmp_path: Path) 
     assert [d.id for d in hits] == ["far"]
 
 
-@pytest.mark.parametrize("value", [1, True, 1.0, [1], [True, 2]])
-def test_an_equality_filter_finds_what_haystacks_evaluator_finds(tmp_path: Path, value: object) -> None:
-    """The core store tells a boolean from the integer 1 (as Qdrant does); Haystack's evaluator has ``True == 1``.
-    An ``==`` / ``in`` filter that runs inside the store still returns what InMemoryDocumentStore would."""
-    from haystack.document_stores.in_memory import InMemoryDocumentStore
-
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1, ["one", "real"]),
+        (True, ["flag"]),
+        (1.0, ["one", "real"]),
+        ([1], ["one", "real"]),
+        ([True, 2], ["flag", "two"]),
+    ],
+)
+def test_an_equality_filter_is_typed_as_in_every_store(tmp_path: Path, value: object, expected: list[str]) -> None:
+    """The filter runs inside the store, by the core's typed rule: a boolean is not the integer 1 (Haystack's
+    Python evaluator has ``True == 1``), a number equals a number of the same value; search and listing agree."""
     docs = [
         Document(id=name, content=name, meta={"level": level}, embedding=[1.0, i * 1e-3])
         for i, (name, level) in enumerate([("flag", True), ("one", 1), ("real", 1.0), ("two", 2), ("off", False)])
     ]
     operator = "in" if isinstance(value, list) else "=="
     filters = {"field": "meta.level", "operator": operator, "value": value}
-    assert to_core_filters(filters) is not None  # the store's own filter path, not the evaluator's alone
-    ours = CareFaissDocumentStore(str(tmp_path / "s"), embedding_dim=2)
-    theirs = InMemoryDocumentStore()
-    for store in (ours, theirs):
-        store.write_documents(docs)
-    want = sorted(d.id for d in theirs.filter_documents(filters))
-    assert len(want) >= 3  # True, 1 and 1.0 are one value to Haystack
-    assert sorted(d.id for d in ours.embedding_retrieval([1.0, 0.0], filters=filters, top_k=10)) == want
+    store = CareFaissDocumentStore(str(tmp_path / "s"), embedding_dim=2)
+    store.write_documents(docs)
+    assert sorted(d.id for d in store.embedding_retrieval([1.0, 0.0], filters=filters, top_k=10)) == expected
+    assert sorted(d.id for d in store.filter_documents(filters)) == expected
 
 
 def test_retriever_component_applies_filter_policy_and_round_trips(store: CareFaissDocumentStore) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("qdrant_edge")
 
+from care_retriever.stores.filters import parse_filters
 from care_retriever.stores.qdrant import edge
 
 DIM = 16
@@ -32,7 +33,10 @@ def _points(n: int, start: int = 0, seed: int = 0) -> list[edge.EdgePoint]:
     vectors = np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
     return [
         edge.EdgePoint(
-            pid, v.tolist(), {"doc_id": f"d{start + i}", "group": (start + i) % 3}, ([1, 100 + start + i], [0.5, 1.0])
+            pid,
+            v.tolist(),
+            {"doc_id": f"d{start + i}", "metadata": {"group": (start + i) % 3}},
+            ([1, 100 + start + i], [0.5, 1.0]),
         )
         for i, (pid, v) in enumerate(zip(_ids(n, start), vectors, strict=True))
     ]
@@ -42,9 +46,10 @@ def test_the_adapter_writes_reads_and_queries_the_engine(tmp_path: Path) -> None
     shard = edge.EdgeShard.create(tmp_path / "s", edge.ShardSettings(dim=DIM, metric="dot", quantize="sq8"))
     points = _points(50)
     shard.upsert(points)
-    shard.index_field("group", "integer")
-    assert shard.count() == 50 and shard.count([("group", [0])]) == 17 and shard.count([("group", [0, 1])]) == 34
-    assert shard.payload_indexes() == {"group": "integer"}
+    shard.index_field("metadata.group", "integer")
+    group_0, groups_01 = parse_filters({"group": 0}), parse_filters({"group": [0, 1]})
+    assert shard.count() == 50 and shard.count(group_0) == 17 and shard.count(groups_01) == 34
+    assert shard.payload_indexes() == {"metadata.group": "integer"}
     record = shard.retrieve([points[3].id], ["doc_id"], True)[0]
     assert record.id == points[3].id and record.payload == {"doc_id": "d3"}
     np.testing.assert_allclose(record.vector, points[3].vector, rtol=1e-6)  # dot: stored as given

@@ -32,7 +32,6 @@ import numpy as np
 from haystack import Document, default_from_dict, default_to_dict
 from haystack.document_stores.errors import DuplicateDocumentError
 from haystack.document_stores.types import DuplicatePolicy
-from haystack.utils.filters import document_matches_filter
 
 from care_retriever.documents import Document as CoreDocument
 from care_retriever.errors import InputError
@@ -48,9 +47,10 @@ from care_retriever.integrations.common import (
     prepare_vectors,
     to_core_document,
 )
-from care_retriever.integrations.haystack.filters import filtered_top_k, to_core_filters, validate_filters
+from care_retriever.integrations.haystack.filters import core_filters, parse_haystack_filters, validate_filters
 from care_retriever.stores.base import Hit
 from care_retriever.stores.faiss import FaissStore
+from care_retriever.stores.filter_matching import matches
 
 logger = logging.getLogger(__name__)
 
@@ -154,10 +154,10 @@ class CareFaissDocumentStore:
         return [d if v is None else replace(d, embedding=v.tolist()) for d, v in zip(docs, vectors, strict=True)]
 
     def _matching(self, filters: dict[str, Any] | None) -> list[tuple[CoreDocument, Document]]:
-        validate_filters(filters)
+        node = parse_haystack_filters(filters)  # the core language, evaluated on the listing it reads anyway
         stored = self._store.iter_documents() if self._store.manifest is not None else ()
         pairs = [(core, self._to_haystack(core)) for core in stored]
-        return [(c, d) for c, d in pairs if not filters or document_matches_filter(filters, d)]
+        return [(c, d) for c, d in pairs if matches(node, d.meta)]
 
     def filter_documents(self, filters: dict[str, Any] | None = None) -> list[Document]:
         """Documents matching Haystack ``filters`` (all documents without), in insertion order."""
@@ -294,11 +294,8 @@ class CareFaissDocumentStore:
             return []
         query = prepare_vectors(manifest, as_matrix([query_embedding], manifest.dim, "query_embedding"))
 
-        def search(k: int, core_filters: dict[str, Any] | None) -> tuple[int, list[Document]]:
-            hits = self._store.search(query, k, core_filters)[0]
-            return len(hits), [self._to_haystack(h, score=h.score) for h in hits if not h.metadata.get(NO_EMBEDDING)]
-
-        docs = filtered_top_k(search, filters, top_k, self._store.count, to_core_filters(filters))
+        hits = self._store.search(query, top_k, core_filters(filters, hidden=NO_EMBEDDING))[0]  # run in the store
+        docs = [self._to_haystack(h, score=h.score) for h in hits]
         if scale_score:
             docs = [replace(d, score=cosine_to_unit(d.score or 0.0)) for d in docs]
         return self._with_embeddings(docs) if return_embedding else docs

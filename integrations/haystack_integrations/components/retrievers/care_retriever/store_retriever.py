@@ -36,31 +36,10 @@ from care_retriever.integrations.common import (
     model_space,
     prepare_vectors,
 )
-from care_retriever.integrations.haystack.filters import filtered_top_k, to_core_filters, validate_filters
+from care_retriever.integrations.haystack.filters import core_filters, validate_filters
 from care_retriever.sparse.fusion import DEFAULT_FUSION
 from care_retriever.stores import VectorStore, open_store, parse_store_spec
 from care_retriever.stores.qdrant import is_server
-
-
-def _pre_filter(backend: str, filters: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The core pre-filter for ``filters`` on this backend, or None to post-filter only.
-
-    ``to_core_filters`` is exact for FAISS (SQLite compares like Python). Qdrant keeps bool, int and
-    float apart in exact matches where Haystack's ``==`` (Python) equates ``1``, ``1.0`` and ``True``,
-    so on Qdrant only string values are pre-filtered; numbers go to the post-filter.
-    """
-    core = to_core_filters(filters)
-    if core is None or backend != "qdrant":
-        return core
-    values = [v for value in core.values() for v in (value if isinstance(value, list) else [value])]
-    return core if all(isinstance(v, str) for v in values) else None
-
-
-def _core_filters_or_error(filters: dict[str, Any] | None, mode: str) -> dict[str, Any] | None:
-    core = to_core_filters(filters)
-    if filters and core is None:
-        raise InputError(f"mode {mode!r} takes only filters that are AND-ed equality/`in` conditions on meta fields")
-    return core
 
 
 @component
@@ -240,28 +219,22 @@ class CareStoreRetriever:
         vector = prepare_vectors(manifest, vector)  # as the CLI searches: unit for cosine, as given for dot
         scale = self.scale_score if scale_score is None else scale_score
 
-        def search(k: int, core_filters: dict[str, Any] | None) -> tuple[int, list[Document]]:
-            hits = store.search(vector, k, core_filters)[0]
-            docs = [
-                Document(
-                    id=h.id,
-                    content=h.text,
-                    meta=from_core_metadata(h.title, h.metadata, hidden=(NO_EMBEDDING,)),
-                    score=cosine_to_unit(h.score) if scale else h.score,
-                )
-                for h in hits
-                if not h.metadata.get(NO_EMBEDDING)  # written without an embedding by CareFaissDocumentStore
-            ]
-            return len(hits), docs
-
-        docs = filtered_top_k(search, filters, top_k, store.count, _pre_filter(store.backend, filters))
+        hits = store.search(vector, top_k, core_filters(filters, hidden=NO_EMBEDDING))[0]
+        docs = [
+            Document(
+                id=h.id,
+                content=h.text,
+                meta=from_core_metadata(h.title, h.metadata, hidden=(NO_EMBEDDING,)),
+                score=cosine_to_unit(h.score) if scale else h.score,
+            )
+            for h in hits
+        ]
         return {"documents": docs}
 
     def _run_with_sparse(
         self, query_embedding: list[float] | None, query: str | None, filters: dict[str, Any] | None, top_k: int
     ) -> list[Document]:
-        """``sparse`` / ``hybrid``: the core's BM25 or hybrid search (the CLI's code); metadata filters
-        must translate to core filters here (no post-filtering of fused scores)."""
+        """``sparse`` / ``hybrid``: the core's BM25 or hybrid search (the CLI's code), filters run in the store."""
         from care_retriever.search.hybrid import hybrid_search
         from care_retriever.sparse import require_sparse
 
@@ -271,15 +244,15 @@ class CareStoreRetriever:
         store = self._store
         assert store is not None
         require_sparse(store)
-        core_filters = _core_filters_or_error(filters, self.mode)
+        store_filters = core_filters(filters)
         if self.mode == "sparse":
-            hits = store.search_sparse([query], top_k, core_filters)[0]
+            hits = store.search_sparse([query], top_k, store_filters)[0]
         else:
             if not isinstance(query_embedding, list) or not query_embedding:
                 raise InputError("mode='hybrid' needs query_embedding as well as query")
             manifest = store.require_manifest()
             vector = prepare_vectors(manifest, as_matrix([query_embedding], manifest.dim, "query_embedding"))
-            hits = hybrid_search(store, vector, [query], top_k, core_filters, self._fusion)[0]
+            hits = hybrid_search(store, vector, [query], top_k, store_filters, self._fusion)[0]
         return [
             Document(
                 id=h.id,
@@ -358,8 +331,8 @@ class CareStoreBM25Retriever:
         validate_filters(filters)
         self.warm_up()
         assert self._store is not None
-        core_filters = _core_filters_or_error(filters, "sparse")
-        hits = self._store.search_sparse([query], self.top_k if top_k is None else top_k, core_filters)[0]
+        store_filters = core_filters(filters, hidden=None)
+        hits = self._store.search_sparse([query], self.top_k if top_k is None else top_k, store_filters)[0]
         return {
             "documents": [
                 Document(
