@@ -31,7 +31,6 @@ from care_retriever.documents import Document
 from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
-from care_retriever.stores.filters import is_filter_field
 from care_retriever.stores.qdrant import edge, edge_readonly, edge_space, edge_verify, legacy
 from care_retriever.stores.qdrant.common import (
     DEFAULT_COLLECTION,
@@ -44,6 +43,7 @@ from care_retriever.stores.qdrant.common import (
     point_id,
 )
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
+from care_retriever.stores.qdrant.edge_payload import metadata_fields, metadata_kind
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
 from care_retriever.stores.qdrant.edge_verify import check_settings, damage, unchecked_manifest
@@ -54,32 +54,6 @@ SHARD_FOLDER = "shard"
 # settings of a server only: Edge has one shard and no replicas
 SERVER_ONLY = ("shards", "replicas")
 BATCH = 256
-
-
-# the payload index of a metadata value's type (bool before int: a bool is an int to isinstance). Every number gets a
-# float index: an integer index leaves out a stored 2019.5, which a range filter on the field must still find.
-METADATA_KINDS: tuple[tuple[type, str], ...] = ((bool, "bool"), (int, "float"), (float, "float"), (str, "keyword"))
-
-
-def metadata_fields(metadata: dict[str, Any], prefix: str = "metadata") -> Iterator[tuple[str, Any]]:
-    """Each (payload key, value) filters can name in ``metadata``: nested objects walked, a list read by its first
-    element; a key filters cannot name (such as ``""`` or ``"a b"``) is no JSON path the engine indexes: skipped."""
-    for name, value in metadata.items():
-        if not is_filter_field(name):
-            continue
-        key = f"{prefix}.{name}"
-        if isinstance(value, dict):
-            yield from metadata_fields(value, key)
-        elif isinstance(value, list):
-            if value and not isinstance(value[0], (dict, list)):
-                yield key, value[0]
-        else:
-            yield key, value
-
-
-def metadata_kind(value: Any) -> str | None:
-    """The payload index a metadata value gets (the first value seen of a field decides)."""
-    return next((kind for of_type, kind in METADATA_KINDS if isinstance(value, of_type)), None)
 
 
 class EdgeStore(EdgeSearch, QdrantStore):
