@@ -29,7 +29,6 @@ from care_retriever.integrations.haystack import (
 )
 from care_retriever.model.embedder import AsymmetricEmbedder
 
-ALLOWED = ["care_retriever.integrations.haystack"]
 QUERIES = ["血压高怎么办", "宝宝发烧怎么办", "睡不着觉"]
 
 
@@ -138,7 +137,7 @@ def test_indexing_and_query_pipelines_match_cli_search(
     assert written["writer"]["documents_written"] == 6
     pipe = query_pipeline(tiny_model_dir, retriever)
     # A persisted store reloads from YAML with its documents; ":memory:" stores would reload empty.
-    reloaded = Pipeline.loads(pipe.dumps(), allowed_modules=ALLOWED) if backend == "care_faiss" else pipe
+    reloaded = Pipeline.loads(pipe.dumps()) if backend == "care_faiss" else pipe
     for query in QUERIES:
         want = cli_search(tiny_model_dir, cli_store, query, capsys)
         assert_same_hits(ranked(pipe, query), want)
@@ -157,7 +156,7 @@ def test_yaml_round_trip_of_both_pipelines(tiny_model_dir: Path, tmp_path: Path)
     ):
         yaml = pipe.dumps()
         assert "CareDocumentEmbedder" in yaml or "CareTextEmbedder" in yaml
-        assert Pipeline.loads(yaml, allowed_modules=ALLOWED).to_dict() == pipe.to_dict()
+        assert Pipeline.loads(yaml).to_dict() == pipe.to_dict()
 
 
 def test_text_embedder_is_the_query_tower(tiny_model_dir: Path) -> None:
@@ -222,7 +221,7 @@ def test_serialisation_round_trip_and_unknown_model_path(tiny_model_dir: Path, t
             type(component).from_dict(missing)
     pipe = query_pipeline(tmp_path / "nope", InMemoryEmbeddingRetriever(InMemoryDocumentStore()))
     with pytest.raises(DeserializationError) as info:
-        Pipeline.loads(pipe.dumps(), allowed_modules=ALLOWED)
+        Pipeline.loads(pipe.dumps())
     assert isinstance(info.value.__cause__, ModelError)
 
 

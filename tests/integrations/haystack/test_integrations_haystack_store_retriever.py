@@ -21,19 +21,18 @@ from haystack import Document, Pipeline
 from haystack.core.errors import DeserializationError
 from haystack.utils import Secret
 from haystack.utils.filters import document_matches_filter
+from haystack_integrations.components.retrievers.care_retriever.store_retriever import _pre_filter
 
 from care_retriever.cli.main import main as cli
 from care_retriever.errors import InputError, StoreError
 from care_retriever.integrations.haystack import CareFaissDocumentStore, CareStoreRetriever, CareTextEmbedder
 from care_retriever.integrations.haystack.filters import to_core_filters
-from care_retriever.integrations.haystack.store_retriever import _pre_filter
 from care_retriever.stores import parse_store_spec
 
 # qdrant-client checks a server's version in a background thread; against the unreachable server
 # below its warning may land in whichever test runs next.
 pytestmark = pytest.mark.filterwarnings("ignore:Failed to obtain server version:UserWarning")
 
-ALLOWED = ["care_retriever.integrations.haystack"]
 QUERIES = ["血压高怎么办", "宝宝发烧怎么办", "睡不着觉"]
 BACKENDS = ["faiss", "qdrant"]
 N_DOCS = 6  # the small corpus
@@ -231,7 +230,7 @@ def test_yaml_round_trip_serves_the_same_hits(
     pipe = query_pipeline(tiny_model_dir, CareStoreRetriever(spec, collection=None, top_k=4, filter_policy="merge"))
     yaml = pipe.dumps()
     assert "CareStoreRetriever" in yaml and spec in yaml
-    loaded = Pipeline.loads(yaml, allowed_modules=ALLOWED)
+    loaded = Pipeline.loads(yaml)
     open_pipes.append(loaded)
     assert loaded.to_dict() == pipe.to_dict()
     for query, hits in zip(QUERIES, want, strict=True):
@@ -274,7 +273,7 @@ def test_bad_spec_is_the_cores_one_line_error(tmp_path: Path) -> None:
     pipe = query_pipeline(tmp_path, CareStoreRetriever(f"faiss:{tmp_path}"))
     yaml = pipe.dumps().replace(f"faiss:{tmp_path}", "sqlite:x")
     with pytest.raises(DeserializationError) as wrapped:
-        Pipeline.loads(yaml, allowed_modules=ALLOWED)
+        Pipeline.loads(yaml)
     assert isinstance(wrapped.value.__cause__, InputError)
     with pytest.raises(StoreError, match="store is empty or does not exist"):
         CareStoreRetriever(f"faiss:{tmp_path / 'missing'}").warm_up()

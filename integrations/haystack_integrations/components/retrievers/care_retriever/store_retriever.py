@@ -25,6 +25,7 @@ from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.document_stores.types import FilterPolicy
 from haystack.document_stores.types.filter_policy import apply_filter_policy
 from haystack.utils import Secret, deserialize_secrets_inplace
+from haystack_integrations.document_stores.care_retriever.document_store import NO_EMBEDDING
 
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import (
@@ -35,7 +36,6 @@ from care_retriever.integrations.common import (
     model_space,
     prepare_vectors,
 )
-from care_retriever.integrations.haystack.document_store import NO_EMBEDDING
 from care_retriever.integrations.haystack.filters import filtered_top_k, to_core_filters, validate_filters
 from care_retriever.sparse.fusion import DEFAULT_FUSION
 from care_retriever.stores import VectorStore, open_store, parse_store_spec

@@ -16,11 +16,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from haystack import Document, component, default_from_dict, default_to_dict
+from haystack_integrations.components.embedders.care_retriever.text_embedder import NOT_WARMED_UP
 
 from care_retriever.documents import document_text
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import check_model_location, core_title, model_metric
-from care_retriever.integrations.haystack.text_embedder import NOT_WARMED_UP
 from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
 
 if TYPE_CHECKING:

@@ -11,8 +11,7 @@ from typing import Any
 from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.document_stores.types import FilterPolicy
 from haystack.document_stores.types.filter_policy import apply_filter_policy
-
-from care_retriever.integrations.haystack.document_store import CareFaissDocumentStore
+from haystack_integrations.document_stores.care_retriever.document_store import CareFaissDocumentStore
 
 
 @component
