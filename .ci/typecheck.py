@@ -1,7 +1,8 @@
 """Type-check the wheel's three import packages under their installed names: mypy, pyproject's [tool.mypy].
 
-``integrations/`` and ``training/`` install as ``care_retriever.integrations`` / ``care_retriever.training``
-(pyproject's package-dir), which an editable install maps with an import hook that mypy cannot follow:
+``integrations/`` and ``training/`` install as ``care_retriever.integrations`` / ``care_retriever.training``,
+``integrations/haystack_integrations/`` as ``haystack_integrations`` (pyproject's package-dir), which an editable
+install maps with an import hook that mypy cannot follow:
 plain ``mypy`` would call them ``integrations.*`` / ``training.*`` and find none of the imports between
 the packages. So the source files mypy finds are renamed to their installed modules before the build.
 
@@ -30,12 +31,15 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     os.chdir(ROOT)  # [tool.mypy] files are relative to the repository root
     package_dir = tomllib.loads(Path("pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]["package-dir"]
-    renamed = {folder: package for package, folder in package_dir.items() if folder != package}
+    # folder as mypy names it -> installed package; the longest folder first (haystack_integrations lies inside
+    # integrations/ but installs as its own top-level namespace)
+    renamed = {folder.replace("/", "."): package for package, folder in package_dir.items() if folder != package}
+    folders = sorted(renamed, key=len, reverse=True)
     sources, options = process_options(["--config-file", "pyproject.toml", *argv])
     for source in sources:
-        head, dot, tail = source.module.partition(".")
-        if head in renamed:
-            source.module = renamed[head] + dot + tail
+        folder = next((f for f in folders if source.module == f or source.module.startswith(f + ".")), None)
+        if folder is not None:
+            source.module = renamed[folder] + source.module[len(folder) :]
     try:
         messages = build.build(sources, options).errors
     except build.CompileError as exc:  # a blocking error (syntax error, a module found twice)

@@ -49,7 +49,9 @@ class CareEmbeddings(BaseModel, Embeddings):
     )
     query_batch_size: int = Field(default=32, ge=1)
     document_batch_size: int = Field(default=16, ge=1)
-    show_progress: bool = Field(default=False, description="tqdm bar while embedding documents.")
+    show_progress: bool = Field(
+        default=False, description="tqdm bar while embedding documents, and transformers' bars while loading a tower."
+    )
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
@@ -59,7 +61,11 @@ class CareEmbeddings(BaseModel, Embeddings):
     def model_post_init(self, context: Any, /) -> None:
         check_model_location(self.model)
         self._towers = TowerLoader(
-            self.model, device=self.device, query_backend=self.backend, trust_remote_code=self.trust_remote_code
+            self.model,
+            device=self.device,
+            query_backend=self.backend,
+            trust_remote_code=self.trust_remote_code,
+            show_progress=self.show_progress,
         )
 
     @classmethod
@@ -73,6 +79,7 @@ class CareEmbeddings(BaseModel, Embeddings):
             embedder=embedder,
             query_backend=instance.backend,
             trust_remote_code=instance.trust_remote_code,
+            show_progress=instance.show_progress,
         )
         return instance
 

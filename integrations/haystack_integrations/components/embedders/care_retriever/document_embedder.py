@@ -21,6 +21,7 @@ from haystack_integrations.components.embedders.care_retriever.text_embedder imp
 from care_retriever.documents import document_text
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import check_model_location, core_title, model_metric
+from care_retriever.model.towers.loading import loading_progress
 from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
 
 if TYPE_CHECKING:
@@ -66,9 +67,11 @@ class CareDocumentEmbedder:
         if self.embedder is None:
             from care_retriever.model.embedder import AsymmetricEmbedder
 
-            self.embedder = AsymmetricEmbedder.from_pretrained(
-                self.model, load="document", device=self.device, trust_remote_code=self.trust_remote_code
-            )
+            # Loading is quiet whatever progress_bar says: that bar is the encoding's (on by default, as Haystack's).
+            with loading_progress(show=False):
+                self.embedder = AsymmetricEmbedder.from_pretrained(
+                    self.model, load="document", device=self.device, trust_remote_code=self.trust_remote_code
+                )
 
     @property
     def similarity(self) -> str:

@@ -18,6 +18,7 @@ from haystack import component, default_from_dict, default_to_dict
 
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import check_model_location, model_metric
+from care_retriever.model.towers.loading import loading_progress
 from care_retriever.search.async_encoding import AsyncEncoder, EncoderStats
 
 if TYPE_CHECKING:
@@ -45,8 +46,10 @@ class CareTextEmbedder:
         device: str | None = None,
         backend: str = "auto",
         trust_remote_code: bool = False,
+        progress_bar: bool = False,
     ) -> None:
         self.model = model
+        self.progress_bar = progress_bar
         self.trust_remote_code = trust_remote_code
         self.instruction = instruction
         self.device = device
@@ -58,9 +61,10 @@ class CareTextEmbedder:
         if self.embedder is None:
             from care_retriever.search.backends import load_query_embedder
 
-            self.embedder = load_query_embedder(
-                self.model, self.backend, device=self.device, trust_remote_code=self.trust_remote_code
-            )
+            with loading_progress(self.progress_bar):
+                self.embedder = load_query_embedder(
+                    self.model, self.backend, device=self.device, trust_remote_code=self.trust_remote_code
+                )
 
     @property
     def similarity(self) -> str:
@@ -77,6 +81,7 @@ class CareTextEmbedder:
             device=self.device,
             backend=self.backend,
             trust_remote_code=self.trust_remote_code,
+            progress_bar=self.progress_bar,
         )
 
     @classmethod
