@@ -28,10 +28,16 @@ class CareEmbeddings(BaseModel, Embeddings):
     """Query tower for ``embed_query``, document tower for ``embed_documents``; float vectors as the model gives
     them (unit-norm for a cosine model; :attr:`similarity` says which similarity to score them with).
 
-    Example::
+    Usage example:
+    ```python
+    from care_retriever.integrations.langchain import CareEmbeddings
 
-        embeddings = CareEmbeddings(model="models/care")
-        embeddings.embed_query("血压高怎么办")          # query tower only is loaded
+    embeddings = CareEmbeddings(model="models/care")
+    vector = embeddings.embed_query("血压高怎么办")  # only the query tower is loaded
+    assert len(vector) == len(embeddings.embed_documents(["高血压患者应低盐饮食"])[0])
+    ```
+
+    Each field below is one parameter (its ``description`` says what it does).
     """
 
     model: str = Field(
@@ -47,8 +53,8 @@ class CareEmbeddings(BaseModel, Embeddings):
     trust_remote_code: bool = Field(
         default=False, description="Needed when a tower runs model code shipped with it (off by default)."
     )
-    query_batch_size: int = Field(default=32, ge=1)
-    document_batch_size: int = Field(default=16, ge=1)
+    query_batch_size: int = Field(default=32, ge=1, description="Queries per forward pass of the query tower.")
+    document_batch_size: int = Field(default=16, ge=1, description="Documents per forward pass of the document tower.")
     show_progress: bool = Field(
         default=False, description="tqdm bar while embedding documents, and transformers' bars while loading a tower."
     )

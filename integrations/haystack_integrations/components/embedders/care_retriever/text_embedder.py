@@ -31,12 +31,23 @@ NOT_WARMED_UP = "The embedding model has not been loaded. Please call warm_up() 
 class CareTextEmbedder:
     """Embed a query string with the query tower of a CARE model.
 
+    Usage example:
+    ```python
+    from haystack_integrations.components.embedders.care_retriever import CareTextEmbedder
+
+    embedder = CareTextEmbedder(model="models/care")
+    embedder.warm_up()
+    result = embedder.run("血压高怎么办")
+    assert len(result["embedding"]) > 0
+    ```
+
     :param model: CARE model folder (or hub id) written by ``care-retriever init`` / training.
     :param instruction: override the model's default query instruction (instruction-tuned towers only).
     :param device: ``cpu``, ``cuda``, ``cuda:N``; default picks CUDA when available.
     :param trust_remote_code: needed when the query tower runs model code shipped with it (off by default).
     :param backend: ``auto`` | ``torch`` | ``onnx`` | ``openvino``; ``auto`` runs the model's export
         (``care-retriever export``) when it has one.
+    :param progress_bar: let transformers print its loading bars in ``warm_up`` (off: loading is quiet).
     """
 
     def __init__(
