@@ -1,7 +1,8 @@
 """Type-check the wheel's three import packages under their installed names: mypy, pyproject's [tool.mypy].
 
-``integrations/`` and ``training/`` install as ``care_retriever.integrations`` / ``care_retriever.training``
-(pyproject's package-dir), which an editable install maps with an import hook that mypy cannot follow:
+``integrations/`` and ``training/`` install as ``care_retriever.integrations`` / ``care_retriever.training``,
+``integrations/haystack_integrations/`` as ``haystack_integrations`` (pyproject's package-dir), which an editable
+install maps with an import hook that mypy cannot follow:
 plain ``mypy`` would call them ``integrations.*`` / ``training.*`` and find none of the imports between
 the packages. So the source files mypy finds are renamed to their installed modules before the build.
 

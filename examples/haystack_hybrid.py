@@ -19,8 +19,8 @@ os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # offline: no usag
 
 from haystack import Document, Pipeline
 from haystack.components.joiners import DocumentJoiner
-
-from care_retriever.integrations.haystack import CareStoreBM25Retriever, CareStoreRetriever, CareTextEmbedder
+from haystack_integrations.components.embedders.care_retriever import CareTextEmbedder
+from haystack_integrations.components.retrievers.care_retriever import CareStoreBM25Retriever, CareStoreRetriever
 
 CANDIDATES = 100  # each side's depth before fusion, as search --mode hybrid
 

@@ -15,15 +15,12 @@ os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # offline: no usag
 from haystack import Document, Pipeline
 from haystack.components.writers import DocumentWriter
 from haystack.document_stores.types import DuplicatePolicy
+from haystack_integrations.components.embedders.care_retriever import CareDocumentEmbedder, CareTextEmbedder
+from haystack_integrations.components.retrievers.care_retriever import CareFaissEmbeddingRetriever
+from haystack_integrations.document_stores.care_retriever import CareFaissDocumentStore
 
 from care_retriever import read_corpus
 from care_retriever.errors import CareError
-from care_retriever.integrations.haystack import (
-    CareDocumentEmbedder,
-    CareFaissDocumentStore,
-    CareFaissEmbeddingRetriever,
-    CareTextEmbedder,
-)
 
 
 def main(argv: list[str] | None = None) -> list[Document]:

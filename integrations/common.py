@@ -22,7 +22,7 @@ from care_retriever.documents import Document, check_document_text, metadata_jso
 from care_retriever.errors import InputError, ModelError
 from care_retriever.model.config import CONFIG_NAME, CareConfig
 from care_retriever.model.protocols import DocumentEncoder, QueryEncoder
-from care_retriever.model.towers.loading import local_model_dir
+from care_retriever.model.towers.loading import loading_progress, local_model_dir
 from care_retriever.stores.base import Manifest
 from care_retriever.stores.config import (
     FaissIndexConfig,
@@ -93,6 +93,7 @@ class TowerLoader:
         embedder: QueryEncoder | None = None,
         query_backend: str = "torch",
         trust_remote_code: bool = False,
+        show_progress: bool = False,
     ) -> None:
         if model is None and embedder is None:
             raise ModelError("pass a CARE model folder (model=...) or a loaded AsymmetricEmbedder (embedder=...)")
@@ -101,6 +102,7 @@ class TowerLoader:
         # auto | torch | onnx | openvino (care_retriever.search.backends); the document tower always runs on torch
         self.query_backend = query_backend
         self.trust_remote_code = trust_remote_code  # a tower whose model code ships with it needs it at load
+        self.show_progress = show_progress  # transformers' loading bars and reports; off: a library stays quiet
         self._query: QueryEncoder | None = None
         self._document: DocumentEncoder | None = None
         if embedder is not None:  # its loaded towers serve; a query-only backend (onnx) has no document side
@@ -127,12 +129,13 @@ class TowerLoader:
             if self._query is None:
                 from care_retriever.search.backends import load_query_embedder
 
-                self._query = load_query_embedder(
-                    self._source("query"),
-                    self.query_backend,
-                    device=self.device,
-                    trust_remote_code=self.trust_remote_code,
-                )
+                with loading_progress(self.show_progress):
+                    self._query = load_query_embedder(
+                        self._source("query"),
+                        self.query_backend,
+                        device=self.device,
+                        trust_remote_code=self.trust_remote_code,
+                    )
             return self._query
 
     def document(self) -> DocumentEncoder:
@@ -143,12 +146,13 @@ class TowerLoader:
             if self._document is None:
                 from care_retriever.model.embedder import AsymmetricEmbedder
 
-                self._document = AsymmetricEmbedder.from_pretrained(
-                    self._source("document"),
-                    load="document",
-                    device=self.device,
-                    trust_remote_code=self.trust_remote_code,
-                )
+                with loading_progress(self.show_progress):
+                    self._document = AsymmetricEmbedder.from_pretrained(
+                        self._source("document"),
+                        load="document",
+                        device=self.device,
+                        trust_remote_code=self.trust_remote_code,
+                    )
             return self._document
 
 

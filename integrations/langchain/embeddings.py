@@ -28,10 +28,16 @@ class CareEmbeddings(BaseModel, Embeddings):
     """Query tower for ``embed_query``, document tower for ``embed_documents``; float vectors as the model gives
     them (unit-norm for a cosine model; :attr:`similarity` says which similarity to score them with).
 
-    Example::
+    Usage example:
+    ```python
+    from care_retriever.integrations.langchain import CareEmbeddings
 
-        embeddings = CareEmbeddings(model="models/care")
-        embeddings.embed_query("血压高怎么办")          # query tower only is loaded
+    embeddings = CareEmbeddings(model="models/care")
+    vector = embeddings.embed_query("血压高怎么办")  # only the query tower is loaded
+    assert len(vector) == len(embeddings.embed_documents(["高血压患者应低盐饮食"])[0])
+    ```
+
+    Each field below is one parameter (its ``description`` says what it does).
     """
 
     model: str = Field(
@@ -47,9 +53,11 @@ class CareEmbeddings(BaseModel, Embeddings):
     trust_remote_code: bool = Field(
         default=False, description="Needed when a tower runs model code shipped with it (off by default)."
     )
-    query_batch_size: int = Field(default=32, ge=1)
-    document_batch_size: int = Field(default=16, ge=1)
-    show_progress: bool = Field(default=False, description="tqdm bar while embedding documents.")
+    query_batch_size: int = Field(default=32, ge=1, description="Queries per forward pass of the query tower.")
+    document_batch_size: int = Field(default=16, ge=1, description="Documents per forward pass of the document tower.")
+    show_progress: bool = Field(
+        default=False, description="tqdm bar while embedding documents, and transformers' bars while loading a tower."
+    )
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
@@ -59,7 +67,11 @@ class CareEmbeddings(BaseModel, Embeddings):
     def model_post_init(self, context: Any, /) -> None:
         check_model_location(self.model)
         self._towers = TowerLoader(
-            self.model, device=self.device, query_backend=self.backend, trust_remote_code=self.trust_remote_code
+            self.model,
+            device=self.device,
+            query_backend=self.backend,
+            trust_remote_code=self.trust_remote_code,
+            show_progress=self.show_progress,
         )
 
     @classmethod
@@ -73,6 +85,7 @@ class CareEmbeddings(BaseModel, Embeddings):
             embedder=embedder,
             query_backend=instance.backend,
             trust_remote_code=instance.trust_remote_code,
+            show_progress=instance.show_progress,
         )
         return instance
 

@@ -105,7 +105,19 @@ def mmr_hits(
 
 
 class CareVectorStoreRetriever(VectorStoreRetriever):
-    """LangChain's vector-store retriever plus ``search_type="hybrid"`` and ``"sparse"``."""
+    """LangChain's vector-store retriever plus ``search_type="hybrid"`` and ``"sparse"``.
+
+    Usage example:
+    ```python
+    from care_retriever.integrations.langchain import CareEmbeddings, CareVectorStore
+
+    store = CareVectorStore("faiss:stores/care", CareEmbeddings(model="models/care"))
+    retriever = store.as_retriever(search_type="hybrid", search_kwargs={"k": 3})
+    assert len(retriever.invoke("血压高怎么办")) == 3
+    ```
+
+    Its parameters are LangChain's ``VectorStoreRetriever``'s, made by ``CareVectorStore.as_retriever``.
+    """
 
     allowed_search_types = (*VectorStoreRetriever.allowed_search_types, "hybrid", "sparse")
 

@@ -67,6 +67,15 @@ if TYPE_CHECKING:
 class CareVectorStore(VectorStore):
     """LangChain view of a care-retriever FAISS or Qdrant store.
 
+    Usage example:
+    ```python
+    from care_retriever.integrations.langchain import CareEmbeddings, CareVectorStore
+
+    store = CareVectorStore("faiss:stores/care", CareEmbeddings(model="models/care"))
+    hits = store.similarity_search("血压高怎么办", k=3)
+    assert len(hits) == 3
+    ```
+
     :param store: a store spec (``faiss:DIR``, ``qdrant:PATH``, ...) or an open core store.
     :param embedding: query/document embeddings; :class:`CareEmbeddings` of the model that built the store.
     :param collection: Qdrant collection (default ``care``).

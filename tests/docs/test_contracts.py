@@ -57,7 +57,7 @@ def beir_folder(tmp_path: Path) -> Path:
 def test_every_reader_gives_the_document_tower_the_same_text(beir_folder: Path) -> None:
     pytest.importorskip("haystack")
     from haystack import Document as HaystackDocument
-    from haystack_integrations.components.embedders.care_retriever.document_embedder import CareDocumentEmbedder
+    from haystack_integrations.components.embedders.care_retriever import CareDocumentEmbedder
 
     from care_retriever.evaluation.benchmark import read_texts
     from care_retriever.evaluation.tasks import load_task
@@ -91,7 +91,7 @@ def test_haystack_embedder_and_framework_stores_agree_on_framework_titles() -> N
     """Titles only frameworks can carry (not a str, empty): the embedder embeds what the store keeps as title."""
     pytest.importorskip("haystack")
     from haystack import Document as HaystackDocument
-    from haystack_integrations.components.embedders.care_retriever.document_embedder import CareDocumentEmbedder
+    from haystack_integrations.components.embedders.care_retriever import CareDocumentEmbedder
 
     from care_retriever.integrations.common import to_core_document
 

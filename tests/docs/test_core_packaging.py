@@ -111,6 +111,10 @@ def test_wheel_installs_all_three_import_packages(tmp_path: Path) -> None:
     assert_one_faiss_build_per_install(message.get_all("Requires-Dist") or [], message.get_all("Provides-Extra") or [])
     assert "care_retriever/integrations/__init__.py" in names
     assert "care_retriever/training/__init__.py" in names
+    # the Haystack components join Haystack's shared namespace: no __init__.py of ours above their leaves
+    for leaf in ("components/embedders", "components/retrievers", "document_stores"):
+        assert f"haystack_integrations/{leaf}/care_retriever/__init__.py" in names
+    assert not [n for n in names if n.startswith("haystack_integrations/") and "/care_retriever/" not in n]
     # the quickstart and the example read the shipped sample from the installed package
     assert {f"care_retriever/data/sample/{n}" for n in ("corpus.jsonl", "queries.jsonl", "qrels.tsv")} <= set(names)
     env_dir = tmp_path / "venv"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,33 @@ def quiet_transformers() -> None:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+
+
+@contextmanager
+def loading_progress(show: bool) -> Iterator[None]:
+    """Within the block, transformers prints its loading bars and load reports only if ``show``; restored after.
+
+    The framework doors (Haystack components, LangChain classes) load inside a user's program, so they leave its
+    transformers settings as they found them rather than silencing them for good as the CLI does.
+
+    Usage: ``with loading_progress(show=False): tower = AsymmetricEmbedder.from_pretrained(folder)``
+
+    :param show: let transformers print its progress bars and load reports as configured.
+    """
+    if show:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 # ------------------------------------------------------------------

@@ -62,6 +62,14 @@ _T = TypeVar("_T")
 class CareFaissDocumentStore:
     """Haystack ``DocumentStore`` over a care-retriever FAISS folder (``faiss:DIR``).
 
+    Usage example:
+    ```python
+    from haystack_integrations.document_stores.care_retriever import CareFaissDocumentStore
+
+    store = CareFaissDocumentStore("stores/care", model="models/care")  # built by `care-retriever index`
+    assert store.count_documents() > 0
+    ```
+
     :param path: the store: ``faiss:DIR`` (the spec the CLI takes) or the folder; created on the first write if
         missing. A Qdrant spec is refused in one line (search Qdrant with ``CareStoreRetriever``).
     :param model: the CARE model whose document space the embeddings are in. Recorded in a new

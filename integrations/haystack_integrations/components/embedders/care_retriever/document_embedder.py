@@ -21,6 +21,7 @@ from haystack_integrations.components.embedders.care_retriever.text_embedder imp
 from care_retriever.documents import document_text
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import check_model_location, core_title, model_metric
+from care_retriever.model.towers.loading import loading_progress
 from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
 
 if TYPE_CHECKING:
@@ -31,11 +32,22 @@ if TYPE_CHECKING:
 class CareDocumentEmbedder:
     """Embed Documents with the document tower of a CARE model; returns copies with ``embedding`` set.
 
+    Usage example:
+    ```python
+    from haystack import Document
+    from haystack_integrations.components.embedders.care_retriever import CareDocumentEmbedder
+
+    embedder = CareDocumentEmbedder(model="models/care", progress_bar=False)
+    embedder.warm_up()
+    documents = embedder.run([Document(content="高血压患者应低盐饮食", meta={"title": "高血压"})])["documents"]
+    assert documents[0].embedding is not None
+    ```
+
     :param model: CARE model folder (or hub id).
     :param meta_fields_to_embed: meta fields written, in order, above the content (default ``["title"]``).
     :param embedding_separator: joins the meta values and the content.
     :param batch_size: documents per forward pass.
-    :param progress_bar: show a tqdm bar while encoding.
+    :param progress_bar: show a tqdm bar while encoding (loading the tower is quiet either way).
     :param device: ``cpu``, ``cuda``, ``cuda:N``; default picks CUDA when available.
     :param trust_remote_code: needed when the document tower runs model code shipped with it (off by default).
     """
@@ -66,9 +78,11 @@ class CareDocumentEmbedder:
         if self.embedder is None:
             from care_retriever.model.embedder import AsymmetricEmbedder
 
-            self.embedder = AsymmetricEmbedder.from_pretrained(
-                self.model, load="document", device=self.device, trust_remote_code=self.trust_remote_code
-            )
+            # Loading is quiet whatever progress_bar says: that bar is the encoding's (on by default, as Haystack's).
+            with loading_progress(show=False):
+                self.embedder = AsymmetricEmbedder.from_pretrained(
+                    self.model, load="document", device=self.device, trust_remote_code=self.trust_remote_code
+                )
 
     @property
     def similarity(self) -> str:

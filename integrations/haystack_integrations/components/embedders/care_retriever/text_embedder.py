@@ -18,6 +18,7 @@ from haystack import component, default_from_dict, default_to_dict
 
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import check_model_location, model_metric
+from care_retriever.model.towers.loading import loading_progress
 from care_retriever.search.async_encoding import AsyncEncoder, EncoderStats
 
 if TYPE_CHECKING:
@@ -30,12 +31,23 @@ NOT_WARMED_UP = "The embedding model has not been loaded. Please call warm_up() 
 class CareTextEmbedder:
     """Embed a query string with the query tower of a CARE model.
 
+    Usage example:
+    ```python
+    from haystack_integrations.components.embedders.care_retriever import CareTextEmbedder
+
+    embedder = CareTextEmbedder(model="models/care")
+    embedder.warm_up()
+    result = embedder.run("血压高怎么办")
+    assert len(result["embedding"]) > 0
+    ```
+
     :param model: CARE model folder (or hub id) written by ``care-retriever init`` / training.
     :param instruction: override the model's default query instruction (instruction-tuned towers only).
     :param device: ``cpu``, ``cuda``, ``cuda:N``; default picks CUDA when available.
     :param trust_remote_code: needed when the query tower runs model code shipped with it (off by default).
     :param backend: ``auto`` | ``torch`` | ``onnx`` | ``openvino``; ``auto`` runs the model's export
         (``care-retriever export``) when it has one.
+    :param progress_bar: let transformers print its loading bars in ``warm_up`` (off: loading is quiet).
     """
 
     def __init__(
@@ -45,8 +57,10 @@ class CareTextEmbedder:
         device: str | None = None,
         backend: str = "auto",
         trust_remote_code: bool = False,
+        progress_bar: bool = False,
     ) -> None:
         self.model = model
+        self.progress_bar = progress_bar
         self.trust_remote_code = trust_remote_code
         self.instruction = instruction
         self.device = device
@@ -58,9 +72,10 @@ class CareTextEmbedder:
         if self.embedder is None:
             from care_retriever.search.backends import load_query_embedder
 
-            self.embedder = load_query_embedder(
-                self.model, self.backend, device=self.device, trust_remote_code=self.trust_remote_code
-            )
+            with loading_progress(self.progress_bar):
+                self.embedder = load_query_embedder(
+                    self.model, self.backend, device=self.device, trust_remote_code=self.trust_remote_code
+                )
 
     @property
     def similarity(self) -> str:
@@ -77,6 +92,7 @@ class CareTextEmbedder:
             device=self.device,
             backend=self.backend,
             trust_remote_code=self.trust_remote_code,
+            progress_bar=self.progress_bar,
         )
 
     @classmethod

@@ -16,7 +16,23 @@ from haystack_integrations.document_stores.care_retriever.document_store import 
 
 @component
 class CareFaissEmbeddingRetriever:
-    """Retrieve the ``top_k`` documents most similar (cosine) to a query embedding.
+    """Retrieve the ``top_k`` documents of a :class:`CareFaissDocumentStore` most similar to a query embedding.
+
+    Usage example:
+    ```python
+    from haystack import Pipeline
+    from haystack_integrations.components.embedders.care_retriever import CareTextEmbedder
+    from haystack_integrations.components.retrievers.care_retriever import CareFaissEmbeddingRetriever
+    from haystack_integrations.document_stores.care_retriever import CareFaissDocumentStore
+
+    store = CareFaissDocumentStore("stores/care", model="models/care")
+    query = Pipeline()
+    query.add_component("embedder", CareTextEmbedder("models/care"))
+    query.add_component("retriever", CareFaissEmbeddingRetriever(store, top_k=3))
+    query.connect("embedder.embedding", "retriever.query_embedding")
+    hits = query.run({"embedder": {"text": "血压高怎么办"}})["retriever"]["documents"]
+    assert len(hits) == 3
+    ```
 
     :param document_store: the :class:`CareFaissDocumentStore` to search.
     :param filters: Haystack filters applied to every run (see ``filter_policy``).

@@ -47,6 +47,20 @@ class CareStoreRetriever:
     """Retrieve the ``top_k`` documents of a care-retriever store most similar to a query embedding (by the store's
     model's similarity: cosine, or dot product for the authors' released models, as ``care-retriever search``).
 
+    Usage example:
+    ```python
+    from haystack import Pipeline
+    from haystack_integrations.components.embedders.care_retriever import CareTextEmbedder
+    from haystack_integrations.components.retrievers.care_retriever import CareStoreRetriever
+
+    query = Pipeline()
+    query.add_component("embedder", CareTextEmbedder("models/care"))
+    query.add_component("retriever", CareStoreRetriever("faiss:stores/care", model="models/care", top_k=3))
+    query.connect("embedder.embedding", "retriever.query_embedding")
+    hits = query.run({"embedder": {"text": "血压高怎么办"}})["retriever"]["documents"]
+    assert len(hits) == 3
+    ```
+
     :param store: store spec as given to ``care-retriever index --store``: ``faiss:DIR``,
         ``qdrant:PATH``, ``qdrant:http(s)://host:6333``. Checked at construction, opened in ``warm_up()``.
     :param collection: Qdrant collection (default: the core's, ``care``); ignored by FAISS.
@@ -290,6 +304,19 @@ class CareStoreBM25Retriever:
 
     Pair it with :class:`CareStoreRetriever` (dense) under Haystack's ``DocumentJoiner`` for a hybrid
     pipeline (examples/haystack_hybrid.py), or use ``CareStoreRetriever(mode="hybrid")``.
+
+    Usage example:
+    ```python
+    from haystack_integrations.components.retrievers.care_retriever import CareStoreBM25Retriever
+
+    retriever = CareStoreBM25Retriever("faiss:stores/care", top_k=3)
+    hits = retriever.run(query="高血压")["documents"]
+    assert len(hits) == 3
+    ```
+
+    :param store: store spec as given to ``care-retriever index --store`` (``faiss:DIR``, ``qdrant:PATH``, ...).
+    :param collection: Qdrant collection (default: the core's, ``care``); ignored by FAISS.
+    :param top_k: number of documents to return.
     """
 
     def __init__(self, store: str, collection: str | None = None, top_k: int = 10) -> None:
