@@ -13,7 +13,7 @@ import sys
 
 from benchmarks.core_common import CLI, REPO, model_dir
 
-OUT = REPO / "docs" / "bench"
+OUT = REPO / "benchmarks" / "results" / "bench"
 
 
 def run(
@@ -42,7 +42,7 @@ def run(
     text = (
         f"### (e) `care-retriever bench` ({preset} preset, random weights)\n\n"
         f"`care-retriever bench --model {model.name} --n-queries {n_queries} --index-docs {index_docs} "
-        f"--search-sizes {' '.join(map(str, sizes))}`; full output in `docs/bench/bench.json`. Search "
+        f"--search-sizes {' '.join(map(str, sizes))}`; full output in `benchmarks/results/bench/bench.json`. Search "
         "latency is one query per call through the store's `search` (documents fetched from the docstore "
         "included) on clustered synthetic unit vectors of the model's width, queried with noisy copies of "
         "corpus vectors (real embeddings have near neighbours; uniform random ones do not); HNSW recall@10 "

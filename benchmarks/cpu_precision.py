@@ -1,6 +1,6 @@
 """An LLM document tower on a CPU, in the precision ``--dtype auto`` picks against fp32 and sentence-transformers.
 
-    python -m benchmarks.cpu_precision                      # writes its section of docs/gpu.md
+    python -m benchmarks.cpu_precision                      # writes its section of benchmarks/results/gpu.md
     python -m benchmarks.cpu_precision --titles 256 --answers 32 --no-write
 
 A random Qwen3-Embedding-0.6B-shaped tower (28 layers, 1,024 wide), saved in bf16 as Qwen3 towers ship, encodes an
@@ -31,7 +31,7 @@ import numpy as np
 
 SHARED = Path(os.environ.get("CARE_SHARED_DATA") or "/work/shared/data")
 CORPORA = {"kuake-qtr titles": "kuake-qtr-retrieval", "im-qa answers": "im-qa-retrieval"}
-DOC = Path(__file__).resolve().parents[1] / "docs" / "gpu.md"
+DOC = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu.md"
 # Qwen3-Embedding-0.6B's decoder (its config.json): a document tower a CPU can encode a corpus with
 QWEN3_EMBEDDING_06B = {
     "hidden_size": 1024,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One run of the GPU figures on a lent H100/H200 with no network (docs/gpu.md, "The device run"):
+# One run of the GPU figures on a lent H100/H200 with no network (benchmarks/results/gpu.md, "The device run"):
 #   bash benchmarks/device_run.sh            # from the repository root, with .whl/ and .devdata/ carried beside it
 # Installs the wheels carried in .whl/ (gitignored) into /tmp/site, ahead of the machine's own packages, so that the
 # tested versions run whatever the machine has (its torch stays: torch 2.11 cu130 there). The wheels, fetched on a
@@ -12,7 +12,7 @@
 # and deleted after it; CARE_SHARED_DATA points there). A lease is 15 minutes of device time, the machine's start
 # included: one full call and one short one. The calls, most decisive first (each side prints its line as it ends
 # and the doc's section is written per corpus, so a call stopped by its time limit keeps what it finished; logs,
-# JSON, the profiles' traces and docs/gpu.md go to $OUT):
+# JSON, the profiles' traces and benchmarks/results/gpu.md go to $OUT):
 #   bash benchmarks/device_run.sh                   # benchmarks.cuda_checks (what the CPU suite cannot run: packed =
 #                                                   # padded on the varlen kernel, its backward, compile without graph
 #                                                   # breaks; under a minute), then the sides of gpu_index on the im-qa
@@ -78,4 +78,4 @@ case "${DEVICE_RUN:-index}" in
       || echo "[device_run] gpu_index ended with exit $? (124: its time limit)"
     ;;
 esac
-cp docs/gpu.md "$out/gpu.md"
+cp benchmarks/results/gpu.md "$out/gpu.md"

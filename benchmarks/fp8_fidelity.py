@@ -13,7 +13,7 @@ as a GPU run loads it) and bf16 with the FP8 rounding: the cosine of each to the
 has no retrieval scores; this is the depth's share of the rounding, which the trained miniature (2 layers) cannot
 show. The vectors of each pass are kept in ``--cache`` as they are made, so a stopped run resumes at the next pass.
 
-Writes its section of docs/gpu.md (``--no-write``: print only). The emulation rounds as the GPU does but
+Writes its section of benchmarks/results/gpu.md (``--no-write``: print only). The emulation rounds as the GPU does but
 multiplies in fp32: it measures what FP8's rounding costs, not the GPU's accumulation order.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 
 SHARED = Path(os.environ.get("CARE_SHARED_DATA") or "/work/shared/data")
 TASKS = ("kuake-qtr-retrieval", "im-qa-retrieval")
-DOC = Path(__file__).resolve().parents[1] / "docs" / "gpu.md"
+DOC = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu.md"
 
 
 def load_model(model: str | None, vocab: list[Path]) -> tuple[Any, str]:

@@ -1,7 +1,7 @@
 """Indexing at full speed: ``care-retriever index`` (the writer into FAISS) vs sentence-transformers'
 ``encode_document`` on the same document tower and the same texts, side by side in one run.
 
-    python -m benchmarks.gpu_index                      # writes its section of docs/gpu.md
+    python -m benchmarks.gpu_index                      # writes its section of benchmarks/results/gpu.md
     python -m benchmarks.gpu_index --limit 2000 --no-write --json
 
 The tower is built here, with no hub: on CUDA a real-size random Qwen3-4B-shaped decoder (36 layers, 2,560 wide,
@@ -59,7 +59,7 @@ CORPORA = {
     "kuake-qtr titles": SHARED / "tasks" / "kuake-qtr-retrieval",
     "im-qa answers": SHARED / "tasks" / "im-qa-retrieval",
 }
-DOC = REPO / "docs" / "gpu.md"
+DOC = REPO / "benchmarks" / "results" / "gpu.md"
 
 
 def finished(head: dict[str, Any], rows: list[dict[str, Any]], peak: float) -> dict[str, Any]:

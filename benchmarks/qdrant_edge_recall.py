@@ -2,7 +2,7 @@
 encoded once by the ``tiny`` tower (random weights, tokenizers trained offline on the corpus) into an exact FAISS
 store, copied into an Edge store with nothing re-encoded (``copy_store``), and the dev queries searched in both.
 
-    python -m benchmarks.qdrant_edge_recall            # prints a Markdown table; quoted in docs/scale.md
+    python -m benchmarks.qdrant_edge_recall            # prints a Markdown table; quoted in benchmarks/results/scale.md
 
 A tower this small gives narrow vectors, which Edge would search by brute force below its indexing threshold
 (10,000 KB); the Edge copy sets ``indexing_threshold`` to 1 KB so its HNSW graph is built and searched, and the

@@ -1,5 +1,5 @@
-"""The report of ``benchmarks.quantization``: its JSON results as the markdown tables of docs/scale.md, written
-between the section's markers.
+"""The report of ``benchmarks.quantization``: its JSON results as the markdown tables of
+benchmarks/results/scale.md, written between the section's markers.
 """
 
 from __future__ import annotations

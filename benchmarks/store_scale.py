@@ -14,7 +14,7 @@ Each (dataset, kind) cell runs in its own process (:mod:`benchmarks.store_scale_
 queries per second from 1 and 8 client threads (one query per call), recall@10 against the exact neighbours. A
 finished cell's result is kept under ``--work/results`` and a re-run skips it; a cell past ``--cell-budget`` seconds
 is stopped and recorded as such (the phase and the points written by then), never extrapolated. The table is
-written into docs/scale.md between its markers after every cell.
+written into benchmarks/results/scale.md between its markers after every cell.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 from benchmarks.large_index import exact_neighbours, generate, make_queries
 from benchmarks.store_scale_cell import KINDS
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "scale.md"
+DOC = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "scale.md"
 BEGIN, END = "<!-- store_scale:start -->", "<!-- store_scale:end -->"
 SHARED = Path(os.environ.get("CARE_SHARED_DATA") or "/work/shared/data")
 KUAKE = SHARED / "tasks" / "kuake-qtr-retrieval"

@@ -39,7 +39,7 @@ class Kind:
     label: str  # engine and settings, as the table shows them
     open: Callable[[Path], tuple[VectorStore, Any]]  # the store at a folder, and the index options to prepare with
     # commit after each block of BLOCK rows, as `index` checkpoints every 8,192 documents (the other kinds write
-    # all their rows, then finalize: how their rows in docs/scale.md were measured)
+    # all their rows, then finalize: how their rows in benchmarks/results/scale.md were measured)
     commit_each_block: bool = False
 
 

@@ -1,5 +1,5 @@
 """How much of each training stage's wall time is training: read a finished run's ``run.json`` and write a table
-of it into docs/gpu.md (its own section, beside the indexing ones).
+of it into benchmarks/results/gpu.md (its own section, beside the indexing ones).
 
     care-retriever train --recipe paper --out /tmp/p --preset base --dry-run-steps 10   # on the GPU machine
     python -m benchmarks.training_walltime /tmp/p/run.json --device "NVIDIA H200, torch 2.11.0+cu130"

@@ -231,7 +231,7 @@ def check_index_options(
     FAISS: ``type``, ``quantize`` (none | sq8 | binary | pq), ``oversample``, ``m``, ``ef_construction``,
     ``ef_search``, ``nlist``, ``nprobe``, ``pq_m``, ``pq_bits``; Qdrant: ``quantize`` (none | sq8 | binary),
     ``oversample``, ``always_ram``, ``on_disk``, ``on_disk_payload``, ``shards``, ``replicas``, ``m``,
-    ``ef_construct`` (docs/scale.md). One line for a setting the store does not have, an unknown quantization or a
+    ``ef_construct`` (benchmarks/results). One line for a setting the store does not have, an unknown quantization or a
     bad value.
     """
     if options is None:

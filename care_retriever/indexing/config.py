@@ -65,7 +65,7 @@ class EncodeConfig:
             "tower pretrained in bf16, which overflows fp16; on CPU fp32, or bf16 for an LLM tower pretrained in bf16 "
             "where the CPU multiplies bf16 in hardware, AMX) | saved (the tower's own) | fp32 | bf16 | fp16 | fp8 "
             "(opt-in: the Linear layers in float8, rowwise scaled, compiled; GPUs of compute capability >= 8.9 only; "
-            "check its quality on your tower first: docs/gpu.md)."
+            "check its quality on your tower first: benchmarks/results/gpu.md)."
         ),
     )
     forward: str = field(
@@ -79,14 +79,14 @@ class EncodeConfig:
         default=AUTO,
         metadata=meta(
             "auto | on | off: torch.compile of the document tower's layers (falls back to eager in one line where "
-            "compiling fails). auto: on for --dtype fp8, off elsewhere until measured faster there (docs/gpu.md)."
+            "compiling fails). auto: on for --dtype fp8, off elsewhere until measured faster there."
         ),
     )
     norms: str = field(
         default=AUTO,
         metadata=meta(
             "auto | fused | eager: the tower's RMSNorm layers through torch's fused kernel (one kernel a norm instead "
-            "of six) or the model's own code. auto: fused where the layers run eager on CUDA (docs/gpu.md)."
+            "of six) or the model's own code. auto: fused where the layers run eager on CUDA (benchmarks/results)."
         ),
     )
     attn_implementation: str = field(

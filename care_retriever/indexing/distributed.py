@@ -9,7 +9,7 @@ chunk's texts over all ranks: rank ``r`` encodes the disjoint slice ``texts[r::w
 document tower on its own device, rank 0 gathers the vectors back in order. The result is the index
 a single process would build (same ids, same order); killing the job and running the same command
 again resumes from rank 0's last checkpoint. NCCL on GPUs, gloo on CPU; across nodes use torchrun's
-rendezvous (see docs/scale.md).
+rendezvous (see benchmarks/results/scale.md).
 
 ``care-retriever index`` is a world of one process (:mod:`care_retriever.indexing.run`).
 """

@@ -75,12 +75,12 @@ class Quantize(Choice):
     PQ = "pq"
 
 
-# Candidates taken from the codes per result wanted, by quantization (measured: docs/scale.md); a store's own value
+# Candidates taken from the codes per result wanted, by quantization (measured: benchmarks/results); a store's own value
 # is kept in its manifest (index option "oversample") and FaissStore(oversample=...) overrides it.
 FAISS_DEFAULT_OVERSAMPLE = {Quantize.SQ8: 4.0, Quantize.BINARY: 100.0, Quantize.PQ: 50.0}
 QUANTIZE_HELP = (
     "FAISS: none | sq8 | binary | pq: compressed codes in RAM, full vectors on disk, every search rescored "
-    "(docs/scale.md); Qdrant: none | sq8 | binary (rescored on a server). Fixed when the store is created."
+    "(benchmarks/results); Qdrant: none | sq8 | binary (rescored on a server). Fixed when the store is created."
 )
 OVERSAMPLE_HELP = "Candidates from the codes per result wanted, rescored exactly (default by quantize)."
 # manifest key -> field, where they differ
@@ -99,7 +99,9 @@ class FaissIndexConfig:
 
     index_type: IndexType = field(
         default=IndexType.FLAT,
-        metadata=meta("FAISS index: flat (exact) | hnsw | ivf | ivfpq (see docs/scale.md).", flag="--index-type"),
+        metadata=meta(
+            "FAISS index: flat (exact) | hnsw | ivf | ivfpq (see benchmarks/results/scale.md).", flag="--index-type"
+        ),
     )
     m: int = field(default=32, metadata=meta("HNSW neighbours per node.", flag="--hnsw-m"))
     ef_construction: int = field(default=200, metadata=meta("HNSW build-time candidate list."))
@@ -223,7 +225,7 @@ class QdrantQuantize(Choice):
 
 
 # Oversampling when none is given: Qdrant's guidance for rescored int8 and binary codes (not measured here: this
-# machine has no Qdrant server, and local mode searches exactly; see docs/scale.md).
+# machine has no Qdrant server, and local mode searches exactly; see benchmarks/results/scale.md).
 QDRANT_DEFAULT_OVERSAMPLE = {QdrantQuantize.SQ8: 2.0, QdrantQuantize.BINARY: 3.0}
 # older names still accepted: ``quantization: "int8"`` is ``quantize: "sq8"``, ``shard_number`` is ``shards``,
 # ``replication_factor`` is ``replicas``
@@ -258,7 +260,7 @@ class QdrantCollectionConfig:
     indexing_threshold: int | None = field(default=None, metadata=meta(cli=False))
     # Qdrant Edge: no segment past this many KB of vectors (768-d float32: 3 KB a vector). optimize() builds one
     # segment's HNSW graph at a time, and its memory peaks with the segment: 1M such vectors in Qdrant's default
-    # segments peaked at 11-15 GiB (docs/scale.md); smaller segments peak lower, and each search visits them all.
+    # segments peaked at 11-15 GiB (benchmarks/results); smaller segments peak lower, and each search visits them all.
     max_segment_size: int | None = field(
         default=None,
         metadata=meta(

@@ -85,7 +85,7 @@ class CareVectorStore(VectorStore):
         ``m``, ``ef_construction``, ``ef_search``, ``nlist``, ``nprobe``, ``pq_m``. Qdrant: ``quantize`` (none |
         sq8 | binary), ``oversample`` (rescored ``oversample`` x ``k`` candidates on a server), ``always_ram``,
         ``on_disk`` (original vectors on disk), ``shards``, ``replicas``, ``m``, ``ef_construct``; local mode
-        has one shard and searches exactly (docs/scale.md). E.g. ``{"quantize": "binary", "oversample": 3}``.
+        has one shard and searches exactly (benchmarks/results). E.g. ``{"quantize": "binary", "oversample": 3}``.
     """
 
     def __init__(

@@ -1,6 +1,6 @@
 """A CPU runs an LLM tower pretrained in bf16 (Qwen3's config says ``bfloat16``) in bf16 where it multiplies bf16
 in hardware (Intel AMX), as transformers and sentence-transformers load such a tower by default: there a 4B
-tower's forward passes ran 3.9x faster than in fp32, at half the memory (docs/gpu.md). Elsewhere, and for
+tower's forward passes ran 3.9x faster than in fp32, at half the memory (benchmarks/results/gpu.md). Elsewhere, and for
 encoders (query towers), ``auto`` stays fp32."""
 
 from __future__ import annotations

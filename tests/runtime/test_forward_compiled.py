@@ -5,7 +5,7 @@ the total tokens of a pass) compiles nothing after them.
 The graphs are counted by a ``torch.compile`` backend that records each graph dynamo hands it and runs it as
 captured (no inductor code generation, which takes tens of seconds a graph on the CPU): which graphs exist and when
 a new one is needed is decided by dynamo's guards, the same whatever the backend (the inductor backend gave the
-same bound, docs/gpu.md)."""
+same bound, benchmarks/results/gpu.md)."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def codes_index(dim: int, config: FaissIndexConfig) -> faiss.Index:
         # RaBitQ: one bit per dimension of each vector's direction from the centroid of the first batch (plus
         # two floats), scored against the float query (8-bit FastScan lookup tables). Sign bits with Hamming
         # distance (IndexLSH) reduce the query to bits too and lost the exact top 10 on the dev tasks
-        # (docs/scale.md): embeddings share a large common component, which the centroid removes.
+        # (benchmarks/results/scale.md): embeddings share a large common component, which the centroid removes.
         return faiss.IndexIDMap(faiss.IndexRaBitQFastScan(dim, ip))
     if kind is IndexType.IVF:
         if quantize is Quantize.SQ8:

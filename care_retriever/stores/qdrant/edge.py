@@ -3,7 +3,7 @@ release). Every call into the engine goes through :class:`EdgeShard` here, in th
 lists, dicts and :class:`EdgePoint`), so that a new Edge release is met in this file and its contract tests
 (``tests/test_qdrant_edge_adapter.py``) alone.
 
-What Edge 0.9 does, as verified against the engine (docs/scale.md lists how):
+What Edge 0.9 does, as verified against the engine (benchmarks/results/scale.md lists how):
 
 * ``update()`` appends to the write-ahead log and returns without an fsync; ``load()`` replays the log, so what an
   update wrote survives the death of its process (kill -9), but not of the machine until ``flush()`` has returned:

@@ -1,7 +1,7 @@
 """Free space for Qdrant Edge's writes, checked before the engine runs them.
 
 Edge writes through memory-mapped files (its log, vectors, payloads): a full disk there is a SIGBUS that ends the
-process, not an error (verified with a filled tmpfs, docs/scale.md). So the store refuses a write the disk cannot
+process, not an error (verified with a filled tmpfs, benchmarks/results). So the store refuses a write the disk cannot
 hold, in one line, before the engine runs it. A disk filled by another writer during the engine's call still ends
 the process, like kill -9: the shard reopens with what its log holds.
 """

@@ -214,7 +214,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
     def commit(self) -> None:
         """Flush the shard (the commit point), then record the count in the manifest. Past ``max_segment_size`` KB
         of vectors since the last optimize(), optimize here: Edge writes all points into one segment, whose HNSW
-        build peaks with its size (11 GiB at 1M 768-d vectors, docs/scale.md); built a segment at a time, lower."""
+        build peaks with its size (11 GiB at 1M 768-d vectors, benchmarks/results); built a segment at a time, lower."""
         manifest = self.require_manifest()
         with self._lock, self._write_faults("the commit"):
             shard = self.require_shard()

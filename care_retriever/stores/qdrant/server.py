@@ -152,7 +152,7 @@ class ServerStore(ServerAsync, ServerSearch, QdrantStore):
         unused = [k for k in LOCAL_UNUSED if k in requested]
         if dropped or unused:
             logger.warning(
-                "%s: Qdrant local mode %s%s%s; a Qdrant server applies them (docs/scale.md)",
+                "%s: Qdrant local mode %s%s%s; a Qdrant server applies them (benchmarks/results/scale.md)",
                 self.describe(),
                 f"has one shard and no replicas (ignoring {', '.join(dropped)})" if dropped else "",
                 "; it " if dropped and unused else "",

@@ -71,7 +71,7 @@ def collection_options(dim: int, options: QdrantCollectionConfig, *, metric: str
     ``m`` / ``ef_construct``: the HNSW graph; ``on_disk``: the original vectors memory-mapped from disk;
     ``quantize``: ``sq8`` (int8 scalar codes, 4x smaller) or ``binary`` (one bit a dimension, 32x smaller),
     kept in RAM with ``always_ram`` (default) and rescored from the originals at search time, ``oversample``
-    times ``top_k`` candidates; ``shards`` / ``replicas``: distribution over a cluster. See docs/scale.md.
+    times ``top_k`` candidates; ``shards`` / ``replicas``: distribution over a cluster. See benchmarks/results/scale.md.
     """
     from qdrant_client import models
 

@@ -81,7 +81,7 @@ class CareFaissDocumentStore:
         manifest and serialised by ``to_dict``: ``type`` (flat | hnsw | ivf | ivfpq, default flat), ``quantize``
         (none | sq8 | binary | pq: compressed codes in RAM, the full vectors on disk, every search rescored),
         ``oversample`` (candidates per wanted hit rescored), ``m``, ``ef_construction``, ``ef_search``,
-        ``nlist``, ``nprobe``, ``pq_m``; e.g. ``{"quantize": "sq8", "oversample": 2}`` (docs/scale.md). Qdrant
+        ``nlist``, ``nprobe``, ``pq_m``; e.g. ``{"quantize": "sq8", "oversample": 2}`` (benchmarks/results). Qdrant
         collections (with ``on_disk``, ``shards``, ``replicas``) are written by ``care-retriever index`` or
         LangChain's ``CareVectorStore`` and searched from Haystack with ``CareStoreRetriever``.
     :param return_embedding: whether ``filter_documents`` returns embeddings (read back from FAISS).
