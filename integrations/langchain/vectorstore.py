@@ -79,13 +79,10 @@ class CareVectorStore(VectorStore):
     :param store: a store spec (``faiss:DIR``, ``qdrant:PATH``, ...) or an open core store.
     :param embedding: query/document embeddings; :class:`CareEmbeddings` of the model that built the store.
     :param collection: Qdrant collection (default ``care``).
-    :param index_options: settings of a new store, checked here (one-line error), recorded in its manifest
-        and required to match on later writes. FAISS: ``type`` (flat | hnsw | ivf | ivfpq), ``quantize``
-        (none | sq8 | binary | pq: codes in RAM, full vectors on disk, every search rescored), ``oversample``,
-        ``m``, ``ef_construction``, ``ef_search``, ``nlist``, ``nprobe``, ``pq_m``. Qdrant: ``quantize`` (none |
-        sq8 | binary), ``oversample`` (rescored ``oversample`` x ``k`` candidates on a server), ``always_ram``,
-        ``on_disk`` (original vectors on disk), ``shards``, ``replicas``, ``m``, ``ef_construct``; local mode
-        has one shard and searches exactly (benchmarks/results). E.g. ``{"quantize": "binary", "oversample": 3}``.
+    :param index_options: settings of a new store, the fields of its kind's config
+        (:class:`~care_retriever.stores.config.FaissIndexConfig`,
+        :class:`~care_retriever.stores.config.QdrantCollectionConfig`), e.g. ``{"quantize": "sq8"}``;
+        checked here in one line, recorded in the manifest and required to match on later writes.
     """
 
     def __init__(
@@ -121,7 +118,6 @@ class CareVectorStore(VectorStore):
     def embeddings(self) -> Embeddings:
         return self.embedding
 
-    # ------------------------------------------------------------------ writing
     def _write(
         self, upserts: Sequence[Any] = (), vectors: np.ndarray | None = None, deletes: Sequence[str] = ()
     ) -> None:
@@ -185,7 +181,6 @@ class CareVectorStore(VectorStore):
     def _all_ids(self) -> list[str]:
         return [d.id for d in self.store.iter_documents()]
 
-    # ------------------------------------------------------------------ reading
     @staticmethod
     def _to_document(doc: Any) -> Document:
         return Document(id=doc.id, page_content=doc.text, metadata=from_core_metadata(doc.title, doc.metadata))
@@ -293,7 +288,6 @@ class CareVectorStore(VectorStore):
         if self._owns_store:
             self.store.close()
 
-    # ------------------------------------------------------------------ async
     # One writer thread per object (made on the first async write): writes awaited in order run in that order,
     # never two transactions of one store at once.
     _writer: ThreadPoolExecutor | None = None
