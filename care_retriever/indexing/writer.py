@@ -42,6 +42,12 @@ from care_retriever.model.forward import prepare_encoder_forward
 from care_retriever.model.protocols import DocumentEncoder
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
+from care_retriever.stores.capabilities import (
+    IndexBuilding,
+    SparseSearch,
+    StoredIteration,
+    WriteRuns,
+)
 from care_retriever.stores.config import (
     FaissIndexConfig,
     QdrantCollectionConfig,
@@ -97,7 +103,8 @@ class DocumentStoreWriter:
         if unknown:
             raise TypeError(f"DocumentStoreWriter() got unexpected keyword arguments {unknown}")
         self.embedder = embedder
-        self.store = open_store(store, collection=collection)
+        # a store that writes in runs (checkpoints, a publish, a rollback) is what a resumable bulk write needs
+        self.store = WriteRuns.require(open_store(store, collection=collection), "the index writer")
         # the one EncodeConfig of the run: its defaults and checks, the keywords of earlier code applied once
         self.encode = dataclasses.replace(encode or EncodeConfig(), **encode_options)
         if index is not None and index_options is not None:
@@ -160,7 +167,7 @@ class DocumentStoreWriter:
         embedder = self.embedder
         # A new FAISS store that trains its index on its first vectors (IVF, quantization) gets the corpus's first
         # documents first, not its longest (:meth:`_flush`).
-        self._first_slice = self.store.trains_on_first_vectors(self.index)
+        self._first_slice = isinstance(self.store, IndexBuilding) and self.store.trains_on_first_vectors(self.index)
         self.store.claim_run(self._run_tag("index", source, sparse=self.sparse, prune=prune_ids_not_in))
         self.store.prepare(
             embedder.dim,
@@ -170,7 +177,8 @@ class DocumentStoreWriter:
             metric=embedder.similarity,
         )
         if self.sparse:
-            self.store.enable_sparse(show_progress=self.show_progress)
+            sparse = SparseSearch.require(self.store, "index --sparse")
+            sparse.enable_sparse(show_progress=self.show_progress)
         self._resolve_limits()
         report = WriteReport(store=self.store.describe())
         seen: set[str] = set()
@@ -348,5 +356,6 @@ class DocumentStoreWriter:
         return removed
 
     def _prune(self, keep: set[str]) -> int:
-        stale = [d.id for d in self.store.iter_documents() if d.id not in keep]
+        stored = StoredIteration.require(self.store, "index --prune")
+        stale = [d.id for d in stored.iter_documents() if d.id not in keep]
         return self.store.delete(stale) if stale else 0
