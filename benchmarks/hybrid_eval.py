@@ -169,7 +169,7 @@ def render(model: str, results: dict[str, dict[str, float]], best: str, speed: d
         "defines it, weighted sum of min-max-normalised scores), not ranx: on this 2-core machine "
         "`import ranx` took 13.7 s and its first `fuse` call (numba compilation) 246 s, then 3 ms a call.",
         "- Qdrant stores fuse RRF and DBSF server-side through the Query API (prefetch dense + sparse); "
-        "`tests/test_hybrid.py` checks that Qdrant local mode returns the FAISS store's fused scores. A "
+        "`tests/sparse/test_hybrid.py` checks that Qdrant local mode returns the FAISS store's fused scores. A "
         "Qdrant server was not available here: server-side fusion on a real server is untested.",
         "- A query with no indexed token (all punctuation or function words) returns its dense hits.",
         "",

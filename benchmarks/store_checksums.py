@@ -1,6 +1,7 @@
 """What a FAISS store's checksums cost: on a bulk write, on a small in-place write, on open and in verify.
 
     python -m benchmarks.store_checksums --n 100000,300000      # 768 dims, flat index; prints a Markdown table
+    python -m benchmarks.store_checksums --n 1000000 --json     # one JSON line per size instead
 
 For each size, in one process: a store of N synthetic unit vectors (768 dims, as benchmarks/large_index.py)
 with short Chinese texts is built through ``FaissStore`` (prepare, upserts of 50,000, finalize), then opened,
@@ -9,8 +10,8 @@ written in place (10 documents, one transaction) and verified. The time spent in
 time, by wrapping its functions with a timer:
 
 * bulk write: ``seal`` (every file hashed before the publish) against ``finalize``;
-* small write: ``seal`` (the docstore hashed again, the delta's new blocks) against the transaction, median
-  of 5 (the manifest, rewritten by every write before checksums were kept, is not counted);
+* small write: ``seal`` (the docstore blocks the write changed, the delta's new blocks) against the
+  transaction, median of 5 (the manifest, rewritten by every write before checksums were kept, is not counted);
 * open: ``check_on_open`` + ``check_index`` (no byte hashed) against ``FaissStore(path)``, median of 5 (warm
   page cache);
 * verify: ``check_files`` (every byte hashed) against ``verify``.
@@ -19,6 +20,7 @@ time, by wrapping its functions with a timer:
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -113,21 +115,42 @@ def _measure(folder: Path, n: int, verify: bool = True) -> dict[str, float]:
     return row
 
 
+def _json_fields(row: dict[str, float]) -> dict[str, float | None]:
+    """The row with named units (ms for the small write and open, s for the rest); null where not measured."""
+    fields = {
+        "small_write_ms": row["write_s"] * 1e3,
+        "small_write_checksum_ms": row["write_seal_s"] * 1e3,
+        "open_ms": row["open_s"] * 1e3,
+        "open_checks_ms": row["open_checks_s"] * 1e3,
+        "bulk_s": row["bulk_s"],
+        "bulk_checksum_s": row["bulk_seal_s"],
+        "verify_s": row["verify_s"],
+        "verify_hash_s": row["verify_hash_s"],
+        "store_gb": row["gb"],
+    }
+    return {key: None if value != value else round(value, 3) for key, value in fields.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", default="100000,300000", help="Store sizes, comma-separated.")
     parser.add_argument("--no-verify", action="store_true", help="Skip verify (minutes at 1M: every norm).")
     parser.add_argument("--tmp", default=None, help="Folder for the stores (default: the system's temp folder).")
+    parser.add_argument("--json", action="store_true", help="Print one JSON line per size instead of the table.")
     args = parser.parse_args()
-    print(f"{DIM} dims, flat index, {time.strftime('%Y-%m-%d')}\n")
-    print(
-        "| vectors | store (GB) | bulk finalize (s) | its checksums (s) | open (ms) | its checks (ms) "
-        "| 10-doc write (ms) | its checksums (ms) | verify (s) | its hashing (s) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    if not args.json:
+        print(f"{DIM} dims, flat index, {time.strftime('%Y-%m-%d')}\n")
+        print(
+            "| vectors | store (GB) | bulk finalize (s) | its checksums (s) | open (ms) | its checks (ms) "
+            "| 10-doc write (ms) | its checksums (ms) | verify (s) | its hashing (s) |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in args.n.split(",")):
         with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
             r = _measure(Path(tmp) / "store", n, verify=not args.no_verify)
+        if args.json:
+            print(json.dumps({"n": n, **_json_fields(r)}), flush=True)
+            continue
         print(
             f"| {n:,} | {r['gb']:.2f} | {r['bulk_s']:.1f} | {r['bulk_seal_s']:.1f} | {r['open_s'] * 1e3:.1f} "
             f"| {r['open_checks_s'] * 1e3:.2f} | {r['write_s'] * 1e3:.0f} | {r['write_seal_s'] * 1e3:.0f} "

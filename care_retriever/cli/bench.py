@@ -10,24 +10,34 @@ import typer
 from care_retriever import strict_json
 from care_retriever.cli.eval import GreedyCommand, display_name
 from care_retriever.cli.options import TrustRemoteCode
+from care_retriever.cli.panels import COMMON
 from care_retriever.errors import InputError
 
 
 def bench_command(
-    model: Annotated[str | None, typer.Option(help="CARE model folder; DIR#query and DIR#document are added.")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="CARE model folder; DIR#query and DIR#document are added.", rich_help_panel=COMMON),
+    ] = None,
     models: Annotated[
         list[str] | None,
-        typer.Option(help="More models (sentence-transformers ids or folders, CARE folders)."),
+        typer.Option(help="More models (sentence-transformers ids or folders, CARE folders).", rich_help_panel=COMMON),
     ] = None,
     symmetric: Annotated[
         bool, typer.Option(help="Also time DIR#query (small symmetric) and DIR#document (symmetric LLM).")
     ] = True,
-    out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.md and bench.png.")] = Path("bench"),
+    out: Annotated[
+        Path, typer.Option(help="Folder for bench.json, bench.md and bench.png.", rich_help_panel=COMMON)
+    ] = Path("bench"),
     queries: Annotated[
-        Path | None, typer.Option(help="Query texts: JSONL, BEIR folder or text (default: shipped sample).")
+        Path | None,
+        typer.Option(help="Query texts: JSONL, BEIR folder or text (default: shipped sample).", rich_help_panel=COMMON),
     ] = None,
     corpus: Annotated[
-        Path | None, typer.Option(help="Documents to index: JSONL or BEIR folder (default: shipped sample).")
+        Path | None,
+        typer.Option(
+            help="Documents to index: JSONL or BEIR folder (default: shipped sample).", rich_help_panel=COMMON
+        ),
     ] = None,
     n_queries: Annotated[int, typer.Option(help="Queries timed per batch size.")] = 128,
     index_docs: Annotated[int, typer.Option(help="Documents indexed to time the writer (0: skip).")] = 128,
@@ -40,7 +50,7 @@ def bench_command(
     accuracy_from: Annotated[
         Path | None, typer.Option(help="Accuracy from `care-retriever eval --json` output (matched by name).")
     ] = None,
-    device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).", rich_help_panel=COMMON)] = None,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Query QPS, p50/p99 at batch 1 and 32, indexing docs/s, search latency, memory: JSON, Markdown, plot."""

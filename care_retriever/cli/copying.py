@@ -9,18 +9,24 @@ import typer
 
 from care_retriever import strict_json
 from care_retriever.cli.dataclass_options import with_options
+from care_retriever.cli.panels import COMMON
 from care_retriever.stores.config import STORE_HELP, FaissIndexConfig, QdrantCollectionConfig
 from care_retriever.stores.copying import COPY_BATCH, COPY_CHECKPOINT_EVERY
 
 
 @with_options(FaissIndexConfig, QdrantCollectionConfig)
 def copy(
-    target: Annotated[str, typer.Option("--to", help=f"The store to write: {STORE_HELP}.")],
+    target: Annotated[str, typer.Option("--to", help=f"The store to write: {STORE_HELP}.", rich_help_panel=COMMON)],
     source: Annotated[
-        str | None, typer.Option("--from", help=f"The store to copy: {STORE_HELP} (required to copy).")
+        str | None,
+        typer.Option("--from", help=f"The store to copy: {STORE_HELP} (required to copy).", rich_help_panel=COMMON),
     ] = None,
-    from_collection: Annotated[str | None, typer.Option(help="Qdrant collection of the source.")] = None,
-    to_collection: Annotated[str | None, typer.Option(help="Qdrant collection of the target.")] = None,
+    from_collection: Annotated[
+        str | None, typer.Option(help="Qdrant collection of the source.", rich_help_panel=COMMON)
+    ] = None,
+    to_collection: Annotated[
+        str | None, typer.Option(help="Qdrant collection of the target.", rich_help_panel=COMMON)
+    ] = None,
     sparse: Annotated[
         bool | None,
         typer.Option(
@@ -31,9 +37,11 @@ def copy(
     checkpoint_every: Annotated[
         int, typer.Option(help="Documents between checkpoints of the target (a killed copy resumes from the last).")
     ] = COPY_CHECKPOINT_EVERY,
-    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Read the whole target afterwards.")] = True,
+    verify: Annotated[
+        bool, typer.Option("--verify/--no-verify", help="Read the whole target afterwards.", rich_help_panel=COMMON)
+    ] = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.", rich_help_panel=COMMON)] = False,
     discard_pending: Annotated[
         bool,
         typer.Option(

@@ -10,6 +10,7 @@ import typer
 from care_retriever import strict_json
 from care_retriever.cli.dataclass_options import with_options
 from care_retriever.cli.options import TrustRemoteCode
+from care_retriever.cli.panels import COMMON
 from care_retriever.errors import CareError, InputError, ModelError
 from care_retriever.indexing.distributed import index_options_classes
 from care_retriever.model.loading import quiet_transformers
@@ -20,13 +21,24 @@ if TYPE_CHECKING:
 
 def init(
     out: Annotated[Path, typer.Argument(help="Folder to create the model in.")],
-    preset: Annotated[str | None, typer.Option(help="From scratch: tiny | mini | base (random weights).")] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(help="From scratch: tiny | mini | base (random weights).", rich_help_panel=COMMON),
+    ] = None,
     vocab_from: Annotated[
         list[Path] | None,
-        typer.Option("--vocab-from", help="JSONL or text file(s) to train the tokenizers on (with --preset)."),
+        typer.Option(
+            "--vocab-from",
+            help="JSONL or text file(s) to train the tokenizers on (with --preset).",
+            rich_help_panel=COMMON,
+        ),
     ] = None,
-    query_model: Annotated[str | None, typer.Option(help="Pretrained query tower: hub id or folder.")] = None,
-    document_model: Annotated[str | None, typer.Option(help="Pretrained document tower: hub id or folder.")] = None,
+    query_model: Annotated[
+        str | None, typer.Option(help="Pretrained query tower: hub id or folder.", rich_help_panel=COMMON)
+    ] = None,
+    document_model: Annotated[
+        str | None, typer.Option(help="Pretrained document tower: hub id or folder.", rich_help_panel=COMMON)
+    ] = None,
     symmetric: Annotated[bool, typer.Option(help="One tower on both sides (baselines).")] = False,
     query_pooling: Annotated[
         str | None,
@@ -56,7 +68,8 @@ def init(
         str | None,
         typer.Option(
             help="Convert a model in the authors' release layout (query_encoder/ + doc_encoder/; a folder or "
-            "hub id such as PhilipGAQ/CARE-0.3B-4B) into this package's format, keeping the authors' conventions."
+            "hub id such as PhilipGAQ/CARE-0.3B-4B) into this package's format, keeping the authors' conventions.",
+            rich_help_panel=COMMON,
         ),
     ] = None,
     convention: Annotated[
@@ -66,7 +79,7 @@ def init(
             "of the authors' released models (e.g. a base model plus the adapter their trainer saved)."
         ),
     ] = None,
-    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.", rich_help_panel=COMMON)] = False,
 ) -> None:
     """Create a CARE model: from two pretrained towers, from scratch with --preset, or from a released model."""
     if out.exists() and any(out.iterdir()) and not force:
@@ -143,7 +156,9 @@ def check_encodes(embedder: AsymmetricEmbedder) -> None:
 
 @with_options(*index_options_classes())
 def index(
-    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON (rank 0).")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the report as JSON (rank 0).", rich_help_panel=COMMON)
+    ] = False,
     sparse_only: Annotated[
         bool,
         typer.Option(

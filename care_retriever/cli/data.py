@@ -10,6 +10,7 @@ import typer
 
 from care_retriever import strict_json
 from care_retriever.cli.options import TrustRemoteCode
+from care_retriever.cli.panels import COMMON
 from care_retriever.errors import InputError
 
 if TYPE_CHECKING:
@@ -44,15 +45,22 @@ def _write(rows: list[dict], out: Path, force: bool) -> None:
 @data_app.command()
 def diversify(
     input: Annotated[Path, typer.Argument(help="JSONL rows to filter.")],
-    out: Annotated[Path, typer.Option(help="Where to write the kept rows (JSONL).")],
-    model: Annotated[str, typer.Option(help="CARE model (query tower for queries, document tower for documents).")],
-    side: Annotated[str, typer.Option(help="query | document: the tower that embeds, the defaults.")] = "query",
+    out: Annotated[Path, typer.Option(help="Where to write the kept rows (JSONL).", rich_help_panel=COMMON)],
+    model: Annotated[
+        str,
+        typer.Option(
+            help="CARE model (query tower for queries, document tower for documents).", rich_help_panel=COMMON
+        ),
+    ],
+    side: Annotated[
+        str, typer.Option(help="query | document: the tower that embeds, the defaults.", rich_help_panel=COMMON)
+    ] = "query",
     field: Annotated[str | None, typer.Option(help="Row field to compare (default: query / text).")] = None,
     top_k: Annotated[int | None, typer.Option(help="Neighbours retrieved per candidate (default 5).")] = None,
     threshold: Annotated[float | None, typer.Option(help="Similarity t (default 0.85 query, 0.78 document).")] = None,
     max_neighbours: Annotated[int | None, typer.Option(help="Drop if > n neighbours exceed t (default 1).")] = None,
     seed_size: Annotated[int, typer.Option(help="First rows that seed the index unfiltered.")] = 5000,
-    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.", rich_help_panel=COMMON)] = False,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Drop near-duplicate rows with the paper's diversification filter over a FAISS index."""
@@ -89,12 +97,20 @@ def diversify(
 @data_app.command("mine-negatives")
 def mine_negatives(
     input: Annotated[Path, typer.Argument(help="JSONL pairs {query, text | positive[], negative[]?, label?}.")],
-    out: Annotated[Path, typer.Option(help="Where to write {query, positive[], negative[]} rows.")],
-    model: Annotated[str, typer.Option(help="CARE model (query tower for queries, document tower for the pool).")],
+    out: Annotated[
+        Path, typer.Option(help="Where to write {query, positive[], negative[]} rows.", rich_help_panel=COMMON)
+    ],
+    model: Annotated[
+        str,
+        typer.Option(help="CARE model (query tower for queries, document tower for the pool).", rich_help_panel=COMMON),
+    ],
     corpus: Annotated[
-        Path | None, typer.Option(help="Candidate pool: a corpus (JSONL/BEIR); default: the input's own documents.")
+        Path | None,
+        typer.Option(
+            help="Candidate pool: a corpus (JSONL/BEIR); default: the input's own documents.", rich_help_panel=COMMON
+        ),
     ] = None,
-    num: Annotated[int, typer.Option(help="Negatives per query.")] = 3,
+    num: Annotated[int, typer.Option(help="Negatives per query.", rich_help_panel=COMMON)] = 3,
     range_min: Annotated[int, typer.Option(help="Skip the top ranks (likely unlabelled positives).")] = 10,
     range_max: Annotated[int, typer.Option(help="Take negatives from ranks below this.")] = 100,
     duplicate_threshold: Annotated[
@@ -104,7 +120,7 @@ def mine_negatives(
     miner: Annotated[
         str, typer.Option(help="Tower embedding the queries: query (as search will) | document (LLM both sides).")
     ] = "query",
-    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.", rich_help_panel=COMMON)] = False,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Mine hard negatives from a FAISS index, excluding positives and their near-duplicates."""

@@ -38,6 +38,7 @@ class CliOption:
     default: Any
     help: str
     fields: tuple[tuple[type, str], ...]
+    panel: str | None = None  # its --help panel (None: the command's default, care_retriever.cli.panels)
 
     @property
     def name(self) -> str:
@@ -79,6 +80,7 @@ def cli_options(*classes: type) -> list[CliOption]:
                 default,
                 f.metadata.get("help") or "",
                 ((cls, f.name),),
+                f.metadata.get("panel") or getattr(cls, "cli_panel", None),
             )
             if flag in found:
                 seen = found[flag]
@@ -86,7 +88,12 @@ def cli_options(*classes: type) -> list[CliOption]:
                     raise TypeError(
                         f"{flag}: {cls.__name__}.{f.name} defaults to {default!r}, another to {seen.default!r}"
                     )
-                option = dataclasses.replace(seen, help=seen.help or option.help, fields=seen.fields + option.fields)
+                option = dataclasses.replace(
+                    seen,
+                    help=seen.help or option.help,
+                    fields=seen.fields + option.fields,
+                    panel=seen.panel or option.panel,
+                )
             found[flag] = option
     for option in found.values():
         if not option.help:
@@ -115,7 +122,9 @@ def with_options(*classes: type) -> Callable[[Callable[..., T]], Callable[..., T
             inspect.Parameter(
                 o.name,
                 inspect.Parameter.KEYWORD_ONLY,
-                annotation=Annotated[o.annotation, typer.Option(*([o.flag] if o.explicit else []), help=o.help)],
+                annotation=Annotated[
+                    o.annotation, typer.Option(*([o.flag] if o.explicit else []), help=o.help, rich_help_panel=o.panel)
+                ],
                 default=inspect.Parameter.empty if o.default is ... else o.default,
             )
             for o in generated

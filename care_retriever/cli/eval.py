@@ -14,6 +14,7 @@ from typer.core import TyperCommand
 
 from care_retriever import strict_json
 from care_retriever.cli.options import TrustRemoteCode
+from care_retriever.cli.panels import COMMON, HYBRID
 from care_retriever.errors import InputError
 from care_retriever.faults import require_output_file
 from care_retriever.sparse.fusion import DEFAULT_FUSION
@@ -102,43 +103,66 @@ def run_path(save_run: Path, model: str, task: str, many: bool) -> Path:
 def eval_command(
     model: Annotated[
         str | None,
-        typer.Option(help="bm25 | CARE folder (DIR, DIR#query, DIR#document) | sentence-transformers model."),
+        typer.Option(
+            help="bm25 | CARE folder (DIR, DIR#query, DIR#document) | sentence-transformers model.",
+            rich_help_panel=COMMON,
+        ),
     ] = None,
     task: Annotated[
         list[Path] | None,
-        typer.Option(help="Task folder(s) or rows file(s); type detected (retrieval/rerank/STS)."),
+        typer.Option(
+            help="Task folder(s) or rows file(s); type detected (retrieval/rerank/STS).", rich_help_panel=COMMON
+        ),
     ] = None,
-    models: Annotated[list[str] | None, typer.Option(help="Several models: one comparison table.")] = None,
+    models: Annotated[
+        list[str] | None, typer.Option(help="Several models: one comparison table.", rich_help_panel=COMMON)
+    ] = None,
     suite: Annotated[
         tuple[str, Path] | None,
-        typer.Option(help="NAME DIR: 'cmedteb' (Retrieval, Rerank, STS, CMedQA-v1/v2 subfolders) or 'all'."),
+        typer.Option(
+            help="NAME DIR: 'cmedteb' (Retrieval, Rerank, STS, CMedQA-v1/v2 subfolders) or 'all'.",
+            rich_help_panel=COMMON,
+        ),
     ] = None,
     mteb_task: Annotated[
         list[str] | None,
         typer.Option("--mteb-task", help="C-MTEB task via the mteb package (needs the hub)."),
     ] = None,
     instruction: Annotated[str | None, typer.Option(help="Override the per-task query instruction.")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per (model, task) per line.")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="One JSON object per (model, task) per line.", rich_help_panel=COMMON)
+    ] = False,
     save_run: Annotated[
         Path | None,
-        typer.Option(help="Write ranked lists (TREC run format); several runs get .MODEL.TASK names."),
+        typer.Option(
+            help="Write ranked lists (TREC run format); several runs get .MODEL.TASK names.", rich_help_panel=COMMON
+        ),
     ] = None,
     split: Annotated[str, typer.Option(help="Split file name: qrels/SPLIT.tsv, SPLIT.jsonl.")] = "test",
-    top_k: Annotated[int, typer.Option(help="Retrieval depth per query.")] = 100,
+    top_k: Annotated[int, typer.Option(help="Retrieval depth per query.", rich_help_panel=COMMON)] = 100,
     sts_encode: Annotated[
         str, typer.Option(help="STS sides: query (both as queries) | document | cross (query vs document).")
     ] = "query",
     query_batch_size: Annotated[int, typer.Option(help="Queries per forward pass.")] = 64,
     doc_batch_size: Annotated[int, typer.Option(help="Documents per forward pass (length-sorted).")] = 64,
-    device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).", rich_help_panel=COMMON)] = None,
     progress: Annotated[bool, typer.Option(help="Progress bars on stderr.")] = True,
     mode: Annotated[
         list[str] | None,
-        typer.Option(help="dense | hybrid (the model fused with bm25) | sparse (bm25); repeat for several rows."),
+        typer.Option(
+            help="dense | hybrid (the model fused with bm25) | sparse (bm25); repeat for several rows.",
+            rich_help_panel=HYBRID,
+        ),
     ] = None,
-    fusion: Annotated[str, typer.Option(help="Hybrid fusion: rrf | dbsf | wsum (docs/hybrid.md).")] = DEFAULT_FUSION,
-    rrf_k: Annotated[int | None, typer.Option(help="RRF constant k (default: docs/hybrid.md's).")] = None,
-    dense_weight: Annotated[float | None, typer.Option(help="wsum: the dense side's weight.")] = None,
+    fusion: Annotated[
+        str, typer.Option(help="Hybrid fusion: rrf | dbsf | wsum (docs/hybrid.md).", rich_help_panel=HYBRID)
+    ] = DEFAULT_FUSION,
+    rrf_k: Annotated[
+        int | None, typer.Option(help="RRF constant k (default: docs/hybrid.md's).", rich_help_panel=HYBRID)
+    ] = None,
+    dense_weight: Annotated[
+        float | None, typer.Option(help="wsum: the dense side's weight.", rich_help_panel=HYBRID)
+    ] = None,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Score models on retrieval (nDCG@10), rerank (MAP@10) and STS (Pearson) tasks."""

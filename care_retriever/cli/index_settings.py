@@ -13,7 +13,7 @@ from typing import Any
 
 from care_retriever.cli.dataclass_options import cli_fields, cli_options, values_for
 from care_retriever.errors import InputError
-from care_retriever.indexing.config import EncodeConfig
+from care_retriever.indexing.config import CorpusConfig, EncodeConfig
 from care_retriever.indexing.distributed import IndexSettings
 from care_retriever.stores.config import (
     FaissIndexConfig,
@@ -56,6 +56,7 @@ def settings_from_options(values: Mapping[str, Any]) -> IndexSettings:
         store=spec,
         index=store_index_config(spec, values),
         encode=values_for(EncodeConfig, values),
+        reader=values_for(CorpusConfig, values),
         **{k: v for k, v in values.items() if k in own},
     )
 

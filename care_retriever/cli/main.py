@@ -56,7 +56,10 @@ def command() -> Callable[..., Any]:
         for module_name in COMMAND_MODULES:
             if importlib.util.find_spec(module_name) is not None:
                 importlib.import_module(module_name).register(app)
+        from care_retriever.cli.panels import place_options
+
         _COMMAND = typer.main.get_command(app)
+        place_options(_COMMAND)
     return _COMMAND
 
 

@@ -29,9 +29,9 @@ def migrate(
             raise InputError(f"{side} takes qdrant:FOLDER (a folder on this machine), got {spec}")
     given = old.collection if collection is None else collection
     name = DEFAULT_COLLECTION if given is None else given
-    moved = migrate_local(Path(old.location), Path(new.location), name)
+    migrated = migrate_local(Path(old.location), Path(new.location), name)
     typer.echo(
-        f"ok: {moved} documents of qdrant:{old.location} (collection {name}) are in qdrant:{new.location}; "
+        f"ok: {migrated.describe()} of qdrant:{old.location} (collection {name}) are in qdrant:{new.location}; "
         f"the old folder is unchanged (remove it when done)"
     )
 

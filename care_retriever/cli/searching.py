@@ -9,6 +9,7 @@ import typer
 
 from care_retriever import strict_json
 from care_retriever.cli.options import TrustRemoteCode
+from care_retriever.cli.panels import COMMON, HYBRID
 from care_retriever.errors import InputError
 from care_retriever.model.loading import quiet_transformers
 from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_FUSION, DEFAULT_RRF_K
@@ -41,10 +42,15 @@ def _parse_filters(items: list[str] | None) -> dict[str, str | list[str]] | None
 
 def search(
     queries: Annotated[list[str], typer.Argument(help="One or more queries.")],
-    model: Annotated[str, typer.Option(help="CARE model folder or hub id (only its query tower is loaded).")],
-    store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333")],
-    collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
-    top_k: Annotated[int, typer.Option(help="Hits per query.")] = 10,
+    model: Annotated[
+        str,
+        typer.Option(help="CARE model folder or hub id (only its query tower is loaded).", rich_help_panel=COMMON),
+    ],
+    store: Annotated[
+        str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333", rich_help_panel=COMMON)
+    ],
+    collection: Annotated[str | None, typer.Option(help="Qdrant collection name.", rich_help_panel=COMMON)] = None,
+    top_k: Annotated[int, typer.Option(help="Hits per query.", rich_help_panel=COMMON)] = 10,
     filter_: Annotated[
         list[str] | None, typer.Option("--filter", help="Metadata filter FIELD=VALUE (repeatable).")
     ] = None,
@@ -52,19 +58,37 @@ def search(
         str | None, typer.Option(help="Override the query instruction (instruction-tuned query towers).")
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per query per line.")] = False,
-    mode: Annotated[str, typer.Option(help="dense (query tower) | sparse (BM25) | hybrid (both, fused).")] = "dense",
-    fusion: Annotated[str, typer.Option(help="Hybrid fusion: rrf | dbsf | wsum (docs/hybrid.md).")] = DEFAULT_FUSION,
-    rrf_k: Annotated[int, typer.Option(help="RRF constant k: 1 / (k + rank).")] = DEFAULT_RRF_K,
-    dense_weight: Annotated[float, typer.Option(help="wsum: weight of the dense side (BM25 gets the rest).")] = (
-        DEFAULT_DENSE_WEIGHT
-    ),
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="One JSON object per query per line, with the query backend that answered.",
+            rich_help_panel=COMMON,
+        ),
+    ] = False,
+    mode: Annotated[
+        str,
+        typer.Option(help="dense (query tower) | sparse (BM25) | hybrid (both, fused).", rich_help_panel=COMMON),
+    ] = "dense",
+    fusion: Annotated[
+        str, typer.Option(help="Hybrid fusion: rrf | dbsf | wsum (docs/hybrid.md).", rich_help_panel=HYBRID)
+    ] = DEFAULT_FUSION,
+    rrf_k: Annotated[int, typer.Option(help="RRF constant k: 1 / (k + rank).", rich_help_panel=HYBRID)] = DEFAULT_RRF_K,
+    dense_weight: Annotated[
+        float, typer.Option(help="wsum: weight of the dense side (BM25 gets the rest).", rich_help_panel=HYBRID)
+    ] = DEFAULT_DENSE_WEIGHT,
     backend: Annotated[
-        str, typer.Option(help="auto | torch | onnx | openvino (auto: the model's export if it has one; see `export`).")
+        str,
+        typer.Option(
+            help="auto | torch | onnx | openvino (auto: the model's export if it has one, int8 when exported so; see "
+            "`export`). Which one answered is said on stderr (and in --json) when it is not torch.",
+            rich_help_panel=COMMON,
+        ),
     ] = "auto",
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Search a store with the query tower, its BM25 side, or both (--mode hybrid)."""
+    from care_retriever.search.backends import query_backend
     from care_retriever.search.hybrid import sparse_store
     from care_retriever.search.retriever import CareRetriever
     from care_retriever.sparse import FusionConfig, check_mode
@@ -80,12 +104,20 @@ def search(
     if mode != "dense":
         sparse_store(target)  # before loading the model
     embedder = _load_query_side(model, device, backend, trust_remote_code)
+    answering = query_backend(embedder) if mode != "sparse" else None  # BM25 alone encodes no query
+    if answering not in (None, "torch"):  # an export scores slightly otherwise than the torch tower: said
+        typer.echo(
+            f"search: queries encoded by the {answering} export of the query tower (--backend torch for the "
+            "torch tower)",
+            err=True,
+        )
     retriever = CareRetriever(target, embedder, instruction=instruction)
     results = retriever.search(queries, top_k=top_k, filters=filters, mode=mode, fusion=fusion_config)
     for query, hits in zip(queries, results, strict=True):
         if json_out:
             row = {
                 "query": query,
+                "query_backend": answering,
                 "hits": [
                     {
                         "id": h.id,

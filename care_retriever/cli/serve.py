@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from care_retriever.cli.options import TrustRemoteCode
+from care_retriever.cli.panels import COMMON, LIMITS
 from care_retriever.errors import InputError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -51,31 +52,57 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(
-    model: Annotated[str, typer.Option(help="CARE model folder or hub id (only its query tower is loaded).")],
-    store: Annotated[str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333")],
-    collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
-    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = (DEFAULT_HOST),
-    port: Annotated[int, typer.Option(help="Port (0 = any free port; the bound address is printed).")] = 8000,
-    max_top_k: Annotated[int, typer.Option(help="Largest top_k a request may ask for.")] = 100,
-    max_queries: Annotated[int, typer.Option(help="Most queries in one request.")] = 32,
-    max_query_chars: Annotated[int, typer.Option(help="Longest query, in characters.")] = 2048,
-    max_body_bytes: Annotated[int, typer.Option(help="Largest request body, in bytes.")] = 64 * 1024,
-    max_concurrency: Annotated[int, typer.Option(help="Batches in the query tower at once (others wait).")] = 1,
-    max_batch_size: Annotated[int, typer.Option(help="Most queries per forward pass (1 = no batching).")] = 32,
-    max_wait_ms: Annotated[float, typer.Option(help="How long a batch waits for more queries (ms).")] = 5.0,
-    max_queue: Annotated[int, typer.Option(help="Queries waiting for the tower before answering 503.")] = 256,
-    body_timeout: Annotated[float, typer.Option(help="Seconds a request body may take to arrive (else 408).")] = (10.0),
-    max_connections: Annotated[int, typer.Option(help="Open connections before answering 503.")] = 256,
-    shutdown_timeout: Annotated[float, typer.Option(help="On SIGTERM, seconds to let requests in flight finish.")] = (
-        30.0
+    model: Annotated[
+        str, typer.Option(help="CARE model folder or hub id (only its query tower is loaded).", rich_help_panel=COMMON)
+    ],
+    store: Annotated[
+        str, typer.Option(help="faiss:DIR | qdrant:PATH | qdrant:http://host:6333", rich_help_panel=COMMON)
+    ],
+    collection: Annotated[str | None, typer.Option(help="Qdrant collection name.", rich_help_panel=COMMON)] = None,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).", rich_help_panel=COMMON)] = (
+        DEFAULT_HOST
     ),
-    token_env: Annotated[str, typer.Option(help="Environment variable holding the bearer token (auth on if set).")] = (
-        TOKEN_ENV
-    ),
+    port: Annotated[
+        int, typer.Option(help="Port (0 = any free port; the bound address is printed).", rich_help_panel=COMMON)
+    ] = 8000,
+    max_top_k: Annotated[int, typer.Option(help="Largest top_k a request may ask for.", rich_help_panel=LIMITS)] = 100,
+    max_queries: Annotated[int, typer.Option(help="Most queries in one request.", rich_help_panel=LIMITS)] = 32,
+    max_query_chars: Annotated[int, typer.Option(help="Longest query, in characters.", rich_help_panel=LIMITS)] = 2048,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body, in bytes.", rich_help_panel=LIMITS)] = 64
+    * 1024,
+    max_concurrency: Annotated[
+        int, typer.Option(help="Batches in the query tower at once (others wait).", rich_help_panel=LIMITS)
+    ] = 1,
+    max_batch_size: Annotated[
+        int, typer.Option(help="Most queries per forward pass (1 = no batching).", rich_help_panel=LIMITS)
+    ] = 32,
+    max_wait_ms: Annotated[
+        float, typer.Option(help="How long a batch waits for more queries (ms).", rich_help_panel=LIMITS)
+    ] = 5.0,
+    max_queue: Annotated[
+        int, typer.Option(help="Queries waiting for the tower before answering 503.", rich_help_panel=LIMITS)
+    ] = 256,
+    body_timeout: Annotated[
+        float, typer.Option(help="Seconds a request body may take to arrive (else 408).", rich_help_panel=LIMITS)
+    ] = (10.0),
+    max_connections: Annotated[
+        int, typer.Option(help="Open connections before answering 503.", rich_help_panel=LIMITS)
+    ] = 256,
+    shutdown_timeout: Annotated[
+        float, typer.Option(help="On SIGTERM, seconds to let requests in flight finish.", rich_help_panel=LIMITS)
+    ] = (30.0),
+    token_env: Annotated[
+        str,
+        typer.Option(help="Environment variable holding the bearer token (auth on if set).", rich_help_panel=COMMON),
+    ] = (TOKEN_ENV),
     instruction: Annotated[str | None, typer.Option(help="Override the query instruction.")] = None,
-    device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu | cuda (default: auto).", rich_help_panel=COMMON)] = None,
     backend: Annotated[
-        str, typer.Option(help="auto | torch | onnx | openvino (auto: the model's export if it has one; see `export`).")
+        str,
+        typer.Option(
+            help="auto | torch | onnx | openvino (auto: the model's export if it has one; see `export`).",
+            rich_help_panel=COMMON,
+        ),
     ] = "auto",
     threads: Annotated[
         int | None, typer.Option(help="CPU threads per forward pass (default: the cores / --max-concurrency).")
@@ -121,7 +148,7 @@ def serve(
     import uvicorn
 
     from care_retriever.model.loading import quiet_transformers
-    from care_retriever.search.backends import resolve_backend
+    from care_retriever.search.backends import query_backend, resolve_backend
     from care_retriever.search.http_protocol import ErrorBodyH11Protocol
     from care_retriever.search.retriever import CareRetriever
     from care_retriever.search.server import ServiceLimits, create_app
@@ -176,7 +203,8 @@ def serve(
     typer.echo(
         f"care-retriever serve: listening on http://{shown}:{bound_port} "
         f"({retriever.store.count()} documents, {retriever.store.describe()}; {batching}; "
-        f"auth {'on' if api_token else 'off'}{'; query tower compile ' + query_compile if compile else ''})",
+        f"auth {'on' if api_token else 'off'}; query backend {query_backend(retriever.embedder)}"
+        f"{'; query tower compile ' + query_compile if compile else ''})",
         err=True,
     )
     sys.stderr.flush()

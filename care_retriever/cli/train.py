@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from care_retriever.cli.options import TrustRemoteCode
+from care_retriever.cli.panels import COMMON
 
 
 def train(
@@ -15,17 +16,26 @@ def train(
         str,
         typer.Option(
             help="Recipe YAML file, or a bundled name (quickstart, miniature, miniature-ablations, "
-            "miniature-foundation, paper)."
+            "miniature-foundation, paper).",
+            rich_help_panel=COMMON,
         ),
     ],
-    out: Annotated[Path, typer.Option(help="Run folder: final model in OUT/final, checkpoints and logs beside it.")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Run folder: final model in OUT/final, checkpoints and logs beside it.", rich_help_panel=COMMON
+        ),
+    ],
     data_dir: Annotated[
         Path | None,
         typer.Option(
-            help="Folder the recipe's data paths are relative to (default: $CARE_SHARED_DATA, ../shared/data)."
+            help="Folder the recipe's data paths are relative to (default: $CARE_SHARED_DATA, ../shared/data).",
+            rich_help_panel=COMMON,
         ),
     ] = None,
-    resume: Annotated[bool, typer.Option(help="Continue a run of the same recipe in OUT.")] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Continue a run of the same recipe in OUT.", rich_help_panel=COMMON)
+    ] = False,
     dry_run_steps: Annotated[
         int | None, typer.Option(help="Validate the recipe: N training steps per stage on a sample of the data.")
     ] = None,
@@ -33,11 +43,15 @@ def train(
         str | None,
         typer.Option(
             help="Replace the recipe's towers by random ones of a preset's shapes (tiny|mini|base): checks data "
-            "and stages without downloading; not the recipe's towers."
+            "and stages without downloading; not the recipe's towers.",
+            rich_help_panel=COMMON,
         ),
     ] = None,
     device: Annotated[
-        str | None, typer.Option(help="cpu | cuda (default: auto; torchrun/accelerate set it per process).")
+        str | None,
+        typer.Option(
+            help="cpu | cuda (default: auto; torchrun/accelerate set it per process).", rich_help_panel=COMMON
+        ),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
     seeds: Annotated[

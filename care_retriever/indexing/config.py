@@ -8,6 +8,7 @@ live on the ground floor (:mod:`care_retriever.model.batch_limits`). Torch-free:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from care_retriever.errors import InputError
 from care_retriever.model.batch_limits import (
@@ -17,7 +18,7 @@ from care_retriever.model.batch_limits import (
     parse_max_batch_tokens,
 )
 from care_retriever.model.loading import ATTN_IMPLEMENTATIONS, DTYPE_CHOICES, DTYPE_NAMES
-from care_retriever.model.settings import count, meta
+from care_retriever.model.settings import CORPUS_PANEL, ENCODING_PANEL, count, meta
 
 # The document tower's forward pass (care_retriever.model.forward): how a pass is laid out, and whether the tower's
 # layers are compiled. "fp8" is a document-side precision only (the Linear layers in float8, on GPUs that compute it).
@@ -33,6 +34,8 @@ SPARSE = True
 @dataclass(frozen=True)
 class EncodeConfig:
     """The document-encoding options of an indexing run."""
+
+    cli_panel: ClassVar[str] = ENCODING_PANEL
 
     batch_size: int | None = field(
         default=None,
@@ -117,3 +120,46 @@ class EncodeConfig:
             raise InputError(
                 f"Unknown --attn-implementation {self.attn_implementation!r}. Available: {list(ATTN_IMPLEMENTATIONS)}"
             )
+
+
+# How a corpus file is read (care_retriever.indexing.corpus): "auto" recognises it by its content and name.
+CORPUS_FORMATS = ("auto", "jsonl", "json", "csv", "tsv", "parquet", "hf", "text", "beir")
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """How the corpus is read: its format, and which columns of a table are the id, the text and the title.
+
+    Example:
+        ```python
+        CorpusConfig(format="csv", id_field="pmid", text_field="abstract")
+        ```
+
+    :param format: auto | jsonl | json | csv | tsv | parquet | hf | text | beir.
+    :param id_field: the column of a table that holds the document id (default: ``_id``, else ``id``).
+    :param text_field: the column that holds the text (default: ``text``).
+    :param title_field: the column that holds the title (default: ``title``; none is fine).
+    """
+
+    cli_panel: ClassVar[str] = CORPUS_PANEL
+
+    format: str = field(
+        default="auto",
+        metadata=meta(
+            "auto | jsonl | json | csv | tsv | parquet | hf | text | beir. auto: a folder with corpus.jsonl is BEIR, "
+            "one with dataset_info.json a saved Hugging Face dataset; a file by its content (a JSON object per line, "
+            "a JSON array) or its suffix (.csv, .tsv, .parquet); plain text (one document per line) only for .txt."
+        ),
+    )
+    id_field: str | None = field(
+        default=None, metadata=meta("Column (CSV/TSV/Parquet/HF) or JSON field of the document id (default: _id, id).")
+    )
+    text_field: str | None = field(default=None, metadata=meta("Column or JSON field of the text (default: text)."))
+    title_field: str | None = field(default=None, metadata=meta("Column or JSON field of the title (default: title)."))
+
+    def __post_init__(self) -> None:
+        if self.format not in CORPUS_FORMATS:
+            raise InputError(f"Unknown --format {self.format!r}. Available: {list(CORPUS_FORMATS)}")
+        for flag, name in (("--id-field", self.id_field), ("--text-field", self.text_field)):
+            if name is not None and not name.strip():
+                raise InputError(f"{flag} must name a column, got an empty name")

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.indexing.config import SPARSE, EncodeConfig
+from care_retriever.indexing.config import SPARSE, CorpusConfig, EncodeConfig
 from care_retriever.model.loading import TRUST_REMOTE_CODE_HELP
-from care_retriever.model.settings import meta
+from care_retriever.model.settings import COMMON_PANEL, CORPUS_PANEL, meta
 from care_retriever.stores.config import STORE_HELP, FaissIndexConfig, QdrantCollectionConfig, StoreKind, StoreSpec
 
 if TYPE_CHECKING:  # numpy too: the CLI reads IndexSettings' defaults when it starts, and imports nothing heavy
@@ -184,12 +184,17 @@ class IndexSettings:
     generated from these fields and from the configs' (:func:`index_options_classes`), and read back into these
     settings by :func:`care_retriever.cli.index_settings.settings_from_options`."""
 
-    store: StoreSpec = field(metadata=meta(STORE_HELP))  # a spec string is parsed
-    model: str | None = field(default=None, metadata=meta("CARE model folder or hub id."))
+    store: StoreSpec = field(metadata=meta(STORE_HELP, panel=COMMON_PANEL))  # a spec string is parsed
+    model: str | None = field(default=None, metadata=meta("CARE model folder or hub id.", panel=COMMON_PANEL))
     corpus: Path | None = field(
         default=None,
-        metadata=meta("JSONL ({_id|id, text, title?, metadata?}), BEIR folder, or text (one doc per line)."),
+        metadata=meta(
+            "Corpus: JSONL or a JSON array ({_id|id, text, title?, metadata?}), CSV/TSV with a header, Parquet, a "
+            "saved Hugging Face dataset folder, a BEIR folder, or .txt (one document per line); see --format.",
+            panel=COMMON_PANEL,
+        ),
     )
+    reader: CorpusConfig = field(default_factory=CorpusConfig)  # how the corpus is read (--format, --id-field ...)
     # the store's settings (None: the defaults of the store's kind); kept in its manifest
     index: FaissIndexConfig | QdrantCollectionConfig | None = field(default=None, metadata=meta(cli=False))
     encode: EncodeConfig = field(default_factory=EncodeConfig)
@@ -197,7 +202,8 @@ class IndexSettings:
         default=False,
         metadata=meta(
             "Update an existing store: fail if STORE holds no index yet (a mistyped path). "
-            "Unchanged documents are skipped with or without it."
+            "Unchanged documents are skipped with or without it.",
+            panel=COMMON_PANEL,
         ),
     )
     prune: bool = field(default=False, metadata=meta("Also delete stored documents whose id is not in the corpus."))
@@ -209,9 +215,12 @@ class IndexSettings:
             flag="--yes",
         ),
     )
-    skip_invalid: bool = field(default=False, metadata=meta("Skip invalid rows instead of stopping at the first."))
+    skip_invalid: bool = field(
+        default=False, metadata=meta("Skip invalid rows instead of stopping at the first.", panel=CORPUS_PANEL)
+    )
     device: str | None = field(
-        default=None, metadata=meta("cpu | cuda | cuda:N (default: auto; cuda:LOCAL_RANK under torchrun).")
+        default=None,
+        metadata=meta("cpu | cuda | cuda:N (default: auto; cuda:LOCAL_RANK under torchrun).", panel=COMMON_PANEL),
     )
     backend: str = field(
         default="auto", metadata=meta("Backend under torchrun: auto (nccl on GPUs, else gloo), nccl, gloo.")
@@ -246,7 +255,7 @@ class IndexSettings:
 
 def index_options_classes() -> tuple[type, ...]:
     """The classes whose fields are the ``index`` command's options, in the order ``--help`` lists them."""
-    return (IndexSettings, StoreSpec, EncodeConfig, FaissIndexConfig, QdrantCollectionConfig)
+    return (IndexSettings, StoreSpec, CorpusConfig, EncodeConfig, FaissIndexConfig, QdrantCollectionConfig)
 
 
 def run_index(settings: IndexSettings) -> dict[str, Any] | None:
@@ -297,11 +306,11 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
     counts_all_ranks: dict[str, int] = {}
     try:
         assert settings.corpus is not None  # IndexSettings refuses a run without one
-        file = corpus_file(settings.corpus)
+        file = corpus_file(settings.corpus, settings.reader.format)
         # Validate the whole corpus before the first write (each document as the writer will check it), so bad
         # input leaves the store untouched: no checkpoint of a run that cannot finish is left staged.
         total, corpus_ids, skipped = 0, set(), SkippedRows()
-        for document in read_corpus(file, skip_invalid=settings.skip_invalid, skipped=skipped):
+        for document in read_corpus(file, settings.reader, skip_invalid=settings.skip_invalid, skipped=skipped):
             try:
                 check_storable(document)
             except InputError as exc:
@@ -334,7 +343,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
             sparse=settings.sparse,
         )
         report = writer.write(
-            read_corpus(file, skip_invalid=settings.skip_invalid),
+            read_corpus(file, settings.reader, skip_invalid=settings.skip_invalid),
             total=total,
             prune_ids_not_in=settings.prune,
             source=str(file.resolve()),

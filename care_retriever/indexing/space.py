@@ -76,4 +76,6 @@ def check_store_space(
         published_bytes=footprint.published_bytes,
         quantized=footprint.quantized,
     )
-    check_index_space(footprint.path, shape, total=total, stored=store.count(), corpus_bytes=corpus.stat().st_size)
+    # a saved dataset is a folder of files: its bytes are theirs
+    size = sum(f.stat().st_size for f in corpus.rglob("*") if f.is_file()) if corpus.is_dir() else corpus.stat().st_size
+    check_index_space(footprint.path, shape, total=total, stored=store.count(), corpus_bytes=size)

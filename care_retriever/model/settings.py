@@ -16,11 +16,22 @@ from care_retriever.errors import InputError
 E = TypeVar("E", bound=Enum)
 
 
-def meta(help: str | None = None, *, flag: str | None = None, cli: bool = True) -> dict[str, Any]:
+# The panels of a command's --help (care_retriever.cli.panels): a config field or class names one of these.
+COMMON_PANEL = "Options"  # typer's first panel: what most runs need
+ADVANCED_PANEL = "Advanced"
+CORPUS_PANEL = "Corpus"
+ENCODING_PANEL = "Encoding"
+STORE_INDEX_PANEL = "Store index"
+
+
+def meta(
+    help: str | None = None, *, flag: str | None = None, cli: bool = True, panel: str | None = None
+) -> dict[str, Any]:
     """A config field's command-line option, as its ``metadata``: ``help`` (None: the help of another field with
     the same flag), ``flag`` (default: ``--`` and the field's name with dashes), ``cli=False`` for a setting with no
-    flag (given through an integration's dict only)."""
-    return {"help": help, "flag": flag, "cli": cli}
+    flag (given through an integration's dict only), ``panel`` the ``--help`` panel it is listed in (None: its
+    class's ``cli_panel``, else the command's "Advanced" panel; :mod:`care_retriever.cli.panels`)."""
+    return {"help": help, "flag": flag, "cli": cli, "panel": panel}
 
 
 class Choice(str, Enum):

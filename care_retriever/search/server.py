@@ -1,7 +1,7 @@
 """The search service: a FastAPI app over a :class:`CareRetriever` (query tower only).
 
 ``POST /search`` takes ``{"query": str | [str, ...], "top_k": int, "filters": {...}, "mode": "dense"}`` and returns
-``{"results": [{"query": ..., "hits": [{id, score, text, title, metadata}, ...]}, ...]}``;
+``{"results": [{"query": ..., "hits": [{id, score, text, title, metadata}, ...]}, ...], "query_backend": ...}``;
 ``GET /health`` reports the store and the limits; ``GET /metrics`` is in Prometheus text format
 (:mod:`care_retriever.search.service_metrics`).
 Every limit is explicit (:class:`ServiceLimits`): body size and how long its upload may take,
@@ -204,7 +204,10 @@ def create_app(
     page included). ``api_docs``: publish the OpenAPI schema at ``/openapi.json`` and its page at ``/docs``.
     ``query_compile``: whether the query tower was compiled (``serve --compile``), as ``/health`` reports it.
     """
+    from care_retriever.search.backends import query_backend
+
     limits = limits or ServiceLimits()
+    backend = query_backend(retriever.embedder)  # said in every answer: an export scores slightly otherwise
     search_request = request_model(limits, retriever.store)
     metrics = ServiceMetrics()
     batcher = QueryBatcher(
@@ -286,6 +289,7 @@ def create_app(
             "limits": asdict(limits),
             "queue_depth": batcher.depth,
             "query_compile": query_compile,
+            "query_backend": backend,
         }
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=error_responses(every_route, json_route=False))
@@ -300,7 +304,8 @@ def create_app(
         params = request.model_dump(exclude={"query"})  # top_k, filters, ...: the job's search parameters
         hits = await batcher.submit(queries, params)
         return {
-            "results": [{"query": q, "hits": [h.to_dict() for h in row]} for q, row in zip(queries, hits, strict=True)]
+            "results": [{"query": q, "hits": [h.to_dict() for h in row]} for q, row in zip(queries, hits, strict=True)],
+            "query_backend": backend,
         }
 
     guarded: ASGIApp = BodyLimit(app, limits.max_body_bytes, limits.body_timeout_s)

@@ -120,9 +120,12 @@ class QueryHits(BaseModel):
 
 
 class SearchResponse(BaseModel):
-    """One entry per query, in the request's order."""
+    """One entry per query, in the request's order, and the query backend that encoded them."""
 
     results: list[QueryHits]
+    query_backend: str = Field(
+        description="torch | onnx | onnx-int8 | openvino | openvino-int8: the query tower that answered"
+    )
 
 
 class HealthReport(BaseModel):
@@ -137,6 +140,7 @@ class HealthReport(BaseModel):
     queue_depth: int
     # the query tower compiled (serve --compile): "on (N s)", "off (failed: ...)", or "off"
     query_compile: str = "off"
+    query_backend: str = "torch"  # torch | onnx | onnx-int8 | openvino | openvino-int8
 
 
 class SearchBody(BaseModel):

@@ -16,10 +16,10 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from care_retriever.errors import InputError
-from care_retriever.model.settings import Choice, choice, count, flag_of, meta, ratio
+from care_retriever.model.settings import COMMON_PANEL, STORE_INDEX_PANEL, Choice, choice, count, flag_of, meta, ratio
 
 
 def _set(config: object, name: str, value: Any) -> None:
@@ -42,7 +42,7 @@ class StoreSpec:
 
     kind: StoreKind
     location: str
-    collection: str | None = field(default=None, metadata=meta("Qdrant collection name."))
+    collection: str | None = field(default=None, metadata=meta("Qdrant collection name.", panel=COMMON_PANEL))
 
     def __post_init__(self) -> None:
         _set(self, "kind", choice(StoreKind, self.kind, "store kind"))
@@ -94,6 +94,8 @@ class FaissIndexConfig:
     ``quantize`` None is "not asked": an existing store keeps its own, a new one has none (:attr:`quantization`);
     ``oversample`` None: the store's own, or the quantization's default (:attr:`effective_oversample`).
     """
+
+    cli_panel: ClassVar[str] = STORE_INDEX_PANEL
 
     index_type: IndexType = field(
         default=IndexType.FLAT,
@@ -232,6 +234,8 @@ QDRANT_ALIASES = {"quantization": "quantize", "shard_number": "shards", "replica
 class QdrantCollectionConfig:
     """A Qdrant collection's settings as given: None is "not given" (an existing collection's own, Qdrant's
     default for a new one); :meth:`resolved` fills in what a new collection records."""
+
+    cli_panel: ClassVar[str] = STORE_INDEX_PANEL
 
     quantize: QdrantQuantize | None = field(default=None, metadata=meta(flag="--quantize"))
     oversample: float | None = field(default=None, metadata=meta(flag="--oversample"))

@@ -46,8 +46,8 @@ class Manifest:
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     checksums: dict[str, str] = field(default_factory=dict)  # SHA-256 of each file's first sizes[name] bytes
-    # Files that grow by appending (a FAISS store's delta and rescoring vectors): SHA-256 of each block, so that a
-    # small write hashes what it appended, not the whole file.
+    # Files hashed by blocks (a FAISS store's docstore, delta and rescoring vectors): SHA-256 of each block, so
+    # that a small write hashes the blocks it changed, not the whole file.
     block_checksums: dict[str, list[str]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # file sizes when the checksums were taken, checked on open
     # The write the checksums describe (a FAISS store's journal bookkeeping when they were taken): a write killed

@@ -98,6 +98,12 @@ class ExportedQueryEmbedder(ConfiguredEmbedder):
 
     # ------------------------------------------------------------------ what the search path reads
     @property
+    def query_backend(self) -> str:
+        """The backend that answers, with its quantisation: ``onnx``, ``onnx-int8``, ``openvino``, ``openvino-int8``."""
+        int8 = self.record.files.get(self.model_path.name) == "int8"
+        return f"{self.backend}-int8" if int8 else self.backend
+
+    @property
     def loaded_towers(self) -> tuple[str, ...]:
         return ("query",)  # only ever the query tower
 

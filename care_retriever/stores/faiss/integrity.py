@@ -5,11 +5,16 @@ docstore's tables, counts and the manifest's fields against the files), never ha
 
 What each checksum covers (``Manifest.sizes[name]`` bytes from the start):
 
-* ``index.faiss`` and ``docstore.sqlite``: the whole file, hashed again by each write that changes it (a bulk
-  write rewrites them; an in-place write rewrites SQLite pages anywhere in the docstore, and the index on a fold).
+* ``index.faiss``: the whole file, hashed again by each write that changes it (a bulk write, a fold).
+* ``docstore.sqlite``: one SHA-256 per block of :data:`PAGE_BLOCK` bytes (SQLite pages never straddle two). A
+  small write hashes again the blocks holding the pages it changed, read from the docstore's write-ahead log
+  before the log is folded (:mod:`docstore_pages`), the first block (its header) and whatever the file grew by.
 * ``vectors.delta`` (its committed length) and ``vectors.f32`` grow by appending: hashed in blocks of
   :data:`BLOCK` bytes, so that a small write hashes the blocks it wrote, not the whole file. Bytes past the
   recorded size are an uncommitted write's, which the next writer overwrites.
+
+A block's checksum is taken again only where a write changed it, so damage elsewhere stays caught by ``verify``.
+Stores whose docstore was hashed whole (``Manifest.checksums``) verify so until their next write records blocks.
 
 ``Manifest.sealed`` is the journal's bookkeeping (``care_meta``, committed with every write) that the checksums
 describe. A writer killed after its commit and before its manifest leaves them describing the version before
@@ -32,11 +37,13 @@ import faiss
 
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
-from care_retriever.stores.faiss import docstore, files, journal
+from care_retriever.stores.faiss import docstore, docstore_pages, files, journal
 from care_retriever.stores.faiss.files import DELTA, DOCSTORE, INDEX, MANIFEST, MANIFEST_DIGEST, VECTORS
 
 BLOCK = 64 << 20  # bytes hashed as one block of an appended file
-WHOLE = (INDEX, DOCSTORE)  # hashed whole by each write that changes them
+PAGE_BLOCK = 256 << 10  # bytes hashed as one block of the docstore: a multiple of every SQLite page size
+WHOLE = (INDEX,)  # hashed whole by each write that changes it
+PAGED = (DOCSTORE,)  # hashed by blocks: a write hashes again the blocks of the pages it changed
 APPENDED = (DELTA, VECTORS)  # hashed by blocks: a write hashes again from the first byte it wrote
 READ = 1 << 20
 
@@ -58,15 +65,66 @@ def prefix_sha256(path: Path, length: int) -> str:
         return _hash_range(fh, length, path)
 
 
-def block_sha256(path: Path, length: int, known: list[str] | None = None, start: int = 0) -> list[str]:
-    """SHA-256 of each :data:`BLOCK` of the first ``length`` bytes; blocks wholly before ``start`` (the first byte
-    written since ``known`` was taken) keep their ``known`` digest."""
-    keep = min(len(known or []), start // BLOCK)
-    digests = list((known or [])[:keep])
+# SQLite header fields that a change of journal mode rewrites outside any transaction (a writer stopped between
+# the switch and its commit leaves them changed): the two format bytes (1: rollback journal, 2: WAL), the change
+# counter and its copy. Their checksum leaves them out; :func:`check_sqlite_header` checks them for consistency.
+JOURNAL_MODE = slice(18, 20)
+CHANGE_COUNTER = slice(24, 28)
+VALID_FOR = slice(92, 96)
+
+
+def _masked_header(block: bytes) -> bytes:
+    masked = bytearray(block)
+    for field in (JOURNAL_MODE, CHANGE_COUNTER, VALID_FOR):
+        masked[field] = bytes(field.stop - field.start)
+    return bytes(masked)
+
+
+def check_sqlite_header(path: Path) -> None:
+    """The fields :func:`_masked_header` leaves out are consistent: both format bytes 1 or both 2, the change
+    counter equal to its copy (so a flipped byte in either is caught)."""
     with open(path, "rb") as fh:
-        fh.seek(keep * BLOCK)
-        for offset in range(keep * BLOCK, length, BLOCK):
-            digests.append(_hash_range(fh, min(BLOCK, length - offset), path))
+        header = fh.read(100)
+    mode, counter, valid_for = header[JOURNAL_MODE], header[CHANGE_COUNTER], header[VALID_FOR]
+    if len(header) < 100 or mode not in (b"\x01\x01", b"\x02\x02") or counter != valid_for:
+        raise StoreError(f"{path}: SQLite header damaged (its format bytes or change counter); the file is corrupted")
+
+
+def block_size(name: str) -> int:
+    """Bytes per checksum block of the store file ``name``."""
+    return PAGE_BLOCK if name in PAGED else BLOCK
+
+
+def block_sha256(
+    path: Path,
+    length: int,
+    known: list[str] | None = None,
+    start: int = 0,
+    *,
+    size: int = BLOCK,
+    changed: set[int] | None = None,
+    sqlite: bool = False,
+) -> list[str]:
+    """SHA-256 of each block of ``size`` bytes of the first ``length`` bytes. A block keeps its ``known`` digest
+    when it lies wholly before ``start`` (the first byte written since ``known`` was taken) and holds none of
+    the byte offsets in ``changed``. ``sqlite``: the first block's digest leaves out the header fields a change
+    of journal mode rewrites (:func:`check_sqlite_header`)."""
+    known = known or []
+    touched = {offset // size for offset in changed or ()}
+    digests = []
+    with open(path, "rb") as fh:
+        for number, offset in enumerate(range(0, length, size)):
+            if offset + size <= start and number < len(known) and number not in touched:
+                digests.append(known[number])
+                continue
+            fh.seek(offset)
+            if number == 0 and sqlite:
+                block = fh.read(min(size, length))
+                if len(block) < min(size, length):
+                    raise StoreError(f"{path}: truncated (shorter than the store recorded); the file is corrupted")
+                digests.append(hashlib.sha256(_masked_header(block)).hexdigest())
+                continue
+            digests.append(_hash_range(fh, min(size, length - offset), path))
     return digests
 
 
@@ -86,11 +144,18 @@ def stale(manifest: Manifest, meta: dict[str, int]) -> bool:
     return manifest.sealed != meta
 
 
-def seal(folder: Path, manifest: Manifest, meta: dict[str, int], written: dict[str, int] | None = None) -> None:
+def seal(
+    folder: Path,
+    manifest: Manifest,
+    meta: dict[str, int],
+    written: dict[str, int] | None = None,
+    pages: set[int] | None = None,
+) -> None:
     """Record in ``manifest`` the checksums and sizes of ``folder``'s files as the commit ``meta`` left them.
 
     ``written``: file name -> first byte a write changed since the manifest's checksums were taken (files not
-    named are unchanged); None: every file is hashed from its first byte."""
+    named are unchanged); None: every file is hashed from its first byte. ``pages``: the byte offsets of the
+    docstore pages the write changed (None: unknown, every block is hashed)."""
     lengths = _lengths(folder, meta)
     checksums, blocks = {}, {}
     for name, length in lengths.items():
@@ -98,22 +163,32 @@ def seal(folder: Path, manifest: Manifest, meta: dict[str, int], written: dict[s
         if name in WHOLE:
             known = manifest.checksums.get(name)
             checksums[name] = prefix_sha256(folder / name, length) if changed or known is None else known
+            continue
+        before = manifest.sizes.get(name, 0)
+        if written is None or (name in PAGED and pages is None and name in written):  # pages unknown: all
+            start, offsets = 0, None
+        elif name in PAGED:  # its header block always: a change of journal mode rewrites it outside the log
+            start, offsets = min(before, length), {0} | (pages or set())
         else:
-            start = 0 if written is None else min(written.get(name, length), manifest.sizes.get(name, 0))
-            blocks[name] = block_sha256(folder / name, length, manifest.block_checksums.get(name), start)
+            start, offsets = min(written.get(name, length), before), None
+        hashed, size, sqlite = manifest.block_checksums.get(name), block_size(name), name in PAGED
+        blocks[name] = block_sha256(folder / name, length, hashed, start, size=size, changed=offsets, sqlite=sqlite)
     manifest.checksums, manifest.block_checksums, manifest.sizes = checksums, blocks, lengths
     manifest.sealed = dict(meta)
     manifest.updated_at = time.time()
 
 
 def seal_published(db: sqlite3.Connection, folder: Path, manifest: Manifest, written: dict[str, int] | None) -> None:
-    """After an in-place commit (``db``: the writer's connection): fold the docstore's WAL into the file (a store
-    upgraded from format 1 keeps one), then record the checksums and write the manifest."""
+    """After an in-place commit (``db``: the writer's connection): note the docstore pages its write-ahead log
+    holds, fold the log into the file and return the docstore to its rollback journal, then record the
+    checksums and write the manifest."""
+    logged = docstore_pages.logged_pages(folder / DOCSTORE)
     busy = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
     if busy is not None and busy[0]:  # a reader holds WAL pages: the file's bytes are not final yet
         manifest.updated_at = time.time()  # the checksums stay stale; the next write records them
     else:
-        seal(folder, manifest, journal.read_meta(db, folder), written)
+        docstore_pages.leave_wal(db)
+        seal(folder, manifest, journal.read_meta(db, folder), written, None if logged is None else logged[1])
     files.write_manifest(folder, manifest)
 
 
@@ -232,12 +307,15 @@ def _check_file(folder: Path, name: str, manifest: Manifest) -> None:
     expected_blocks = manifest.block_checksums.get(name)
     if expected_blocks is None:
         raise StoreError(f"{folder / MANIFEST}: no checksum for {name}")
-    found = block_sha256(path, manifest.sizes.get(name, 0))
+    size = block_size(name)
+    if name in PAGED:
+        check_sqlite_header(path)
+    found = block_sha256(path, manifest.sizes.get(name, 0), size=size, sqlite=name in PAGED)
     for number, (got, want) in enumerate(zip(found, expected_blocks, strict=False)):
         if got != want:
-            first = number * BLOCK
+            first = number * size
             raise StoreError(
-                f"{path}: checksum mismatch with {MANIFEST} in bytes {first}-{first + BLOCK - 1}; the file is corrupted"
+                f"{path}: checksum mismatch with {MANIFEST} in bytes {first}-{first + size - 1}; the file is corrupted"
             )
     if len(found) != len(expected_blocks):
         raise StoreError(f"{path}: checksum mismatch with {MANIFEST} (size); the file is corrupted")

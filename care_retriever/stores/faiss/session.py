@@ -24,7 +24,7 @@ import numpy as np
 from care_retriever.documents import Document
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
-from care_retriever.stores.faiss import docstore, files, integrity, journal, rescoring, sparse
+from care_retriever.stores.faiss import docstore, docstore_pages, files, integrity, journal, rescoring, sparse
 from care_retriever.stores.faiss.files import DELTA, DOCSTORE, INDEX, MANIFEST, VECTORS
 from care_retriever.stores.faiss.index_factory import (
     index_ids,
@@ -177,8 +177,8 @@ class StagedWrite(WriteSession):
 
 
 class InPlaceWrite(WriteSession):
-    """A small write into the published store: rows in its docstore (SQLite, committed through its rollback
-    journal; a store upgraded from format 1 keeps its WAL), vectors in its delta."""
+    """A small write into the published store: rows in its docstore (SQLite, committed through its write-ahead
+    log, which the commit's checksums read and fold: :mod:`docstore_pages`), vectors in its delta."""
 
     def __init__(
         self,
@@ -201,9 +201,25 @@ class InPlaceWrite(WriteSession):
     def _record(self, op: int, rows: np.ndarray, vectors: np.ndarray | None) -> None:
         self.delta.append(journal.records(op, rows, vectors, self.manifest.dim))
 
+    def _log_pages(self) -> None:
+        """Before a transaction's first change: the docstore logs its pages, which the commit's checksums read."""
+        if not self.db.in_transaction:
+            docstore_pages.enter_wal(self.db)
+
+    def upsert(
+        self, documents: Sequence[Document], vectors: np.ndarray, sparse_tokens: Sequence[list[str]] | None
+    ) -> None:
+        self._log_pages()
+        super().upsert(documents, vectors, sparse_tokens)
+
+    def delete(self, ids: Sequence[str]) -> int:
+        self._log_pages()
+        return super().delete(ids)
+
     def commit(self) -> tuple[int, int]:
         """Append the delta, then commit the docstore with the delta's new length (the commit point); returns
         (inode of index.faiss, committed delta bytes) as it leaves them (a fold makes a new index.faiss)."""
+        self._log_pages()
         committed = self.opened_as[1]
         self.vector_writer.sync()  # the rows' full vectors are durable before the commit point
         if self.delta:
@@ -232,3 +248,5 @@ class InPlaceWrite(WriteSession):
         self.vector_writer.close()
         self.db.rollback()
         self.delta = []
+        with contextlib.suppress(sqlite3.OperationalError):  # a failed disk may refuse it: the next write retries
+            docstore_pages.leave_wal(self.db)

@@ -7,7 +7,7 @@ inner product is cosine; cut without renormalising for a dot-product model. Two 
   staging folder beside ``DIR`` (checkpointed by :meth:`commit`); :meth:`finalize` swaps it into
   place, so readers never see a half-written store, and a killed writer resumes from its last checkpoint.
 * Small (:meth:`transaction` on a published store, used by the framework adapters): rows are written
-  in place in the docstore (SQLite's rollback journal; its WAL in a store upgraded from format 1), vectors
+  in place in the docstore (through SQLite's write-ahead log, folded at the commit: ``docstore_pages``), vectors
   appended to ``vectors.delta`` (``journal``); the SQLite commit, which also records the delta's committed
   length, is the commit point, so a write killed anywhere
   leaves either all or none of it (a delta tail past the committed length is ignored and cut by the

@@ -206,6 +206,13 @@ class EdgeShard:
         vectors = [qe.PointVectors(i, {SPARSE: qe.SparseVector(t[0], t[1])}) for i, t in terms.items()]
         _call(lambda: self._shard.update(qe.UpdateOperation.update_vectors(vectors)), self.path)
 
+    def set_payload(self, values: dict[str, dict[str, Any]]) -> None:
+        """Set payload fields, point id -> {field: value} (the point's other fields are kept)."""
+        qe = _engine()
+        operations = [qe.UpdateOperation.set_payload([i], fields) for i, fields in values.items()]
+        for operation in operations:
+            _call(lambda op=operation: self._shard.update(op), self.path)
+
     def delete(self, ids: Sequence[str]) -> None:
         qe = _engine()
         _call(lambda: self._shard.update(qe.UpdateOperation.delete_points(list(ids))), self.path)

@@ -13,8 +13,6 @@ import os
 import shutil
 from pathlib import Path
 
-from care_retriever import faults
-
 # free space kept beyond a write's own bytes: the engine's log and mapped files grow by whole pages and chunks
 SPACE_MARGIN = 4 * 1024 * 1024
 # Opening or creating a shard writes a 32 MiB log segment in full (measured on a tmpfs: a load with less free space
@@ -41,17 +39,6 @@ def require_space(folder: Path, needed: int) -> None:
 
 def room_to_open(folder: Path) -> bool:
     """Whether ``folder``'s disk can take the log that opening a shard there writes (below it, a load can die of
-    SIGBUS: a disk filled to the last byte ended a fault handler's reopen so)."""
+    SIGBUS: a disk filled to the last byte ended a fault handler's reopen so; reads then open a copy,
+    :mod:`edge_readonly`)."""
     return shutil.disk_usage(folder).free >= OPEN_SHARD
-
-
-def require_open_space(folder: Path, location: str, collection: str) -> None:
-    """A one-line write error unless ``folder``'s disk can take the log that opening its shard writes."""
-    if not room_to_open(folder):
-        raise faults.write_error(
-            f"qdrant:{location}",
-            f"the write-ahead log Qdrant Edge opens for collection {collection}",
-            OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)),
-            faults.REASONS[errno.ENOSPC],
-            f"opening needs {OPEN_SHARD >> 20} MB free; nothing was changed",
-        )

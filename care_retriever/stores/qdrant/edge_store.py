@@ -32,7 +32,7 @@ from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
 from care_retriever.stores.filters import is_filter_field
-from care_retriever.stores.qdrant import edge, edge_space, legacy
+from care_retriever.stores.qdrant import edge, edge_readonly, edge_space, edge_verify, legacy
 from care_retriever.stores.qdrant.common import (
     DEFAULT_COLLECTION,
     QdrantOptions,
@@ -41,13 +41,12 @@ from care_retriever.stores.qdrant.common import (
     document_of,
     filter_conditions,
     is_server,
-    payload_of,
     point_id,
 )
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
-from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_open_space, require_space
-from care_retriever.stores.qdrant.edge_verify import check_points, check_settings, unchecked_manifest
+from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
+from care_retriever.stores.qdrant.edge_verify import check_settings, damage, unchecked_manifest
 
 logger = logging.getLogger("care_retriever")
 
@@ -90,10 +89,11 @@ class EdgeStore(EdgeSearch, QdrantStore):
             faults.require_folder(self.root, f"the Qdrant Edge store qdrant:{location}")  # a file there stays
             legacy.refuse_foreign_folder(self.root, collection)
         folder = self.root / collection
+        self._read_copy: Path | None = None  # on a full disk: the copy read instead (edge_readonly), no writes
         if (folder / SHARD_FOLDER).is_dir():  # reading opens what exists; creating anything waits for prepare
-            require_open_space(folder, location, collection)
+            self._read_copy = edge_readonly.read_copy(folder, location, collection)
             try:
-                self.shard = edge.EdgeShard.load(folder / SHARD_FOLDER)
+                self.shard = edge.EdgeShard.load((self._read_copy or folder) / SHARD_FOLDER)
             except edge.ShardBusy as exc:
                 raise StoreError(
                     f"{self.describe()} is open in another process (or object): one owner per folder at a time"
@@ -186,9 +186,10 @@ class EdgeStore(EdgeSearch, QdrantStore):
     ) -> None:
         vectors = self.checked_vectors(documents, vectors)
         sparse = self.sparse_terms(documents, sparse_tokens)
+        terms = sparse if sparse is not None else [None] * len(documents)
         points = [
-            edge.EdgePoint(point_id(d.id), v.tolist(), payload_of(d), sparse[i] if sparse is not None else None)
-            for i, (d, v) in enumerate(zip(documents, vectors, strict=True))
+            edge.EdgePoint(point_id(d.id), v.tolist(), edge_verify.payload_of(d, v), t)
+            for d, v, t in zip(documents, vectors, terms, strict=True)
         ]
         with self._lock, self._write_faults("the points"):
             shard = self.require_shard()
@@ -198,6 +199,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
                 # the log, the vectors and the payloads: each point's bytes about three times over
                 require_space(self.folder, 3 * sum(4 * len(p.vector) + len(repr(p.payload).encode()) for p in batch))
                 shard.upsert(batch)
+                edge_verify.recorded_as_stored(shard, batch)
             self._unindexed_kb += vectors.size * 4 / 1024
 
     def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
@@ -215,7 +217,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
                     indexed[key] = kind
 
     def delete(self, ids: Sequence[str]) -> int:
-        existing = list(self.content_hashes(list(ids)))
+        existing = [r.payload["doc_id"] for r in self._records(list(ids), ["doc_id"], False)]
         if existing:
             with self._lock, self._write_faults("the deletion"):
                 self.require_shard().delete([point_id(i) for i in existing])
@@ -255,6 +257,8 @@ class EdgeStore(EdgeSearch, QdrantStore):
         from disk, so that this object counts what the next process will (what each update had written to the log
         is replayed). A write the free-space check refused before the engine ran it: the open shard already holds
         what its folder holds, and is kept (reopening it on a full disk would die of SIGBUS)."""
+        if self._read_copy is not None:
+            raise edge_readonly.refuse_write(self.location, self.collection, what)
         try:
             yield
         except WriteError:
@@ -310,10 +314,11 @@ class EdgeStore(EdgeSearch, QdrantStore):
         return [found.get(i) for i in ids]
 
     def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
+        """Each stored document's content hash, where its text and vector match their hashes (else: not stored)."""
         if self.manifest is None or not ids:
             return {}
-        records = self._records(list(ids), ["doc_id", "content_hash"], False)
-        return {r.payload["doc_id"]: r.payload["content_hash"] for r in records}
+        records = self._records(list(ids), True, True)
+        return {r.payload["doc_id"]: r.payload["content_hash"] for r in records if damage(r) is None}
 
     def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
         if self.manifest is None:
@@ -357,10 +362,9 @@ class EdgeStore(EdgeSearch, QdrantStore):
             }
 
     def verify(self, *, record_checksums: bool = False) -> int:
-        """The shard's settings and the manifest's own checksum, then every point's payload and dense vector. A
-        manifest written before manifests had a checksum is named in one line (its fingerprint, model and metric
-        could not be checked) unless ``record_checksums``: then, every other check passed, it is rewritten with one.
-        """
+        """The shard's settings and the manifest's own checksum, then every point (``edge_verify``). A manifest
+        written before manifests had a checksum is named in one line (its fingerprint, model and metric could not
+        be checked) unless ``record_checksums``: then, every other check passed, it is rewritten with one."""
         manifest = self.require_manifest()
         with self._lock:
             actual = self.require_shard().recorded_settings()
@@ -368,10 +372,13 @@ class EdgeStore(EdgeSearch, QdrantStore):
         check_settings(self.describe(), actual, recorded)
         # after the settings: those name the difference
         checked = check_manifest(self.folder / MANIFEST_FILE, self.describe())
-        count = 0
-        for records in self.scroll(["doc_id", "content_hash"], True):
-            check_points(self.describe(), manifest, records)
-            count += len(records)
+        count, unrecorded = edge_verify.check_every_point(self.describe(), manifest, self.scroll(True, True))
+        if unrecorded and not record_checksums:  # written before vectors had checksums: texts and norms checked
+            logger.warning(edge_verify.unrecorded_line(self.describe(), len(unrecorded)))
+        elif unrecorded:
+            with self._lock, self._write_faults("the vector checksums"):
+                self.require_shard().set_payload(unrecorded)
+                self.require_shard().flush()
         if not checked:
             if not record_checksums:
                 raise unchecked_manifest(self.describe())
@@ -386,5 +393,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
             if self.shard is not None:
                 self.shard.close()
                 self.shard = None
+            if self._read_copy is not None:
+                shutil.rmtree(self._read_copy.parent, ignore_errors=True)
             if self._temporary:
                 shutil.rmtree(self.root, ignore_errors=True)

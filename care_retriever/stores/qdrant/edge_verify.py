@@ -1,18 +1,30 @@
 """What ``verify`` checks of a Qdrant Edge store beyond the engine's own files: part of the store
 (:mod:`edge_store`), kept in a file of its own. Each check raises one :class:`StoreError` line naming the first
-problem found."""
+problem found.
+
+Each point carries, recorded at write, the content hash of its document and a checksum of its dense vector as the
+engine stored it (:data:`VECTOR_CHECKSUM`): the same contract as a FAISS store's docstore and file checksums. A
+changed byte of a stored text (the payload storage) or of a stored vector (the vector storage) no longer matches
+them: ``verify`` names the point, and ``index`` treats it as not stored, so that a re-run writes it again.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from care_retriever.documents import Document
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
-from care_retriever.stores.qdrant.common import point_id
+from care_retriever.stores.qdrant import common
+from care_retriever.stores.qdrant.common import document_of, point_id
 from care_retriever.vectors import VectorContract
+
+VECTOR_CHECKSUM = "vector_checksum"  # payload field: BLAKE2b-128 of the stored float32 vector's bytes
+REPAIR = "run the same `care-retriever index` again to rewrite it"
 
 SETTINGS = ("quantize", "always_ram", "on_disk", "m", "ef_construct")  # what the shard and the manifest both record
 
@@ -24,9 +36,35 @@ def check_settings(source: str, actual: dict[str, Any], recorded: dict[str, Any]
             raise StoreError(f"{source}: the shard holds {key}={actual[key]!r}; its manifest says {recorded[key]!r}")
 
 
+def vector_checksum(vector: Sequence[float] | np.ndarray) -> str:
+    """The checksum of a dense vector as the engine stores it (float32, little-endian)."""
+    return hashlib.blake2b(np.asarray(vector, dtype="<f4").tobytes(), digest_size=16).hexdigest()
+
+
+def payload_of(document: Document, vector: np.ndarray) -> dict[str, Any]:
+    """A point's payload: the document, its content hash, and the checksum of the vector given."""
+    return {**common.payload_of(document), VECTOR_CHECKSUM: vector_checksum(vector)}
+
+
+def damage(record: Any) -> str | None:
+    """What of a point (read with its whole payload and its vector) no longer matches the hashes recorded at
+    write: its text, its vector, or None. A point written before vectors had a checksum has its text checked."""
+    payload = record.payload
+    try:
+        stored = document_of(payload)
+    except (KeyError, TypeError, ValueError):
+        return "its payload is incomplete"
+    if stored.content_hash() != payload.get("content_hash"):
+        return "its stored text, title or metadata no longer matches its content hash"
+    recorded = payload.get(VECTOR_CHECKSUM)
+    if recorded is not None and (record.vector is None or vector_checksum(record.vector) != recorded):
+        return "its stored vector no longer matches its checksum"
+    return None
+
+
 def check_points(source: str, manifest: Manifest, records: Sequence[Any]) -> None:
-    """Each point carries its document's id, a content hash, and a finite dense vector of the store's width with
-    the norm its model promises."""
+    """Each point carries its document's id, a content hash matching its stored document, a vector matching its
+    checksum, and a finite dense vector of the store's width with the norm its model promises."""
     contract = VectorContract.for_metric(manifest.metric)
     for r in records:
         doc_id, content = r.payload.get("doc_id"), r.payload.get("content_hash")
@@ -34,6 +72,9 @@ def check_points(source: str, manifest: Manifest, records: Sequence[Any]) -> Non
             raise StoreError(f"{source}: point {r.id} has no doc_id or content_hash")
         if r.id != point_id(doc_id):
             raise StoreError(f"{source}: point {r.id} does not carry the id of {doc_id!r}")
+        found = damage(r)
+        if found is not None:
+            raise StoreError(f"{source}: {doc_id!r}: {found} (the store's files were changed); {REPAIR}")
         vector = np.asarray(r.vector if r.vector is not None else [], dtype=np.float32)
         if vector.shape != (manifest.dim,) or not np.isfinite(vector).all():
             raise StoreError(f"{source}: {doc_id!r} has no finite {manifest.dim}-dim dense vector")
@@ -42,6 +83,48 @@ def check_points(source: str, manifest: Manifest, records: Sequence[Any]) -> Non
                 f"{source}: {doc_id!r} has a vector not {contract.describe_norms()} as its {manifest.metric} "
                 "model's are"
             )
+
+
+def recorded_as_stored(shard: Any, points: Sequence[Any]) -> None:
+    """After an upsert of ``points`` (EdgePoint, each payload with the checksum of the vector given): where the
+    engine stored another vector than the one given (a cosine shard normalizes one whose norm is not 1 to its
+    precision), the checksum of the stored one replaces it."""
+    given = {p.id: p.payload[VECTOR_CHECKSUM] for p in points}
+    fixes = {}
+    for record in shard.retrieve(list(given), False, True):
+        if record.vector is not None and vector_checksum(record.vector) != given[record.id]:
+            fixes[record.id] = {VECTOR_CHECKSUM: vector_checksum(record.vector)}
+    if fixes:
+        shard.set_payload(fixes)
+
+
+def check_every_point(
+    source: str, manifest: Manifest, batches: Iterable[Sequence[Any]]
+) -> tuple[int, dict[str, dict[str, str]]]:
+    """Every point, read with its whole payload and its vector, checked (:func:`check_points`); returns how many,
+    and the points written before vectors had a checksum (:func:`unrecorded_vectors`)."""
+    count, unrecorded = 0, {}
+    for records in batches:
+        check_points(source, manifest, records)
+        unrecorded.update(unrecorded_vectors(records))
+        count += len(records)
+    return count, unrecorded
+
+
+def unrecorded_vectors(records: Sequence[Any]) -> dict[str, dict[str, str]]:
+    """Points written before vectors had a checksum: point id -> the checksum of the vector as it is now."""
+    return {
+        r.id: {VECTOR_CHECKSUM: vector_checksum(r.vector)}
+        for r in records
+        if VECTOR_CHECKSUM not in r.payload and r.vector is not None
+    }
+
+
+def unrecorded_line(source: str, count: int) -> str:
+    return (
+        f"{source}: {count} points have no vector checksum (written by an earlier release): their texts and norms "
+        "were checked; `care-retriever verify --record-checksums` records their vectors' checksums as they are"
+    )
 
 
 def unchecked_manifest(source: str) -> StoreError:

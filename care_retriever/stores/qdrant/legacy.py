@@ -52,6 +52,31 @@ def refuse_foreign_folder(folder: Path, collection: str) -> None:
         )
 
 
+def document_of_point(point: Any, payload: Any, source: str) -> Document:
+    """The document a local-mode point's payload holds. Converted: a numeric ``doc_id`` to its decimal string, a
+    null or missing title to ``""``, null or missing metadata to ``{}``. Refused in one line naming the point: no
+    payload, no ``doc_id``, no string ``text``, a title that is no string, metadata that is no JSON object."""
+
+    def refuse(why: str) -> StoreError:
+        return StoreError(f"{source}: point {point} {why}; nothing was converted (fix or remove it in the old store)")
+
+    if not isinstance(payload, dict):
+        raise refuse("has no payload")
+    doc_id = payload.get("doc_id")
+    if isinstance(doc_id, int) and not isinstance(doc_id, bool):
+        doc_id = str(doc_id)
+    if not isinstance(doc_id, str) or not doc_id:
+        raise refuse(f"has no doc_id (a non-empty string or an integer; it holds {doc_id!r})")
+    text, title, metadata = payload.get("text"), payload.get("title") or "", payload.get("metadata") or {}
+    if not isinstance(text, str):
+        raise refuse(f"({doc_id!r}) has no text (a string; it holds {text!r})")
+    if not isinstance(title, str):
+        raise refuse(f"({doc_id!r}) has a title that is no string ({title!r})")
+    if not isinstance(metadata, dict):
+        raise refuse(f"({doc_id!r}) has metadata that is no JSON object (a {type(metadata).__name__})")
+    return Document(id=doc_id, text=text, title=title, metadata=metadata)
+
+
 class LocalModeReader:
     """One collection of a local-mode folder, read through qdrant-client (its one remaining use for a path)."""
 
@@ -75,30 +100,45 @@ class LocalModeReader:
         return int(self.client.count(self.collection, exact=True).count)
 
     def batches(self, size: int = 256) -> Iterator[list[tuple[Document, np.ndarray, Any]]]:
-        """Every point as (document, dense vector, old sparse vector or None)."""
+        """Every point as (document, dense vector, old sparse vector or None); a payload that is no document is
+        one line naming the point (:func:`document_of_point`)."""
         from care_retriever.sparse.qdrant_sparse import VECTOR
-        from care_retriever.stores.qdrant.common import dense_vector, document_of
+        from care_retriever.stores.qdrant.common import dense_vector
 
-        offset = None
-        while True:
-            points, offset = self.client.scroll(
-                self.collection, limit=size, offset=offset, with_payload=True, with_vectors=True
-            )
+        for points in self._scroll(size, vectors=True):
             yield [
                 (
-                    document_of(p.payload),
+                    document_of_point(p.id, p.payload, self.describe),
                     dense_vector(p.vector),
                     p.vector.get(VECTOR) if isinstance(p.vector, dict) else None,
                 )
                 for p in points
             ]
+
+    def document_ids(self, size: int = 1024) -> set[str]:
+        """The id of every document, each payload checked first (read without the vectors): one line naming the
+        first point that is no document, or the second point of an id that two carry."""
+        seen: dict[str, Any] = {}
+        for points in self._scroll(size, vectors=False):
+            for point in points:
+                doc_id = document_of_point(point.id, point.payload, self.describe).id
+                if doc_id in seen:
+                    raise StoreError(
+                        f"{self.describe}: points {seen[doc_id]} and {point.id} both carry doc_id {doc_id!r}; "
+                        "nothing was converted (remove one of them from the old store, or re-index the corpus)"
+                    )
+                seen[doc_id] = point.id
+        return set(seen)
+
+    def _scroll(self, size: int, *, vectors: bool) -> Iterator[list[Any]]:
+        offset = None
+        while True:
+            points, offset = self.client.scroll(
+                self.collection, limit=size, offset=offset, with_payload=True, with_vectors=vectors
+            )
+            yield points
             if offset is None:
                 return
-
-    def missing(self, point_ids: list[str]) -> set[str]:
-        """Which of ``point_ids`` this collection does not hold."""
-        found = self.client.retrieve(self.collection, point_ids, with_payload=False, with_vectors=False)
-        return set(point_ids) - {str(p.id) for p in found}
 
     def close(self) -> None:
         self.client.close()
