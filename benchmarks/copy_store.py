@@ -5,7 +5,7 @@
 
 Builds a FAISS flat store of ``--n`` unit vectors (768-d, short Chinese texts) straight through the store
 protocol, then times, side by side in one run: reading the whole store as the copy reads it
-(``VectorStore.iter_stored``, the protocol's default built from ``iter_documents`` + ``vectors`` +
+(``StoredIteration.iter_stored``, the capability's method built from ``iter_documents`` + ``vectors`` +
 ``content_hashes``), and ``copy_store`` into a FAISS flat store, a FAISS HNSW + sq8 store (a source of
 ``--hnsw-n`` documents: the HNSW build is FAISS's own cost), a local Qdrant store (``--qdrant-n``) and back, and
 an unchanged re-run. Prints a Markdown table (documents per second).

@@ -213,10 +213,12 @@ def discard_pending_run(store: str, collection: str | None, json_out: bool) -> N
     """``index --discard-pending`` / ``copy --discard-pending``: drop what an unfinished run (of either command)
     staged beside ``store`` (care_retriever.stores.runs)."""
     from care_retriever.stores import open_store
+    from care_retriever.stores.capabilities import WriteRuns
 
     target = open_store(store, collection=collection, create=False)
     try:
-        discarded = target.discard_pending()
+        # a store that writes no runs has none pending
+        discarded = target.discard_pending() if isinstance(target, WriteRuns) else None
         count = target.count()
     finally:
         target.close()
@@ -233,19 +235,22 @@ def _add_sparse_side(store: str, collection: str | None, progress: bool, json_ou
     import time
 
     from care_retriever.stores import open_store
+    from care_retriever.stores.capabilities import SparseSearch, WriteRuns
     from care_retriever.stores.runs import RunTag
 
-    target = open_store(store, collection=collection)
-    manifest = target.require_manifest()
+    opened = open_store(store, collection=collection)
     start = time.perf_counter()
     try:
+        target = SparseSearch.require(opened, "index --sparse-only")
+        runs = WriteRuns.require(opened, "index --sparse-only")
+        manifest = target.require_manifest()
         # a run of its own: it neither resumes nor publishes another run's staged copy
-        target.claim_run(
+        runs.claim_run(
             RunTag("index --sparse-only", space_fingerprint=manifest.space_fingerprint, model_name=manifest.model_name)
         )
         target.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name)
         tokenized = target.enable_sparse(show_progress=progress)
-        target.finalize()  # publishes both sides at once; a failure above leaves the published store as it was
+        runs.finalize()  # publishes both sides at once; a failure above leaves the published store as it was
         report = {
             "store": target.describe(),
             "tokenized": tokenized,
@@ -254,7 +259,7 @@ def _add_sparse_side(store: str, collection: str | None, progress: bool, json_ou
             "sparse": target.require_manifest().sparse,
         }
     finally:
-        target.close()
+        opened.close()
     if json_out:
         typer.echo(strict_json.dumps(report))
     elif tokenized:
@@ -321,13 +326,17 @@ def delete(
 ) -> None:
     """Delete documents by id (no model needed)."""
     from care_retriever.stores import open_store
+    from care_retriever.stores.capabilities import WriteRuns
 
-    target = open_store(store, collection=collection, create=False)
-    manifest = target.require_manifest()
-    with target.transaction(manifest.dim, manifest.space_fingerprint, manifest.model_name):
-        removed = target.delete(ids)
-    remaining = target.count()
-    target.close()
+    opened = open_store(store, collection=collection, create=False)
+    try:
+        target = WriteRuns.require(opened, "delete")
+        manifest = target.require_manifest()
+        with target.transaction(manifest.dim, manifest.space_fingerprint, manifest.model_name):
+            removed = target.delete(ids)
+        remaining = target.count()
+    finally:
+        opened.close()
     typer.echo(f"deleted {removed} of {len(ids)} ids; the store now holds {remaining} documents")
 
 

@@ -89,8 +89,9 @@ def search(
 ) -> None:
     """Search a store with the query tower, its BM25 side, or both (--mode hybrid)."""
     from care_retriever.search.backends import query_backend
+    from care_retriever.search.hybrid import sparse_store
     from care_retriever.search.retriever import CareRetriever
-    from care_retriever.sparse import FusionConfig, check_mode, require_sparse
+    from care_retriever.sparse import FusionConfig, check_mode
     from care_retriever.stores import open_store
 
     if top_k < 1:
@@ -101,7 +102,7 @@ def search(
     target = open_store(store, collection=collection, create=False)
     target.require_manifest()
     if mode != "dense":
-        require_sparse(target)  # before loading the model
+        sparse_store(target)  # before loading the model
     embedder = _load_query_side(model, device, backend, trust_remote_code)
     answering = query_backend(embedder) if mode != "sparse" else None  # BM25 alone encodes no query
     if answering not in (None, "torch"):  # an export scores slightly otherwise than the torch tower: said

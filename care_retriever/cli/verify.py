@@ -23,16 +23,18 @@ def verify(
     """Check every byte of a store: checksums, docstore integrity, ids, content hashes, vector norms."""
     from care_retriever.errors import StoreError
     from care_retriever.stores import open_store
+    from care_retriever.stores.capabilities import Verification
 
-    target = open_store(store, collection=collection, create=False)
+    opened = open_store(store, collection=collection, create=False)
     try:
+        target = Verification.require(opened, "verify")
         if record_checksums and not target.keeps_checksums:
             raise StoreError(
                 f"{target.describe()}: --record-checksums is for FAISS and Qdrant Edge stores; this store keeps none"
             )
         count = target.verify(record_checksums=record_checksums)
     finally:
-        target.close()
+        opened.close()
     typer.echo(f"ok: {target.describe()} holds {count} documents; every check passed")
 
 

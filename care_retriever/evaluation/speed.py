@@ -133,8 +133,9 @@ def fill_store(spec: str, vectors: np.ndarray, *, index: StoreConfig = None, chu
     """A store at ``spec`` holding ``vectors`` as documents ``d0..dN`` (upserted directly: no encoding)."""
     from care_retriever.documents import Document
     from care_retriever.stores import open_store
+    from care_retriever.stores.capabilities import WriteRuns
 
-    store = open_store(spec)
+    store = WriteRuns.require(open_store(spec), "filling a benchmark store")
     store.prepare(vectors.shape[1], "bench-random-vectors", "bench", index)
     for start in range(0, len(vectors), chunk):
         block = vectors[start : start + chunk]

@@ -12,6 +12,7 @@ from care_retriever.errors import InputError
 from care_retriever.model.encoding import check_unicode
 from care_retriever.model.protocols import all_unicode
 from care_retriever.stores import VectorStore
+from care_retriever.stores.capabilities import StoredIteration
 
 __all__ = ["check_prune", "check_storable", "chunks", "validated"]
 
@@ -77,7 +78,8 @@ def check_prune(store: VectorStore, keep: set[str], *, confirmed: bool) -> int:
     one line before anything is written, unless ``confirmed`` (``index --prune --yes``)."""
     if store.manifest is None:
         return 0
-    stale = sum(1 for d in store.iter_documents() if d.id not in keep)
+    stored = StoredIteration.require(store, "index --prune")
+    stale = sum(1 for d in stored.iter_documents() if d.id not in keep)
     if stale > len(keep) and not confirmed:
         raise InputError(
             f"--prune would delete {stale} of the {store.count()} documents in {store.describe()} and keep "

@@ -6,7 +6,7 @@ its vector (``dim`` float32, twice for a quantized store's rescoring file), its 
 title, metadata, content hash: about the corpus's bytes per document plus a fixed overhead), the BM25 side
 where asked (about the text again), and for a FAISS store the staging copy of the published store plus one
 checkpoint's temporary index beside the staged one. Where the store lives and what it copies and doubles is the
-store's to say (:meth:`~care_retriever.stores.base.VectorStore.local_footprint`).
+store's to say (:meth:`~care_retriever.stores.capabilities.IndexBuilding.local_footprint`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,10 @@ def check_store_space(
 ) -> None:
     """:func:`check_index_space` for an opened store, written with ``index`` (FAISS, or Qdrant's local mode; a
     server's disk is its own)."""
-    footprint = store.local_footprint(index)
+    from care_retriever.stores.capabilities import IndexBuilding
+
+    # a store that builds no index on this machine has no local disk to check
+    footprint = store.local_footprint(index) if isinstance(store, IndexBuilding) else None
     if footprint is None:
         return
     shape = WriteShape(

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from care_retriever.documents import Document
-from care_retriever.stores import VectorStore
+from care_retriever.stores.capabilities import WriteRuns
 
 __all__ = ["StoreWrites"]
 
@@ -26,7 +26,7 @@ class StoreWrites:
 
     _END = None
 
-    def __init__(self, store: VectorStore, depth: int = 1) -> None:
+    def __init__(self, store: WriteRuns, depth: int = 1) -> None:
         self.store = store
         self._queue: queue.Queue[tuple[list[Document], np.ndarray, Sequence[list[str]] | None, bool] | None] = (
             queue.Queue(maxsize=max(1, depth))

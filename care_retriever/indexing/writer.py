@@ -42,6 +42,12 @@ from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
 from care_retriever.runtime.forward import prepare_encoder_forward
 from care_retriever.sparse.background import BackgroundTokenizer
 from care_retriever.stores import VectorStore, open_store
+from care_retriever.stores.capabilities import (
+    IndexBuilding,
+    SparseSearch,
+    StoredIteration,
+    WriteRuns,
+)
 from care_retriever.stores.config import (
     StoreKind,
     StoreOptions,
@@ -84,7 +90,8 @@ class DocumentStoreWriter:
         overlap_writes: bool | None = None,
     ) -> None:
         self.embedder = embedder
-        self.store = open_store(store, collection=collection)
+        # a store that writes in runs (checkpoints, a publish, a rollback) is what a resumable bulk write needs
+        self.store = WriteRuns.require(open_store(store, collection=collection), "the index writer")
         self.encode = encode or EncodeConfig()
         self.index = store_config(self.store.backend, index)
         # texts and padded tokens per forward pass; halved on out-of-memory and kept lowered for the run. "auto" and
@@ -138,7 +145,7 @@ class DocumentStoreWriter:
         embedder = self.embedder
         # A new FAISS store that trains its index on its first vectors (IVF, quantization) gets the corpus's first
         # documents first, not its longest (:meth:`_flush`).
-        self._first_slice = self.store.trains_on_first_vectors(self.index)
+        self._first_slice = isinstance(self.store, IndexBuilding) and self.store.trains_on_first_vectors(self.index)
         self.store.claim_run(self._run_tag("index", source, sparse=self.sparse, prune=prune_ids_not_in))
         self.store.prepare(
             embedder.dim,
@@ -148,7 +155,8 @@ class DocumentStoreWriter:
             metric=embedder.similarity,
         )
         if self.sparse:
-            self.store.enable_sparse(show_progress=self.show_progress)
+            sparse = SparseSearch.require(self.store, "index --sparse")
+            sparse.enable_sparse(show_progress=self.show_progress)
         self._resolve_limits()
         report = WriteReport(store=self.store.describe())
         seen: set[str] = set()
@@ -326,5 +334,6 @@ class DocumentStoreWriter:
         return removed
 
     def _prune(self, keep: set[str]) -> int:
-        stale = [d.id for d in self.store.iter_documents() if d.id not in keep]
+        stored = StoredIteration.require(self.store, "index --prune")
+        stale = [d.id for d in stored.iter_documents() if d.id not in keep]
         return self.store.delete(stale) if stale else 0

@@ -12,8 +12,22 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from care_retriever.sparse import require_sparse
 from care_retriever.sparse.fusion import FusionConfig, fuse
 from care_retriever.stores.base import Filters, Hit, VectorStore
+from care_retriever.stores.capabilities import SparseSearch
+
+
+def sparse_store(store: VectorStore) -> SparseSearch:
+    """``store`` as one that searches its BM25 side: one line when its kind has no sparse search
+    (:class:`~care_retriever.stores.capabilities.SparseSearch`), or when it has not built the side yet
+    (:func:`~care_retriever.sparse.require_sparse`).
+
+    :param store: the store sparse or hybrid search runs on.
+    """
+    checked = SparseSearch.require(store, "sparse and hybrid search")
+    require_sparse(checked)
+    return checked
 
 
 def hybrid_search(
@@ -25,6 +39,7 @@ def hybrid_search(
     fusion: FusionConfig | None = None,
 ) -> list[list[Hit]]:
     """Top-``k`` fused hits per query; a query with no indexed token (punctuation, stop words) gets its dense hits."""
+    store = sparse_store(store)
     fusion = fusion or FusionConfig()
     if fusion.method in store.hybrid_fusions:
         return store.search_hybrid(vectors, list(queries), top_k, filters, fusion=fusion)

@@ -13,8 +13,8 @@ import numpy as np
 
 from care_retriever.errors import InputError
 from care_retriever.model.protocols import QueryEncoder
-from care_retriever.search.hybrid import hybrid_search
-from care_retriever.sparse import FusionConfig, check_mode, require_sparse
+from care_retriever.search.hybrid import hybrid_search, sparse_store
+from care_retriever.sparse import FusionConfig, check_mode
 from care_retriever.stores import Hit, VectorStore, open_store
 from care_retriever.stores.base import Filters
 
@@ -112,9 +112,9 @@ class CareRetriever:
         if not queries:
             return []
         if mode != "dense":
-            require_sparse(self.store)  # before the query tower runs: a clear error, not a late one
+            sparse = sparse_store(self.store)  # before the query tower runs: a clear error, not a late one
         if mode == "sparse":
-            hits = self.store.search_sparse(queries, top_k, filters)
+            hits = sparse.search_sparse(queries, top_k, filters)
             return hits[0] if single else hits
         vectors = self.embedder.embed_queries(queries, instruction=self.instruction)
         if mode == "dense":
@@ -155,9 +155,9 @@ class CareRetriever:
             return self.store.search(vectors, top_k, filters)
         if queries is None or len(queries) != len(vectors):
             raise InputError(f"mode {mode!r} needs the query texts beside their vectors")
-        require_sparse(self.store)
+        sparse = sparse_store(self.store)
         if mode == "sparse":
-            return self.store.search_sparse(list(queries), top_k, filters)
+            return sparse.search_sparse(list(queries), top_k, filters)
         return hybrid_search(self.store, vectors, queries, top_k, filters, fusion or FusionConfig())
 
     def close(self) -> None:

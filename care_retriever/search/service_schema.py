@@ -30,7 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from care_retriever import strict_json
 from care_retriever.errors import CareError, InputError
-from care_retriever.sparse import require_sparse
+from care_retriever.search.hybrid import sparse_store
 from care_retriever.stores.base import VectorStore
 from care_retriever.stores.filters import validate_filters
 
@@ -258,7 +258,7 @@ def request_model(limits: ServiceLimits, store: VectorStore) -> type[SearchBody]
         def _mode(cls, value: Any) -> Any:
             if value in ("sparse", "hybrid"):
                 try:
-                    require_sparse(store)
+                    sparse_store(store)
                 except CareError as exc:
                     raise _refuse(f"{value!r} needs the store's BM25 side: {exc}") from None
             return value

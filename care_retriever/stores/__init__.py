@@ -3,6 +3,10 @@
 ``open_store`` opens a store spec (:class:`~care_retriever.stores.config.StoreSpec`): ``faiss:DIR``,
 ``qdrant:PATH``, ``qdrant::memory:`` or ``qdrant:http(s)://host:port``. Qdrant is imported only when a Qdrant spec
 is used.
+
+Every store has the core of :class:`~care_retriever.stores.base.VectorStore`; what it does beyond (sparse and
+hybrid search, write runs, verify, iteration for copies, index building) is a capability that callers check
+(:mod:`care_retriever.stores.capabilities`).
 """
 
 from __future__ import annotations

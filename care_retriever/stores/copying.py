@@ -3,7 +3,7 @@
 The vectors are the expensive part of a store (an LLM tower's hours on a GPU); this moves them, with each
 document's id, text, title and metadata, from FAISS to Qdrant (a folder or a server), Qdrant to FAISS, or into a
 FAISS index of another kind (HNSW, compressed codes), through the store protocol only
-(:meth:`~care_retriever.stores.base.VectorStore.iter_stored` reads, ``prepare`` / ``upsert`` / ``commit`` /
+(:meth:`~care_retriever.stores.capabilities.StoredIteration.iter_stored` reads, ``prepare`` / ``upsert`` / ``commit`` /
 ``finalize`` write). The target records the source's space fingerprint, width, metric and model name, so it
 answers the same query tower; each content hash is recomputed on the target from the same text, title and
 metadata and checked equal to the source's stored one. The BM25 side is rebuilt on the target from the copied
@@ -39,6 +39,13 @@ from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
 from care_retriever.stores import open_store
 from care_retriever.stores.base import Manifest, StoredBatch, VectorStore
+from care_retriever.stores.capabilities import (
+    IndexBuilding,
+    SparseSearch,
+    StoredIteration,
+    Verification,
+    WriteRuns,
+)
 from care_retriever.stores.config import (
     FaissIndexConfig,
     IndexType,
@@ -104,7 +111,7 @@ def copy_store(
     ``quantize=sq8``; :class:`~care_retriever.stores.config.QdrantCollectionConfig`); None: the source's own where
     both are of one kind, else the target kind's defaults (an existing target keeps its own). ``sparse``: give the
     target a BM25 side (None: where the source has one). ``verify``: read the whole target afterwards
-    (:meth:`~care_retriever.stores.base.VectorStore.verify`).
+    (:meth:`~care_retriever.stores.capabilities.Verification.verify`).
 
     A target holding another model's space, another width or another metric is refused in one line before
     anything is written.
@@ -125,6 +132,13 @@ def copy_store(
         if dst is src or (dst.describe() == src.describe() and ":memory:" not in dst.describe()):
             raise InputError(f"copy: source and target are the same store ({src.describe()}); name another target")
         _check_target(src, manifest, dst)
+        # what the copy needs of each side, said in one line before anything is written
+        reader = StoredIteration.require(src, "copy (its source)")
+        writer = WriteRuns.require(dst, "copy (its target)")
+        want_sparse = bool(manifest.sparse) if sparse is None else sparse
+        if want_sparse:
+            SparseSearch.require(dst, "copy with a BM25 side (its target)")
+        checker = Verification.require(dst, "copy --verify") if verify else None
         report = CopyReport(
             source=src.describe(),
             target=dst.describe(),
@@ -133,8 +147,7 @@ def copy_store(
             space_fingerprint=manifest.space_fingerprint,
             model_name=manifest.model_name,
         )
-        copier = _Copier(src, dst, manifest, report, batch)
-        want_sparse = bool(manifest.sparse) if sparse is None else sparse
+        copier = _Copier(reader, writer, manifest, report, batch)
         total = src.count()
         if copier.differs(want_sparse):
             config = _target_config(src, dst, index)
@@ -146,8 +159,8 @@ def copy_store(
         report.sparse = "rebuilt" if report.copied and held.sparse else ("kept" if held.sparse else "none")
         report.index = dict(held.index)
         report.count = dst.count()
-        if verify:
-            report.verified = dst.verify()
+        if checker is not None:
+            report.verified = checker.verify()
             if report.verified < total:
                 raise StoreError(
                     f"{dst.describe()}: verify counts {report.verified} documents after the copy, the source holds "
@@ -166,7 +179,9 @@ def copy_store(
 class _Copier:
     """One copy's reads and writes: what the target lacks, and writing it."""
 
-    def __init__(self, src: VectorStore, dst: VectorStore, manifest: Manifest, report: CopyReport, batch: int) -> None:
+    def __init__(
+        self, src: StoredIteration, dst: WriteRuns, manifest: Manifest, report: CopyReport, batch: int
+    ) -> None:
         self.src, self.dst, self.manifest, self.report, self.batch = src, dst, manifest, report, batch
 
     def differs(self, want_sparse: bool) -> bool:
@@ -198,7 +213,7 @@ class _Copier:
         then upsert what it lacks, checkpointing; publish. An error mid-way says what the copy left behind."""
         src, dst, manifest = self.src, self.dst, self.manifest
         require_training_sample(dst, manifest.dim, config, total, src.describe())  # before anything is written
-        trains = dst.trains_on_first_vectors(config)
+        trains = isinstance(dst, IndexBuilding) and dst.trains_on_first_vectors(config)
         dst.claim_run(run)
         dst.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name, config, metric=manifest.metric)
         try:
@@ -211,7 +226,7 @@ class _Copier:
         self, want_sparse: bool, total: int, checkpoint_every: int, show_progress: bool, trains: bool
     ) -> None:
         src, dst, report = self.src, self.dst, self.report
-        if want_sparse:
+        if want_sparse and isinstance(dst, SparseSearch):  # checked in copy_store
             dst.enable_sparse()  # tokenised from the texts as they are written (and from any the target held)
         since_checkpoint = 0
         batches = _stored_batches(src, self.batch, TRAIN_SAMPLE if trains else self.batch)
@@ -229,7 +244,7 @@ class _Copier:
                 bar.update(len(stored))
 
 
-def _stored_batches(src: VectorStore, batch: int, first: int) -> Iterator[StoredBatch]:
+def _stored_batches(src: StoredIteration, batch: int, first: int) -> Iterator[StoredBatch]:
     """The source's batches, the first ones joined up to ``first`` documents (a training sample)."""
     stored = src.iter_stored(batch)
     head: list[StoredBatch] = []

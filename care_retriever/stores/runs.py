@@ -5,7 +5,7 @@ beside it. Another command neither publishes nor silently adopts that copy: it r
 the same (the same command, corpus, model and store settings run again), and otherwise says in one line what is
 pending and how to finish or discard it. A store that publishes each write as it is made (Qdrant) has nothing
 pending, and ignores the tag. What a stopped run leaves in a store, for its error line, the store says itself
-(:meth:`VectorStore.left_behind <care_retriever.stores.base.VectorStore.left_behind>`): this module is the tag
+(:meth:`WriteRuns.left_behind <care_retriever.stores.capabilities.WriteRuns.left_behind>`): this module is the tag
 alone, which the store's contract names.
 """
 

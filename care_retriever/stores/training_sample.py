@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 
 def require_training_sample(store: VectorStore, dim: int, index: StoreConfig, held: int, source: str) -> None:
     """Refuse a write of ``held`` documents from ``source`` into ``store`` whose new index trains on more."""
-    needed = store.vectors_to_train(dim, index)
+    from care_retriever.stores.capabilities import IndexBuilding
+
+    needed = store.vectors_to_train(dim, index) if isinstance(store, IndexBuilding) else 0
     if held >= needed or held == 0:  # an empty write trains nothing (its store's first write will)
         return
     config = index if isinstance(index, FaissIndexConfig) else FaissIndexConfig()

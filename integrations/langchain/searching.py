@@ -23,6 +23,7 @@ from care_retriever.integrations.common import as_matrix, prepare_vectors
 from care_retriever.sparse.fusion import DEFAULT_FUSION
 from care_retriever.stores import VectorStore as CoreStore
 from care_retriever.stores.base import Hit
+from care_retriever.stores.capabilities import StoredIteration
 
 
 def check_k(k: int) -> None:
@@ -67,14 +68,13 @@ def fused_hits(
 ) -> list[Hit]:
     """``mode`` ``sparse``: BM25 alone (no embedding); ``hybrid``: dense and BM25 fused by ``fusion`` (rrf | dbsf |
     wsum, with ``rrf_k`` and ``dense_weight``; None: the CLI's defaults); the store must have a BM25 side."""
-    from care_retriever.search.hybrid import hybrid_search
-    from care_retriever.sparse import require_sparse
+    from care_retriever.search.hybrid import hybrid_search, sparse_store
     from care_retriever.sparse.fusion import DEFAULT_DENSE_WEIGHT, DEFAULT_RRF_K, FusionConfig
 
     check_k(k)
-    require_sparse(store)
+    sparse = sparse_store(store)
     if mode == "sparse":
-        return store.search_sparse([query], k, filter)[0]
+        return sparse.search_sparse([query], k, filter)[0]
     config = FusionConfig(
         fusion,
         k=DEFAULT_RRF_K if rrf_k is None else rrf_k,
@@ -94,10 +94,11 @@ def mmr_hits(
     filter: dict[str, Any] | None,
 ) -> list[Hit]:
     """``fetch_k`` nearest candidates re-ranked by maximal marginal relevance over their stored vectors."""
-    hits = dense_hits(store, embedding, max(k, fetch_k), filter)
+    stored = StoredIteration.require(store, "maximal marginal relevance search")
+    hits = dense_hits(stored, embedding, max(k, fetch_k), filter)
     if not hits:
         return []
-    vectors = store.vectors([h.id for h in hits])
+    vectors = stored.vectors([h.id for h in hits])
     pairs = [(h, v) for h, v in zip(hits, vectors, strict=True) if v is not None]
     query = prepare_vectors(store.manifest, np.asarray([embedding], dtype=np.float32))[0]
     chosen = maximal_marginal_relevance(query, [v.tolist() for _, v in pairs], lambda_mult=lambda_mult, k=k)

@@ -59,6 +59,7 @@ from care_retriever.integrations.langchain.searching import (
 )
 from care_retriever.stores import VectorStore as CoreStore
 from care_retriever.stores import open_store
+from care_retriever.stores.capabilities import StoredIteration, WriteRuns
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -131,7 +132,8 @@ class CareVectorStore(VectorStore):
         else:
             return  # a delete from a store that was never written: nothing to do
         metric = self._metric if not manifest else None
-        with self.store.transaction(dim, fingerprint, model_name, self._index_config, metric=metric) as store:
+        runs = WriteRuns.require(self.store, "LangChain's add_texts / delete")
+        with runs.transaction(dim, fingerprint, model_name, self._index_config, metric=metric) as store:
             if deletes:
                 store.delete(list(deletes))
             elif vectors is not None:
@@ -179,7 +181,8 @@ class CareVectorStore(VectorStore):
         return True
 
     def _all_ids(self) -> list[str]:
-        return [d.id for d in self.store.iter_documents()]
+        stored = StoredIteration.require(self.store, "LangChain's delete of every document")
+        return [d.id for d in stored.iter_documents()]
 
     @staticmethod
     def _to_document(doc: Any) -> Document:

@@ -16,7 +16,8 @@ import faiss
 import numpy as np
 
 from care_retriever.errors import StoreError
-from care_retriever.stores.base import Manifest, VectorStore
+from care_retriever.stores.base import Manifest
+from care_retriever.stores.capabilities import IndexBuilding, SparseSearch, StoredIteration, Verification, WriteRuns
 from care_retriever.stores.faiss import docstore, files, integrity, journal, rescoring, sparse
 from care_retriever.stores.faiss.files import DOCSTORE, INDEX, MANIFEST, VECTORS
 from care_retriever.stores.faiss.index_factory import index_ids, manifest_config, quantization, supports_remove
@@ -24,8 +25,12 @@ from care_retriever.stores.faiss.session import InPlaceWrite, StagedWrite
 from care_retriever.stores.runs import RunTag
 
 
-class OpenedVersion(VectorStore):
-    """The state a FaissStore reads through; set by its ``__init__`` (see there what each field holds)."""
+class OpenedVersion(SparseSearch, WriteRuns, Verification, StoredIteration, IndexBuilding):
+    """The state a FaissStore reads through; set by its ``__init__`` (see there what each field holds).
+
+    A FAISS store has every capability (:mod:`care_retriever.stores.capabilities`): claimed here, where the read and
+    write mixins see them.
+    """
 
     named: Path
     path: Path

@@ -18,7 +18,8 @@ import numpy as np
 
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, StoreError
-from care_retriever.stores.base import Hit, VectorStore
+from care_retriever.stores.base import Hit
+from care_retriever.stores.capabilities import IndexBuilding, SparseSearch, StoredIteration, Verification, WriteRuns
 from care_retriever.stores.config import QdrantCollectionConfig, StoreConfig, as_qdrant_config
 from care_retriever.stores.filters import FilterNode, Filters, parse_filters
 
@@ -119,8 +120,12 @@ def query_rows(vectors: np.ndarray, top_k: int, dim: int) -> np.ndarray:
     return vectors
 
 
-class QdrantStore(VectorStore):
-    """A Qdrant collection: ``QdrantStore(location, collection)`` opens the store kind the location names."""
+class QdrantStore(SparseSearch, WriteRuns, Verification, StoredIteration, IndexBuilding):
+    """A Qdrant collection: ``QdrantStore(location, collection)`` opens the store kind the location names.
+
+    Edge and server stores alike have every capability (:mod:`care_retriever.stores.capabilities`); each write is
+    published as it is made, so a run leaves nothing pending.
+    """
 
     backend = "qdrant"
     location: str

@@ -39,6 +39,7 @@ from care_retriever.integrations.common import (
 from care_retriever.integrations.haystack.filters import core_filters, validate_filters
 from care_retriever.sparse.fusion import DEFAULT_FUSION
 from care_retriever.stores import VectorStore, open_store, parse_store_spec
+from care_retriever.stores.capabilities import SparseSearch
 from care_retriever.stores.qdrant import is_server
 
 
@@ -249,18 +250,17 @@ class CareStoreRetriever:
         self, query_embedding: list[float] | None, query: str | None, filters: dict[str, Any] | None, top_k: int
     ) -> list[Document]:
         """``sparse`` / ``hybrid``: the core's BM25 or hybrid search (the CLI's code), filters run in the store."""
-        from care_retriever.search.hybrid import hybrid_search
-        from care_retriever.sparse import require_sparse
+        from care_retriever.search.hybrid import hybrid_search, sparse_store
 
         if not isinstance(query, str) or not query.strip():
             raise InputError(f"mode={self.mode!r} needs the query text: connect it to the `query` input")
         self.warm_up()
         store = self._store
         assert store is not None
-        require_sparse(store)
+        sparse = sparse_store(store)
         store_filters = core_filters(filters)
         if self.mode == "sparse":
-            hits = store.search_sparse([query], top_k, store_filters)[0]
+            hits = sparse.search_sparse([query], top_k, store_filters)[0]
         else:
             if not isinstance(query_embedding, list) or not query_embedding:
                 raise InputError("mode='hybrid' needs query_embedding as well as query")
@@ -324,7 +324,7 @@ class CareStoreBM25Retriever:
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         self.store, self.collection, self.top_k = store, collection, top_k
-        self._store: VectorStore | None = None
+        self._store: SparseSearch | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return default_to_dict(self, store=self.store, collection=self.collection, top_k=self.top_k)
@@ -334,16 +334,15 @@ class CareStoreBM25Retriever:
         return default_from_dict(cls, data)
 
     def warm_up(self) -> None:
-        from care_retriever.sparse import require_sparse
+        from care_retriever.search.hybrid import sparse_store
 
         if self._store is None:
-            store = open_store(self.store, collection=self.collection)
+            opened = open_store(self.store, collection=self.collection)
             try:
-                require_sparse(store)
+                self._store = sparse_store(opened)
             except BaseException:
-                store.close()
+                opened.close()
                 raise
-            self._store = store
 
     def close(self) -> None:
         if self._store is not None:

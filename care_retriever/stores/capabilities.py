@@ -1,0 +1,376 @@
+"""What a store may do beyond the core (:class:`~care_retriever.stores.base.VectorStore`): one class a capability.
+
+A store kind claims a capability by subclassing it, and a caller checks it with ``isinstance``, or with the
+capability's :meth:`~Capability.require`, which refuses a store without it in one line naming the store, its kind
+and the capability.
+
+The capabilities are ABC mixins rather than ``typing.Protocol`` classes, for three reasons: a store claims a
+capability by name (a method that happens to be called ``verify`` does not make a store verifiable, as a
+runtime-checkable protocol's name match would); a capability carries the methods built from its others
+(``iter_stored`` from ``iter_documents`` and ``vectors``, ``transaction`` from ``begin`` / ``finalize`` / ``abort``);
+and a kind that claims one but forgets a method fails when it is made, not when a caller reaches for it.
+Each subclasses the core, so a checked store is typed with both.
+
+- :class:`SparseSearch`: a BM25 side and hybrid search.
+
+  - ``enable_sparse(rebuild=..., show_progress=...)``: build the BM25 side from the stored texts.
+  - ``search_sparse(queries, top_k, filters, payload=...)``: BM25 top-``k`` hits per query text.
+  - ``search_hybrid(vectors, queries, top_k, filters, fusion=..., payload=...)``: dense and BM25 fused by the store.
+  - ``hybrid_fusions``: the fusion methods ``search_hybrid`` runs itself.
+
+- :class:`WriteRuns`: writes grouped in runs, with checkpoints, a publish and a rollback.
+
+  - ``commit()``: make what was written durable (a checkpoint a stopped run resumes from).
+  - ``finalize()``: publish the run's writes.
+  - ``abort()``: drop the writes since ``prepare`` where the store can, and release the writer lock.
+  - ``begin(...)`` / ``transaction(...)``: one all-or-nothing write.
+  - ``claim_run(run)`` / ``pending_run()`` / ``discard_pending()``: the run a staged write belongs to, and one left.
+  - ``left_behind(written, fix)``: what a stopped run leaves here, for its error line.
+  - ``stages_bulk_writes``: whether a bulk write is staged and published at its end.
+
+- :class:`Verification`: integrity checks.
+
+  - ``verify(record_checksums=...)``: check the whole store; the live count.
+  - ``keeps_checksums``: whether ``verify --record-checksums`` has checksums to record.
+
+- :class:`StoredIteration`: reading everything back, what a copy between stores needs.
+
+  - ``iter_documents(batch)``: every live document in a stable order.
+  - ``vectors(ids)``: each id's stored vector.
+  - ``iter_stored(batch)``: documents, vectors and content hashes, a batch at a time.
+
+- :class:`IndexBuilding`: how a bulk write builds the store's index on this machine.
+
+  - ``trains_on_first_vectors(index)``: whether the index trains on the first vectors written.
+  - ``vectors_to_train(dim, index)``: how many vectors the first batch must hold to train it.
+  - ``local_footprint(index)``: where a bulk write writes on this machine, and what it adds.
+
+Usage:
+
+```python
+from care_retriever.stores import open_store
+from care_retriever.stores.capabilities import Verification
+
+store = open_store("faiss:./store", create=False)
+print(Verification.require(store, "verify").verify())
+```
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from care_retriever.documents import Document
+from care_retriever.errors import InputError, StoreError
+from care_retriever.stores.base import Hit, LocalFootprint, Manifest, StoredBatch, VectorStore
+from care_retriever.stores.config import StoreConfig
+from care_retriever.stores.filters import Filters
+from care_retriever.stores.runs import RunTag
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from care_retriever.sparse.fusion import FusionConfig
+
+__all__ = [
+    "CAPABILITIES",
+    "Capability",
+    "IndexBuilding",
+    "SparseSearch",
+    "StoredIteration",
+    "Verification",
+    "WriteRuns",
+    "capabilities_of",
+]
+
+
+class Capability(VectorStore):
+    """What the capabilities below share: their name for messages, and the check a caller makes."""
+
+    capability: ClassVar[str] = "capability"
+
+    @classmethod
+    def require(cls, store: VectorStore, needed_by: str) -> Self:
+        """``store`` as a store with this capability, or one line naming the store, its kind and what it lacks.
+
+        :param store: the store a caller was handed.
+        :param needed_by: what needs the capability, for the message (``"verify"``, ``"copy (its source)"``).
+        """
+        if isinstance(store, cls):
+            return store
+        what = f"a {store.backend} store has no {cls.capability}, which {needed_by} needs"
+        raise StoreError(f"{store.describe()}: {what}")
+
+
+class SparseSearch(Capability):
+    """A store with a BM25 side (:mod:`care_retriever.sparse`) beside its vectors, and hybrid search over both.
+
+    Usage: ``store.enable_sparse()`` once, then ``store.search_sparse(["query"], 10)`` or
+    :func:`care_retriever.search.hybrid.hybrid_search`.
+    """
+
+    capability: ClassVar[str] = "sparse (BM25) and hybrid search"
+    # The fusion methods search_hybrid runs itself (Qdrant: rrf and dbsf on the server); every other method
+    # fuses the two rankings in care_retriever.search.hybrid, which calls search and search_sparse.
+    hybrid_fusions: ClassVar[tuple[str, ...]] = ()
+
+    @abstractmethod
+    def enable_sparse(self, *, rebuild: bool = False, show_progress: bool = False) -> int:
+        """Give the store a BM25 side (:mod:`care_retriever.sparse`) built from the stored texts, nothing
+        re-encoded; return the number of documents tokenized (0 when it exists with this tokenizer and
+        ``rebuild`` is off). Published with the store's next commit / finalize.
+
+        :param rebuild: tokenize every stored text again even when the BM25 side exists.
+        :param show_progress: draw a progress bar while tokenizing.
+        """
+
+    @abstractmethod
+    def search_sparse(
+        self, queries: Sequence[str], top_k: int, filters: Filters | None = None, *, payload: bool = True
+    ) -> list[list[Hit]]:
+        """BM25 top-``k`` hits for each query text (an empty list for a query with no indexed token).
+
+        Raises :class:`StoreError` when the store has no sparse side (:func:`care_retriever.sparse.require_sparse`).
+        """
+
+    @abstractmethod
+    def search_hybrid(
+        self,
+        vectors: np.ndarray,
+        queries: Sequence[str],
+        top_k: int,
+        filters: Filters | None = None,
+        *,
+        fusion: FusionConfig | None = None,
+        payload: bool = True,
+    ) -> list[list[Hit]]:
+        """Dense and BM25 rankings of each query (row of ``vectors`` and its text) fused by the store itself,
+        for ``fusion.method`` in :attr:`hybrid_fusions`; callers go through
+        :func:`care_retriever.search.hybrid.hybrid_search`, which also fuses the other methods."""
+
+
+class WriteRuns(Capability):
+    """A store whose writes form runs: checkpoints (``commit``), a publish (``finalize``), a rollback (``abort``).
+
+    A store that stages a bulk write (FAISS) also keeps the run it belongs to and can say what a stopped run left
+    pending; one that publishes each write as it is made (Qdrant) has nothing pending.
+
+    Usage:
+
+    ```python
+    with store.transaction() as writing:
+        writing.delete(["doc-1"])
+    ```
+    """
+
+    capability: ClassVar[str] = "write runs (checkpoints, publish, rollback)"
+    # Whether a bulk write is staged and published at its end (FAISS), or each write is published as it is made
+    # (Qdrant: a run that stops leaves what it wrote, and nothing pending).
+    stages_bulk_writes: ClassVar[bool] = False
+
+    def require_manifest(self) -> Manifest:
+        # a first run stopped before it published: say what it left and how to end it, not "run index first"
+        if self.manifest is None and (staged := self.pending_run()) is not None:
+            raise StoreError(staged)
+        return super().require_manifest()
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Make everything written so far durable (a checkpoint a crashed run resumes from)."""
+
+    @abstractmethod
+    def finalize(self) -> None:
+        """Publish the writes: after this, readers see the new store."""
+
+    def abort(self) -> None:  # stores without rollback keep what was written
+        """Drop the writes since :meth:`prepare` (where the backend can) and release the writer lock."""
+
+    def claim_run(self, run: RunTag) -> None:  # a store publishing each write: nothing pending
+        """The run the next :meth:`prepare` belongs to: a staged write resumes only its own run's staging copy.
+
+        :param run: the run's tag (:mod:`care_retriever.stores.runs`).
+        """
+
+    def pending_run(self) -> str | None:
+        """One line on a bulk write left staged and unpublished (what run, how many documents, where); None: none."""
+        return None
+
+    def discard_pending(self) -> str | None:
+        """Remove a pending staged write (nothing published is touched); what was removed, or None: nothing was."""
+        return None
+
+    def left_behind(self, written: int, fix: str) -> str:
+        """What a run that stopped mid-way leaves here, for its error line: its last checkpoint staged (with how to
+        finish or discard it); with none taken, nothing (the staged copy is dropped); in a store that publishes each
+        write as it is made (Qdrant), the ``written`` documents.
+
+        Read from the store's own state alone (:meth:`pending_run`, :attr:`stages_bulk_writes`), so it lives with
+        that state: the index writer and ``copy`` both end their error lines with it.
+
+        :param written: how many documents the run wrote before it stopped.
+        :param fix: what the user mends before running it again.
+        """
+        staged = self.pending_run()
+        if staged is not None:
+            return f"the run stopped there; {fix}: {staged}"
+        self.abort()
+        if self.stages_bulk_writes or not written:
+            return "the run stopped there; nothing of it was published"
+        return (
+            f"the run stopped there; the {written} documents written before it stay in {self.describe()} "
+            f"(each write is published as it is made): {fix} and run the same command again "
+            "(they are skipped as unchanged)"
+        )
+
+    @contextmanager
+    def transaction(
+        self,
+        dim: int | None = None,
+        space_fingerprint: str | None = None,
+        model_name: str = "",
+        index: StoreConfig = None,
+        *,
+        metric: str | None = None,
+    ) -> Iterator[WriteRuns]:
+        """One all-or-nothing write: ``upsert`` / ``delete`` inside, published on success, aborted on error.
+
+        ``dim`` and ``space_fingerprint`` default to the existing store's (they are needed to create one).
+        """
+        manifest = self.manifest
+        if dim is None or space_fingerprint is None:
+            if manifest is None:
+                raise StoreError(f"{self.describe()}: a new store needs dim and space_fingerprint for its first write")
+            dim, space_fingerprint = manifest.dim, manifest.space_fingerprint
+            model_name = model_name or manifest.model_name
+        if metric is None:
+            metric = manifest.metric if manifest is not None else "cosine"
+        self.begin(dim, space_fingerprint, model_name, index, metric=metric)
+        try:
+            yield self
+            self.finalize()
+        except BaseException:
+            self.abort()
+            raise
+
+    def begin(
+        self,
+        dim: int,
+        space_fingerprint: str,
+        model_name: str,
+        index: StoreConfig = None,
+        *,
+        metric: str = "cosine",
+    ) -> None:
+        """Start a :meth:`transaction` (by default a :meth:`prepare`)."""
+        self.prepare(dim, space_fingerprint, model_name, index, metric=metric)
+
+
+class Verification(Capability):
+    """A store that checks its own integrity: ``store.verify()`` reads it whole and returns the live count."""
+
+    capability: ClassVar[str] = "integrity checks (verify)"
+    # Whether the store keeps checksums that ``verify --record-checksums`` can record: of its files, which a
+    # stopped writer can leave describing the version before its last write (FAISS), or of its manifest, which an
+    # earlier release wrote without one (Qdrant Edge); a server checks its own files and keeps none.
+    keeps_checksums: ClassVar[bool] = False
+
+    @abstractmethod
+    def verify(self, *, record_checksums: bool = False) -> int:
+        """Check the whole store (every byte where the backend allows); return the live count.
+
+        Raises :class:`StoreError` naming the first problem found, or the files whose checksums could not be
+        checked.
+
+        :param record_checksums: record the checksums after every other check (stores that :attr:`keeps_checksums`).
+        """
+
+
+class StoredIteration(Capability):
+    """A store that reads back everything it holds, vectors included: what moves it to another store without
+    re-encoding (:func:`care_retriever.stores.copying.copy_store`).
+
+    Usage: ``for batch in store.iter_stored(1000): ...`` (:class:`~care_retriever.stores.base.StoredBatch`).
+    """
+
+    capability: ClassVar[str] = "iteration over its documents and vectors"
+
+    @abstractmethod
+    def iter_documents(self, batch: int = 1000) -> Iterator[Document]:
+        """Every live document, in a stable order (``batch``: how many are read at a time)."""
+
+    @abstractmethod
+    def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
+        """Stored vector of each id (None where the id is missing)."""
+
+    def iter_stored(self, batch: int = 1000) -> Iterator[StoredBatch]:
+        """Every live document with its stored vector and content hash, ``batch`` at a time, in
+        :meth:`iter_documents`' order.
+
+        Built from :meth:`iter_documents`, :meth:`vectors` and :meth:`content_hashes`; a document without a vector
+        or a content hash is a corrupted store (one line).
+
+        :param batch: how many documents each :class:`~care_retriever.stores.base.StoredBatch` holds.
+        """
+        if batch < 1:
+            raise InputError(f"batch must be >= 1, got {batch}")
+        documents: list[Document] = []
+        for document in self.iter_documents(batch):
+            documents.append(document)
+            if len(documents) == batch:
+                yield self._stored_batch(documents)
+                documents = []
+        if documents:
+            yield self._stored_batch(documents)
+
+    def _stored_batch(self, documents: list[Document]) -> StoredBatch:
+        ids = [d.id for d in documents]
+        vectors = self.vectors(ids)
+        hashes = self.content_hashes(ids)
+        missing = [i for i, v in zip(ids, vectors, strict=True) if v is None or i not in hashes]
+        if missing:
+            raise StoreError(
+                f"{self.describe()}: {len(missing)} documents have no stored vector or content hash (first: "
+                f"{missing[0]!r}); the store is corrupted: run `care-retriever verify`"
+            )
+        matrix = np.stack([np.asarray(v, dtype=np.float32) for v in vectors]) if ids else np.empty((0, self.dim))
+        return StoredBatch(documents, matrix.astype(np.float32, copy=False), [hashes[i] for i in ids])
+
+
+class IndexBuilding(Capability):
+    """A store whose bulk writes build an index on this machine: whether it trains on the first vectors, and the
+    disk a write takes (what the ``index`` command orders its corpus by and checks free space against).
+
+    A store without it trains nothing and has no local disk to check.
+    """
+
+    capability: ClassVar[str] = "index building on this machine"
+
+    @abstractmethod
+    def trains_on_first_vectors(self, index: StoreConfig = None) -> bool:
+        """Whether a write prepared with ``index`` trains the store's index on the first vectors it is given (a
+        new FAISS store with IVF lists or compressed codes): the index writer then writes the corpus's first
+        documents first, as read, rather than its longest."""
+
+    def vectors_to_train(self, dim: int, index: StoreConfig = None) -> int:
+        """How many vectors the first batch of a write prepared with ``index`` must hold to train the store's index
+        (0: it trains nothing); a source or corpus with fewer cannot fill it, whatever the batch size."""
+        return 0
+
+    @abstractmethod
+    def local_footprint(self, index: StoreConfig = None) -> LocalFootprint | None:
+        """Where a bulk write with ``index`` writes on this machine, and what it adds there (:class:`LocalFootprint`);
+        None for a store held in memory or on a server (no local disk to check)."""
+
+
+CAPABILITIES: tuple[type[Capability], ...] = (SparseSearch, WriteRuns, Verification, StoredIteration, IndexBuilding)
+
+
+def capabilities_of(store: VectorStore | type[VectorStore]) -> frozenset[type[Capability]]:
+    """The capabilities a store (or a store kind) claims, out of :data:`CAPABILITIES`."""
+    kind = store if isinstance(store, type) else type(store)
+    return frozenset(c for c in CAPABILITIES if issubclass(kind, c))
