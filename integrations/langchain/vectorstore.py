@@ -100,8 +100,7 @@ class CareVectorStore(VectorStore):
         self.embedding = embedding
         self.index_options = index_options  # read once, through the store kind's config (the setter)
         self._space = embedding.space if isinstance(embedding, CareEmbeddings) else None
-        # What a new store's scores are: the model's similarity (dot for the authors' released models).
-        self._metric = embedding.metric if isinstance(embedding, CareEmbeddings) else None
+        self._metric = embedding.metric if isinstance(embedding, CareEmbeddings) else None  # a new store's scores
         if self._space is not None and self.store.manifest is not None:
             self.store.check_compatible(self._space[1], self._space[0])
 
@@ -291,8 +290,7 @@ class CareVectorStore(VectorStore):
         if self._owns_store:
             self.store.close()
 
-    # One writer thread per object (made on the first async write): writes awaited in order run in that order,
-    # never two transactions of one store at once.
+    # One writer thread per object: writes awaited in order run in order, never two transactions at once.
     _writer: ThreadPoolExecutor | None = None
 
     async def _in_writer(self, call: Callable[[], _T]) -> _T:
