@@ -74,8 +74,8 @@ def test_the_engine_builds_hnsw_and_quantized_codes_at_finalize(tmp_path: Path, 
     assert graphs and all(s["quantization"] == quantize for s in graphs)
     assert built["indexed_vectors"] >= 300
     assert (built["quantize"], built["m"], built["ef_construct"]) == (quantize, 8, 40)
-    # payload indexes: doc_id, and each metadata field filters match, typed by its values
-    assert built["payload_indexes"] == {"doc_id": "keyword", "metadata.group": "integer"}
+    # payload indexes: doc_id, and each metadata field filters match; numbers as floats, so a range finds 2019.5 too
+    assert built["payload_indexes"] == {"doc_id": "keyword", "metadata.group": "float"}
     reopened = QdrantStore(str(path))
     queries = _data(10, seed=1)[1]
     found = [[h.id for h in row] for row in reopened.search(queries, 10, payload=False)]
