@@ -117,6 +117,7 @@ ALLOWED_SKIPS: list[tuple[str, str]] = [
     (r"shared data not found at ", "the real data (../shared/data) is not on every machine"),
     (r"running as root: a file without read permission", "root reads any file: an unreadable file needs a user"),
     (r"cannot mount a .*tmpfs here", "a small disk is mounted only where the tests run as root"),
+    (r"this CPU does not multiply bf16 in hardware", "the bf16 path on a CPU needs AMX, which not every machine has"),
 ]
 
 
