@@ -102,6 +102,23 @@ def metadata_json(doc_id: object, metadata: Mapping[str, Any]) -> str:
 
 @dataclass
 class Document:
+    """One document of a corpus: what the document tower encodes and a store keeps.
+
+    Usage example:
+    ```python
+    from care_retriever import Document
+
+    doc = Document(id="bp-1", text="高血压的一线用药包括利尿剂。", title="高血压", metadata={"dept": "心内科"})
+    assert doc.embedding_text().startswith("高血压")
+    print(doc.content_hash())
+    ```
+
+    :param id: the document id (a store keeps one document per id).
+    :param text: the text.
+    :param title: the title (the document tower reads it before the text).
+    :param metadata: JSON metadata, for filters.
+    """
+
     id: str
     text: str
     title: str = ""

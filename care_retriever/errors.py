@@ -9,7 +9,18 @@ from __future__ import annotations
 
 
 class CareError(Exception):
-    """Base class of the errors caused by input rather than by a bug."""
+    """Base class of the errors caused by input rather than by a bug: one line naming what is at fault.
+
+    Usage example:
+    ```python
+    from care_retriever import CareError, open_store
+
+    try:
+        open_store("faiss:stores/missing", create=False).require_manifest()
+    except CareError as exc:
+        print(f"error: {exc}")  # one line; the CLI prints it and exits with exc.exit_code
+    ```
+    """
 
     exit_code = 2
 

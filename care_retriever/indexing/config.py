@@ -33,7 +33,32 @@ SPARSE = True
 
 @dataclass(frozen=True)
 class EncodeConfig:
-    """The document-encoding options of an indexing run."""
+    """How the document tower encodes a corpus: the encoding options of an indexing run, checked when built.
+
+    Usage example:
+    ```python
+    from care_retriever import AsymmetricEmbedder, DocumentStoreWriter, read_corpus
+    from care_retriever.indexing.config import EncodeConfig
+
+    embedder = AsymmetricEmbedder.from_pretrained("models/care", load="document")
+    encode = EncodeConfig(batch_size=16, dtype="fp32", checkpoint_every=64)
+    writer = DocumentStoreWriter(embedder, "faiss:stores/encoded", encode=encode, show_progress=False)
+    writer.write(read_corpus("corpus.jsonl"))
+    ```
+
+    :param batch_size: documents per forward pass at most (None: 16 on a CPU, more on a GPU).
+    :param max_batch_tokens: also at most this many padded tokens per pass: ``auto`` (sized from the GPU's free
+        memory; none on a CPU), ``none`` or a number.
+    :param sort_window: documents sorted by length together before batching.
+    :param dtype: the document tower's precision: ``auto``, ``saved``, ``fp32``, ``bf16``, ``fp16`` or ``fp8``.
+    :param forward: ``auto``, ``packed`` (texts end to end, no padding: a decoder tower on CUDA) or ``padded``.
+    :param compile: ``auto``, ``on`` or ``off``: ``torch.compile`` of the tower's layers.
+    :param norms: ``auto``, ``fused`` or ``eager``: the tower's RMSNorm layers through torch's fused kernel or not.
+    :param attn_implementation: ``auto``, ``sdpa``, ``flash_attention_2`` or ``eager``.
+    :param chunk_size: documents read per chunk (bounds memory).
+    :param checkpoint_every: checkpoint the store every this many encoded documents.
+    :raises InputError: a value out of range or not one of the choices, in one line.
+    """
 
     cli_panel: ClassVar[str] = ENCODING_PANEL
 

@@ -156,6 +156,14 @@ def read_corpus(
     raise :class:`InputError` naming the file and line (a table's row); with ``skip_invalid`` such rows are skipped
     instead, each counted in ``skipped`` (``index`` reports the count and the first).
 
+    Usage example:
+    ```python
+    from care_retriever import read_corpus
+
+    documents = list(read_corpus("corpus.jsonl"))
+    print(len(documents), documents[0].id, documents[0].title)
+    ```
+
     :param path: a corpus file or folder (:func:`corpus_file`).
     :param config: its format and column names (default: recognised, the JSONL field names).
     :param skip_invalid: skip an invalid row instead of stopping.

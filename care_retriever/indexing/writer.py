@@ -1,21 +1,11 @@
 """``DocumentStoreWriter``: corpus -> document tower -> store.
 
-Documents stream through in chunks (a corpus larger than memory goes through), are encoded by the
-document tower only, and are upserted by id: unchanged documents (same content hash) are skipped
-before encoding, so re-indexing the same corpus costs one read and adds nothing, and ``update``
-re-encodes only new or changed documents. The store is checkpointed every ``checkpoint_every``
-documents; a killed run resumes from the last checkpoint when the same command is run again.
-
-With ``sparse`` and the document tower on a GPU, each chunk's BM25 tokens are computed in a child process
-while the chunk encodes (:mod:`care_retriever.sparse.background`); either way they are inserted with the
-chunk's documents, in the same transaction.
-
-A FAISS store's writes (docstore rows, their content hashes, the index add, the checkpoint) run on a thread of
-their own, in order, while the next slice encodes (:class:`StoreWrites`); a write's error is raised in the
-calling thread as it was raised, and nothing after it is written or checkpointed.
-
-Encoding is pluggable (``encoder=``): :mod:`care_retriever.indexing.distributed` passes one that scatters each chunk
-over the ranks of a torch.distributed job, so checkpointing, resume and skipping stay in one place.
+Documents stream through in chunks (a corpus larger than memory goes through) and are upserted by id; unchanged
+documents (same content hash) are skipped before encoding. The store is checkpointed every ``checkpoint_every``
+documents, so a killed run resumes from its last checkpoint. The BM25 tokens of a chunk are inserted with its
+documents, in the same transaction; store writes may run on a thread of their own (:class:`StoreWrites`) while the
+next slice encodes. Encoding is pluggable (``encoder=``), so torchrun's scatter over ranks
+(:mod:`care_retriever.indexing.distributed`) shares the checkpointing, resume and skipping.
 """
 
 from __future__ import annotations
@@ -67,12 +57,35 @@ logger = logging.getLogger("care_retriever")
 class DocumentStoreWriter:
     """Encode documents with the document tower and write them into a FAISS or Qdrant store.
 
-    ``encode``: how the document tower encodes (:class:`~care_retriever.indexing.config.EncodeConfig`; None: its
-    defaults, those of ``care-retriever index``). ``index``: the store's settings, the config of its kind
-    (:class:`~care_retriever.stores.config.FaissIndexConfig` or
-    :class:`~care_retriever.stores.config.QdrantCollectionConfig`; None: an existing store's own, a new one's
-    defaults; a dict of those settings is read once by the config of the store's kind). ``sparse``: also write the
-    BM25 side, as ``care-retriever index`` does unless ``--no-sparse``.
+    Documents are upserted by id; unchanged ones (same content hash) are skipped before encoding, and a stopped run
+    resumes from its last checkpoint when run again.
+
+    Usage example:
+    ```python
+    from care_retriever import AsymmetricEmbedder, DocumentStoreWriter, read_corpus
+
+    embedder = AsymmetricEmbedder.from_pretrained("models/care", load="document")
+    writer = DocumentStoreWriter(embedder, "faiss:stores/notes", show_progress=False)
+    report = writer.write(read_corpus("corpus.jsonl"))
+    assert report.count == report.added > 0
+    ```
+
+    :param embedder: the document side of a model (:class:`~care_retriever.model.protocols.DocumentEncoder`).
+    :param store: the store, as a spec (``faiss:DIR``, ``qdrant:PATH``, ``qdrant:http://host:port``) or opened.
+    :param collection: the Qdrant collection (None: the spec's, else the default).
+    :param encode: how the document tower encodes (:class:`~care_retriever.indexing.config.EncodeConfig`; None: the
+        defaults of ``care-retriever index``).
+    :param index: the store's settings (:class:`~care_retriever.stores.config.FaissIndexConfig`,
+        :class:`~care_retriever.stores.config.QdrantCollectionConfig` or a dict of their fields; None: an existing
+        store's own, a new one's defaults).
+    :param show_progress: draw a progress bar.
+    :param encoder: encode with this function instead of the document tower (texts -> unit rows; torchrun's
+        scatter over ranks passes one).
+    :param sparse: also write the BM25 side, as ``care-retriever index`` does unless ``--no-sparse``.
+    :param background_tokenizer: compute the BM25 tokens in a child process while a chunk encodes (None: where
+        the tower runs on an accelerator).
+    :param overlap_writes: write to the store on a thread of its own while the next slice encodes (None: for a
+        FAISS store without an encoder of its own).
     """
 
     def __init__(
@@ -135,12 +148,17 @@ class DocumentStoreWriter:
         prune_ids_not_in: bool = False,
         source: str | None = None,
     ) -> WriteReport:
-        """Upsert ``documents``; with ``prune_ids_not_in``, also delete stored ids the input lacks.
+        """Upsert ``documents`` and publish them; with ``prune_ids_not_in``, also delete stored ids the input lacks.
 
-        ``source``: where the documents come from (``index`` gives the corpus file), recorded with a staged write:
-        a run stopped or killed is resumed only by the same run (same source, model and settings), and any other
-        write is refused in one line while its staged copy is pending (:mod:`care_retriever.stores.runs`). A run
-        that stops on a bad document keeps its last checkpoint staged, unpublished, and its error says so.
+        A run that stops on a bad document keeps its last checkpoint staged, unpublished, and its error says so.
+
+        :param documents: the documents (:func:`~care_retriever.indexing.corpus.read_corpus` streams a corpus).
+        :param total: how many there are, for the progress bar (None: unknown).
+        :param prune_ids_not_in: delete the stored documents whose ids ``documents`` lacks.
+        :param source: where the documents come from (``index`` gives the corpus file), recorded with a staged
+            write: a stopped run is resumed only by the same run (same source, model and settings).
+        :returns: what the write did (:class:`~care_retriever.indexing.report.WriteReport`).
+        :raises InputError: a document cannot be stored (the line names it and what the run left behind).
         """
         embedder = self.embedder
         # A new FAISS store that trains its index on its first vectors (IVF, quantization) gets the corpus's first
@@ -325,7 +343,11 @@ class DocumentStoreWriter:
         return vectors
 
     def delete(self, ids: Sequence[str]) -> int:
-        """Delete documents by id and publish the change."""
+        """Delete documents by id and publish the change.
+
+        :param ids: the ids to delete (an id the store lacks is no error).
+        :returns: how many of them the store held.
+        """
         embedder = self.embedder
         self.store.claim_run(self._run_tag("delete", None))
         self.store.prepare(embedder.dim, embedder.space_fingerprint, "", self.index, metric=embedder.similarity)

@@ -50,43 +50,61 @@ class TowerInfo:
 
 @dataclass
 class CareConfig:
-    """What a saved CARE model needs beyond the sentence-transformers modules."""
+    """What a saved CARE model needs beyond the sentence-transformers modules: its ``care_config.json``.
+
+    Usage example:
+    ```python
+    from care_retriever import CareConfig
+
+    config = CareConfig.load("models/care")
+    print(config.mode, config.dim, config.similarity, config.query_prompt())
+    ```
+
+    :param mode: ``asymmetric`` (two towers) or ``symmetric`` (one model on both sides).
+    :param dim: the width of the shared embedding space.
+    :param query: the query tower (:class:`TowerInfo`: pooling, native width, max length, base model).
+    :param document: the document tower.
+    :param query_prompt_template: the query prompt with an ``{instruction}`` slot; None: the tower takes no prompt.
+    :param default_instruction: the instruction a query gets when the caller names none.
+    :param document_prompt: the text put before every document (part of the space).
+    :param space_fingerprint: the document tower's weights fingerprint (the space fingerprint derives from it).
+    :param preset: the preset a model built from scratch came from.
+    :param normalize: ``after_truncation`` (cut to ``dim``, then unit vectors) or ``before_truncation``
+        (normalised at full width, then cut: the authors' released models, scored by dot product).
+    :param similarity: ``cosine`` or ``dot``.
+    :param instructions: query instructions by task type (``retrieval``, ``rerank``, ``sts``, ...).
+    :param convention: whose conventions the model follows: None (this package's) or ``authors-release``.
+    :param format_version: the file's format version.
+    :param care_retriever_version: the version of care-retriever that saved it.
+    :param extra: other fields, kept as they are.
+    """
 
     mode: Literal["asymmetric", "symmetric"]
     dim: int
     query: TowerInfo
     document: TowerInfo
-    # A prompt template with an ``{instruction}`` slot, or None for towers that take no prompt.
     query_prompt_template: str | None = None
     default_instruction: str | None = None
-    # The text put before every document, where the pretrained document tower declares one (part of the space).
     document_prompt: str | None = None
-    # The document tower's weights fingerprint (care_retriever.model.fingerprint.weights_fingerprint); the
-    # space fingerprint stores compare is derived from it (AsymmetricEmbedder.space_fingerprint).
     space_fingerprint: str | None = None
     preset: str | None = None
-    # "after_truncation": the tower's vector is cut to ``dim`` and then L2-normalised (unit vectors, cosine).
-    # "before_truncation": normalised at full width, then cut without renormalising (the authors' released
-    # models: document norms below 1, scores are dot products).
     normalize: Normalization = "after_truncation"
     similarity: Similarity = "cosine"
-    # Query instructions by task type ("retrieval", "rerank", "sts", ...); "retrieval" is the default.
     instructions: dict[str, str] | None = None
-    # Whose conventions the model follows: None (this package's) or "authors-release".
     convention: str | None = None
     format_version: int = 1
     care_retriever_version: str = __version__
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
+        """The config as ``care_config.json`` holds it."""
         data = asdict(self)
         # Readers older than the normalisation field would renormalise: such a model says it needs version 2.
         data["format_version"] = 2 if self.normalize != "after_truncation" else 1
         return json.dumps(data, ensure_ascii=False, indent=2)
 
     def document_convention(self) -> dict[str, Any]:
-        """What sets the document space beside its weights
-        (:func:`care_retriever.model.fingerprint.space_fingerprint`)."""
+        """What sets the document space beside its weights (:func:`~care_retriever.model.fingerprint.space_fingerprint`)."""
         recorded = self.document.appended_tokens is not None
         return {
             "appended_tokens": self.document.appended_tokens,
@@ -95,11 +113,9 @@ class CareConfig:
         }
 
     def document_space(self, weights: str | None = None) -> str:
-        """The space fingerprint stores compare: the document weights' fingerprint with the document-text rule,
-        the document prompt and the document convention.
+        """The space fingerprint stores compare: the document weights with the document prompt and convention.
 
-        ``weights``: the document tower's weights fingerprint as it is in memory (an embedder hashes a tower the
-        config has none for, or one trained since); None: the one recorded here (:attr:`space_fingerprint`).
+        :param weights: the document tower's weights fingerprint as it is in memory (None: the one recorded here).
         """
         from care_retriever.model.fingerprint import space_fingerprint
 
@@ -119,13 +135,17 @@ class CareConfig:
         return bool(self.query_prompt_template) and "{instruction}" in (self.query_prompt_template or "")
 
     def task_instruction(self, task_type: str) -> str | None:
-        """The model's own instruction for a task type (its instruction table), else None."""
+        """The model's own instruction for a task type (its instruction table), else None.
+
+        :param task_type: ``retrieval``, ``rerank``, ``sts``, ...
+        """
         return (self.instructions or {}).get(task_type)
 
     def query_prompt(self, instruction: str | None = None) -> str | None:
         """The text prepended to every query (None for towers that take no prompt).
 
-        An instruction given to a tower whose prompt has no instruction slot is an error, not dropped.
+        :param instruction: the instruction to fill in (None: the default one).
+        :raises ModelError: an instruction for a tower whose prompt has no instruction slot (never dropped).
         """
         if instruction and not self.takes_instruction:
             raise ModelError(
@@ -136,10 +156,13 @@ class CareConfig:
 
     @classmethod
     def load(cls, model: str | os.PathLike[str], hub: dict[str, Any] | None = None) -> CareConfig:
-        """The ``care_config.json`` of a model folder or hub id: the one reader of that file; for a model in the
-        authors' release layout, the config its conventions give (:mod:`care_retriever.model.towers.release`).
+        """The ``care_config.json`` of a model folder or hub id (the one reader of that file).
 
-        ``hub``: hub look-up options (revision, token, cache folder); offline mode is honoured either way.
+        For a model in the authors' release layout, the config its conventions give.
+
+        :param model: the model folder or hub id.
+        :param hub: hub look-up options (revision, token, cache folder); offline mode is honoured either way.
+        :raises ModelError: no config there, or one this version cannot read.
         """
         path = model_file(model, CONFIG_NAME, hub)
         if path is None:
@@ -162,9 +185,12 @@ class CareConfig:
 
     @classmethod
     def from_release(cls, layout: release.ReleaseLayout) -> CareConfig:
-        """The config of a model in the authors' release layout, read from its folders' configs alone (no tower
-        loaded): the one description of the authors' conventions that every path (search, index, the framework
-        adapters, conversion) reads. The document tokenizer is read appending nothing."""
+        """The config of a model in the authors' release layout, read from its folders' configs alone.
+
+        The one description of the authors' conventions every path reads; no tower is loaded.
+
+        :param layout: the release's folders (:func:`care_retriever.model.towers.release.find_release`).
+        """
         if layout.document.is_dir():  # an adapter-only document tower is named before anything is read
             release.check_document_folder(layout.document, layout.source)
         query_dim = release.hidden_size(layout.query)
@@ -187,6 +213,12 @@ class CareConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = CONFIG_NAME) -> CareConfig:
+        """The config a parsed ``care_config.json`` holds.
+
+        :param data: the file's JSON object.
+        :param source: where it was read, for messages.
+        :raises ModelError: a newer format, or a malformed config.
+        """
         version = data.get("format_version", 1)
         if version > FORMAT_VERSION:
             raise ModelError(

@@ -1,11 +1,8 @@
 """``AsymmetricEmbedder``: a small query tower and a large document tower in one embedding space.
 
-On disk a CARE model is a sentence-transformers model whose first module is a ``Router`` with a
-``query`` and a ``document`` route, followed by ``Normalize``; ``care_config.json`` beside it keeps
-what sentence-transformers has no field for (dims, poolings, the instruction template, the
-fingerprint of the document space). So ``SentenceTransformer(folder).encode_query(...)`` works,
-and ``AsymmetricEmbedder.from_pretrained(folder, load="query")`` reads only the query route: a
-search process never materialises the document tower.
+On disk a CARE model is a sentence-transformers model whose first module is a ``Router`` with a ``query`` and a
+``document`` route; ``care_config.json`` beside it keeps what sentence-transformers has no field for. So
+``SentenceTransformer(folder).encode_query(...)`` works, and ``load="query"`` reads only the query route.
 """
 
 from __future__ import annotations
@@ -45,12 +42,29 @@ def _assemble(modules: list[Module], device: torch.device, config: CareConfig) -
 
 
 class AsymmetricEmbedder(ConfiguredEmbedder):
-    """Encode queries with the query tower and documents with the document tower.
+    """Encode queries with the query tower and documents with the document tower, into one space.
 
     Build one from two pretrained towers with :meth:`from_towers`, or load a saved model with
     :meth:`from_pretrained`. ``embed_queries`` / ``embed_documents`` return L2-normalised float32
     arrays of width :attr:`dim`. The config it is built with is never changed: :meth:`with_tower` and
     :meth:`with_config` give a new model, and a save writes a copy (:meth:`saved_config`).
+
+    Usage example:
+    ```python
+    from care_retriever import AsymmetricEmbedder
+
+    embedder = AsymmetricEmbedder.from_pretrained("models/care")
+    queries = embedder.embed_queries(["高血压怎么治疗"])
+    documents = embedder.embed_documents(["高血压的治疗包括生活方式干预和药物治疗。"])
+    assert queries.shape == documents.shape == (1, embedder.dim)
+    print((queries @ documents.T)[0, 0])
+    ```
+
+    :param config: the model's :class:`~care_retriever.model.config.CareConfig` (``care_config.json``).
+    :param query_modules: the query tower's sentence-transformers modules (None: not loaded).
+    :param document_modules: the document tower's modules (None: not loaded).
+    :param device: where the towers run (None: the best device the machine has).
+    :raises ModelError: a tower's width is not the config's ``dim``.
     """
 
     def __init__(
@@ -62,8 +76,6 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
     ) -> None:
         self.config = config
         self.device = resolve_device(device)
-        # The document weights' fingerprint: the one the loaded config records, else hashed once when first asked
-        # (document_weights), kept here and not in the config.
         self._weights = config.space_fingerprint
         self.query_modules = query_modules
         self.document_modules = document_modules
@@ -87,8 +99,10 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = "auto",
     ) -> AsymmetricEmbedder:
-        """Pair two pretrained towers (hub ids or folders) into one model, each read the way its own library reads
-        it; the document tower is cut (Matryoshka) to the query tower's width.
+        """Pair two pretrained towers (hub ids or folders) into one model.
+
+        Each tower is read the way its own library reads it; the document tower is cut (Matryoshka) to the query
+        tower's width.
 
         Usage example:
             ```python
@@ -121,12 +135,20 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
         allow_pickled_weights: bool = False,
         attn_implementation: str | None = None,
     ) -> AsymmetricEmbedder:
-        """Load a model in the authors' release layout (``query_encoder/`` + ``doc_encoder/``, a folder or hub id),
-        read exactly as the authors' inference code reads it (:mod:`care_retriever.model.towers.release`).
+        """Load a model in the authors' release layout (``query_encoder/`` + ``doc_encoder/``).
 
-        ``load="query"`` reads only the query tower (a search process); the document space's fingerprint then
-        comes from the document tower's file hashes. A model whose card declares a non-commercial licence says
-        so once, in one line.
+        Read exactly as the authors' inference code reads it (:mod:`care_retriever.model.towers.release`). A model
+        whose card declares a non-commercial licence says so once, in one line.
+
+        :param model_name_or_path: the release, a folder or hub id.
+        :param load: the towers to build: ``both``, ``query`` (a search process; the document space's fingerprint
+            then comes from the document tower's file hashes) or ``document``.
+        :param device: where the towers run (None: the best device the machine has).
+        :param dtype: the towers' precision: ``auto``, ``saved`` (each tower's own), or a named dtype.
+        :param trust_remote_code: let a tower run model code shipped with it.
+        :param allow_pickled_weights: read ``pytorch_model.bin`` weights (pickles run code when read).
+        :param attn_implementation: ``sdpa``, ``flash_attention_2`` or ``eager`` (None: flash-attention where
+            installed and usable, else sdpa).
         """
         parts = read_release(
             model_name_or_path,
@@ -155,13 +177,23 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
         cache_folder: str | None = None,
         attn_implementation: str | None = None,
     ) -> AsymmetricEmbedder:
-        """Load a saved CARE model (torch towers) from a folder or hub id; ``load`` picks the towers to build.
+        """Load a saved CARE model (torch towers) from a folder or hub id.
 
         A search process loads its query side with :func:`care_retriever.search.backends.load_query_embedder`,
-        which picks the backend (torch, or the folder's ONNX / OpenVINO export). Model code from the hub
-        (``trust_remote_code``) and pickled weights (``allow_pickled_weights``) are refused unless asked for:
-        both can run arbitrary code. ``attn_implementation``: see :func:`resolve_attn_implementation`
-        (None: flash-attention where installed and usable, else sdpa).
+        which picks the backend (torch, or the folder's ONNX / OpenVINO export).
+
+        :param model_name_or_path: the model folder (``care-retriever init`` or training writes one) or hub id.
+        :param load: the towers to build: ``both``, ``query`` (a search process) or ``document`` (indexing).
+        :param device: where the towers run (None: the best device the machine has).
+        :param dtype: the towers' precision: ``auto``, ``saved`` (each tower's own), or a named dtype.
+        :param trust_remote_code: let a tower run model code shipped with it (refused unless asked: it runs code).
+        :param allow_pickled_weights: read ``pytorch_model.bin`` weights (refused unless asked: pickles run code).
+        :param merge_lora: merge a saved LoRA adapter into the document tower's weights.
+        :param revision: the hub revision (branch, tag or commit) of a hub id.
+        :param token: the hub token for a private model (True: the saved login).
+        :param cache_folder: where hub downloads are kept (None: the hub's cache).
+        :param attn_implementation: ``sdpa``, ``flash_attention_2`` or ``eager`` (None: flash-attention where
+            installed and usable, else sdpa).
         """
         parts = read_saved(
             model_name_or_path,
@@ -202,12 +234,9 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
         return self._document_model
 
     def document_weights(self) -> str:
-        """The document tower's weights fingerprint: the one its config records, else hashed from the tower once
-        and kept (in this embedder: the config stays as built or loaded).
+        """The document tower's weights fingerprint: the one its config records, else hashed once and kept.
 
-        The space fingerprint (:attr:`space_fingerprint`) covers these weights and the document-text rule
-        (:func:`care_retriever.model.fingerprint.space_fingerprint`), so a Stage-I update of the query tower alone
-        keeps existing indexes valid, while any change to the document side invalidates them.
+        The space fingerprint covers them, so a new query tower alone keeps existing stores valid.
         """
         if self._weights is None:
             self._weights = self.hash_document_weights()
@@ -219,7 +248,11 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
 
     # ------------------------------------------------------------------ new models from this one
     def tower(self, side: Side) -> Tower:
-        """The ``side`` tower as a value, with the document tower's weights fingerprint where known."""
+        """The ``side`` tower as a value, with the document tower's weights fingerprint where known.
+
+        :param side: ``query`` or ``document``.
+        :raises ModelError: that tower was not loaded.
+        """
         modules = self.query_modules if side == "query" else self.document_modules
         if modules is None:
             other = "document" if side == "query" else "query"
@@ -228,8 +261,11 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
         return Tower(modules, replace(info), self._weights if side == "document" else None)
 
     def with_tower(self, side: Side, tower: Tower) -> AsymmetricEmbedder:
-        """A new model with its ``side`` tower replaced by ``tower`` (the other tower shared, not copied); a new
-        document tower brings its own weights fingerprint (None: hashed when asked)."""
+        """A new model with its ``side`` tower replaced by ``tower``; the other tower is shared, not copied.
+
+        :param side: ``query`` or ``document``.
+        :param tower: the new tower; a document tower brings its own weights fingerprint (None: hashed when asked).
+        """
         query, document = self.query_modules, self.document_modules
         query_info, document_info = replace(self.config.query), replace(self.config.document)
         if side == "query":
@@ -240,14 +276,18 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
         return AsymmetricEmbedder(config, query, document, device=self.device)
 
     def with_config(self, **changes: Any) -> AsymmetricEmbedder:
-        """A new model over the same towers whose config has ``changes`` (CareConfig fields)."""
+        """A new model over the same towers whose config has ``changes``.
+
+        :param changes: :class:`~care_retriever.model.config.CareConfig` fields and their new values.
+        """
         config = replace(self.config, **{"space_fingerprint": self._weights, **changes})
         return AsymmetricEmbedder(config, self.query_modules, self.document_modules, device=self.device)
 
     def saved_config(self, *, rehash: bool = False) -> CareConfig:
         """The config a save writes: this one with the document weights' fingerprint and this package's version.
 
-        ``rehash``: the weights hashed again first, and kept (a tower trained in place since it was hashed)."""
+        :param rehash: hash the weights again first, and keep it (a tower trained in place since it was hashed).
+        """
         if rehash:
             self._weights = self.hash_document_weights()
         return replace(self.config, space_fingerprint=self.document_weights(), care_retriever_version=__version__)
@@ -261,7 +301,14 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
         batch_size: int = 32,
         show_progress: bool = False,
     ) -> np.ndarray:
-        """Encode queries with the query tower: ``(len(texts), dim)`` float32, unit norm."""
+        """Encode queries with the query tower: ``(len(texts), dim)`` float32, unit norm.
+
+        :param texts: the queries.
+        :param instruction: the instruction of the query prompt (None: the model's default).
+        :param batch_size: queries per forward pass.
+        :param show_progress: draw a progress bar.
+        :raises ModelError: the query tower was not loaded.
+        """
         texts = check_texts(texts, "queries")
         return encode_texts(
             self.query_model,
@@ -286,9 +333,16 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
     ) -> np.ndarray:
         """Encode documents with the document tower and its document prompt: ``(len(texts), dim)`` float32, unit norm.
 
-        ``max_batch_tokens``: also at most that many padded tokens per forward pass; a batch that runs out
-        of GPU memory is halved and retried (:func:`care_retriever.model.encoding.encode_texts`). ``limits``,
-        ``progress``, ``stats``: see :meth:`care_retriever.model.protocols.DocumentEncoder.embed_documents`.
+        A batch that runs out of GPU memory is halved and retried (:func:`care_retriever.model.encoding.encode_texts`).
+
+        :param texts: the documents' texts (:meth:`~care_retriever.documents.Document.embedding_text`).
+        :param batch_size: documents per forward pass at most.
+        :param max_batch_tokens: also at most that many padded tokens per forward pass (None: no budget).
+        :param show_progress: draw a progress bar.
+        :param limits: texts and tokens per pass as an object the caller keeps across calls (replaces the two above).
+        :param progress: an outer progress bar to advance instead of drawing one.
+        :param stats: a dict to add the ``truncated`` count to.
+        :raises ModelError: the document tower was not loaded.
         """
         texts = check_texts(texts, "documents")
         return encode_texts(
@@ -322,9 +376,14 @@ class AsymmetricEmbedder(ConfiguredEmbedder):
         )
 
     def save_pretrained(self, path: str | os.PathLike[str]) -> Path:
-        """Write the model to ``path`` atomically (a temporary folder renamed into place), its document weights
-        hashed again (the tower may have been trained in place since it was hashed): :func:`~care_retriever.model.
-        saving.save_model`, whose options training uses (each tower in its own dtype, a known fingerprint kept)."""
+        """Write the model to ``path`` atomically (a temporary folder renamed into place).
+
+        The document weights are hashed again (the tower may have been trained since); training uses
+        :func:`~care_retriever.model.saving.save_model` for its options.
+
+        :param path: the model folder to write.
+        :returns: the folder written.
+        """
         return save_model(self, path)
 
     @property

@@ -16,9 +16,9 @@ CONVENTIONS = (CONVENTION,)
 
 @dataclass(frozen=True)
 class TowerPairing:
-    """The settings of :meth:`AsymmetricEmbedder.from_towers
-    <care_retriever.model.embedder.AsymmetricEmbedder.from_towers>`; every field has the default a pair of hub
-    towers needs.
+    """How two pretrained towers are paired into one model (the settings of ``AsymmetricEmbedder.from_towers``).
+
+    Every field has the default a pair of hub towers needs.
 
     Usage example:
         ```python

@@ -20,7 +20,24 @@ from care_retriever.stores.base import Filters
 
 
 class CareRetriever:
-    """Search a store built by :class:`~care_retriever.indexing.writer.DocumentStoreWriter` with the same model."""
+    """Search a store with the query tower of the model that built it.
+
+    Usage example:
+    ```python
+    from care_retriever import CareRetriever
+
+    retriever = CareRetriever.from_pretrained("models/care", "faiss:stores/care")
+    hits = retriever.search("高血压患者的饮食要注意什么", top_k=3)
+    assert len(hits) == 3 and hits[0].score >= hits[-1].score
+    retriever.close()
+    ```
+
+    :param store: the store, as a spec (``faiss:DIR``, ``qdrant:PATH``, ``qdrant:http://host:port``) or opened.
+    :param embedder: the query side of the model that built the store (refused if it is another model's).
+    :param collection: the Qdrant collection (None: the spec's, else the default).
+    :param instruction: the instruction put in each query's prompt (None: the model's default).
+    :raises StoreError: the store is empty, or was built by another model.
+    """
 
     def __init__(
         self,
@@ -51,11 +68,16 @@ class CareRetriever:
     ) -> CareRetriever:
         """Load the query tower of ``model`` only, and open ``store``.
 
-        ``backend``: ``auto | torch | onnx | openvino``; ``auto`` takes the folder's export
-        (``care-retriever export``) when it has one. onnx and openvino never import torch.
-        ``threads``: CPU threads of one forward pass (None: the runtime's default).
-        ``trust_remote_code``: required when the query tower runs model code shipped with it.
-        ``compile``: torch backend only, compile the query tower and warm it up now (a long-running process).
+        :param model: the CARE model folder (or hub id) that built the store.
+        :param store: the store spec (``faiss:DIR``, ``qdrant:PATH``, ``qdrant:http://host:port``).
+        :param collection: the Qdrant collection (None: the spec's, else the default).
+        :param device: where the query tower runs (None: the best device the machine has).
+        :param backend: ``auto | torch | onnx | openvino``; ``auto`` runs the folder's export
+            (``care-retriever export``) when it has one; onnx and openvino never import torch.
+        :param threads: CPU threads of one forward pass (None: the runtime's default).
+        :param trust_remote_code: let the query tower run model code shipped with it.
+        :param compile: torch backend only: compile the query tower and warm it up now (a long-running process).
+        :param kwargs: passed to the constructor (``instruction``).
         """
         from care_retriever.search.backends import load_query_embedder
 
@@ -98,8 +120,15 @@ class CareRetriever:
     ):
         """Top-``k`` hits for one query (a list of hits) or a batch of queries (a list of lists).
 
-        ``fusion`` (hybrid only): method ``rrf`` (``k``), ``dbsf`` or ``wsum`` (``dense_weight``); the
-        defaults are the measured ones of docs/hybrid.md. Hybrid scores are fused scores, not cosines.
+        :param query: one query, or a list of queries.
+        :param top_k: hits per query.
+        :param filters: metadata filters (:mod:`care_retriever.stores.filters`); None: every document.
+        :param mode: ``dense`` (the query tower), ``sparse`` (the store's BM25 side, no model call) or ``hybrid``
+            (both, fused; hybrid scores are fused scores, not cosines).
+        :param fusion: hybrid only: ``rrf`` (``k``), ``dbsf`` or ``wsum`` (``dense_weight``); None: the defaults of
+            docs/hybrid.md.
+        :returns: the hits of one query, best first; for a list of queries, one such list each.
+        :raises InputError: an empty query, ``top_k`` below 1, or an unknown mode.
         """
         check_mode(mode)
         single = isinstance(query, str)
@@ -128,6 +157,8 @@ class CareRetriever:
 
         With :meth:`search_vectors`, the two halves of :meth:`search`, for callers that batch the
         queries of many requests into one forward pass (the HTTP service).
+
+        :param queries: the query texts.
         """
         for i, q in enumerate(queries):
             if not isinstance(q, str) or not q.strip():
@@ -146,7 +177,12 @@ class CareRetriever:
     ) -> list[list[Hit]]:
         """Top-``k`` hits for each row of ``vectors`` (query vectors from :meth:`embed_queries`).
 
-        ``sparse`` and ``hybrid`` also need the query texts (``queries``, one per row) for the BM25 side.
+        :param vectors: query vectors, one row each.
+        :param top_k: hits per query.
+        :param filters: metadata filters; None: every document.
+        :param mode: ``dense``, ``sparse`` or ``hybrid`` (as :meth:`search`).
+        :param queries: the query texts, one per row: ``sparse`` and ``hybrid`` need them for the BM25 side.
+        :param fusion: hybrid only: how the two rankings are fused (None: the defaults).
         """
         check_mode(mode)
         if top_k < 1:
@@ -161,4 +197,5 @@ class CareRetriever:
         return hybrid_search(self.store, vectors, queries, top_k, filters, fusion or FusionConfig())
 
     def close(self) -> None:
+        """Close the store."""
         self.store.close()

@@ -33,10 +33,24 @@ def open_store(
     use_gpu: bool | None = None,
     create: bool = True,
 ) -> VectorStore:
-    """Open (or get ready to create) the store named by ``spec`` (``collection``: the spec's, or Qdrant's default).
+    """Open (or get ready to create) the store named by ``spec``.
 
-    ``create=False`` (reads, deletes): a store that does not exist is one line and nothing is created (opening a
-    local Qdrant folder would otherwise make it, its lock and its ``meta.json``)."""
+    Usage example:
+    ```python
+    from care_retriever import open_store
+
+    with open_store("faiss:stores/care", create=False) as store:
+        print(store.describe(), store.count())
+    ```
+
+    :param spec: ``faiss:DIR``, ``qdrant:PATH``, ``qdrant::memory:`` or ``qdrant:http(s)://host:port``, a
+        :class:`~care_retriever.stores.config.StoreSpec`, or a store already open (returned as it is).
+    :param collection: the Qdrant collection (None: the spec's, else the default).
+    :param use_gpu: search a FAISS index on the GPU (None: where FAISS has one).
+    :param create: False for reads and deletes: a store that does not exist is one line and nothing is created.
+    :returns: the store, a :class:`~care_retriever.stores.base.VectorStore`.
+    :raises StoreError: ``create=False`` and the store does not exist.
+    """
     if isinstance(spec, VectorStore):
         return spec
     parsed = StoreSpec.parse(spec) if isinstance(spec, str) else spec

@@ -42,7 +42,23 @@ from care_retriever.stores.manifest import default_versions as default_versions
 
 @dataclass
 class Hit:
-    """One search result. ``score`` is the model's similarity of query and document (cosine, or dot product)."""
+    """One search result.
+
+    Usage example:
+    ```python
+    from care_retriever import CareRetriever
+
+    retriever = CareRetriever.from_pretrained("models/care", "faiss:stores/care")
+    hit = retriever.search("发烧怎么办", top_k=1)[0]
+    print(hit.id, round(hit.score, 3), hit.to_dict()["text"][:20])
+    ```
+
+    :param id: the document id.
+    :param score: the model's similarity of query and document (cosine, or dot product; hybrid: the fused score).
+    :param text: the document's text.
+    :param title: its title.
+    :param metadata: its metadata.
+    """
 
     id: str
     score: float
@@ -51,6 +67,7 @@ class Hit:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """The hit as a dict of its fields (as the HTTP service returns it)."""
         return asdict(self)
 
 
@@ -82,14 +99,18 @@ class StoredBatch:
 class VectorStore(ABC):
     """A store of document vectors plus their text, title and metadata, keyed by document id: the core.
 
-    Usage (a store kind's class implements the abstract methods; :func:`~care_retriever.stores.open_store`
-    opens one from a spec):
+    A store kind's class implements the abstract methods; :func:`~care_retriever.stores.open_store` opens one from
+    a spec.
 
+    Usage example:
     ```python
-    from care_retriever.stores import open_store
+    from care_retriever import AsymmetricEmbedder, open_store
 
-    with open_store("faiss:./store") as store:
-        print(store.describe(), store.count())
+    embedder = AsymmetricEmbedder.from_pretrained("models/care", load="query")
+    with open_store("faiss:stores/care", create=False) as store:
+        store.check_compatible(embedder.space_fingerprint, embedder.dim)
+        hits = store.search(embedder.embed_queries(["高血压怎么治疗"]), top_k=3)[0]
+        assert store.get([hits[0].id])[0].text == hits[0].text
     ```
     """
 
@@ -142,13 +163,15 @@ class VectorStore(ABC):
     ) -> None:
         """Create the store, or check that an existing one matches; then accept writes.
 
-        ``index``: the config of the store's kind (:class:`~care_retriever.stores.config.FaissIndexConfig`,
-        :class:`~care_retriever.stores.config.QdrantCollectionConfig`), None for an existing store's own settings or
-        a new one's defaults; a dict or the other kind's config is one line (a user's dict is read once where it is
-        handed in: :func:`~care_retriever.stores.config.store_config`).
-        ``metric``: what the model's scores are (:data:`METRICS`): ``cosine`` for unit vectors, ``dot`` for a
-        model whose document vectors are normalised before a Matryoshka cut (norms below 1; the authors'
-        released models). Recorded in the manifest; Qdrant compares vectors with it.
+        :param dim: the vectors' width.
+        :param space_fingerprint: the model's document space (a store refuses searches from another one).
+        :param model_name: the document tower's name, for messages.
+        :param index: the config of the store's kind (:class:`~care_retriever.stores.config.FaissIndexConfig`,
+            :class:`~care_retriever.stores.config.QdrantCollectionConfig`); None: an existing store's own settings or
+            a new one's defaults; a dict or the other kind's config is one line.
+        :param metric: what the model's scores are: ``cosine`` for unit vectors, ``dot`` for document vectors
+            normalised before a Matryoshka cut (the authors' released models); recorded in the manifest.
+        :raises StoreError: the store exists and holds another width, space or metric.
         """
 
     @abstractmethod
@@ -157,36 +180,51 @@ class VectorStore(ABC):
     ) -> None:
         """Insert documents, replacing any stored under the same id.
 
-        ``sparse_tokens``: the BM25 tokens of each document's ``embedding_text()``
-        (:func:`care_retriever.sparse.tokenizer.tokenize`), when the caller has them already (the index
-        writer tokenises while the tower encodes); None: the store tokenises, if it has a sparse side.
+        :param documents: the documents.
+        :param vectors: their vectors, one float32 row each, in order.
+        :param sparse_tokens: the BM25 tokens of each document's ``embedding_text()``, when the caller has them
+            already; None: the store tokenises, if it has a sparse side.
         """
 
     @abstractmethod
     def delete(self, ids: Sequence[str]) -> int:
-        """Remove documents by id; return how many existed."""
+        """Remove documents by id; return how many existed.
+
+        :param ids: the document ids.
+        """
 
     @abstractmethod
     def search(
         self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
     ) -> list[list[Hit]]:
-        """Top-``k`` hits for each query vector (rows of ``vectors``).
+        """Top-``k`` hits for each query vector (rows of ``vectors``), best first.
 
-        ``payload=False`` returns ids and scores only (empty text): hybrid search fuses 100 candidates
-        a side and reads the documents of the final top-``k`` alone.
+        :param vectors: query vectors, one row each.
+        :param top_k: hits per query.
+        :param filters: metadata filters (:mod:`care_retriever.stores.filters`); None: every document.
+        :param payload: False: ids and scores only (empty text), for callers that read the documents later.
         """
 
     @abstractmethod
     def get(self, ids: Sequence[str]) -> list[Document | None]:
-        """Stored documents by id (None where missing)."""
+        """Stored documents by id (None where missing).
+
+        :param ids: the document ids.
+        """
 
     @abstractmethod
     def count(self, filters: Filters | None = None) -> int:
-        """Number of live documents (matching ``filters`` when given)."""
+        """Number of live documents.
+
+        :param filters: count only those matching (None: all).
+        """
 
     @abstractmethod
     def content_hashes(self, ids: Sequence[str]) -> dict[str, str]:
-        """Stored content hash for each of ``ids`` that exists (a write skips the documents it holds unchanged)."""
+        """Stored content hash for each of ``ids`` that exists (a write skips the documents it holds unchanged).
+
+        :param ids: the document ids.
+        """
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files and connections."""
@@ -203,15 +241,27 @@ class VectorStore(ABC):
     async def search_async(
         self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
     ) -> list[list[Hit]]:
-        """:meth:`search` without blocking the event loop."""
+        """:meth:`search` without blocking the event loop.
+
+        :param vectors: query vectors, one row each.
+        :param top_k: hits per query.
+        :param filters: metadata filters; None: every document.
+        :param payload: False: ids and scores only.
+        """
         return await asyncio.to_thread(self.search, vectors, top_k, filters, payload=payload)
 
     async def get_async(self, ids: Sequence[str]) -> list[Document | None]:
-        """:meth:`get` without blocking the event loop."""
+        """:meth:`get` without blocking the event loop.
+
+        :param ids: the document ids.
+        """
         return await asyncio.to_thread(self.get, ids)
 
     async def count_async(self, filters: Filters | None = None) -> int:
-        """:meth:`count` without blocking the event loop."""
+        """:meth:`count` without blocking the event loop.
+
+        :param filters: count only those matching (None: all).
+        """
         return await asyncio.to_thread(self.count, filters)
 
     async def aclose(self) -> None:

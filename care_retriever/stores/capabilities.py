@@ -1,59 +1,16 @@
 """What a store may do beyond the core (:class:`~care_retriever.stores.base.VectorStore`): one class a capability.
 
-A store kind claims a capability by subclassing it, and a caller checks it with ``isinstance``, or with the
-capability's :meth:`~Capability.require`, which refuses a store without it in one line naming the store, its kind
-and the capability.
-
-The capabilities are ABC mixins rather than ``typing.Protocol`` classes, for three reasons: a store claims a
-capability by name (a method that happens to be called ``verify`` does not make a store verifiable, as a
-runtime-checkable protocol's name match would); a capability carries the methods built from its others
-(``iter_stored`` from ``iter_documents`` and ``vectors``, ``transaction`` from ``begin`` / ``finalize`` / ``abort``);
-and a kind that claims one but forgets a method fails when it is made, not when a caller reaches for it.
-Each subclasses the core, so a checked store is typed with both.
+A store kind claims a capability by subclassing it; a caller checks it with ``isinstance``, or with
+:meth:`Capability.require`, which refuses a store without it in one line naming the store, its kind and the
+capability. They are ABC mixins rather than ``typing.Protocol`` classes: a store claims one by name (a method that
+happens to be called ``verify`` does not make a store verifiable), a capability carries methods built from its
+others (``iter_stored``, ``transaction``), and a kind that forgets a method fails when it is made.
 
 - :class:`SparseSearch`: a BM25 side and hybrid search.
-
-  - ``enable_sparse(rebuild=..., show_progress=...)``: build the BM25 side from the stored texts.
-  - ``search_sparse(queries, top_k, filters, payload=...)``: BM25 top-``k`` hits per query text.
-  - ``search_hybrid(vectors, queries, top_k, filters, fusion=..., payload=...)``: dense and BM25 fused by the store.
-  - ``hybrid_fusions``: the fusion methods ``search_hybrid`` runs itself.
-
 - :class:`WriteRuns`: writes grouped in runs, with checkpoints, a publish and a rollback.
-
-  - ``commit()``: make what was written durable (a checkpoint a stopped run resumes from).
-  - ``finalize()``: publish the run's writes.
-  - ``abort()``: drop the writes since ``prepare`` where the store can, and release the writer lock.
-  - ``begin(...)`` / ``transaction(...)``: one all-or-nothing write.
-  - ``claim_run(run)`` / ``pending_run()`` / ``discard_pending()``: the run a staged write belongs to, and one left.
-  - ``left_behind(written, fix)``: what a stopped run leaves here, for its error line.
-  - ``stages_bulk_writes``: whether a bulk write is staged and published at its end.
-
 - :class:`Verification`: integrity checks.
-
-  - ``verify(record_checksums=...)``: check the whole store; the live count.
-  - ``keeps_checksums``: whether ``verify --record-checksums`` has checksums to record.
-
 - :class:`StoredIteration`: reading everything back, what a copy between stores needs.
-
-  - ``iter_documents(batch)``: every live document in a stable order.
-  - ``vectors(ids)``: each id's stored vector.
-  - ``iter_stored(batch)``: documents, vectors and content hashes, a batch at a time.
-
 - :class:`IndexBuilding`: how a bulk write builds the store's index on this machine.
-
-  - ``trains_on_first_vectors(index)``: whether the index trains on the first vectors written.
-  - ``vectors_to_train(dim, index)``: how many vectors the first batch must hold to train it.
-  - ``local_footprint(index)``: where a bulk write writes on this machine, and what it adds.
-
-Usage:
-
-```python
-from care_retriever.stores import open_store
-from care_retriever.stores.capabilities import Verification
-
-store = open_store("faiss:./store", create=False)
-print(Verification.require(store, "verify").verify())
-```
 """
 
 from __future__ import annotations
@@ -110,20 +67,27 @@ class Capability(VectorStore):
 class SparseSearch(Capability):
     """A store with a BM25 side (:mod:`care_retriever.sparse`) beside its vectors, and hybrid search over both.
 
-    Usage: ``store.enable_sparse()`` once, then ``store.search_sparse(["query"], 10)`` or
-    :func:`care_retriever.search.hybrid.hybrid_search`.
+    Usage example:
+    ```python
+    from care_retriever import open_store
+    from care_retriever.stores.capabilities import SparseSearch
+
+    store = SparseSearch.require(open_store("faiss:stores/care", create=False), "BM25 search")
+    hits = store.search_sparse(["高血压"], top_k=3)[0]
+    assert hits and all(hit.score > 0 for hit in hits)
+    ```
     """
 
     capability: ClassVar[str] = "sparse (BM25) and hybrid search"
-    # The fusion methods search_hybrid runs itself (Qdrant: rrf and dbsf on the server); every other method
-    # fuses the two rankings in care_retriever.search.hybrid, which calls search and search_sparse.
+    # The fusion methods search_hybrid runs itself; search.hybrid fuses every other one from the two rankings.
     hybrid_fusions: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def enable_sparse(self, *, rebuild: bool = False, show_progress: bool = False) -> int:
-        """Give the store a BM25 side (:mod:`care_retriever.sparse`) built from the stored texts, nothing
-        re-encoded; return the number of documents tokenized (0 when it exists with this tokenizer and
-        ``rebuild`` is off). Published with the store's next commit / finalize.
+        """Give the store a BM25 side built from the stored texts, nothing re-encoded.
+
+        Published with the store's next commit / finalize; returns the number of documents tokenized (0 when it
+        exists with this tokenizer and ``rebuild`` is off).
 
         :param rebuild: tokenize every stored text again even when the BM25 side exists.
         :param show_progress: draw a progress bar while tokenizing.
@@ -135,7 +99,11 @@ class SparseSearch(Capability):
     ) -> list[list[Hit]]:
         """BM25 top-``k`` hits for each query text (an empty list for a query with no indexed token).
 
-        Raises :class:`StoreError` when the store has no sparse side (:func:`care_retriever.sparse.require_sparse`).
+        :param queries: the query texts.
+        :param top_k: hits per query.
+        :param filters: metadata filters; None: every document.
+        :param payload: False: ids and scores only (empty text).
+        :raises StoreError: the store has no sparse side.
         """
 
     @abstractmethod
@@ -149,9 +117,17 @@ class SparseSearch(Capability):
         fusion: FusionConfig | None = None,
         payload: bool = True,
     ) -> list[list[Hit]]:
-        """Dense and BM25 rankings of each query (row of ``vectors`` and its text) fused by the store itself,
-        for ``fusion.method`` in :attr:`hybrid_fusions`; callers go through
-        :func:`care_retriever.search.hybrid.hybrid_search`, which also fuses the other methods."""
+        """Dense and BM25 rankings of each query fused by the store itself, for a method in :attr:`hybrid_fusions`.
+
+        Callers go through :func:`care_retriever.search.hybrid.hybrid_search`, which also fuses the other methods.
+
+        :param vectors: the query vectors, one row each.
+        :param queries: the query texts, one per row.
+        :param top_k: hits per query.
+        :param filters: metadata filters; None: every document.
+        :param fusion: the fusion method and its parameters (None: the defaults).
+        :param payload: False: ids and scores only (empty text).
+        """
 
 
 class WriteRuns(Capability):
@@ -160,17 +136,23 @@ class WriteRuns(Capability):
     A store that stages a bulk write (FAISS) also keeps the run it belongs to and can say what a stopped run left
     pending; one that publishes each write as it is made (Qdrant) has nothing pending.
 
-    Usage:
-
+    Usage example:
     ```python
-    with store.transaction() as writing:
-        writing.delete(["doc-1"])
+    from care_retriever import AsymmetricEmbedder, Document, open_store
+    from care_retriever.stores.capabilities import WriteRuns
+
+    embedder = AsymmetricEmbedder.from_pretrained("models/care", load="document")
+    docs = [Document(id="bp-1", text="高血压的一线用药包括利尿剂。")]
+    vectors = embedder.embed_documents([doc.embedding_text() for doc in docs])
+    store = WriteRuns.require(open_store("faiss:stores/runs"), "a transaction")
+    with store.transaction(embedder.dim, embedder.space_fingerprint, metric=embedder.similarity) as writing:
+        writing.upsert(docs, vectors)
+    assert store.count() == 1
     ```
     """
 
     capability: ClassVar[str] = "write runs (checkpoints, publish, rollback)"
-    # Whether a bulk write is staged and published at its end (FAISS), or each write is published as it is made
-    # (Qdrant: a run that stops leaves what it wrote, and nothing pending).
+    # A bulk write staged and published at its end (FAISS), or each write published as it is made (Qdrant).
     stages_bulk_writes: ClassVar[bool] = False
 
     def require_manifest(self) -> Manifest:
@@ -205,12 +187,10 @@ class WriteRuns(Capability):
         return None
 
     def left_behind(self, written: int, fix: str) -> str:
-        """What a run that stopped mid-way leaves here, for its error line: its last checkpoint staged (with how to
-        finish or discard it); with none taken, nothing (the staged copy is dropped); in a store that publishes each
-        write as it is made (Qdrant), the ``written`` documents.
+        """What a run that stopped mid-way leaves here, for the end of its error line.
 
-        Read from the store's own state alone (:meth:`pending_run`, :attr:`stages_bulk_writes`), so it lives with
-        that state: the index writer and ``copy`` both end their error lines with it.
+        Its last checkpoint staged (with how to finish or discard it); with none taken, nothing; in a store that
+        publishes each write as it is made (Qdrant), the ``written`` documents.
 
         :param written: how many documents the run wrote before it stopped.
         :param fix: what the user mends before running it again.
@@ -239,7 +219,11 @@ class WriteRuns(Capability):
     ) -> Iterator[WriteRuns]:
         """One all-or-nothing write: ``upsert`` / ``delete`` inside, published on success, aborted on error.
 
-        ``dim`` and ``space_fingerprint`` default to the existing store's (they are needed to create one).
+        :param dim: the vectors' width (None: the existing store's; a new store needs it).
+        :param space_fingerprint: the model's document space (None: the existing store's; a new store needs it).
+        :param model_name: the document tower's name, for messages (empty: the existing store's).
+        :param index: the config of the store's kind (None: an existing store's own, a new one's defaults).
+        :param metric: ``cosine`` or ``dot`` (None: the existing store's, else ``cosine``).
         """
         manifest = self.manifest
         if dim is None or space_fingerprint is None:
@@ -266,53 +250,77 @@ class WriteRuns(Capability):
         *,
         metric: str = "cosine",
     ) -> None:
-        """Start a :meth:`transaction` (by default a :meth:`prepare`)."""
+        """Start a :meth:`transaction` (by default a :meth:`prepare`).
+
+        :param dim: the vectors' width.
+        :param space_fingerprint: the model's document space.
+        :param model_name: the document tower's name, for messages.
+        :param index: the config of the store's kind (None: an existing store's own, a new one's defaults).
+        :param metric: ``cosine`` or ``dot``.
+        """
         self.prepare(dim, space_fingerprint, model_name, index, metric=metric)
 
 
 class Verification(Capability):
-    """A store that checks its own integrity: ``store.verify()`` reads it whole and returns the live count."""
+    """A store that checks its own integrity: ``store.verify()`` reads it whole and returns the live count.
+
+    Usage example:
+    ```python
+    from care_retriever import open_store
+    from care_retriever.stores.capabilities import Verification
+
+    store = open_store("faiss:stores/care", create=False)
+    assert Verification.require(store, "verify").verify() == store.count()
+    ```
+    """
 
     capability: ClassVar[str] = "integrity checks (verify)"
-    # Whether the store keeps checksums that ``verify --record-checksums`` can record: of its files, which a
-    # stopped writer can leave describing the version before its last write (FAISS), or of its manifest, which an
-    # earlier release wrote without one (Qdrant Edge); a server checks its own files and keeps none.
+    # Whether ``verify --record-checksums`` has checksums to record (a server checks its own files, keeps none).
     keeps_checksums: ClassVar[bool] = False
 
     @abstractmethod
     def verify(self, *, record_checksums: bool = False) -> int:
         """Check the whole store (every byte where the backend allows); return the live count.
 
-        Raises :class:`StoreError` naming the first problem found, or the files whose checksums could not be
-        checked.
-
         :param record_checksums: record the checksums after every other check (stores that :attr:`keeps_checksums`).
+        :raises StoreError: the first problem found.
         """
 
 
 class StoredIteration(Capability):
-    """A store that reads back everything it holds, vectors included: what moves it to another store without
-    re-encoding (:func:`care_retriever.stores.copying.copy_store`).
+    """A store that reads back everything it holds, vectors included, as a copy to another store needs.
 
-    Usage: ``for batch in store.iter_stored(1000): ...`` (:class:`~care_retriever.stores.base.StoredBatch`).
+    Usage example:
+    ```python
+    from care_retriever import open_store
+    from care_retriever.stores.capabilities import StoredIteration
+
+    store = StoredIteration.require(open_store("faiss:stores/care", create=False), "reading it back")
+    batches = list(store.iter_stored(batch=16))
+    assert sum(len(batch) for batch in batches) == store.count()
+    ```
     """
 
     capability: ClassVar[str] = "iteration over its documents and vectors"
 
     @abstractmethod
     def iter_documents(self, batch: int = 1000) -> Iterator[Document]:
-        """Every live document, in a stable order (``batch``: how many are read at a time)."""
+        """Every live document, in a stable order.
+
+        :param batch: how many are read at a time.
+        """
 
     @abstractmethod
     def vectors(self, ids: Sequence[str]) -> list[np.ndarray | None]:
-        """Stored vector of each id (None where the id is missing)."""
+        """Stored vector of each id (None where the id is missing).
+
+        :param ids: the document ids.
+        """
 
     def iter_stored(self, batch: int = 1000) -> Iterator[StoredBatch]:
-        """Every live document with its stored vector and content hash, ``batch`` at a time, in
-        :meth:`iter_documents`' order.
+        """Every live document with its stored vector and content hash, ``batch`` at a time.
 
-        Built from :meth:`iter_documents`, :meth:`vectors` and :meth:`content_hashes`; a document without a vector
-        or a content hash is a corrupted store (one line).
+        In :meth:`iter_documents`' order; a document without a vector or content hash is a corrupted store.
 
         :param batch: how many documents each :class:`~care_retriever.stores.base.StoredBatch` holds.
         """
@@ -342,29 +350,45 @@ class StoredIteration(Capability):
 
 
 class IndexBuilding(Capability):
-    """A store whose bulk writes build an index on this machine: whether it trains on the first vectors, and the
-    disk a write takes (what the ``index`` command orders its corpus by and checks free space against).
+    """A store whose bulk writes build an index on this machine (what ``index`` orders and checks free space by).
 
-    A store without it trains nothing and has no local disk to check.
+    Usage example:
+    ```python
+    from care_retriever import open_store
+    from care_retriever.stores.capabilities import IndexBuilding
+    from care_retriever.stores.config import FaissIndexConfig
+
+    store = IndexBuilding.require(open_store("faiss:stores/ivf"), "index building")
+    assert store.trains_on_first_vectors(FaissIndexConfig(index_type="ivf", nlist=8))
+    print(store.vectors_to_train(64, FaissIndexConfig(index_type="ivf", nlist=8)))
+    ```
     """
 
     capability: ClassVar[str] = "index building on this machine"
 
     @abstractmethod
     def trains_on_first_vectors(self, index: StoreConfig = None) -> bool:
-        """Whether a write prepared with ``index`` trains the store's index on the first vectors it is given (a
-        new FAISS store with IVF lists or compressed codes): the index writer then writes the corpus's first
-        documents first, as read, rather than its longest."""
+        """Whether a write prepared with ``index`` trains the store's index on the first vectors it is given.
+
+        A new FAISS store with IVF lists or compressed codes does: the index writer then writes the corpus in order.
+
+        :param index: the config of the store's kind (None: an existing store's own, a new one's defaults).
+        """
 
     def vectors_to_train(self, dim: int, index: StoreConfig = None) -> int:
-        """How many vectors the first batch of a write prepared with ``index`` must hold to train the store's index
-        (0: it trains nothing); a source or corpus with fewer cannot fill it, whatever the batch size."""
+        """How many vectors the first batch of a write must hold to train the store's index (0: it trains nothing).
+
+        :param dim: the vectors' width.
+        :param index: the config of the store's kind (None: an existing store's own, a new one's defaults).
+        """
         return 0
 
     @abstractmethod
     def local_footprint(self, index: StoreConfig = None) -> LocalFootprint | None:
-        """Where a bulk write with ``index`` writes on this machine, and what it adds there (:class:`LocalFootprint`);
-        None for a store held in memory or on a server (no local disk to check)."""
+        """Where a bulk write writes on this machine, and what it adds there; None: in memory or on a server.
+
+        :param index: the config of the store's kind (None: an existing store's own, a new one's defaults).
+        """
 
 
 CAPABILITIES: tuple[type[Capability], ...] = (SparseSearch, WriteRuns, Verification, StoredIteration, IndexBuilding)
