@@ -39,7 +39,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise InputError(f"--port must be in 0..65535, got {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say they are
-    # TCP; without it every keep-alive request after the first waited ~40 ms (Nagle x delayed ACK).
+    # TCP; without it every keep-alive request after the first waits on Nagle x delayed ACK.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -156,7 +156,7 @@ def serve(
     if resolve_backend(model, backend) == "torch":
         quiet_transformers()
     # Forward passes run --max-concurrency at a time: more threads than cores between them only
-    # makes them take turns (ONNX Runtime's spinning pool threads were measured to slow batches down).
+    # makes them take turns (ONNX Runtime's pool threads spin while they wait).
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = threads or max(1, cores // max_concurrency)
     retriever = CareRetriever.from_pretrained(

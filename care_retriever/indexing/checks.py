@@ -9,8 +9,7 @@ from itertools import islice
 
 from care_retriever.documents import Document, check_document_text, metadata_json
 from care_retriever.errors import InputError
-from care_retriever.model.encoding import check_unicode
-from care_retriever.model.protocols import all_unicode
+from care_retriever.model.text_checks import all_unicode, check_unicode
 from care_retriever.stores import VectorStore
 from care_retriever.stores.capabilities import StoredIteration
 

@@ -47,7 +47,7 @@ from care_retriever.errors import InputError, at
 from care_retriever.indexing import corpus_readers
 from care_retriever.indexing.config import CorpusConfig
 from care_retriever.indexing.corpus_readers import DEFAULT_COLUMNS, Columns
-from care_retriever.model.protocols import check_unicode
+from care_retriever.model.text_checks import check_unicode
 
 __all__ = [
     "Document",

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.model.protocols import Embedder, OneModelEmbedder
+from care_retriever.model import fingerprint
+from care_retriever.model.embedder_base import EmbedderBase
+from care_retriever.model.protocols import Embedder
 from care_retriever.model.towers.loading import hub_options, local_model_dir, quiet_transformers
 from care_retriever.model.towers.prompts import QUERY_PROMPT_TEMPLATE, fill_query_prompt, is_instruction_prompt
 from care_retriever.runtime.batch_limits import DOCUMENT_BATCH_SIZE
@@ -33,6 +35,40 @@ if TYPE_CHECKING:
     from care_retriever.sparse.bm25 import BM25Model
 
 TOWER_SUFFIXES: dict[str, Literal["query", "document"]] = {"#query": "query", "#document": "document"}
+
+
+class OneModelEmbedder(EmbedderBase):
+    """One model on both sides (the baselines): symmetric, both sides in memory, its weights the document side's."""
+
+    model: Any
+    _weights: str | None = None
+
+    @property
+    def mode(self) -> str:
+        return "symmetric"
+
+    @property
+    def similarity(self) -> str:
+        return "cosine"  # what a baseline's store has always recorded: its scores are compared as cosines
+
+    @property
+    def loaded_towers(self) -> tuple[str, ...]:
+        return ("query", "document")  # one model, both sides
+
+    @property
+    def document_model(self) -> Any:
+        """The model both sides run."""
+        return self.model
+
+    @property
+    def query_model(self) -> Any:
+        return self.model
+
+    def document_weights(self) -> str:
+        # hashed on first use and kept: the model is not trained through this interface
+        if self._weights is None:
+            self._weights = fingerprint.weights_fingerprint([self.model], self.dim)
+        return self._weights
 
 
 class SentenceTransformerEmbedder(OneModelEmbedder):

@@ -104,7 +104,7 @@ class CareConfig:
         return json.dumps(data, ensure_ascii=False, indent=2)
 
     def document_convention(self) -> dict[str, Any]:
-        """What sets the document space beside its weights (:func:`~care_retriever.model.fingerprint.space_fingerprint`)."""
+        """What sets the document space beside its weights (the document-text convention)."""
         recorded = self.document.appended_tokens is not None
         return {
             "appended_tokens": self.document.appended_tokens,

@@ -21,10 +21,10 @@ from tqdm.auto import tqdm
 
 from care_retriever.errors import ModelError
 from care_retriever.model.config import CareConfig, TowerInfo
+from care_retriever.model.embedder_base import ConfiguredEmbedder
 from care_retriever.model.encoding import BatchLimits, check_texts, encode_texts
 from care_retriever.model.fingerprint import weights_fingerprint
 from care_retriever.model.pairing import TowerPairing
-from care_retriever.model.protocols import ConfiguredEmbedder
 from care_retriever.model.reading import Load, read_release, read_saved, read_towers
 from care_retriever.model.saving import save_model
 from care_retriever.model.tower import Side, Tower

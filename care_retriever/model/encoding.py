@@ -19,7 +19,7 @@ from sentence_transformers import SentenceTransformer
 from tqdm.auto import tqdm
 
 from care_retriever.errors import InputError, ModelError
-from care_retriever.model.protocols import check_texts, check_unicode
+from care_retriever.model.text_checks import check_texts, check_unicode
 from care_retriever.runtime.batch_limits import BatchLimits
 from care_retriever.runtime.batch_sizing import OOM_ERRORS, auto_batch_limits, halve_limits, measure_token_budget
 from care_retriever.runtime.features import to_device, tokenizer_lock

@@ -83,9 +83,8 @@ def native_cpu_bf16() -> bool:
 def cpu_dtype(native: bool, pretrained: str | None = None, decoder: bool = False) -> torch.dtype:
     """The precision a CPU runs a tower in: fp32, except an LLM tower (``decoder``) pretrained in bf16 (Qwen3's
     ``config.json`` says ``bfloat16``) on a CPU that computes bf16 natively (``native``: AMX), which runs in the
-    bf16 it was trained in, as transformers and sentence-transformers load it by default: 3.9x faster than fp32 for
-    a 4B tower's forward passes there, at half the memory. Encoders (query towers) stay fp32 on every CPU: they
-    are small, and their exported and compiled query paths are built and measured in fp32."""
+    bf16 it was trained in, as transformers and sentence-transformers load it by default (faster there, at half the
+    memory). Encoders (query towers) stay fp32 on every CPU: their exported and compiled query paths are fp32."""
     return torch.bfloat16 if native and decoder and pretrained == "bfloat16" else torch.float32
 
 

@@ -1,9 +1,8 @@
 """Fusing a dense and a sparse ranking into one: RRF, DBSF, weighted sum of min-max scores.
 
-Written here rather than taken from ranx because of the query path: ranx compiles its fusion with
-numba, and on this project's 2-core machine ``import ranx`` took 13.7 s and the first ``fuse`` call
-246 s (3 ms a call after that), where these functions take microseconds and import nothing. They
-follow the usual definitions (ranx's ``rrf`` and ``wsum`` with ``norm="min-max"``; Qdrant's
+Written here rather than taken from ranx because of the query path: ranx compiles its fusion with numba, which a
+search process would pay for at import and first call, where these functions import nothing. They follow the usual
+definitions (ranx's ``rrf`` and ``wsum`` with ``norm="min-max"``; Qdrant's
 server-side ``Fusion.RRF`` and ``Fusion.DBSF``), so a Qdrant store fuses on the server with the
 same meaning.
 """
@@ -21,9 +20,7 @@ MODES = ("dense", "sparse", "hybrid")
 Id = TypeVar("Id", str, int)
 Ranking = Sequence[tuple[Id, float]]  # (id, score), best first
 
-# Defaults chosen by benchmarks/hybrid_eval.py on the dev tasks (docs/hybrid.md): wsum with dense weight 0.4
-# had the best mean nDCG@10 over kuake-qtr and im-qa (0.412; best RRF, k=5: 0.403), measured with the
-# miniature's small tower; re-measure with the foundation CARE model.
+# The defaults with the best mean nDCG@10 on the dev tasks (benchmarks/hybrid_eval.py prints the table).
 DEFAULT_FUSION = "wsum"
 DEFAULT_RRF_K = 10
 DEFAULT_DENSE_WEIGHT = 0.4

@@ -14,10 +14,9 @@ baseline), over the tokens of :mod:`care_retriever.sparse.tokenizer`::
 
 Query time (:meth:`SqliteBM25.top`): a process's first query of a version of the index is scored in SQL
 (a one-shot search pays no load); from its second query on, the postings of that version are held in
-memory as arrays with the term weights precomputed (:class:`PostingsSnapshot`: 206,607 postings for the
-32,176 kuake-qtr titles load in ~0.25 s and take ~2.5 MB), which took a query from ~1.8 ms in SQL to
-well under a millisecond. Any commit to the docstore, by this connection or another process, is a new
-version. An index of more than ``MEMORY_POSTINGS`` postings stays in SQL.
+memory as arrays with the term weights precomputed (:class:`PostingsSnapshot`), much faster than SQL. Any
+commit to the docstore, by this connection or another process, is a new version. An index of more than
+``MEMORY_POSTINGS`` postings stays in SQL.
 """
 
 from __future__ import annotations
@@ -227,12 +226,8 @@ class PostingsSnapshot:
         return list(zip(unique[order].tolist(), totals[order].tolist(), strict=True))
 
 
-# ------------------------------------------------------------------
-# SQL ``IN (...)`` lists over many values, in chunks SQLite accepts.
-#
-# SQLite caps the bound parameters of one statement (999 before 3.32, 32766 after); a list of ids from a caller can be
-# any length, so it is sent in chunks of :data:`MAX_IN_PARAMS`, each with its own placeholders: ``for marks, chunk in
-# in_chunks(ids): db.execute(f"... IN ({marks})", chunk)``.
+# SQL ``IN (...)`` lists over many values, in chunks SQLite accepts: SQLite caps the bound parameters of one
+# statement, and a list of ids from a caller can be any length.
 T = TypeVar("T")
 
 # Under the oldest limit (999) with room for the statement's other parameters.

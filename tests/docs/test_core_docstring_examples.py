@@ -2,8 +2,8 @@
 ``:param`` line per parameter, and a usage example that runs as written.
 
 The examples run in a folder holding the tiny model as ``models/care``, its two towers saved alone as
-sentence-transformers folders, a FAISS store that ``care-retriever index`` built from the shipped sample as
-``stores/care``, and the shipped sample corpus as ``corpus.jsonl``. An example that needs a hub id names the real
+sentence-transformers folders, the first rows of the shipped sample corpus as ``corpus.jsonl``, and a FAISS store
+that ``care-retriever index`` built from them as ``stores/care``. An example that needs a hub id names the real
 one; ``HUB_STAND_INS`` substitutes a tiny tower folder for it before the example runs (no network here).
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import shutil
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -23,8 +22,7 @@ import care_retriever
 from care_retriever.cli.main import main as cli
 from care_retriever.indexing.config import EncodeConfig
 from care_retriever.model.pairing import TowerPairing
-from care_retriever.stores import VectorStore, open_store
-from care_retriever.stores import capabilities
+from care_retriever.stores import VectorStore, capabilities, open_store
 
 PUBLIC_NAMES = [name for name in care_retriever.__all__ if name != "__version__"]
 DOCUMENTED: list[Any] = [
@@ -43,6 +41,7 @@ HUB_STAND_INS = {
     "alibaba-nlp-community/gte-multilingual-base": "models/query-tower",
     "Qwen/Qwen3-Embedding-4B": "models/document-tower",
 }
+SAMPLE_ROWS = 24  # the shipped sample's first rows: each example that writes a store encodes them again
 CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 PARAM = re.compile(r":param (\w+):")
 
@@ -91,10 +90,12 @@ def example_folder(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir, device="cpu", dtype="fp32")
     for side, folder in (("query", "query-tower"), ("document", "document-tower")):
         SentenceTransformer(modules=embedder.tower(side).modules, device="cpu").save(str(root / "models" / folder))
-    corpus = Path(care_retriever.__file__).parent / "data" / "sample" / "corpus.jsonl"
-    shutil.copy(corpus, root / "corpus.jsonl")
+    sample = Path(care_retriever.__file__).parent / "data" / "sample" / "corpus.jsonl"
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(sample.read_text("utf-8").splitlines(keepends=True)[:SAMPLE_ROWS]), "utf-8")
     store = f"faiss:{root / 'stores' / 'care'}"
-    assert cli(["index", "--model", str(tiny_model_dir), "--corpus", str(corpus), "--store", store, "--no-progress"]) == 0
+    index = ["index", "--model", str(tiny_model_dir), "--corpus", str(corpus), "--store", store]
+    assert cli([*index, "--no-progress"]) == 0
     return root
 
 

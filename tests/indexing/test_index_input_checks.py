@@ -13,7 +13,7 @@ from care_retriever.documents import Document
 from care_retriever.errors import InputError
 from care_retriever.indexing.writer import DocumentStoreWriter
 from care_retriever.model.embedder import AsymmetricEmbedder
-from care_retriever.model.protocols import all_unicode, check_texts
+from care_retriever.model.text_checks import all_unicode, check_texts
 
 
 def good(n: int = 50) -> list[Any]:

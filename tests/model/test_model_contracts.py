@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from care_retriever.errors import ModelError
-from care_retriever.model.protocols import DocumentEncoder, Embedder, EmbedderBase, EmbedderFace, QueryEncoder
+from care_retriever.model.embedder_base import EmbedderBase
+from care_retriever.model.protocols import DocumentEncoder, Embedder, EncoderIdentity, QueryEncoder
 
 
 class _Face:
@@ -49,7 +50,7 @@ class QueryOnly(_Face):
 def test_query_and_document_encoders_are_siblings() -> None:
     """A document-only object is a DocumentEncoder and no QueryEncoder (it would raise on the search path), and
     the other way round; both share the face."""
-    assert isinstance(DocumentOnly(), DocumentEncoder) and isinstance(DocumentOnly(), EmbedderFace)
+    assert isinstance(DocumentOnly(), DocumentEncoder) and isinstance(DocumentOnly(), EncoderIdentity)
     assert not isinstance(DocumentOnly(), QueryEncoder)
     assert isinstance(QueryOnly(), QueryEncoder) and not isinstance(QueryOnly(), DocumentEncoder)
     assert not isinstance(DocumentOnly(), Embedder) and not isinstance(QueryOnly(), Embedder)

@@ -82,8 +82,7 @@ def load_query_embedder(
     ``trust_remote_code``: needed by a torch query tower whose model code ships with it; an exported
     tower (onnx, openvino) is a graph and runs no model code.
     ``compile``: torch only, compile the query tower's layers and warm them up now (seconds to a minute), for a
-    long-running process (``serve --compile``): batch-1 queries ran 1.26-1.41x faster on a 2-core CPU
-    (docs/query-backends.md); the state is ``care_retriever.runtime.compiled.query_compile_state``.
+    long-running process (``serve --compile``); the state is ``care_retriever.runtime.compiled.query_compile_state``.
     """
     chosen = resolve_backend(model, backend)
     if compile and chosen != "torch":

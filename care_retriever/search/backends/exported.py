@@ -19,7 +19,8 @@ import numpy as np
 
 from care_retriever.errors import InputError, ModelError
 from care_retriever.model.config import CareConfig
-from care_retriever.model.protocols import ConfiguredEmbedder, check_texts
+from care_retriever.model.embedder_base import ConfiguredEmbedder
+from care_retriever.model.text_checks import check_texts
 from care_retriever.search.backends.layout import (
     BACKEND_FILES,
     ExportRecord,

@@ -4,12 +4,9 @@ The transformer goes through the same torch.onnx graph as the ONNX export (one t
 token inputs -> ``last_hidden_state``), which ``openvino.convert_model`` reads; the fp32 IR keeps fp32
 weights (``save_model`` would halve them to fp16 by default). int8 is nncf's weight compression
 (``nncf.compress_weights``: int8 weights, asymmetric, per output channel; activations stay fp32),
-chosen over nncf's static quantisation (``nncf.quantize``, int8 activations calibrated on query
-texts) on measurements: on the `base` tower static was 10% faster (p50 0.78x vs 0.90x of ONNX
-fp32, 2 AVX2 cores) at the same cosine (0.9995 vs 0.9998), but on small towers with wide weights
-its activation ranges lost far more (cosine 0.968-0.986 against 0.9999), and a query tower that
-leaves the document space silently ruins retrieval. Pooling, the prompt and normalisation stay in
-:mod:`care_retriever.search.backends.exported`.
+rather than static quantisation (int8 activations calibrated on query texts): calibrated activation ranges move a
+small tower with wide weights out of the document space, which silently ruins retrieval. Pooling, the prompt and
+normalisation stay in :mod:`care_retriever.search.backends.exported`.
 """
 
 from __future__ import annotations
