@@ -47,10 +47,10 @@ _COMMAND: Callable[..., Any] | None = None
 
 
 def command() -> Callable[..., Any]:
-    """The click command of ``app``, with every command module registered: built once per process. ``main`` may
-    be called many times in one process (tests, notebooks, a program embedding the CLI); registering the modules
-    on each call added their commands again, and typer rebuilds its command group from every registration on
-    each call, so each call was slower than the last (seconds after a few hundred calls)."""
+    """The click command of ``app``, with every command module registered: built once per process.
+
+    ``main`` may be called many times in one process (tests, notebooks, a program embedding the CLI), and typer
+    rebuilds its command group from every registration: registering on each call would make each call slower."""
     global _COMMAND
     if _COMMAND is None:
         for module_name in COMMAND_MODULES:

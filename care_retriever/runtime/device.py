@@ -70,9 +70,8 @@ def gpu_dtype(native: bool, pretrained: str | None = None) -> torch.dtype:
 
 def native_cpu_bf16() -> bool:
     """Whether this machine's CPU multiplies bf16 matrices in hardware: Intel AMX (Sapphire Rapids on), where a bf16
-    matmul ran 5.7x an fp32 one on this project's CPU machines (1.84 vs 0.32 TFLOP/s at a 4B tower's shapes). Other
-    CPUs convert bf16 in software, slower than fp32. Read from torch's own CPU feature check (a private function
-    in torch 2.13: a torch without it counts as no AMX)."""
+    matmul is much faster than an fp32 one. Other CPUs convert bf16 in software, slower than fp32. Read from torch's
+    own CPU feature check (a private function: a torch without it counts as no AMX)."""
     probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
     try:
         return bool(probe()) if callable(probe) else False

@@ -62,7 +62,7 @@ def check_spec(recorded: dict[str, Any] | None, where: str) -> None:
         )
 
 
-@functools.cache  # once per process: setLogLevel alone costs ~1 ms a call (logging clears its caches)
+@functools.cache  # once per process: setLogLevel is slow (logging clears its caches)
 def _jieba():
     import warnings
 
