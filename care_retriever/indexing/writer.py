@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from care_retriever.documents import Document
 from care_retriever.errors import InputError, ModelError
-from care_retriever.indexing.checks import check_prune, check_storable, chunks, validated
+from care_retriever.indexing.checks import chunks, validated
 from care_retriever.indexing.config import SPARSE, EncodeConfig
 from care_retriever.indexing.report import WriteReport
 from care_retriever.indexing.store_writes import StoreWrites
@@ -45,8 +45,7 @@ from care_retriever.stores.config import (
 )
 from care_retriever.stores.runs import RunTag
 
-# WriteReport (indexing.report) and the input checks (indexing.checks) are imported from here by earlier code
-__all__ = ["DocumentStoreWriter", "Encoder", "WriteReport", "check_prune", "check_storable"]
+__all__ = ["DocumentStoreWriter", "Encoder"]
 
 # texts -> (len(texts), dim) float32 unit rows, in input order
 Encoder = Callable[[list[str]], np.ndarray]

@@ -21,7 +21,7 @@ import pytest
 
 from care_retriever import AsymmetricEmbedder, CareRetriever, DocumentStoreWriter, read_corpus
 from care_retriever.indexing.config import EncodeConfig
-from care_retriever.indexing.writer import WriteReport
+from care_retriever.indexing.report import WriteReport
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import MANIFEST
 from care_retriever.stores.qdrant import EdgeStore, QdrantStore, dense_vector, edge
