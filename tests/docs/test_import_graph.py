@@ -189,7 +189,7 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
         {"care_retriever.indexing", "care_retriever.search"},
         {"care_retriever.evaluation"},
         {"care_retriever.training"},
-        {"care_retriever.cli", "care_retriever.integrations", "care_retriever.integrations.haystack.filters"},
+        {"care_retriever.cli", "care_retriever.integrations"},
         {"haystack_integrations"},  # the Haystack components, in Haystack's integrations namespace
         {"care_retriever.integrations.haystack"},  # their names for code
         {"care_retriever.index"},  # the entry torchrun starts: `care-retriever index`

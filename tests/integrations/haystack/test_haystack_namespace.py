@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import haystack  # noqa: F401  (dev dependency: a broken install fails, never skips)
@@ -59,6 +63,33 @@ def test_saved_pipeline_loads_without_an_allowlist_and_searches_the_same(
         pipe.dump(handle)
     with yaml_file.open() as handle:
         assert Pipeline.load(handle).to_dict() == pipe.to_dict()
+
+
+def test_a_saved_pipeline_loads_and_searches_in_a_fresh_process(
+    tiny_model_dir: Path, tmp_path: Path, no_allowlist: None
+) -> None:
+    """A new interpreter has imported nothing: Haystack imports each component's module by its saved path, the
+    retriever's before the document store's (a circular import there fails only in a fresh process)."""
+    pipe = search_pipeline(tiny_model_dir, tmp_path / "store")
+    (tmp_path / "pipeline.yaml").write_text(pipe.dumps(), encoding="utf-8")
+    script = (
+        "import json, sys\n"
+        "from haystack import Pipeline\n"
+        "pipe = Pipeline.loads(open(sys.argv[1], encoding='utf-8').read())\n"
+        "out = pipe.run({'embedder': {'text': sys.argv[2]}})\n"
+        "print(json.dumps({n: [[d.id, round(d.score, 6)] for d in out[n]['documents']] for n in ('faiss', 'store')}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HAYSTACK_DESERIALIZATION_ALLOWLIST"}
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "pipeline.yaml"), "血压高怎么办"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = {name: [tuple(hit) for hit in found] for name, found in json.loads(run.stdout).items()}
+    assert got == hits(pipe, "血压高怎么办")
 
 
 def test_the_care_retriever_names_are_the_namespace_classes() -> None:

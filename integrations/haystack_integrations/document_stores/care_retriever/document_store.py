@@ -32,6 +32,11 @@ import numpy as np
 from haystack import Document, default_from_dict, default_to_dict
 from haystack.document_stores.errors import DuplicateDocumentError
 from haystack.document_stores.types import DuplicatePolicy
+from haystack_integrations.document_stores.care_retriever.filters import (
+    core_filters,
+    parse_haystack_filters,
+    validate_filters,
+)
 
 from care_retriever.documents import Document as CoreDocument
 from care_retriever.errors import InputError
@@ -47,7 +52,6 @@ from care_retriever.integrations.common import (
     prepare_vectors,
     to_core_document,
 )
-from care_retriever.integrations.haystack.filters import core_filters, parse_haystack_filters, validate_filters
 from care_retriever.stores.base import Hit
 from care_retriever.stores.faiss import FaissStore
 from care_retriever.stores.filter_matching import matches

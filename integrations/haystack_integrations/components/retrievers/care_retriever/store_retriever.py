@@ -26,6 +26,7 @@ from haystack.document_stores.types import FilterPolicy
 from haystack.document_stores.types.filter_policy import apply_filter_policy
 from haystack.utils import Secret, deserialize_secrets_inplace
 from haystack_integrations.document_stores.care_retriever.document_store import NO_EMBEDDING
+from haystack_integrations.document_stores.care_retriever.filters import core_filters, validate_filters
 
 from care_retriever.errors import InputError
 from care_retriever.integrations.common import (
@@ -36,7 +37,6 @@ from care_retriever.integrations.common import (
     model_space,
     prepare_vectors,
 )
-from care_retriever.integrations.haystack.filters import core_filters, validate_filters
 from care_retriever.sparse.fusion import DEFAULT_FUSION
 from care_retriever.stores import VectorStore, open_store, parse_store_spec
 from care_retriever.stores.capabilities import SparseSearch
