@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.data import MEDICAL_TEXTS, REPO, SAMPLE_DIR, SHARED_DATA, load_script
+from tests.support.data import MEDICAL_TEXTS, SAMPLE_DIR, SHARED_DATA
 from tests.support.eval_tasks import write_tasks
 from tests.support.models import build_tiny_model
 
@@ -54,13 +54,6 @@ def sample_corpus_path() -> Path:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, small_corpus_path: Path) -> Path:
     """A saved tiny CARE model (random weights, tokenizers trained on the corpora) that tells texts apart."""
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", small_corpus_path)
-
-
-@pytest.fixture(scope="module")
-def released(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model in the authors' release layout (``query_encoder/`` + ``doc_encoder/``, BERT + Qwen3 1024 wide)."""
-    make = load_script(REPO / "tests" / "fixtures" / "release" / "make_release_fixtures.py", "make_release_fixtures")
-    return make.build_release_fixture("bert", tmp_path_factory.mktemp("release") / "care")
 
 
 @pytest.fixture(scope="session")

@@ -48,8 +48,8 @@ STAND_INS = {
     "localhost:8000": "{server}",
 }
 
-# Hub models a guide names, and the fixture (tests/conftest.py) that builds a tiny one in the same layout.
-HUB_MODELS = {"PhilipGAQ/CARE-0.3B-4B": "released"}
+# Hub models a guide names, and the fixture (tests/conftest.py) that builds the tiny model standing in for each.
+HUB_MODELS = {"PhilipGAQ/CARE-0.3B-4B": "tiny_model_dir"}
 
 # Commands that install (checked, not run: each extra they name must be declared).
 INSTALLS = ("pip install", "python3 -m venv", ".venv/bin/pip install")

@@ -1,4 +1,4 @@
-"""Fixtures of the training tests."""
+"""Fixtures of the training tests: a model in the authors' release layout to train from."""
 
 from __future__ import annotations
 
@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.data import condition_pairs, write_jsonl
+from tests.support.data import REPO, condition_pairs, load_script, write_jsonl
+
+RELEASE_FIXTURES = REPO / "tests" / "fixtures" / "release" / "make_release_fixtures.py"
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model in the authors' release layout (``query_encoder/`` + ``doc_encoder/``, BERT + Qwen3 1024 wide)."""
+    make = load_script(RELEASE_FIXTURES, "make_release_fixtures")
+    return make.build_release_fixture("bert", tmp_path_factory.mktemp("release") / "care")
 
 
 @pytest.fixture(scope="module")
