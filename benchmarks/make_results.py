@@ -1,4 +1,5 @@
-"""Generate docs/results.md (and docs/results.png, docs/results.jsonl) from real runs on the shared dev tasks.
+"""Generate benchmarks/results/dev-tasks.md (and its .png, .jsonl) from real runs on the shared dev tasks; its main
+table reaches docs/results.md through ``benchmarks.results_page``.
 
     python -m benchmarks.make_results                          # BM25 on every task in ../shared/data/tasks
     python -m benchmarks.make_results --models OUT/model M2    # plus these models (CARE folders, ST models)
@@ -22,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TASKS = Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data")) / "tasks"
-DOCS = REPO / "docs"
+RESULTS = REPO / "benchmarks" / "results"
 # shared/data/README.md, "Reference figures measured on these dev halves" (BM25, jieba tokens, bm25s).
 README_REFERENCE = {
     "kuake-qtr-retrieval": {"ndcg@10": 0.546, "recall@100": 0.937},
@@ -257,7 +258,7 @@ def main() -> int:
         "--hybrid", action="store_true", help="Also each --models model fused with BM25 (retrieval tasks)."
     )
     parser.add_argument("--speed-queries", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=DOCS / "results.md")
+    parser.add_argument("--out", type=Path, default=RESULTS / "dev-tasks.md")
     args = parser.parse_args()
     if not args.tasks_dir.is_dir():
         print(f"shared dev tasks not found at {args.tasks_dir} (set CARE_SHARED_DATA)", file=sys.stderr)

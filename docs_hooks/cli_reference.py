@@ -1,4 +1,4 @@
-"""mkdocs hooks: the CLI reference rendered from the commands themselves, and the Filters guide in the nav when present.
+"""mkdocs hook: the CLI reference rendered from the commands themselves.
 
 A page holding the line ``::: cli-reference`` gets one section per command (and per subcommand), in the order
 ``care-retriever --help`` lists them, with a table of its arguments and options read from the command objects,
@@ -7,7 +7,6 @@ so the reference cannot drift from the options the code declares.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 MARKER = "::: cli-reference"
@@ -56,12 +55,3 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
     if MARKER not in markdown:
         return markdown
     return markdown.replace(MARKER, render_cli_reference())
-
-
-def on_config(config: Any, **_: Any) -> Any:
-    """Adds the Filters guide to the nav's guides when docs/filters.md is there (it is written apart)."""
-    if (Path(config["docs_dir"]) / "filters.md").is_file():
-        for section in config["nav"]:
-            if isinstance(section, dict) and "Guides" in section:
-                section["Guides"].append({"Filters": "filters.md"})
-    return config

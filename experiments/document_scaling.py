@@ -2,7 +2,7 @@
 
     python -m experiments.document_scaling --out runs/document-scaling [--points 6:0.25 2:0.25 1:0.25 ...]
 
-Writes docs/document_scaling.md, .json and .png. Each point ``LAYERS:EPOCHS`` pretrains a decoder
+Writes benchmarks/results/document_scaling.md, .json and .png. Each point ``LAYERS:EPOCHS`` pretrains a decoder
 document tower with the miniature foundation's causal-LM stage (``miniature-foundation.yaml``'s
 ``clm-document``: its data, tokenizer, batch, learning rate and seed; the stage is read from the recipe,
 not copied) at that depth (the ``mini`` decoder's width, vocabulary and tied embedding table, fewer
@@ -10,8 +10,9 @@ layers) for that many epochs, then gives it ``miniature-ablations.yaml``'s Stage
 sides, exactly as the document rows of ``foundation_scaling.py`` (whose functions this reuses). The curve
 also trains both towers from random weights through the same Stage 0 (zero tokens; the small tower as a
 reference line) and takes the miniature foundation itself (6 layers, 2.5 epochs: 87 minutes) from the
-published files instead of pretraining it again: its figures from ``docs/foundation_scaling.json``, its
-scores from seed 0's ``large-symmetric`` in ``docs/miniature.json`` (the same tower through today's Stage 0).
+published files instead of pretraining it again: its figures from
+``benchmarks/results/foundation_scaling.json``, its scores from seed 0's ``large-symmetric`` in
+``benchmarks/results/miniature.json`` (the same tower through today's Stage 0).
 
 The measure is the miniature report's: Avg = mean of kuake-qtr retrieval nDCG@10 and rerank MAP@10; the
 target (the miniature's training target for large-symmetric) is seed 0's small-symmetric + 0.03. A
@@ -39,8 +40,8 @@ from experiments.document_scaling_report import size_statements as size_statemen
 
 REPO = Path(__file__).resolve().parents[1]
 CLM_STAGE = "clm-document"
-FOUNDATION_JSON = REPO / "docs" / "foundation_scaling.json"
-MINIATURE_JSON = REPO / "docs" / "miniature.json"
+FOUNDATION_JSON = REPO / "benchmarks" / "results" / "foundation_scaling.json"
+MINIATURE_JSON = REPO / "benchmarks" / "results" / "miniature.json"
 # The `mini` decoder's depth, width and feed-forward size on a BERT (6 heads of 64, like the decoder's queries).
 LARGE_BERT = {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 6, "intermediate_size": 1024}
 DEFAULT_POINTS = ("6:0.25", "2:0.25", "1:0.25", "6:0.75", "2:1.0")
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--data-dir", type=Path, default=Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data"))
     )
-    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "document_scaling.md")
+    parser.add_argument("--doc", type=Path, default=REPO / "benchmarks" / "results" / "document_scaling.md")
     parser.add_argument(
         "--render-only", action="store_true", help="Render the points already measured under --out; train nothing."
     )

@@ -1,5 +1,5 @@
 """The report of ``experiments.document_scaling``: Avg and compute of a point, the log-linear fit of one on the
-other and the target it is read against, and docs/document_scaling.md's table, statements and plot.
+other and the target it is read against, and benchmarks/results/document_scaling.md's table, statements and plot.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from experiments import foundation_scaling as fs  # the tasks and the recipes th
 SMALL_SYMMETRIC = "small-symmetric: the foundation's query tower"
 SMALL_BERT = "small tower (BERT), random weights"
 LARGE_BERT_LABEL = "BERT at the decoder's size"
-SEED_SPREAD = 0.007  # sd of large-symmetric's Avg over 3 seeds (docs/miniature.md)
+SEED_SPREAD = 0.007  # sd of large-symmetric's Avg over 3 seeds (benchmarks/results/miniature.md)
 TARGET_MARGIN = 0.03  # the miniature's training target: large-symmetric >= small-symmetric + 0.03 on Avg
 
 
@@ -63,7 +63,8 @@ def render(rows: list[dict], references: dict[str, dict], plot: str | None, data
         "about 3.0M tokens), then trains it with `miniature-ablations.yaml`'s Stage 0 and scores it on both sides "
         "on the kuake-qtr dev halves (Avg = mean of retrieval nDCG@10 and rerank MAP@10, the miniature report's "
         "measure). "
-        f"One seed (0) a point: the seed-to-seed spread of this tower's Avg is ~{SEED_SPREAD} (docs/miniature.md, "
+        f"One seed (0) a point: the seed-to-seed spread of this tower's Avg is ~{SEED_SPREAD} "
+        "(benchmarks/results/miniature.md, "
         "large-symmetric). Pretraining minutes: wall time on this machine's 2 cores, nice 10.",
         "",
         "| layers | parameters | epochs | pretraining tokens | compute | pretraining min | kuake-qtr-retrieval "

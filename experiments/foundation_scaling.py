@@ -1,4 +1,4 @@
-"""What the miniature foundation's pretraining buys each tower: docs/foundation_scaling.md.
+"""What the miniature foundation's pretraining buys each tower: benchmarks/results/foundation_scaling.md.
 
     python -m experiments.foundation_scaling --foundation runs/miniature-foundation --out runs/scaling \\
         [--trained runs/ablations/seed-0]
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--data-dir", type=Path, default=Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data"))
     )
-    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "foundation_scaling.md")
+    parser.add_argument("--doc", type=Path, default=REPO / "benchmarks" / "results" / "foundation_scaling.md")
     args = parser.parse_args(argv)
     pre = pretraining(args.foundation)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,9 @@
-"""Score miniature training runs (one per seed) and write docs/miniature.md and docs/miniature.json.
+"""Score miniature training runs (one per seed) and write benchmarks/results/miniature.md and .json.
 
     care-retriever train --recipe miniature-ablations --out runs/ablations --seeds 3
     nice -n 10 python -m experiments.training_miniature_report --run runs/ablations/seed-*
-    python -m experiments.training_miniature_report --from-json docs/miniature.json   # re-render only
-    python -m experiments.training_miniature_report --from-json docs/miniature.json --seed-labels 0 1 2
+    python -m experiments.training_miniature_report --from-json benchmarks/results/miniature.json   # re-render only
+    python -m experiments.training_miniature_report --from-json benchmarks/results/miniature.json --seed-labels 0 1 2
 
 Every model of a run (``final`` and each export under ``models/``) and BM25 go through the
 product's own evaluation harness (``care_retriever.evaluation``, the code behind
@@ -16,7 +16,7 @@ Avg is the training targets' measure: the mean of kuake-qtr retrieval nDCG@10 an
 MAP@10. The gap-closure ratio is (asymmetric - small) / (large - small) on the seeds' mean Avg,
 defined only when the large symmetric model is the better one. The asymmetric model is also scored on
 im-qa with its documents cut to 64 tokens (the old recipes' max_length): the target "its im-qa score
-rises with the longer documents", measured on the same model. ``docs/miniature.json`` keeps every
+rises with the longer documents", measured on the same model. ``benchmarks/results/miniature.json`` keeps every
 seed as ``{"seeds": [{"seed": 0, "models": {name: {task: {"main_score": x}}}}]}`` (plus each run's
 ``stage_times``, so ``--from-json`` re-renders the stage tables too).
 
@@ -288,7 +288,7 @@ def convert_legacy(path: Path) -> dict:
     label = (
         "Seed 0 is the single-seed run of 2026-11-23 (`miniature-ablations` v4: `mini` towers from scratch, one "
         "CLM epoch over the training texts, max_length 64, no foundation), converted from the previous "
-        "`docs/miniature.json`; it has no Table 5 Stage I variants."
+        "`benchmarks/results/miniature.json`; it has no Table 5 Stage I variants."
     )
     return {"seed": 0, "label": label, "models": models, "info": info}
 
@@ -299,8 +299,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--data-dir", type=Path, default=Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data"))
     )
-    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "miniature.md")
-    parser.add_argument("--json", type=Path, default=REPO / "docs" / "miniature.json")
+    parser.add_argument("--doc", type=Path, default=REPO / "benchmarks" / "results" / "miniature.md")
+    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "miniature.json")
     parser.add_argument("--plot", type=Path, default=None, help="Also draw accuracy vs query speed here.")
     parser.add_argument("--from-json", type=Path, default=None, help="Re-render from a miniature.json.")
     parser.add_argument(

@@ -95,7 +95,7 @@ def test_a_bad_curve_point_is_a_one_line_error(curve, bad: str) -> None:
 
 def test_the_curves_foundation_point_is_seed_0s_large_symmetric_with_the_foundations_figures(curve) -> None:
     point = curve.foundation_point(curve.FOUNDATION_JSON, curve.MINIATURE_JSON)
-    assert point is not None, "docs/foundation_scaling.json and docs/miniature.json are published files"
+    assert point is not None, "benchmarks/results/foundation_scaling.json and miniature.json are published files"
     assert point["scores"] == curve.seed0_scores(curve.MINIATURE_JSON, "large-symmetric")
     assert (point["layers"], point["epochs"]) == (6, 2.5)
     assert point["tokens"] > 0 and point["parameters"] > 10e6

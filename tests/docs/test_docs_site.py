@@ -72,3 +72,22 @@ def test_guide_python_blocks_compile(page: Path) -> None:
     for language, block in FENCE.findall(page.read_text(encoding="utf-8")):
         if language == "python" and not block.lstrip().startswith(">>>"):
             compile(block, f"{page.name} python block", "exec")
+
+
+def test_configuration_reference_lists_every_field_of_every_config() -> None:
+    import dataclasses
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "docs_hooks"))
+    try:
+        import config_reference as hook
+    finally:
+        sys.path.remove(str(ROOT / "docs_hooks"))
+    page = hook.on_page_markdown((ROOT / "docs" / "reference" / "configuration.md").read_text(encoding="utf-8"))
+    assert hook.MARKER not in page
+    for module, name, _ in hook.CONFIGS:
+        section = page.split(f"## `{name}`", 1)[1].split("\n## ", 1)[0]
+        cls = getattr(importlib.import_module(module), name)
+        for field in dataclasses.fields(cls):
+            if field.init:
+                assert f"| `{field.name}` |" in section, f"{name}.{field.name}"

@@ -219,7 +219,7 @@ def test_a_mode_the_store_cannot_search_is_named(tiny_model_dir: Path, small_cor
 def test_the_guide_tabulates_every_error_status_the_schema_declares() -> None:
     from care_retriever.search.service_schema import ERROR_STATUSES
 
-    guide = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text("utf-8")
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "http-service.md").read_text("utf-8")
     table = guide.split("## Errors", 1)[1]
     rows = {line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")}
     assert {str(status) for status in ERROR_STATUSES} <= rows, rows

@@ -135,7 +135,7 @@ def test_a_runs_seed_is_its_own_not_its_recipe_files(report, tmp_path: Path) -> 
 
 def test_a_runs_cached_scores_take_the_runs_seed(report, tmp_path: Path) -> None:
     """Scores cached before run.json kept the seed say the recipe file's seed (0 for every --seeds run):
-    the report labels them with the run's seed, not the cache's (docs/miniature.json once said 0, 0, 2)."""
+    the report labels them with the run's seed, not the cache's (miniature.json once said 0, 0, 2)."""
     runs = [synthetic_run(tmp_path / f"seed-{s}", s) for s in range(3)]
     cached = runs[1] / "miniature_scores.json"
     cached.write_text(json.dumps({**json.loads(cached.read_text()), "seed": 0}))
