@@ -16,7 +16,7 @@ def quickstart(
     recipe: Annotated[str, typer.Option(help="Recipe to train (default: the bundled quickstart).")] = "quickstart",
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
 ) -> None:
-    """Build a miniature CARE from scratch on the shipped sample (offline; 2.6 min on an idle 2-core machine)."""
+    """Build a miniature CARE from scratch on the shipped sample (offline; the README gives its measured time)."""
     from care_retriever.model.towers.loading import quiet_transformers
     from care_retriever.training import require
 
