@@ -3,7 +3,7 @@ with the service's one error body.
 
 uvicorn parses the request line and headers before the app sees a request, and answers what it cannot parse (a
 Content-Length that is not a number, a garbage request line) itself, with a plain-text 400. The service's contract
-is one JSON body for every error (``ErrorBody``, docs/serving.md "Errors"), so this protocol writes that body
+is one JSON body for every error (``ErrorBody``, docs/reference/http-service.md), so this protocol writes that body
 instead. It is h11's protocol, named to uvicorn as a class, so the service runs on h11 even where httptools is
 installed (uvicorn's ``auto`` would pick httptools, whose 400 is plain text too).
 """

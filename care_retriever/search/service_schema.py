@@ -81,7 +81,7 @@ class ErrorBody(BaseModel):
 
 
 # Each status the service answers with an ErrorBody, and when: the schema declares these for its routes (the
-# middlewares' statuses for every route, 422 and 503 for /search), docs/serving.md tabulates them.
+# middlewares' statuses for every route, 422 and 503 for /search), docs/reference/http-service.md tabulates them.
 ERROR_STATUSES: dict[int, str] = {
     400: "The body is not JSON: empty, malformed (the line and column), not UTF-8, nested too deeply; or a "
     "Content-Length header that is not a number.",

@@ -431,7 +431,8 @@ def test_a_document_added_through_any_door_scores_as_its_cli_indexed_copy(
 
 
 # ---------------------------------------------------------------------------------------------------- third-party
-HAYSTACK_SIMILARITY = {"cosine": "cosine", "dot": "dot_product"}  # what docs/integrations.md tells users to set
+# what docs/reference/integrations.md tells users to set
+HAYSTACK_SIMILARITY = {"cosine": "cosine", "dot": "dot_product"}
 
 
 def third_party_answers(model: Path, similarity: str) -> dict[str, Ranked]:
@@ -499,7 +500,7 @@ def third_party_answers(model: Path, similarity: str) -> dict[str, Ranked]:
 def test_third_party_stores_set_to_the_embedders_similarity_give_the_clis_answer(
     model: str, models: dict[str, Path], cli_answers: Callable[[str, str], Ranked]
 ) -> None:
-    """What docs/integrations.md tells users to set: the similarity the embedders report (cosine for this
+    """What docs/reference/integrations.md tells users to set: the similarity the embedders report (cosine for this
     package's models, dot product for the released ones). Set so, Haystack's and LangChain's own stores rank and
     score as the CLI; a released model in a cosine store does not score as its authors' code does."""
     from care_retriever.integrations.haystack import CareDocumentEmbedder

@@ -118,7 +118,7 @@ def _raw_until_closed(server: ServeProcess, request: bytes) -> bytes:
 
 def test_broken_http_gets_400(server: ServeProcess) -> None:
     """What no well-behaved client sends: a non-numeric Content-Length, a garbage request line. The answer is the
-    service's one error body (docs/serving.md, "Errors"), not the HTTP server's plain text."""
+    service's one error body (docs/reference/http-service.md, "Errors"), not the HTTP server's plain text."""
     for request in (b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}", b"\x00\x01 garbage\r\n\r\n"):
         reply = _raw_until_closed(server, request)
         assert reply.startswith(b"HTTP/1.1 400"), reply
