@@ -130,12 +130,14 @@ def section(rows: list[tuple[str, float]], args: argparse.Namespace, checks: lis
 
 
 def write_section(text: str) -> None:
+    """Replace section (h) of docs/benchmarks.md, up to the next section or marker (or add it at the end)."""
     body = DOC.read_text(encoding="utf-8") if DOC.is_file() else "# Core benchmarks\n\n"
-    parts = re.split(r"(?m)^(?=### \()", body)
-    replaced = [text.rstrip() + "\n\n" if p.startswith("### (h)") else p for p in parts]
-    if replaced == parts:
-        replaced.append(text.rstrip() + "\n")
-    DOC.write_text("".join(replaced), encoding="utf-8")
+    section_h = re.compile(r"(?ms)^### \(h\).*?(?=^### \(|^<!-- |\Z)")
+    if section_h.search(body):
+        body = section_h.sub(lambda _m: text.rstrip() + "\n\n", body, count=1)
+    else:
+        body = body.rstrip() + "\n\n" + text.rstrip() + "\n"
+    DOC.write_text(body, encoding="utf-8")
 
 
 def main() -> int:
