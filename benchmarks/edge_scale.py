@@ -49,6 +49,12 @@ def build_and_measure(dataset: Path, folder: Path, segment_kb: int | None, k: in
     config = QdrantCollectionConfig(on_disk=True, quantize="sq8", always_ram=True, max_segment_size=segment_kb)
     load_start = os.getloadavg()
     started = time.perf_counter()
+    progress = folder.with_name(folder.name + ".progress.json")  # what a stopped size had reached
+
+    def note(phase: str, points: int) -> None:
+        seconds = time.perf_counter() - started
+        progress.write_text(json.dumps({"phase": phase, "points": points, "s": seconds, "peak_rss": peak_rss()}))
+
     store = open_store(f"qdrant:{folder}")
     store.prepare(dim, "bench-space", "bench-model", config)
     written = 0
@@ -56,8 +62,11 @@ def build_and_measure(dataset: Path, folder: Path, segment_kb: int | None, k: in
         store.upsert(documents(written, len(block)), block)
         written += len(block)
         store.commit()  # as `index` checkpoints; past max_segment_size this optimizes the segment written
+        note("write", written)
     upsert_s = time.perf_counter() - started
+    note("finalize (optimize)", written)
     store.finalize()
+    note("search", written)
     build_s = time.perf_counter() - started
     result: dict[str, Any] = {
         "n": int(n),
