@@ -29,3 +29,18 @@ def published_faiss_state(folder: Path) -> dict[str, np.ndarray]:
     finally:
         store.close()
     return state
+
+
+def as_docstore_hashed_whole(folder: Path) -> None:
+    """Rewrite a store's manifest as stores wrote it while the docstore was hashed whole (one SHA-256 of the file)."""
+    import hashlib
+    import json
+
+    from care_retriever.stores.faiss.files import MANIFEST
+    from care_retriever.stores.manifest import MANIFEST_DIGEST, manifest_bytes
+
+    data = json.loads((folder / MANIFEST).read_text("utf-8"))
+    data.pop(MANIFEST_DIGEST)
+    del data["block_checksums"][DOCSTORE]
+    data["checksums"][DOCSTORE] = hashlib.sha256((folder / DOCSTORE).read_bytes()).hexdigest()
+    (folder / MANIFEST).write_bytes(manifest_bytes(data))

@@ -14,7 +14,8 @@ What each checksum covers (``Manifest.sizes[name]`` bytes from the start):
   recorded size are an uncommitted write's, which the next writer overwrites.
 
 A block's checksum is taken again only where a write changed it, so damage elsewhere stays caught by ``verify``.
-Stores whose docstore was hashed whole (``Manifest.checksums``) verify so until their next write records blocks.
+Stores whose docstore was hashed whole (``Manifest.checksums``) verify so until their next write, which records
+its blocks before it changes a byte.
 
 ``Manifest.sealed`` is the journal's bookkeeping (``care_meta``, committed with every write) that the checksums
 describe. A writer killed after its commit and before its manifest leaves them describing the version before
@@ -208,6 +209,24 @@ def reseal_if_stale(db: sqlite3.Connection, folder: Path, manifest: Manifest, *,
     docstore just took the journal's table) are recorded again, so that this write's own are true."""
     if force or stale(manifest, journal.read_meta(db, folder)):
         seal_published(db, folder, manifest, None)
+    else:
+        hash_docstore_by_blocks(folder, manifest)
+
+
+def hash_docstore_by_blocks(folder: Path, manifest: Manifest) -> None:
+    """A docstore hashed whole takes block checksums before a write enters the write-ahead log: that switch
+    rewrites header bytes its whole-file checksum covers, so a writer killed after it would leave an intact
+    docstore failing ``verify``. Recorded only where the whole checksum still matches (damage stays caught)."""
+    moved = False
+    for name in PAGED:
+        recorded, length = manifest.checksums.get(name), manifest.sizes.get(name)
+        if recorded is None or length is None or prefix_sha256(folder / name, length) != recorded:
+            continue
+        manifest.block_checksums[name] = block_sha256(folder / name, length, size=block_size(name), sqlite=True)
+        del manifest.checksums[name]
+        moved = True
+    if moved:
+        files.write_manifest(folder, manifest)
 
 
 # ------------------------------------------------------------------ checks

@@ -376,7 +376,11 @@ def _call(call: Any, path: Path) -> Any:
     """Run an engine call; its errors as an OSError (a file-system fault), :class:`ShardBusy` or StoreError."""
     try:
         return call()
-    except Exception as exc:  # the binding raises plain Exception for every engine error
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    # the binding raises plain Exception for every engine error, and pyo3's PanicException (a BaseException) where
+    # the engine panics, as it does on some damaged files: one line either way
+    except BaseException as exc:
         text = str(exc)
         if "WouldBlock" in text or "Resource temporarily unavailable" in text:
             raise ShardBusy(f"{path}: the shard is open in another process (one owner per folder)") from exc

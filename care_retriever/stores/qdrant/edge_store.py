@@ -31,7 +31,7 @@ from care_retriever.documents import Document
 from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
-from care_retriever.stores.qdrant import edge, edge_readonly, edge_space, edge_verify, legacy
+from care_retriever.stores.qdrant import edge, edge_memory, edge_readonly, edge_space, edge_verify, legacy
 from care_retriever.stores.qdrant.common import (
     DEFAULT_COLLECTION,
     QdrantOptions,
@@ -74,6 +74,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self.shard: edge.EdgeShard | None = None
         self._lock = threading.RLock()  # the binding holds the GIL per call; this keeps a write's calls together
         self._unindexed_kb = 0.0  # vectors written since the last optimize() (max_segment_size)
+        self._uncommitted = 0  # points upserted since the last commit (at most: some may replace others)
         self._temporary = location == ":memory:"
         self.root = Path(tempfile.mkdtemp(prefix="care-qdrant-edge-")) if self._temporary else Path(location)
         if not self._temporary:
@@ -176,6 +177,11 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self, documents: Sequence[Document], vectors: np.ndarray, *, sparse_tokens: Sequence[list[str]] | None = None
     ) -> None:
         vectors = self.checked_vectors(documents, vectors)
+        manifest = self.require_manifest()  # the next optimize() over every point must fit in memory
+        segment_kb = QdrantCollectionConfig.from_manifest(manifest.index).max_segment_size
+        edge_memory.check_room(
+            self.describe(), manifest.count + self._uncommitted + len(vectors), manifest.dim, segment_kb
+        )
         sparse = self.sparse_terms(documents, sparse_tokens)
         terms = sparse if sparse is not None else [None] * len(documents)
         points = [
@@ -192,6 +198,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
                 shard.upsert(batch)
                 edge_verify.recorded_as_stored(shard, batch)
             self._unindexed_kb += vectors.size * 4 / 1024
+            self._uncommitted += len(vectors)
 
     def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
         """A payload index for each metadata field filters can match (:func:`metadata_fields`), created the first
@@ -219,7 +226,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         with self._lock, self._write_faults("the commit"):
             shard = self.require_shard()
             shard.flush()
-            manifest.count = shard.count()
+            manifest.count, self._uncommitted = shard.count(), 0
             manifest.updated_at = time.time()
             self._write_manifest(manifest)
         limit = QdrantCollectionConfig.from_manifest(manifest.index).max_segment_size
@@ -232,6 +239,10 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self._optimize()
 
     def _optimize(self) -> None:  # the graphs and codes of the segments written since the last one
+        manifest = self.require_manifest()
+        segment_kb = QdrantCollectionConfig.from_manifest(manifest.index).max_segment_size
+        kept = "the points are kept, searched exactly until an optimize() builds their graphs"
+        edge_memory.check_room(self.describe(), manifest.count, manifest.dim, segment_kb, kept)
         with self._lock, self._write_faults("the optimized segments"):
             shard = self.require_shard()
             require_space(self.folder, folder_bytes(self.folder / SHARD_FOLDER / "segments"))  # rebuilt beside the old

@@ -26,6 +26,8 @@ from care_retriever.vectors import VectorContract
 VECTOR_CHECKSUM = "vector_checksum"  # payload field: BLAKE2b-128 of the stored float32 vector's bytes
 REPAIR = "run the same `care-retriever index` again to rewrite it"
 
+# every field a point's payload may hold: a changed byte of a field's name leaves a field outside these
+PAYLOAD_FIELDS = frozenset({"doc_id", "text", "title", "metadata", "content_hash", VECTOR_CHECKSUM})
 SETTINGS = ("quantize", "always_ram", "on_disk", "m", "ef_construct")  # what the shard and the manifest both record
 
 
@@ -50,6 +52,9 @@ def damage(record: Any) -> str | None:
     """What of a point (read with its whole payload and its vector) no longer matches the hashes recorded at
     write: its text, its vector, or None. A point written before vectors had a checksum has its text checked."""
     payload = record.payload
+    unknown = sorted(set(payload) - PAYLOAD_FIELDS)
+    if unknown:
+        return f"its payload holds a field the store never writes ({unknown[0]!r})"
     try:
         stored = document_of(payload)
     except (KeyError, TypeError, ValueError):

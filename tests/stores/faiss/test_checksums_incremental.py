@@ -15,7 +15,7 @@ from care_retriever.documents import Document
 from care_retriever.errors import StoreError
 from care_retriever.stores.config import FaissIndexConfig, Quantize
 from care_retriever.stores.faiss import DELTA, DOCSTORE, INDEX, MANIFEST, VECTORS, FaissStore
-from care_retriever.stores.manifest import MANIFEST_DIGEST, manifest_bytes
+from tests.support.faiss_files import as_docstore_hashed_whole
 
 DIM = 16
 FILLER = "高血压患者应低盐饮食，规律服用降压药，定期监测血压。" * 40  # ~3 KB a text: a docstore of many blocks
@@ -111,21 +111,10 @@ def test_verify_catches_a_flipped_byte_at_every_sampled_offset_of_every_file(
     _verify(folder)  # every byte restored: it passes again
 
 
-def _as_hashed_whole(folder: Path) -> None:
-    """The manifest as stores wrote it while the docstore was hashed whole (one SHA-256 of the file)."""
-    import hashlib
-
-    data = json.loads((folder / MANIFEST).read_text("utf-8"))
-    data.pop(MANIFEST_DIGEST)
-    del data["block_checksums"][DOCSTORE]
-    data["checksums"][DOCSTORE] = hashlib.sha256((folder / DOCSTORE).read_bytes()).hexdigest()
-    (folder / MANIFEST).write_bytes(manifest_bytes(data))
-
-
 def test_a_store_whose_docstore_was_hashed_whole_verifies_and_takes_blocks_on_its_next_write(tmp_path: Path) -> None:
     folder = tmp_path / "store"
     _build(folder, 50)
-    _as_hashed_whole(folder)
+    as_docstore_hashed_whole(folder)
     _verify(folder)
     old = _flip(folder / DOCSTORE, 5000)
     with pytest.raises(StoreError, match=r"docstore\.sqlite: checksum mismatch"):
