@@ -13,6 +13,7 @@ import pytest
 from tests.support.data import MEDICAL_TEXTS, SAMPLE_DIR, SHARED_DATA
 from tests.support.eval_tasks import write_tasks
 from tests.support.models import build_tiny_model
+from tests.support.scheduling import XDIST_CHUNK
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -181,9 +182,19 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n 2`` xdist hands out ``XDIST_CHUNK`` tests at a time, unless the command sets ``--maxschedchunk``.
+
+    Its default first hands each worker a quarter of its share as one run of consecutive tests: with the slow tests
+    first, every one of them would go to the first worker while the second ran short ones and then waited.
+    """
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
+        config.option.maxschedchunk = XDIST_CHUNK
+
+
 def pytest_collection_modifyitems(session, config, items) -> None:
     """Tests marked ``slow`` (end-to-end runs of tens of seconds: subprocesses, training, kills) run first, in
-    their collected order, the rest after them. Under ``-n 2`` xdist hands out tests in this order: the two workers
-    then share the long ones at the start and end together on short ones, instead of one worker finishing a long
-    test alone at the end while the other waits."""
+    their collected order, the rest after them. Under ``-n 2`` xdist hands out tests in this order, a few at a
+    time (``pytest_configure``): the two workers then share the long ones at the start and end together on short ones,
+    instead of one worker finishing a long test alone at the end while the other waits."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the order within each group
