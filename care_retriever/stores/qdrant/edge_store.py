@@ -43,7 +43,7 @@ from care_retriever.stores.qdrant.common import (
     point_id,
 )
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
-from care_retriever.stores.qdrant.edge_payload import metadata_fields, metadata_kind
+from care_retriever.stores.qdrant.edge_payload import metadata_fields, reindexed_kind
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
 from care_retriever.stores.qdrant.edge_verify import check_settings, damage, unchecked_manifest
@@ -195,12 +195,12 @@ class EdgeStore(EdgeSearch, QdrantStore):
 
     def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
         """A payload index for each metadata field filters can match (:func:`metadata_fields`), created the first
-        time the field is seen."""
+        time the field is seen, replaced when a value needs another (:func:`reindexed_kind`)."""
         indexed = shard.payload_indexes()
         for document in documents:
             for key, value in metadata_fields(document.metadata):
-                kind = metadata_kind(value)
-                if kind is not None and key not in indexed:
+                kind = reindexed_kind(indexed.get(key), value)
+                if kind is not None:
                     shard.index_field(key, kind)
                     indexed[key] = kind
 
