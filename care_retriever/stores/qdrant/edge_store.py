@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 import care_retriever.faults as faults
-from care_retriever.documents import Document
+from care_retriever.documents import Document, check_metadata_keys
 from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
@@ -176,6 +176,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self, documents: Sequence[Document], vectors: np.ndarray, *, sparse_tokens: Sequence[list[str]] | None = None
     ) -> None:
         vectors = self.checked_vectors(documents, vectors)
+        check_metadata_keys(documents)
         sparse = self.sparse_terms(documents, sparse_tokens)
         terms = sparse if sparse is not None else [None] * len(documents)
         points = [
