@@ -178,6 +178,7 @@ def _comparison(field: object, operator: object, value: object, *, short: bool =
                 raise InputError(
                     f"filter {name!r}: {operator!r} compares numbers or ISO 8601 dates (2021-03-01, "
                     f"2021-03-01T08:00:00+08:00), got the string {scalar!r}"
+                    + (" (no such instant within years 1 to 9999 in UTC)" if ISO_DATE.match(scalar) else "")
                 )
             return Comparison(path, str(operator), date)
         return Comparison(path, str(operator), scalar)
