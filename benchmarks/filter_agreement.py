@@ -1,11 +1,13 @@
-"""Does one filter give the same answer on every engine? Generated corpora (nested objects, numbers at type
-boundaries, booleans, unicode keys and values, missing fields, lists, ISO dates) and random filter trees run on
-``faiss:``, ``qdrant:DIR`` (Edge), ``qdrant::memory:``, qdrant-client's local engine and a FAISS store copied to Edge;
-each (filter, query) case is checked against the reference evaluator
-(:func:`care_retriever.stores.filter_matching.matches`): the same count, and the same top-k ids and scores as an
-exact numpy search of the matching documents.
+"""Does one filter give the same answer on every engine and through every door? Generated corpora (nested objects,
+numbers at type boundaries, booleans, unicode keys and values, missing fields, lists, ISO dates) and random filter
+trees run on ``faiss:``, ``qdrant:DIR`` (Edge), ``qdrant::memory:``, qdrant-client's local engine and a FAISS store
+copied to Edge; each (filter, query) case is checked against the reference evaluator
+(:func:`care_retriever.stores.filter_matching.matches`): each store's count, and its top-k ids and scores against an
+exact numpy search of the matching documents. Each case also asks one door over one store (the next pair each case,
+:mod:`benchmarks.filter_doors`: the Python API, the HTTP service, LangChain; Haystack on FAISS) with a query text a
+tiny model encodes.
 
-    python -m benchmarks.filter_agreement --cases 10000      # prints the count of disagreements
+    python -m benchmarks.filter_agreement --cases 10000      # the count of disagreements, into docs/filters.md
 
 The property suite (tests/cross/test_filter_agreement.py) runs the same cases, a few dozen, derandomized.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import tempfile
 import time
 import warnings
@@ -27,14 +30,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NonInteractiveExampleWarning
 
+from benchmarks.filter_doors import Door, Ranked, opened_doors, tiny_model
 from care_retriever.documents import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.base import VectorStore
 from care_retriever.stores.filter_matching import matches
 from care_retriever.stores.filters import parse_filters
 
-DIM = 8
 TOP_K = 5
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "filters.md"
+BEGIN, END = "<!-- filter_agreement:begin -->", "<!-- filter_agreement:end -->"
+# what the text doors are asked (each encoded by the query tower of the run's model)
+QUERIES = ["高血压怎么办", "糖尿病饮食注意什么", "感冒发烧", "头痛失眠", "心内科门诊", "儿童咳嗽"]
 INTEGERS = [0, 1, -1, 2, 3, 2**31 - 1, 2**31, -(2**31), 2**53 - 1, -(2**53 - 1)]
 FLOATS = [0.0, 1.0, 0.5, -2.5, 2.0, 3.0, 2.0**31, 1e-7, 123456.789]
 STRINGS = [
@@ -97,13 +104,15 @@ FILTERS = st.one_of(
 )
 
 
-def _vectors(n: int, seed: int) -> np.ndarray:
-    vectors = np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
+def _vectors(n: int, seed: int, dim: int) -> np.ndarray:
+    vectors = np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
-def build_stores(documents: list[Document], vectors: np.ndarray, root: Path) -> dict[str, VectorStore]:
-    """The same documents in every engine (and a FAISS store copied to Edge)."""
+def build_stores(
+    documents: list[Document], vectors: np.ndarray, root: Path, fingerprint: str
+) -> dict[str, VectorStore]:
+    """The same documents in every engine (and a FAISS store copied to Edge), in the space ``fingerprint``."""
     from qdrant_client import QdrantClient
 
     from care_retriever.stores.copying import copy_store
@@ -116,7 +125,7 @@ def build_stores(documents: list[Document], vectors: np.ndarray, root: Path) -> 
         "qdrant-client local": QdrantStore("http://localhost:6333", client=QdrantClient(location=":memory:")),
     }
     for store in stores.values():
-        store.prepare(DIM, "fp", "model")
+        store.prepare(vectors.shape[1], fingerprint, "model")
         store.upsert(documents, vectors)
         store.finalize()
     copy = open_store(f"qdrant:{root / 'copy'}")
@@ -129,12 +138,7 @@ def check_case(
     stores: dict[str, VectorStore], documents: list[Document], vectors: np.ndarray, filters: Any, query: np.ndarray
 ) -> list[str]:
     """What each store answers differently from the reference for one (filter, query) case."""
-    node = parse_filters(filters)
-    matching = [i for i, d in enumerate(documents) if matches(node, d.metadata)]
-    scores = vectors[matching] @ query
-    order = sorted(range(len(matching)), key=lambda j: -scores[j])[:TOP_K]
-    want_ids = [documents[matching[j]].id for j in order]
-    want_scores = [float(scores[j]) for j in order]
+    matching, want_ids, want_scores = reference(documents, vectors, filters, query)
     problems = []
     for name, store in stores.items():
         count = store.count(filters)
@@ -149,41 +153,96 @@ def check_case(
     return problems
 
 
-def corpus_documents(metadata: list[dict[str, Any]], seed: int) -> tuple[list[Document], np.ndarray]:
+def reference(
+    documents: list[Document], vectors: np.ndarray, filters: Any, query: np.ndarray
+) -> tuple[list[int], list[str], list[float]]:
+    """The matching documents' positions, and the top-k ids and scores of an exact search of them."""
+    node = parse_filters(filters)
+    matching = [i for i, d in enumerate(documents) if matches(node, d.metadata)]
+    scores = vectors[matching] @ query
+    order = sorted(range(len(matching)), key=lambda j: -scores[j])[:TOP_K]
+    return matching, [documents[matching[j]].id for j in order], [float(scores[j]) for j in order]
+
+
+def check_doors(
+    doors: dict[str, Door], documents: list[Document], vectors: np.ndarray, filters: Any, text: str, query: np.ndarray
+) -> list[str]:
+    """What each of ``doors`` answers differently from the reference for the query ``text`` (its vector:
+    ``query``)."""
+    _, want_ids, want_scores = reference(documents, vectors, filters, query)
+    problems = []
+    for name, door in doors.items():
+        ranked: Ranked = door(text, filters, TOP_K)
+        ids, scores = [i for i, _ in ranked], [s for _, s in ranked]
+        if ids != want_ids or not np.allclose(scores, want_scores, atol=1e-4):
+            problems.append(f"{name}: hits {ids}, reference {want_ids} for {filters!r}")
+    return problems
+
+
+def corpus_documents(metadata: list[dict[str, Any]], seed: int, dim: int) -> tuple[list[Document], np.ndarray]:
     """Documents with the generated metadata, and their unit vectors."""
     documents = [Document(f"d{i}", f"文本 {i}", metadata=m) for i, m in enumerate(metadata)]
-    return documents, _vectors(len(documents), seed)
+    return documents, _vectors(len(documents), seed, dim)
 
 
 @contextlib.contextmanager
-def opened_stores(documents: list[Document], vectors: np.ndarray) -> Iterator[dict[str, VectorStore]]:
-    """:func:`build_stores` in a temporary folder, closed (and removed) on exit."""
+def opened_stores(
+    documents: list[Document], vectors: np.ndarray, embedder: Any, model: Path
+) -> Iterator[tuple[dict[str, VectorStore], dict[str, Door]]]:
+    """:func:`build_stores` in a temporary folder, in the space of ``embedder`` (saved in ``model``), with each
+    store's doors (:func:`benchmarks.filter_doors.opened_doors`); closed (and removed) on exit."""
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Payload indexes have no effect in the local Qdrant")
-        stores = build_stores(documents, vectors, Path(tmp))
+        stores = build_stores(documents, vectors, Path(tmp), embedder.space_fingerprint)
         try:
-            yield stores
+            with opened_doors(stores, embedder, model, f"faiss:{Path(tmp) / 'faiss'}") as doors:
+                yield stores, doors
         finally:
             for store in stores.values():
                 store.close()
 
 
+def query_vectors(embedder: Any) -> dict[str, np.ndarray]:
+    """Each of :data:`QUERIES`, encoded on its own as a door encodes it."""
+    return {text: embedder.embed_queries([text])[0] for text in QUERIES}
+
+
 def run_cases(
-    stores: dict[str, VectorStore], documents: list[Document], vectors: np.ndarray, n: int
+    stores: dict[str, VectorStore],
+    doors: dict[str, Door],
+    texts: dict[str, np.ndarray],
+    documents: list[Document],
+    vectors: np.ndarray,
+    n: int,
 ) -> tuple[int, list[str]]:
-    """Up to ``n`` generated (filter, query) cases on one corpus's stores: how many ran, the disagreements found."""
+    """Up to ``n`` generated (filter, query) cases on one corpus's stores and doors: how many ran, the disagreements
+    found. Each case checks every store, and one door over one store (the next pair each case)."""
     found: list[str] = []
     ran = 0
+    names = list(doors)
 
     @settings(max_examples=n, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(FILTERS, st.integers(0, 2**16))
-    def one(filters: Any, seed: int) -> None:
+    @given(FILTERS, st.integers(0, 2**16), st.sampled_from(QUERIES))
+    def one(filters: Any, seed: int, text: str) -> None:
         nonlocal ran
+        found.extend(check_case(stores, documents, vectors, filters, _vectors(1, seed, vectors.shape[1])[0]))
+        through = names[ran % len(names)]
+        found.extend(check_doors({through: doors[through]}, documents, vectors, filters, text, texts[text]))
         ran += 1
-        found.extend(check_case(stores, documents, vectors, filters, _vectors(1, seed)[0]))
 
     one()
     return ran, found
+
+
+def write_section(text: str) -> None:
+    """Replace the marked section of docs/filters.md with ``text``."""
+    doc = DOCS.read_text("utf-8")
+    block = f"{BEGIN}\n{text.rstrip()}\n{END}"
+    if BEGIN in doc and END in doc:
+        doc = doc[: doc.index(BEGIN)] + block + doc[doc.index(END) + len(END) :]
+    else:
+        doc = doc.rstrip() + "\n\n" + block + "\n"
+    DOCS.write_text(doc, "utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,23 +250,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=10_000, help="(corpus, filter, query) cases to run")
     parser.add_argument("--per-corpus", type=int, default=100, help="(filter, query) cases per generated corpus")
     parser.add_argument("--show", type=int, default=5, help="disagreements to print")
+    parser.add_argument("--no-write", action="store_true", help="print the result only (not into docs/filters.md)")
     args = parser.parse_args(argv)
     faiss.omp_set_num_threads(1)  # a search of a few vectors: OpenMP's thread start-up would be all of its cost
     found: list[str] = []
     cases = 0
     start = time.perf_counter()
-    for corpus in range(max(1, args.cases // args.per_corpus)):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NonInteractiveExampleWarning)
-            metadata = CORPORA.example()
-        documents, vectors = corpus_documents(metadata, corpus)
-        with opened_stores(documents, vectors) as stores:
-            ran, problems = run_cases(stores, documents, vectors, args.per_corpus)
-        cases += ran
-        found += problems
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    with tempfile.TemporaryDirectory() as tmp:
+        embedder = tiny_model(Path(tmp) / "tiny")
+        texts = query_vectors(embedder)
+        for corpus in range(max(1, args.cases // args.per_corpus)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", NonInteractiveExampleWarning)
+                metadata = CORPORA.example()
+            documents, vectors = corpus_documents(metadata, corpus, embedder.dim)
+            with opened_stores(documents, vectors, embedder, Path(tmp) / "tiny") as (stores, doors):
+                ran, problems = run_cases(stores, doors, texts, documents, vectors, args.per_corpus)
+            cases += ran
+            found += problems
     for line in found[: args.show]:
         print(line)
-    print(f"{cases} cases, {len(found)} disagreements, {time.perf_counter() - start:.0f} s")
+    seconds = time.perf_counter() - start
+    summary = f"{cases:,} cases, {len(found)} disagreements, {seconds:.0f} s"
+    print(summary)
+    if not args.no_write:
+        from benchmarks.core_common import machine_line
+
+        write_section(
+            f"`python -m benchmarks.filter_agreement --cases {args.cases}`: {summary} ({machine_line()}; load "
+            f"average {load} at the start)."
+        )
     return 1 if found else 0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from care_retriever.strict_json import non_finite_field
 __all__ = [
     "Document",
     "check_document_text",
+    "check_metadata_keys",
     "decode_line",
     "document_text",
     "empty_text_message",
@@ -71,6 +72,22 @@ def dotted_key(metadata: object) -> str | None:
     return None
 
 
+def _refuse_dotted_key(doc_id: object, metadata: object) -> None:
+    if (dotted := dotted_key(metadata)) is not None:
+        raise InputError(
+            f"document {doc_id!r}: metadata key {dotted!r} holds a '.', which filters read as a step into a nested "
+            "object: rename it (e.g. with '_') or nest it"
+        )
+
+
+def check_metadata_keys(documents: Iterable[Document]) -> None:
+    """Refuse, in one line naming the document and the key (:class:`InputError`), the first of ``documents`` whose
+    metadata holds a key with a ``.`` (:func:`dotted_key`): what a store's ``upsert`` checks before it writes, as
+    :func:`metadata_json` does for the writer, the corpus reader and the framework adapters."""
+    for document in documents:
+        _refuse_dotted_key(document.id, document.metadata)
+
+
 # What metadata a document may carry: what strict JSON holds, the one rule every door applies (the corpus reader
 # naming the file and line, the Python writer, the Haystack and LangChain adapters). Python's json reads and writes
 # NaN and Infinity, which JSON has not: stored, they would come back in `search --json` and the service's bodies as
@@ -79,11 +96,7 @@ def dotted_key(metadata: object) -> str | None:
 def metadata_json(doc_id: object, metadata: Mapping[str, Any]) -> str:
     """``metadata`` as JSON text (the form the stores keep), or one line (:class:`InputError`) naming the field that
     holds a NaN or an infinite number or a key with a dot, or saying what is not JSON at all."""
-    if (dotted := dotted_key(metadata)) is not None:
-        raise InputError(
-            f"document {doc_id!r}: metadata key {dotted!r} holds a '.', which filters read as a step into a nested "
-            "object: rename it (e.g. with '_') or nest it"
-        )
+    _refuse_dotted_key(doc_id, metadata)
     try:
         return json.dumps(metadata, ensure_ascii=False, allow_nan=False)
     except ValueError as exc:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from care_retriever.errors import InputError
-from care_retriever.stores.filters import parse_filters
+from care_retriever.stores.filters import haystack_form, parse_filters
 
 ITEM = re.compile(r"^\s*([^=!<>\s]+)\s*(==|=|!=|>=|<=|>|<)\s*(.*?)\s*$", re.S)
 INTEGER = re.compile(r"^[+-]?\d+$")
@@ -75,6 +75,11 @@ def parse_filter_item(item: str) -> dict[str, Any]:
             "dept=心内科, dept=A,B for any of)"
         )
     field, operator, text = found.groups()
+    if text[:1] in ("=", "<", ">", "!"):  # year=>2020, year<>1: an operator mistyped, not a value
+        raise InputError(
+            f"--filter {item!r}: the value starts with {text[0]!r}; OP is one of =, !=, >, >=, <, <= (quote a value "
+            f"that starts with it: {field}{operator}'{text}')"
+        )
     values = [_typed(value, quoted) for value, quoted in _split(text, item)]
     operator = "==" if operator == "=" else operator
     if len(values) > 1:
@@ -104,13 +109,9 @@ def _json_filter(text: str) -> Any:
 
 
 def _conditions(filters: dict[str, Any]) -> list[dict[str, Any]]:
-    """A filter as conditions to AND: a Haystack filter as itself, a short form one comparison per key."""
-    if "field" in filters or "conditions" in filters:
-        return [filters]
-    return [
-        {"field": f"meta.{key}", "operator": "in" if isinstance(value, list) else "==", "value": value}
-        for key, value in filters.items()
-    ]
+    """A filter as conditions to AND (a short form one comparison per key, an AND its conditions)."""
+    form = haystack_form(filters)
+    return list(form["conditions"]) if form.get("operator") == "AND" else [form]
 
 
 def _refuse_contradictions(conditions: list[dict[str, Any]]) -> None:

@@ -163,8 +163,8 @@ def _json_kind(value: Any) -> str:
 
 def _refuse(message: str) -> PydanticCustomError:
     """A validation error whose message is ours alone (no "Value error, " before it); the field is named by its
-    location."""
-    return PydanticCustomError("invalid", message.replace("{", "{{").replace("}", "}}"))
+    location. Given no context, pydantic keeps the template as it is: braces quoted from a dict stay single."""
+    return PydanticCustomError("invalid", message)
 
 
 def check_queries(value: Any, limits: ServiceLimits) -> Any:

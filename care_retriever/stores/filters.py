@@ -105,15 +105,15 @@ def is_filter_field(name: object) -> bool:
 
 
 def parse_date(value: str) -> datetime | None:
-    """``value`` as an aware datetime (UTC when it names no zone) when it is an ISO 8601 date of the form filters
-    compare, else None."""
+    """``value`` as a datetime in UTC (a string naming no zone being UTC) when it is an ISO 8601 date of the form
+    filters compare and its instant falls within years 1 to 9999, else None."""
     if not ISO_DATE.match(value):
         return None
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        return parsed.astimezone(timezone.utc) if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
+    except (ValueError, OverflowError):  # no such date, or an instant before year 1 or after 9999 in UTC
         return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
 
 
 def _path(field: object, *, short: bool) -> tuple[str, ...]:
@@ -132,7 +132,15 @@ def _path(field: object, *, short: bool) -> tuple[str, ...]:
 
 
 def _scalar(field: str, value: object) -> Scalar:
-    if value is None or isinstance(value, (str, bool)):
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")  # what every engine's query holds: a lone surrogate is no text it can match
+        except UnicodeEncodeError as exc:
+            raise InputError(
+                f"filter {field!r}: the value is not valid Unicode (lone surrogate at character {exc.start})"
+            ) from None
+        return value
+    if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
         if not -(2**63) <= value < 2**63:  # SQLite's and Qdrant's integers
@@ -170,6 +178,7 @@ def _comparison(field: object, operator: object, value: object, *, short: bool =
                 raise InputError(
                     f"filter {name!r}: {operator!r} compares numbers or ISO 8601 dates (2021-03-01, "
                     f"2021-03-01T08:00:00+08:00), got the string {scalar!r}"
+                    + (" (no such instant within years 1 to 9999 in UTC)" if ISO_DATE.match(scalar) else "")
                 )
             return Comparison(path, str(operator), date)
         return Comparison(path, str(operator), scalar)
@@ -243,11 +252,35 @@ def parse_filters(filters: object) -> FilterNode | None:
             "filters must be a dict of metadata field -> value(s), or a Haystack filter (field, operator, value; or "
             f"operator, conditions), got {filters!r}"
         )
-    is_haystack = "field" in filters or ("operator" in filters and "conditions" in filters)
+    is_haystack = _is_haystack(filters)
     if not is_haystack and ({"operator", "conditions"} & set(filters)):
         _node(filters, 0)  # a logical node missing a key: its one-line error
     node = _node(filters, 0) if is_haystack else _short_form(filters)
     return simplify(node)
+
+
+def _is_haystack(filters: dict[str, Any]) -> bool:
+    return "field" in filters or ("operator" in filters and "conditions" in filters)
+
+
+def haystack_form(filters: Filters) -> Filters:
+    """``filters`` in Haystack's syntax, so that a door can nest them in a logical node: a short form as its
+    comparisons on ``meta.KEY`` (AND-ed), a Haystack filter unchanged.
+
+    Example:
+        ```python
+        haystack_form({"year": 2021})  # {"field": "meta.year", "operator": "==", "value": 2021}
+        ```
+
+    :param filters: filters :func:`parse_filters` reads (not None or empty).
+    """
+    if _is_haystack(filters):
+        return filters
+    conditions: list[Filters] = [
+        {"field": f"meta.{key}", "operator": "in" if isinstance(value, list) else "==", "value": value}
+        for key, value in filters.items()
+    ]
+    return conditions[0] if len(conditions) == 1 else {"operator": "AND", "conditions": conditions}
 
 
 def validate_filters(filters: Filters | None) -> Filters | None:

@@ -1,10 +1,12 @@
 """One filter, one answer: generated corpora and filter trees (benchmarks/filter_agreement.py's strategies) give
 the same counts, ids and scores on FAISS, Qdrant Edge (folder and memory), qdrant-client's local engine and a FAISS
-store copied to Edge as the reference evaluator; and the reference evaluator agrees with Haystack's own
-``document_matches_filter`` wherever the two languages mean the same."""
+store copied to Edge as the reference evaluator, and through every door (the Python API, the HTTP service,
+LangChain, Haystack) over them; and the reference evaluator agrees with Haystack's own ``document_matches_filter``
+wherever the two languages mean the same."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import faiss
@@ -14,12 +16,29 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("qdrant_edge")
+pytest.importorskip("haystack")
+pytest.importorskip("langchain_core")
+pytest.importorskip("fastapi")
 
-from benchmarks.filter_agreement import CORPORA, FILTERS, check_case, corpus_documents, opened_stores
+from benchmarks.filter_agreement import (
+    CORPORA,
+    FILTERS,
+    QUERIES,
+    check_case,
+    check_doors,
+    corpus_documents,
+    opened_stores,
+    query_vectors,
+)
 from care_retriever.stores.filter_matching import matches
 from care_retriever.stores.filters import parse_filters
 
 CASES_PER_CORPUS = 12
+
+
+@pytest.fixture(scope="module")
+def texts(embedder) -> dict[str, np.ndarray]:
+    return query_vectors(embedder)
 
 
 @settings(
@@ -30,18 +49,24 @@ CASES_PER_CORPUS = 12
     phases=[Phase.generate],  # no shrinking: each example builds five stores
     suppress_health_check=list(HealthCheck),
 )
-@given(CORPORA, st.data())
-def test_every_engine_gives_the_reference_answer(metadata: list[dict[str, Any]], data: st.DataObject) -> None:
+@given(metadata=CORPORA, data=st.data())
+def test_every_engine_and_door_gives_the_reference_answer(
+    embedder, tiny_model_dir: Path, texts: dict[str, np.ndarray], metadata: list[dict[str, Any]], data: st.DataObject
+) -> None:
     threads = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)  # searches of a few vectors: thread start-up would be all of their cost
     try:
-        documents, vectors = corpus_documents(metadata, seed=len(metadata))
-        with opened_stores(documents, vectors) as stores:
+        documents, vectors = corpus_documents(metadata, seed=len(metadata), dim=embedder.dim)
+        with opened_stores(documents, vectors, embedder, tiny_model_dir) as (stores, doors):
+            names = list(doors)
             for i in range(CASES_PER_CORPUS):
                 filters = data.draw(FILTERS, label=f"filter {i}")
                 query = np.random.default_rng(i).normal(size=vectors.shape[1]).astype(np.float32)
                 query /= np.linalg.norm(query)  # unit, as the stored vectors: no ties, cosine == dot
                 assert check_case(stores, documents, vectors, filters, query) == []
+                text = QUERIES[i % len(QUERIES)]
+                door = data.draw(st.sampled_from(names), label=f"door {i}")
+                assert check_doors({door: doors[door]}, documents, vectors, filters, text, texts[text]) == []
     finally:
         faiss.omp_set_num_threads(threads)
 

@@ -71,7 +71,7 @@ def _ordered(path: str, operator: str, bound: object) -> tuple[str, list[object]
     """The field (or one of its list's elements) compares with ``bound``: numbers numerically, ISO dates as UTC
     instants (a stored string that is no date never matches, nor a list holding a number: Qdrant's rule)."""
     if isinstance(bound, datetime):
-        utc = bound.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        utc = bound.astimezone(timezone.utc).isoformat(sep=" ", timespec="milliseconds")[:23]  # year 1: "0001"
         test = f"COALESCE(strftime('{DATE_FORMAT}', {{x}}) {operator} ?, 0)"
         scalar = f"(json_extract({META}, ?) GLOB '{DATE_PREFIX}' AND {test.format(x=f'json_extract({META}, ?)')})"
         element = f"(e.type = 'text' AND e.value GLOB '{DATE_PREFIX}' AND {test.format(x='e.value')})"

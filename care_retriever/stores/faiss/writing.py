@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 import care_retriever.faults as faults
-from care_retriever.documents import Document
+from care_retriever.documents import Document, check_metadata_keys
 from care_retriever.errors import InputError, StoreError, WriteError
 from care_retriever.stores.base import STORE_FORMAT_VERSION, LocalFootprint
 from care_retriever.stores.config import FaissIndexConfig, Quantize
@@ -195,6 +195,7 @@ class Writing(OpenedVersion):
                 f"{self.describe()}: vectors have shape {vectors.shape}; "
                 f"the store holds {session.manifest.dim}-dim vectors"
             )
+        check_metadata_keys(documents)
         with self._lock, self._write_faults(session, "the documents and their vectors"):
             session.upsert(documents, vectors, sparse_tokens)
             self._id_order = None

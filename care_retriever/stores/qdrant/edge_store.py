@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 import care_retriever.faults as faults
-from care_retriever.documents import Document
+from care_retriever.documents import Document, check_metadata_keys
 from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
@@ -43,7 +43,7 @@ from care_retriever.stores.qdrant.common import (
     point_id,
 )
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
-from care_retriever.stores.qdrant.edge_payload import metadata_fields, metadata_kind
+from care_retriever.stores.qdrant.edge_payload import metadata_fields, reindexed_kind
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
 from care_retriever.stores.qdrant.edge_verify import check_settings, damage, unchecked_manifest
@@ -177,6 +177,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self, documents: Sequence[Document], vectors: np.ndarray, *, sparse_tokens: Sequence[list[str]] | None = None
     ) -> None:
         vectors = self.checked_vectors(documents, vectors)
+        check_metadata_keys(documents)
         manifest = self.require_manifest()  # the next optimize() over every point must fit in memory
         segment_kb = QdrantCollectionConfig.from_manifest(manifest.index).max_segment_size
         edge_memory.check_room(
@@ -202,12 +203,12 @@ class EdgeStore(EdgeSearch, QdrantStore):
 
     def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
         """A payload index for each metadata field filters can match (:func:`metadata_fields`), created the first
-        time the field is seen."""
+        time the field is seen, replaced when a value needs another (:func:`reindexed_kind`)."""
         indexed = shard.payload_indexes()
         for document in documents:
             for key, value in metadata_fields(document.metadata):
-                kind = metadata_kind(value)
-                if kind is not None and key not in indexed:
+                kind = reindexed_kind(indexed.get(key), value)
+                if kind is not None:
                     shard.index_field(key, kind)
                     indexed[key] = kind
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 import care_retriever.faults as faults
-from care_retriever.documents import Document
+from care_retriever.documents import Document, check_metadata_keys
 from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import Filters, LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, as_qdrant_config
@@ -230,6 +230,7 @@ class ServerStore(ServerAsync, ServerSearch, QdrantStore):
         from qdrant_client import models
 
         vectors = self.checked_vectors(documents, vectors)
+        check_metadata_keys(documents)
         from care_retriever.sparse.qdrant_sparse import VECTOR
 
         terms = self.sparse_terms(documents, sparse_tokens)

@@ -11,7 +11,7 @@ from typing import Any
 from haystack.errors import FilterError
 
 from care_retriever.errors import InputError
-from care_retriever.stores.filters import Comparison, FilterNode, Logic, parse_filters
+from care_retriever.stores.filters import Comparison, FilterNode, Logic, haystack_form, parse_filters
 
 
 def parse_haystack_filters(filters: dict[str, Any] | None) -> FilterNode | None:
@@ -45,4 +45,4 @@ def core_filters(filters: dict[str, Any] | None, hidden: str | None = None) -> d
     if hidden is None:
         return filters or None
     visible = {"field": f"meta.{hidden}", "operator": "!=", "value": True}
-    return {"operator": "AND", "conditions": [filters, visible]} if filters else visible
+    return {"operator": "AND", "conditions": [haystack_form(filters), visible]} if filters else visible
