@@ -22,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections import OrderedDict
+from collections.abc import Sized
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +33,7 @@ from care_retriever.stores.faiss import filter_sql
 from care_retriever.stores.filters import Comparison, Constant, FilterNode
 
 MAX_FIELDS = 16  # fields indexed at once per connection; the least recently filtered one is dropped first
-Query = tuple[str, list[object]]
+Query = tuple[str, list[Any]]
 
 
 class FieldIndexes:
@@ -129,14 +131,14 @@ class FieldIndexes:
         self._seen = self._version()
         return name
 
-    def _writing_temp(self, *statements: str, args: list[object] | None = None) -> None:
+    def _writing_temp(self, *statements: str, args: list[Any] | None = None) -> None:
         """Run statements that write the temp schema only; a reader's connection (query_only) allows them for
         the while, since the store's file is not written."""
         (query_only,) = self.db.execute("PRAGMA query_only").fetchone()
         self.db.execute("PRAGMA query_only=0")
         try:
             for statement in statements:
-                self.db.execute(statement, args if "?" in statement else [])
+                self.db.execute(statement, (args or []) if "?" in statement else [])
             self.db.commit()
         finally:
             self.db.execute(f"PRAGMA query_only={int(query_only)}")
@@ -202,9 +204,9 @@ class Candidates:
     (else a superset that the exact condition narrows)."""
 
     sql: str
-    args: list[object]
+    args: list[Any]
     exact: bool
 
 
-def _marks(values: list[object]) -> str:
+def _marks(values: Sized) -> str:
     return ",".join("?" * len(values))

@@ -224,7 +224,8 @@ def stored_among(
     if view is None:
         found, id_order = reconstruct(index, rows, id_order)
         kept = [i for i, v in enumerate(found) if v is not None]
-        matrix = np.stack([found[i] for i in kept]) if kept else np.zeros((0, index.d), dtype=np.float32)
+        vectors = [v for v in found if v is not None]
+        matrix = np.stack(vectors) if vectors else np.zeros((0, index.d), dtype=np.float32)
         return rows[kept], matrix.astype(np.float32, copy=False), id_order
     id_order = id_order or IdOrder.of(index)
     held, positions = id_order.find(rows)
