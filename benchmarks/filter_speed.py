@@ -136,27 +136,29 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def report(results: Path) -> str:
-    """Rewrite docs/filters.md's measured table from a results file (the latest row of each engine and
-    selectivity at the largest N), with the machine, dates, loads and commands that produced it."""
-    rows: dict[tuple[str, float], dict[str, Any]] = {}
-    lines = [json.loads(line) for line in results.read_text("utf-8").splitlines() if line.strip()]
-    n = max(r["n"] for r in lines)
-    for r in lines:
-        if r["n"] == n:
-            rows[(r["engine"], r["selectivity"])] = r
+def _section(n: int, rows: list[dict[str, Any]]) -> str:
+    """One N's table (the latest row of each engine and selectivity) and the machine, commands and dates."""
+    latest = {(r["engine"], r["selectivity"]): r for r in rows}
     order = list(ENGINES)
-    kept = sorted(rows.values(), key=lambda r: (order.index(r["engine"]), -r["selectivity"]))
+    kept = sorted(latest.values(), key=lambda r: (order.index(r["engine"]), -r["selectivity"]))
     commands = sorted({f"`{r['command']}` ({r['date']})" for r in kept})
     missing = [name for name in ENGINES if name not in {r["engine"] for r in kept}]
     absent = f" Not measured at this N: {', '.join(missing)}." if missing else ""
-    text = (
-        f"N={n} stored vectors (dim {kept[0]['dim']}), on {kept[0]['machine']}; load = the 1-minute load average "
-        "while measuring (the cores are shared, so q/s are low bounds). Produced by "
+    return (
+        f"N={n:,} stored vectors (dim {kept[0]['dim']}), on {kept[0]['machine']}; load = the 1-minute load "
+        "average while measuring (the cores are shared, so q/s are low bounds). Produced by "
         + "; ".join(commands)
-        + f", written here by `python -m benchmarks.filter_speed --report RESULTS.jsonl`.{absent}\n\n"
+        + f".{absent}\n\n"
         + _table(kept)
     )
+
+
+def report(results: Path) -> str:
+    """Rewrite docs/filters.md's measured tables from a results file (one table per N, the largest first), with
+    the machine, dates, loads and commands that produced them."""
+    lines = [json.loads(line) for line in results.read_text("utf-8").splitlines() if line.strip()]
+    sizes = sorted({r["n"] for r in lines}, reverse=True)
+    text = "\n\n".join(_section(n, [r for r in lines if r["n"] == n]) for n in sizes)
     doc = DOC.read_text("utf-8")
     block = f"{BEGIN}\n{text}\n{END}"
     if BEGIN in doc and END in doc:
