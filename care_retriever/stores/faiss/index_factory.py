@@ -4,6 +4,7 @@ quantized stores), its training on the first batch, ids, reconstruction and sear
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -232,6 +233,9 @@ def stored_among(
     return rows[held], view[positions[held]], id_order
 
 
+# Filters selecting at most this many rows are scored exactly over those rows (a flat or code search restricted
+# to them still visits every row); above it the index searches with an id selector. HNSW: see exact_scan_rows.
+EXACT_SCAN_ROWS = 20_000
 BITMAP_ROWS = 4096  # selections of at least this many rows are a bitmap (one bit a row id), fewer a hash set
 
 
@@ -246,6 +250,17 @@ def _selector(row_ids: np.ndarray) -> tuple[faiss.IDSelector, np.ndarray | None]
     return faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap)), bitmap
 
 
+def exact_scan_rows(index: faiss.Index, config: FaissIndexConfig) -> int:
+    """Up to how many selected rows a filtered search scores them exactly rather than through ``index``.
+
+    An HNSW search restricted to a fraction ``f`` of the rows finds about ``ef_search`` of them only when it
+    visits ``ef_search / f`` nodes (:func:`search_params` widens it so), at ``m`` distances each; scanning the
+    ``f x N`` rows costs one distance a row. The two cost the same at ``sqrt(ef_search x m x N)`` rows."""
+    if isinstance(inner_index(index), faiss.IndexHNSW):
+        return max(EXACT_SCAN_ROWS, math.isqrt(config.ef_search * config.m * index.ntotal))
+    return EXACT_SCAN_ROWS
+
+
 def search_params(index: faiss.Index, config: FaissIndexConfig, row_ids: np.ndarray | None) -> Any:
     """FAISS search parameters for ``index`` (efSearch / nprobe from the store's ``config``), restricted to
     ``row_ids`` when given; None when the index's defaults do, False when no row is allowed."""
@@ -258,6 +273,8 @@ def search_params(index: faiss.Index, config: FaissIndexConfig, row_ids: np.ndar
     if isinstance(inner, faiss.IndexHNSW):
         params = faiss.SearchParametersHNSW()
         params.efSearch = config.ef_search
+        if row_ids is not None:  # as many allowed rows among the visited as an unfiltered search finds
+            params.efSearch = max(config.ef_search, math.ceil(config.ef_search * index.ntotal / len(row_ids)))
     elif isinstance(inner, faiss.IndexIVF):
         params = faiss.SearchParametersIVF()
         params.nprobe = config.nprobe

@@ -19,6 +19,7 @@ from care_retriever.stores.base import Hit, Manifest
 from care_retriever.stores.faiss import docstore, rescoring, sparse
 from care_retriever.stores.faiss.field_index import FieldIndexes
 from care_retriever.stores.faiss.index_factory import (
+    exact_scan_rows,
     inner_index,
     manifest_config,
     quantization,
@@ -31,11 +32,6 @@ from care_retriever.stores.faiss.index_factory import (
 from care_retriever.stores.faiss.opening import OpenedVersion
 from care_retriever.stores.faiss.session import InPlaceWrite
 from care_retriever.stores.filters import Constant, FilterNode, Filters, parse_filters
-
-# Filters selecting at most this many rows are scored exactly over those rows (a restricted graph search loses
-# recall when few rows are allowed; a restricted flat or code search still visits every row); above it the index
-# searches with the id selector.
-EXACT_SCAN_ROWS = 20_000
 
 
 class Reading(OpenedVersion):
@@ -168,7 +164,7 @@ class Reading(OpenedVersion):
         if quantization(manifest_config(manifest.index)) != "none":
             return self._rescored(vectors, top_k, manifest, allowed)
         k = min(top_k + self._current_tombstones(), self._index.ntotal)
-        if allowed is not None and len(allowed) <= EXACT_SCAN_ROWS:
+        if allowed is not None and len(allowed) <= exact_scan_rows(self._index, manifest_config(manifest.index)):
             return self._exact_among(vectors, k, allowed)
         params = search_params(self._index, manifest_config(manifest.index), allowed)
         if params is False:
@@ -202,7 +198,8 @@ class Reading(OpenedVersion):
         want = top_k + tombstones
         oversample = float(self.oversample if self.oversample is not None else manifest.index.get("oversample", 1.0))
         if allowed is not None and (
-            len(allowed) <= EXACT_SCAN_ROWS or not takes_search_params(inner_index(self._index))
+            len(allowed) <= exact_scan_rows(self._index, manifest_config(manifest.index))
+            or not takes_search_params(inner_index(self._index))
         ):
             # A selective filter's rows, and any filter's on codes that take no id selector (sign bits, flat PQ),
             # are scored exactly instead (cost grows with the number of matches, not with the store).

@@ -17,7 +17,7 @@ import pytest
 from care_retriever.documents import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.config import FaissIndexConfig
-from care_retriever.stores.faiss import docstore, reading
+from care_retriever.stores.faiss import docstore, index_factory
 from care_retriever.stores.faiss.field_index import FieldIndexes
 from care_retriever.stores.faiss.index_factory import BITMAP_ROWS
 from care_retriever.stores.filter_matching import matches
@@ -182,7 +182,7 @@ def test_a_store_on_a_read_only_file_system_filters(tmp_path: Path) -> None:
 def test_a_large_selection_searches_through_the_id_bitmap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quantize: str | None
 ) -> None:
-    monkeypatch.setattr(reading, "EXACT_SCAN_ROWS", 0)  # every filter through the index's id selector
+    monkeypatch.setattr(index_factory, "EXACT_SCAN_ROWS", 0)  # every filter through the index's id selector
     rng = np.random.default_rng(1)
     n = BITMAP_ROWS + 2000
     vectors = rng.normal(size=(n, DIM)).astype(np.float32)
@@ -200,4 +200,27 @@ def test_a_large_selection_searches_through_the_id_bitmap(
         assert {h.id for h in hits} <= {f"d{i}" for i in allowed}
         if quantize is None:
             assert [h.id for h in hits] == [f"d{i}" for i in best]
+    store.close()
+
+
+def test_a_filtered_hnsw_graph_search_widens_with_the_filter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(index_factory, "EXACT_SCAN_ROWS", 0)  # no floor: the rows above the crossover use the graph
+    rng = np.random.default_rng(2)
+    n, dim = 3000, 16
+    vectors = rng.normal(size=(n, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    store = open_store(f"faiss:{tmp_path / 's'}")
+    store.prepare(dim, "fp", "model", FaissIndexConfig(index_type="hnsw", m=8, ef_construction=40, ef_search=16))
+    store.upsert([Document(f"d{i}", "x", metadata={"b": i % 25}) for i in range(n)], vectors)
+    store.finalize()
+    allowed = np.flatnonzero(np.arange(n) % 25 < 7)  # 28% of the rows: above sqrt(16 x 8 x 3000) = 619
+    queries = rng.normal(size=(40, dim)).astype(np.float32)
+    found = store.search(queries, 10, {"field": "meta.b", "operator": "<", "value": 7})
+    recall = np.mean(
+        [
+            len({h.id for h in hits} & {f"d{i}" for i in allowed[np.argsort(-(vectors[allowed] @ q))[:10]]}) / 10
+            for q, hits in zip(queries, found, strict=True)
+        ]
+    )
+    assert recall >= 0.9, recall
     store.close()
