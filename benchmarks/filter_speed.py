@@ -3,18 +3,29 @@ replace? N synthetic unit vectors with a ``bucket`` field; range filters matchin
 documents; FAISS flat / HNSW / sq8 and Qdrant Edge HNSW / int8 through the product's stores. For each: queries/s
 (one query a call) and recall@10 against exact filtered search (numpy over the matching rows); beside it the
 widening path (search 10 unfiltered, keep the hits whose metadata match, widen x4 until 10 match or the store is
-exhausted).
+exhausted). The first filtered search on the field builds its index (FAISS: a temp SQLite index per field); it is
+timed apart, as ``first_filter_s``.
 
-    python -m benchmarks.filter_speed --n 100000 [--json]
+    python -m benchmarks.filter_speed --n 100000 [--json] [--workdir DIR] [--engines "faiss flat,edge hnsw"]
+    python -m benchmarks.filter_speed --report DIR/results.jsonl   # rewrite docs/filters.md's measured table
+
+With ``--workdir`` each engine's store is kept in ``DIR/n{N}-d{dim}/`` and reused by later runs (a store that does
+not hold N documents is rebuilt), and every measured row is appended to ``DIR/results.jsonl``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import shlex
+import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +41,8 @@ from care_retriever.stores.filters import parse_filters
 BUCKETS = 20_000
 SELECTIVITIES = (0.5, 0.05, 0.005, 0.0005)
 TOP_K = 10
+DOC = Path(__file__).resolve().parents[1] / "docs" / "filters.md"
+BEGIN, END = "<!-- filter_speed:begin -->", "<!-- filter_speed:end -->"
 ENGINES: dict[str, tuple[str, Any]] = {
     "faiss flat": ("faiss", FaissIndexConfig()),
     "faiss hnsw": ("faiss", FaissIndexConfig(index_type="hnsw")),
@@ -54,6 +67,24 @@ def _build(kind: str, config: Any, folder: Path, vectors: np.ndarray) -> VectorS
         )
     store.finalize()
     return store
+
+
+def _reused_or_built(kind: str, config: Any, folder: Path, vectors: np.ndarray) -> tuple[VectorStore, float | None]:
+    """The store kept in ``folder`` if it holds every vector (build time None), else one built there now, then
+    opened again (searched as a reader opens it)."""
+    if folder.exists():
+        try:
+            store = open_store(f"{kind}:{folder}")
+            if store.count() == len(vectors):
+                return store, None
+            store.close()
+        except Exception as exc:  # a build killed part way: rebuilt below
+            print(f"{folder}: rebuilding ({exc})", file=sys.stderr)
+        shutil.rmtree(folder)
+    start = time.perf_counter()
+    _build(kind, config, folder, vectors).close()
+    built = time.perf_counter() - start
+    return open_store(f"{kind}:{folder}"), built  # searched as a reader opens it
 
 
 def _widening(store: VectorStore, query: np.ndarray, filters: dict[str, Any], total: int) -> list[Hit]:
@@ -81,6 +112,63 @@ def _measure(
     return {"qps": done / elapsed, "recall": found / wanted if wanted else 1.0, "queries": done}
 
 
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        info = Path("/proc/cpuinfo").read_text("utf-8").splitlines()
+        names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {cpu}"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| engine | matching | in-engine q/s | recall@10 | widening q/s | widening recall@10 | first filter s | load |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['engine']} | {r['selectivity']:.2%} ({r['matching']}) | {r['qps']} | {r['recall']} | "
+            f"{r['widening_qps']} | {r['widening_recall']} | {r.get('first_filter_s', '')} | {r.get('load', '')} |"
+        )
+    return "\n".join(lines)
+
+
+def _section(n: int, rows: list[dict[str, Any]]) -> str:
+    """One N's table (the latest row of each engine and selectivity) and the machine, commands and dates."""
+    latest = {(r["engine"], r["selectivity"]): r for r in rows}
+    order = list(ENGINES)
+    kept = sorted(latest.values(), key=lambda r: (order.index(r["engine"]), -r["selectivity"]))
+    commands = sorted({f"`{r['command']}` ({r['date']})" for r in kept})
+    missing = [name for name in ENGINES if name not in {r["engine"] for r in kept}]
+    absent = f" Not measured at this N: {', '.join(missing)}." if missing else ""
+    return (
+        f"N={n:,} stored vectors (dim {kept[0]['dim']}), on {kept[0]['machine']}; load = the 1-minute load "
+        "average while measuring (the cores are shared, so q/s are low bounds). Produced by "
+        + "; ".join(commands)
+        + f".{absent}\n\n"
+        + _table(kept)
+    )
+
+
+def report(results: Path) -> str:
+    """Rewrite docs/filters.md's measured tables from a results file (one table per N, the largest first), with
+    the machine, dates, loads and commands that produced them."""
+    lines = [json.loads(line) for line in results.read_text("utf-8").splitlines() if line.strip()]
+    sizes = sorted({r["n"] for r in lines}, reverse=True)
+    text = "\n\n".join(_section(n, [r for r in lines if r["n"] == n]) for n in sizes)
+    doc = DOC.read_text("utf-8")
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in doc and END in doc:
+        doc = doc[: doc.index(BEGIN)] + block + doc[doc.index(END) + len(END) :]
+    else:
+        doc = doc.rstrip() + "\n\n" + block + "\n"
+    DOC.write_text(doc, "utf-8")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=100_000, help="stored vectors")
@@ -88,51 +176,65 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--budget", type=float, default=10.0, help="seconds at most per measured cell")
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated: " + ", ".join(ENGINES))
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--json", action="store_true", help="one JSON line per measured row, then the table")
+    parser.add_argument("--workdir", type=Path, help="keep (and reuse) the stores and results.jsonl here")
+    parser.add_argument("--report", type=Path, help="rewrite docs/filters.md's table from this results.jsonl")
     args = parser.parse_args(argv)
+    if args.report:
+        print(report(args.report))
+        return 0
+    command = shlex.join(["python", "-m", "benchmarks.filter_speed", *(argv if argv is not None else sys.argv[1:])])
     vectors, queries = _unit(args.n, args.dim, 0), _unit(args.queries, args.dim, 1)
     buckets = np.arange(args.n) % BUCKETS
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
+        base = args.workdir / f"n{args.n}-d{args.dim}" if args.workdir else Path(tmp)
         for name in args.engines.split(","):
             kind, config = ENGINES[name]
-            start = time.perf_counter()
-            store = _build(kind, config, Path(tmp) / name.replace(" ", "-"), vectors)
-            build = time.perf_counter() - start
+            store, build = _reused_or_built(kind, config, base / name.replace(" ", "-"), vectors)
+            first: float | None = None
             for fraction in SELECTIVITIES:
                 bound = max(1, round(BUCKETS * fraction))
                 filters = {"field": "meta.bucket", "operator": "<", "value": bound}
+                if first is None:  # the field's index is built by the first filtered search
+                    start = time.perf_counter()
+                    store.search(queries[:1], TOP_K, filters)
+                    first = time.perf_counter() - start
                 allowed = np.flatnonzero(buckets < bound)
                 scores = queries @ vectors[allowed].T
                 top = np.argsort(-scores, axis=1)[:, :TOP_K]
                 truth = [{f"d{allowed[j]}" for j in row} for row in top]
+                load = os.getloadavg()[0]
                 pushed = _measure(lambda q: store.search(q, TOP_K, filters)[0], queries, truth, args.budget)  # noqa: B023
                 widened = _measure(lambda q: _widening(store, q, filters, args.n), queries, truth, args.budget)  # noqa: B023
-                rows.append(
-                    {
-                        "engine": name,
-                        "selectivity": fraction,
-                        "matching": len(allowed),
-                        "build_s": round(build, 1),
-                        "qps": round(pushed["qps"], 1),
-                        "recall": round(pushed["recall"], 4),
-                        "widening_qps": round(widened["qps"], 2),
-                        "widening_recall": round(widened["recall"], 4),
-                        "widening_queries": widened["queries"],
-                    }
-                )
+                row = {
+                    "n": args.n,
+                    "dim": args.dim,
+                    "engine": name,
+                    "selectivity": fraction,
+                    "matching": len(allowed),
+                    "build_s": None if build is None else round(build, 1),
+                    "first_filter_s": round(first, 2),
+                    "qps": round(pushed["qps"], 1),
+                    "recall": round(pushed["recall"], 4),
+                    "queries": pushed["queries"],
+                    "widening_qps": round(widened["qps"], 2),
+                    "widening_recall": round(widened["recall"], 4),
+                    "widening_queries": widened["queries"],
+                    "load": round((load + os.getloadavg()[0]) / 2, 1),
+                    "machine": _machine(),
+                    "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+                    "command": command,
+                }
+                rows.append(row)
+                if args.json:
+                    print(json.dumps(row), flush=True)
+                if args.workdir:
+                    with open(args.workdir / "results.jsonl", "a", encoding="utf-8") as fh:
+                        fh.write(json.dumps(row) + "\n")
             store.close()
-    if args.json:
-        print(json.dumps({"n": args.n, "dim": args.dim, "rows": rows}))
-        return 0
     print(f"N={args.n} dim={args.dim}, recall@{TOP_K} against exact filtered search")
-    print("| engine | matching | in-engine q/s | recall@10 | widening q/s | widening recall@10 |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['engine']} | {r['selectivity']:.2%} ({r['matching']}) | {r['qps']} | {r['recall']} | "
-            f"{r['widening_qps']} | {r['widening_recall']} |"
-        )
+    print(_table(rows))
     return 0
 
 

@@ -9,13 +9,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from care_retriever.documents import Document
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Hit
-from care_retriever.stores.faiss import filter_sql
-from care_retriever.stores.filters import FilterNode
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -121,13 +117,6 @@ def insert(db: sqlite3.Connection, rows: Sequence[int], documents: Sequence[Docu
 
 def delete_rows(db: sqlite3.Connection, rows: Sequence[int]) -> None:
     db.executemany("DELETE FROM documents WHERE row_id = ?", [(r,) for r in rows])
-
-
-def filtered_row_ids(db: sqlite3.Connection, node: FilterNode) -> np.ndarray:
-    """Row ids of the documents whose metadata match the filter tree ``node`` (:mod:`.filter_sql`)."""
-    sql, args = filter_sql.condition(node)
-    rows = db.execute(f"SELECT row_id FROM documents WHERE {sql}", args).fetchall()
-    return np.asarray([r for (r,) in rows], dtype=np.int64)
 
 
 def documents_by_row(db: sqlite3.Connection, rows: set[int], payload: bool = True) -> dict[int, Document]:

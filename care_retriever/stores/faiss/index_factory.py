@@ -4,7 +4,9 @@ quantized stores), its training on the first batch, ids, reconstruction and sear
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import faiss
@@ -162,21 +164,38 @@ def index_ids(index: faiss.Index) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
-def reconstruct(
-    index: faiss.Index, rows: np.ndarray, id_order: np.ndarray | None
-) -> tuple[list[np.ndarray | None], np.ndarray | None]:
-    """The vectors stored under ``rows`` (row ids; -1 or a row the index lacks: None), and the argsort of an
-    IndexIDMap's ids used to find them (pass it back in while the index is unchanged: sorting costs)."""
-    if isinstance(index, faiss.IndexIDMap):  # no id -> position map: find positions in the sorted ids
+@dataclass(frozen=True)
+class IdOrder:
+    """Where each id of an IndexIDMap sits: its ids sorted, and their positions in that order (kept while the
+    index is unchanged: sorting costs as much as a pass over the store)."""
+
+    ids: np.ndarray
+    positions: np.ndarray
+
+    @classmethod
+    def of(cls, index: faiss.IndexIDMap) -> IdOrder:
         stored = faiss.vector_to_array(index.id_map)
-        if id_order is None:
-            id_order = np.argsort(stored, kind="stable")
+        positions = np.argsort(stored, kind="stable")
+        return cls(stored[positions], positions)
+
+    def find(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(whether each row is held, its position where it is)."""
+        if not len(self.ids):
+            return np.zeros(len(rows), dtype=bool), np.zeros(len(rows), dtype=np.int64)
+        where = np.clip(np.searchsorted(self.ids, rows), 0, len(self.ids) - 1)
+        return self.ids[where] == rows, self.positions[where]
+
+
+def reconstruct(
+    index: faiss.Index, rows: np.ndarray, id_order: IdOrder | None
+) -> tuple[list[np.ndarray | None], IdOrder | None]:
+    """The vectors stored under ``rows`` (row ids; -1 or a row the index lacks: None), and the :class:`IdOrder`
+    of an IndexIDMap used to find them (pass it back in while the index is unchanged)."""
+    if isinstance(index, faiss.IndexIDMap):  # no id -> position map: find positions in the sorted ids
+        id_order = id_order or IdOrder.of(index)
         inner = faiss.downcast_index(index.index)
-        where = np.clip(np.searchsorted(stored[id_order], rows), 0, max(len(stored) - 1, 0))
-        positions = id_order[where] if len(stored) else where
-        found = [
-            None if r < 0 or stored[p] != r else inner.reconstruct(int(p)) for r, p in zip(rows, positions, strict=True)
-        ]
+        held, positions = id_order.find(np.asarray(rows, dtype=np.int64))
+        found = [inner.reconstruct(int(p)) if h else None for h, p in zip(held, positions, strict=True)]
         return found, id_order
     if not hasattr(index, "id_map"):  # IVF keeps ids itself; reconstructing by id needs its direct map
         ivf = faiss.extract_index_ivf(index)
@@ -185,18 +204,77 @@ def reconstruct(
     return [None if r < 0 else index.reconstruct(int(r)) for r in rows], id_order
 
 
+def float_rows(index: faiss.Index) -> np.ndarray | None:
+    """A read-only view of the float vectors an IndexIDMap over a flat or HNSW-flat index stores, one row per
+    position (no copy); None for any other index."""
+    if not isinstance(index, faiss.IndexIDMap):
+        return None
+    inner = faiss.downcast_index(index.index)
+    flat = faiss.downcast_index(inner.storage) if isinstance(inner, faiss.IndexHNSWFlat) else inner
+    if not isinstance(flat, faiss.IndexFlat) or flat.ntotal == 0:
+        return None
+    return faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).reshape(flat.ntotal, flat.d)
+
+
+def stored_among(
+    index: faiss.Index, rows: np.ndarray, id_order: IdOrder | None
+) -> tuple[np.ndarray, np.ndarray, IdOrder | None]:
+    """(the ``rows`` the index holds, their vectors as one matrix, the :class:`IdOrder` to pass back in): gathered
+    at once where :func:`float_rows` gives a view, one reconstruction a row otherwise."""
+    view = float_rows(index)
+    if view is None:
+        found, id_order = reconstruct(index, rows, id_order)
+        kept = [i for i, v in enumerate(found) if v is not None]
+        vectors = [v for v in found if v is not None]
+        matrix = np.stack(vectors) if vectors else np.zeros((0, index.d), dtype=np.float32)
+        return rows[kept], matrix.astype(np.float32, copy=False), id_order
+    id_order = id_order or IdOrder.of(index)
+    held, positions = id_order.find(rows)
+    return rows[held], view[positions[held]], id_order
+
+
+# Filters selecting at most this many rows are scored exactly over those rows (a flat or code search restricted
+# to them still visits every row); above it the index searches with an id selector. HNSW: see exact_scan_rows.
+EXACT_SCAN_ROWS = 20_000
+BITMAP_ROWS = 4096  # selections of at least this many rows are a bitmap (one bit a row id), fewer a hash set
+
+
+def _selector(row_ids: np.ndarray) -> tuple[faiss.IDSelector, np.ndarray | None]:
+    """An id selector of ``row_ids`` and the bitmap it reads (None for a set): a bitmap is built in one numpy
+    pass and tested without hashing, which counts where many rows are selected."""
+    if len(row_ids) < BITMAP_ROWS:
+        return faiss.IDSelectorBatch(row_ids), None
+    bits = np.zeros(int(row_ids.max()) + 1, dtype=bool)
+    bits[row_ids] = True
+    bitmap = np.packbits(bits, bitorder="little")
+    return faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap)), bitmap
+
+
+def exact_scan_rows(index: faiss.Index, config: FaissIndexConfig) -> int:
+    """Up to how many selected rows a filtered search scores them exactly rather than through ``index``.
+
+    An HNSW search restricted to a fraction ``f`` of the rows finds about ``ef_search`` of them only when it
+    visits ``ef_search / f`` nodes (:func:`search_params` widens it so), at ``m`` distances each; scanning the
+    ``f x N`` rows costs one distance a row. The two cost the same at ``sqrt(ef_search x m x N)`` rows."""
+    if isinstance(inner_index(index), faiss.IndexHNSW):
+        return max(EXACT_SCAN_ROWS, math.isqrt(config.ef_search * config.m * index.ntotal))
+    return EXACT_SCAN_ROWS
+
+
 def search_params(index: faiss.Index, config: FaissIndexConfig, row_ids: np.ndarray | None) -> Any:
     """FAISS search parameters for ``index`` (efSearch / nprobe from the store's ``config``), restricted to
     ``row_ids`` when given; None when the index's defaults do, False when no row is allowed."""
     inner = inner_index(index)
-    selector = None
+    selector, held = None, None
     if row_ids is not None:
         if len(row_ids) == 0:
             return False
-        selector = faiss.IDSelectorBatch(row_ids)
+        selector, held = _selector(row_ids)
     if isinstance(inner, faiss.IndexHNSW):
         params = faiss.SearchParametersHNSW()
         params.efSearch = config.ef_search
+        if row_ids is not None:  # as many allowed rows among the visited as an unfiltered search finds
+            params.efSearch = max(config.ef_search, math.ceil(config.ef_search * index.ntotal / len(row_ids)))
     elif isinstance(inner, faiss.IndexIVF):
         params = faiss.SearchParametersIVF()
         params.nprobe = config.nprobe
@@ -206,7 +284,7 @@ def search_params(index: faiss.Index, config: FaissIndexConfig, row_ids: np.ndar
         params = faiss.SearchParameters()
     if selector is not None:
         params.sel = selector
-        params._care_selector_ref = selector  # keep the selector alive as long as params
+        params._care_selector_ref = (selector, held)  # keep the selector and its bitmap alive as long as params
     return params
 
 

@@ -19,8 +19,9 @@ from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
 from care_retriever.stores.capabilities import IndexBuilding, SparseSearch, StoredIteration, Verification, WriteRuns
 from care_retriever.stores.faiss import docstore, files, integrity, journal, rescoring, sparse
+from care_retriever.stores.faiss.field_index import FieldIndexes
 from care_retriever.stores.faiss.files import DOCSTORE, INDEX, MANIFEST, VECTORS
-from care_retriever.stores.faiss.index_factory import index_ids, manifest_config, quantization, supports_remove
+from care_retriever.stores.faiss.index_factory import IdOrder, index_ids, manifest_config, quantization, supports_remove
 from care_retriever.stores.faiss.session import InPlaceWrite, StagedWrite
 from care_retriever.stores.runs import RunTag
 
@@ -51,7 +52,8 @@ class OpenedVersion(SparseSearch, WriteRuns, Verification, StoredIteration, Inde
     _tombstones: int
     _opened_as: tuple[int, int]
     _mapped: bool
-    _id_order: np.ndarray | None
+    _id_order: IdOrder | None
+    _field_indexes: FieldIndexes | None
     _bm25: sparse.Scorer
 
     def published(self) -> bool:

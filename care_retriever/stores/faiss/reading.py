@@ -17,22 +17,21 @@ from care_retriever.errors import InputError
 from care_retriever.sparse.fusion import FUSIONS, FusionConfig
 from care_retriever.stores.base import Hit, Manifest
 from care_retriever.stores.faiss import docstore, rescoring, sparse
+from care_retriever.stores.faiss.field_index import FieldIndexes
 from care_retriever.stores.faiss.index_factory import (
+    exact_scan_rows,
     inner_index,
     manifest_config,
     quantization,
     reconstruct,
     search_params,
     search_with,
+    stored_among,
     takes_search_params,
 )
 from care_retriever.stores.faiss.opening import OpenedVersion
 from care_retriever.stores.faiss.session import InPlaceWrite
 from care_retriever.stores.filters import Constant, FilterNode, Filters, parse_filters
-
-# Filters selecting at most this many rows are scanned exactly on an HNSW index (a restricted graph search loses
-# recall when few rows are allowed); above it the graph searches with the id selector.
-EXACT_SCAN_ROWS = 20_000
 
 
 class Reading(OpenedVersion):
@@ -165,11 +164,7 @@ class Reading(OpenedVersion):
         if quantization(manifest_config(manifest.index)) != "none":
             return self._rescored(vectors, top_k, manifest, allowed)
         k = min(top_k + self._current_tombstones(), self._index.ntotal)
-        if (
-            allowed is not None
-            and len(allowed) <= EXACT_SCAN_ROWS
-            and isinstance(inner_index(self._index), faiss.IndexHNSW)
-        ):
+        if allowed is not None and len(allowed) <= exact_scan_rows(self._index, manifest_config(manifest.index)):
             return self._exact_among(vectors, k, allowed)
         params = search_params(self._index, manifest_config(manifest.index), allowed)
         if params is False:
@@ -181,15 +176,14 @@ class Reading(OpenedVersion):
         ]
 
     def _exact_among(self, vectors: np.ndarray, k: int, allowed: np.ndarray) -> list[list[tuple[int, float]]]:
-        """Each vector's ``k`` best among the ``allowed`` rows, scored exactly from the vectors the HNSW graph
-        stores: a graph search restricted to a few rows loses their neighbours, a scan of a few rows does not."""
+        """Each vector's ``k`` best among the ``allowed`` rows, scored exactly from the vectors the index stores:
+        a graph search restricted to a few rows loses their neighbours, and a flat search tests every row of the
+        store against the selection; a scan of the few rows does neither."""
         assert self._index is not None
         with self._lock:
-            found, self._id_order = reconstruct(self._index, allowed, self._id_order)
-        rows = np.asarray([r for r, v in zip(allowed, found, strict=True) if v is not None], dtype=np.int64)
+            rows, matrix, self._id_order = stored_among(self._index, allowed, self._id_order)
         if not len(rows):
             return [[] for _ in range(len(vectors))]
-        matrix = np.stack([v for v in found if v is not None]).astype(np.float32)
         scores = vectors @ matrix.T
         best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         return [[(int(rows[j]), float(row[j])) for j in order] for row, order in zip(scores, best, strict=True)]
@@ -203,9 +197,12 @@ class Reading(OpenedVersion):
         tombstones = self._current_tombstones()
         want = top_k + tombstones
         oversample = float(self.oversample if self.oversample is not None else manifest.index.get("oversample", 1.0))
-        if allowed is not None and not takes_search_params(inner_index(self._index)):
-            # Sign-bit and flat PQ codes take no id selector: the matching rows are scored exactly instead
-            # (cost grows with the number of matches, not with the store).
+        if allowed is not None and (
+            len(allowed) <= exact_scan_rows(self._index, manifest_config(manifest.index))
+            or not takes_search_params(inner_index(self._index))
+        ):
+            # A selective filter's rows, and any filter's on codes that take no id selector (sign bits, flat PQ),
+            # are scored exactly instead (cost grows with the number of matches, not with the store).
             candidates = [allowed] * len(vectors)
         else:
             k = rescoring.candidates_wanted(top_k, tombstones, oversample, self._index.ntotal)
@@ -225,7 +222,9 @@ class Reading(OpenedVersion):
             return np.empty(0, dtype=np.int64)
         db = self._require_db()
         with self._lock:
-            return docstore.filtered_row_ids(db, node)
+            if self._field_indexes is None or self._field_indexes.db is not db:
+                self._field_indexes = FieldIndexes(db)  # a new connection: a new version opened
+            return self._field_indexes.select(node)
 
     def _rows(self, row_ids: set[int], payload: bool = True) -> dict[int, Document]:
         """Stored documents by row id; without ``payload``, their ids alone (no text, no metadata parsing)."""

@@ -38,8 +38,10 @@ from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest, check_metric, default_versions
 from care_retriever.stores.config import FaissIndexConfig
 from care_retriever.stores.faiss import docstore, files, integrity, journal, pending, rescoring, sparse
+from care_retriever.stores.faiss.field_index import FieldIndexes
 from care_retriever.stores.faiss.files import DELTA, DOCSTORE, INDEX, MANIFEST, VECTORS
 from care_retriever.stores.faiss.index_factory import (
+    IdOrder,
     IndexOptions,
     build_index,
     checked_options,
@@ -87,8 +89,9 @@ class FaissStore(Reading, Writing):
         self._tombstones = 0
         self._opened_as: tuple[int, int] = (0, 0)  # (inode of index.faiss, committed delta bytes) at open
         self._mapped = False  # index vectors memory-mapped from index.faiss (read-only)
-        self._id_order: np.ndarray | None = None  # argsort of the ids of the index read now, for vectors()
+        self._id_order: IdOrder | None = None  # where each id of the index read now sits, for vectors() and scans
         self._bm25 = sparse.Scorer()  # the query side of the BM25 index, kept across searches
+        self._field_indexes: FieldIndexes | None = None  # the filtered fields' indexes on the docstore connection
         old = files.old_path(self.path)
         faults.require_folder(self.path, f"the FAISS store {self.describe()}")  # a file there stays untouched
         if (self.path / MANIFEST).exists():

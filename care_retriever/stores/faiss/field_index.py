@@ -1,0 +1,212 @@
+"""Indexes of the metadata fields a FAISS store is filtered on, kept in its docstore connection's temp schema.
+
+A filter evaluated over the docstore's ``metadata`` JSON reads every row. Instead, the first filter on a field
+copies the field's values (one row per scalar, one per element of a stored list: row id, JSON type, value) into a
+temp table indexed on (type, value); every filter on that field then reads its candidate rows from the index, and
+the exact condition of :mod:`.filter_sql` decides each candidate. The candidates are a superset of the matches, so
+the answer is the one a full scan gives.
+
+Why temp tables, not indexes in the docstore: they never change the store's file, so a read-only open filters the
+same way and the docstore's checksums, verify and copies are untouched. They are dropped when the docstore
+changes (a write on this connection, or another connection's commit, which SQLite's ``data_version`` counts).
+
+Example:
+    ```python
+    indexes = FieldIndexes(db)
+    rows = indexes.select(parse_filters({"field": "meta.year", "operator": ">=", "value": 2020}))
+    ```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Sized
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from care_retriever.stores.faiss import filter_sql
+from care_retriever.stores.filters import Comparison, Constant, FilterNode
+
+MAX_FIELDS = 16  # fields indexed at once per connection; the least recently filtered one is dropped first
+Query = tuple[str, list[Any]]
+
+
+class FieldIndexes:
+    """The field indexes of one docstore connection, and the filtered selection that reads them.
+
+    Call under the store's lock (the connection is shared).
+
+    :param db: the docstore connection (a read-only one included).
+    """
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self._tables: OrderedDict[tuple[str, ...], str] = OrderedDict()
+        self._made = 0
+        self._seen: tuple[int, int] | None = None
+        self._unbuilt: set[tuple[str, ...]] = set()  # fields whose index could not be built on this version
+
+    def select(self, node: FilterNode) -> np.ndarray:
+        """Row ids (ascending) of the documents whose metadata match ``node``, read through the field indexes
+        where the tree allows it (a full scan where it does not: ``NOT``, ``== None``, dates)."""
+        sql, args = self._query(node)
+        # one string of ids parsed in C: a tuple a row costs more than the query at large selections
+        (joined,) = self.db.execute(f"SELECT group_concat(row_id) FROM ({sql})", args).fetchone()
+        if not joined:
+            return np.zeros(0, dtype=np.int64)
+        rows = np.sort(np.fromstring(joined, dtype=np.int64, sep=","))
+        return rows[np.concatenate(([True], rows[1:] != rows[:-1]))]  # a list may match by two elements
+
+    def plan(self, node: FilterNode) -> list[str]:
+        """SQLite's query plan of :meth:`select` for ``node`` (the detail column, one line per step)."""
+        sql, args = self._query(node)
+        return [row[3] for row in self.db.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
+
+    def _query(self, node: FilterNode) -> Query:
+        """The SELECT of the matching row ids: the index alone where its candidates are the matches, the exact
+        condition over the candidates where they are a superset, the exact condition over all rows otherwise."""
+        narrowed = self._candidates(node) if self._usable() else None
+        if narrowed is not None and narrowed.exact:
+            return narrowed.sql, narrowed.args
+        sql, args = filter_sql.condition(node)
+        if narrowed is not None:
+            sql, args = f"row_id IN ({narrowed.sql}) AND ({sql})", [*narrowed.args, *args]
+        return f"SELECT row_id FROM documents WHERE {sql}", args
+
+    @property
+    def fields(self) -> list[tuple[str, ...]]:
+        """The field paths indexed now, least recently filtered first."""
+        return list(self._tables)
+
+    def _usable(self) -> bool:
+        """Whether the indexes may be read (dropped first if the docstore changed since they were built). Never
+        inside an open transaction: its rows are not committed, and building would have to commit it."""
+        if self.db.in_transaction:
+            return False
+        if self._seen is not None and self._seen != self._version():
+            self._drop_all()
+        return True
+
+    def _version(self) -> tuple[int, int]:
+        (data_version,) = self.db.execute("PRAGMA data_version").fetchone()
+        return int(data_version), self.db.total_changes
+
+    def _table(self, path: tuple[str, ...]) -> str | None:
+        """The temp table indexing ``path``, built on first use; None where SQLite refused to build it (the
+        filter then reads every row, as it would without the index)."""
+        if path in self._tables:
+            self._tables.move_to_end(path)
+            return self._tables[path]
+        if path in self._unbuilt:
+            return None
+        if len(self._tables) >= MAX_FIELDS:
+            _, oldest = self._tables.popitem(last=False)
+            self._writing_temp(f"DROP TABLE IF EXISTS temp.{oldest}")
+        name = f"care_field_{self._made}"
+        self._made += 1
+        where = filter_sql.json_path(path)
+        try:
+            self._writing_temp(
+                f"CREATE TEMP TABLE {name} (row_id INTEGER NOT NULL, type TEXT NOT NULL, value)",
+                # a scalar field is one row (key NULL), a list one row per element (key its index); an object's
+                # members (key their name) match no comparison of the field and are left out
+                f"INSERT INTO temp.{name} SELECT d.row_id, e.type, e.value FROM documents AS d, "
+                f"json_each(d.metadata, ?) AS e WHERE typeof(e.key) != 'text'",
+                f"CREATE INDEX temp.{name}_type_value ON {name} (type, value)",
+                args=[where],
+            )
+        except sqlite3.OperationalError:
+            self.db.rollback()
+            with contextlib.suppress(sqlite3.OperationalError):
+                self._writing_temp(f"DROP TABLE IF EXISTS temp.{name}")
+            self._unbuilt.add(path)
+            self._seen = self._version()
+            return None
+        self._tables[path] = name
+        self._seen = self._version()
+        return name
+
+    def _writing_temp(self, *statements: str, args: list[Any] | None = None) -> None:
+        """Run statements that write the temp schema only; a reader's connection (query_only) allows them for
+        the while, since the store's file is not written."""
+        (query_only,) = self.db.execute("PRAGMA query_only").fetchone()
+        self.db.execute("PRAGMA query_only=0")
+        try:
+            for statement in statements:
+                self.db.execute(statement, (args or []) if "?" in statement else [])
+            self.db.commit()
+        finally:
+            self.db.execute(f"PRAGMA query_only={int(query_only)}")
+
+    def _drop_all(self) -> None:
+        self._writing_temp(*(f"DROP TABLE IF EXISTS temp.{name}" for name in self._tables.values()))
+        self._tables.clear()
+        self._unbuilt.clear()
+        self._seen = None
+
+    def _candidates(self, node: FilterNode) -> Candidates | None:
+        """The rows ``node`` may match, read from the indexes, or None where the tree gives no narrower set
+        than all rows."""
+        if isinstance(node, Constant):
+            return None if node.matches else Candidates("SELECT NULL WHERE 0", [], exact=True)
+        if isinstance(node, Comparison):
+            return self._comparison(node)
+        if node.operator == "NOT":
+            return None
+        parts = [self._candidates(child) for child in node.conditions]
+        known = [p for p in parts if p is not None]
+        if not known or (node.operator == "OR" and len(known) < len(parts)):
+            return None
+        joint = " INTERSECT " if node.operator == "AND" else " UNION "
+        return Candidates(
+            joint.join(f"SELECT * FROM ({c.sql})" for c in known),
+            [a for c in known for a in c.args],
+            exact=len(known) == len(parts) and all(c.exact for c in known),
+        )
+
+    def _comparison(self, node: Comparison) -> Candidates | None:
+        """The rows whose field (or an element of its list) compares as ``node`` asks: exactly the matches, since
+        the table holds a scalar field's value and a list's elements (objects and their members are left out)."""
+        values = list(node.value) if node.operator == "in" else [node.value]
+        if any(v is None for v in values) or isinstance(node.value, datetime):
+            return None  # missing fields match (== None), or dates compare as instants: no range of the index
+        table = self._table(node.path)
+        if table is None:
+            return None
+        if node.operator in (">", ">=", "<", "<="):
+            sql = f"SELECT row_id FROM temp.{table} WHERE type IN ('integer', 'real') AND value {node.operator} ?"
+            return Candidates(sql, [node.value], exact=True)
+        parts: list[Query] = []
+        strings = [v for v in values if isinstance(v, str)]
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        flags = sorted({"true" if v else "false" for v in values if isinstance(v, bool)})
+        if strings:
+            parts.append((f"type = 'text' AND value IN ({_marks(strings)})", list(strings)))
+        if numbers:
+            parts.append((f"type IN ('integer', 'real') AND value IN ({_marks(numbers)})", list(numbers)))
+        if flags:
+            parts.append((f"type IN ({_marks(flags)})", list(flags)))
+        return Candidates(
+            " UNION ".join(f"SELECT row_id FROM temp.{table} WHERE {sql}" for sql, _ in parts),
+            [a for _, args in parts for a in args],
+            exact=True,
+        )
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A SELECT of row ids from the field indexes, its arguments, and whether its rows are exactly the matches
+    (else a superset that the exact condition narrows)."""
+
+    sql: str
+    args: list[Any]
+    exact: bool
+
+
+def _marks(values: Sized) -> str:
+    return ",".join("?" * len(values))
