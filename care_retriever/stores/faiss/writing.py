@@ -223,6 +223,9 @@ class Writing(OpenedVersion):
     def finalize(self) -> None:
         """Publish: swap the staging folder into place (bulk), or commit the in-place transaction."""
         session = self._require_session()
+        if isinstance(session, StagedWrite):  # rows held for a training sample that never filled
+            with self._lock, self._write_faults(session, "the index's training"):
+                session.train_held()
         self.commit()
         with self._lock:
             if isinstance(session, InPlaceWrite):
