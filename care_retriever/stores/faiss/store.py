@@ -77,7 +77,7 @@ class FaissStore(Reading, Writing):
         self._claimed_run: RunTag | None = None  # the run the next prepare() belongs to (claim_run)
         # The read state: the published version this object serves (closed during a staged write, which reads
         # its staging version instead).
-        self._vector_file = rescoring.VectorFile()  # vectors.f32 memory-mapped read-only, rows = row ids
+        self._vector_file = rescoring.VectorFile()  # vectors.f32 read by row ids
         self._read_folder = self.path  # the published folder opened (the previous version's, mid-swap)
         self.manifest: Manifest | None = None
         self._read_index: faiss.Index | None = None

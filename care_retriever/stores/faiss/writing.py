@@ -231,7 +231,7 @@ class Writing(OpenedVersion):
             if isinstance(session, InPlaceWrite):
                 session.close()
                 self._session = None
-                self._vector_file.forget()  # remapped on the next search: the file may have grown
+                self._vector_file.forget()  # reopened on the next search: the file may have grown
                 self._writer_lock.release()
                 return
             with self._write_faults(session, "the new version of the store (publish)"):
