@@ -14,8 +14,10 @@ Phases, each in its own process (so each peak RSS is its own), each result kept 
 re-run (a killed build resumes from its last checkpoint): ``corpus``, ``build`` (the store's ``prepare`` /
 ``upsert`` / ``commit`` / ``finalize`` with :func:`care_retriever.stores.profiles.profile_config`'s large settings),
 ``truth``, ``serve`` (q/s from 1 and 8 client threads, one query a call; recall@10; RSS while serving; a
-10-document write), ``verify``. Prints the table (and with ``--json`` one JSON line of named fields); the table is
-written into benchmarks/results/scale.md between its markers.
+10-document write), ``verify``. Prints the table (and with ``--json`` one JSON line of named fields); each size's
+result is kept in benchmarks/results/store_10m/, and the table of them all is written between the markers of
+benchmarks/results/scale.md and docs/reference/store-profiles.md. ``--not-run REASON`` runs nothing and records
+the phases done so far, the others with the reason.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ import numpy as np
 
 from benchmarks.store_scale_cell import disk_bytes, peak_rss, rss_now, search_pass
 
-DOC = Path(__file__).resolve().parent / "results" / "scale.md"
+REPO = Path(__file__).resolve().parent.parent
+DOCS = (REPO / "benchmarks" / "results" / "scale.md", REPO / "docs" / "reference" / "store-profiles.md")
+RESULTS = Path(__file__).resolve().parent / "results" / "store_10m"  # one JSON result per size
 BEGIN, END = "<!-- store_10m:start -->", "<!-- store_10m:end -->"
 CLUSTERS, CHUNK, SEED = 2000, 100_000, 7
 CHECKPOINT_ROWS = 1_000_000
@@ -247,32 +251,46 @@ def _gib(value: float) -> str:
     return f"{value / 2**30:.1f}"
 
 
-def table(r: dict[str, Any]) -> str:
+COLUMNS = (
+    "N x dim", "store", "build s", "peak RSS building GiB", "peak RSS serving GiB", "disk GiB", "q/s, 1 thread",
+    "q/s, 8 threads", "recall@10 vs exact (queries)", "10-doc write ms", "verify s (peak RSS GiB)",
+    "load avg build / serve",
+)  # fmt: skip
+
+
+def row(r: dict[str, Any]) -> str:
+    """One result's row; a figure of a phase that did not run says why."""
+    unrun = f"not run: {r.get('not_run', 'not run yet')}"
     index = r.get("index", {})
     built = ", ".join(
         f"{k} {index[k]}" for k in ("type", "nlist", "nprobe", "quantize", "pq_m", "oversample") if k in index
     )
-    head = (
-        "| N x dim | store | build s | peak RSS building GiB | peak RSS serving GiB | disk GiB | q/s, 1 thread | "
-        "q/s, 8 threads | recall@10 vs exact (queries) | 10-doc write ms | verify s | load avg build / serve |"
-    )
-    build, serve = r["build_load"], r["serve_load"]
-    loads = f"{build[0][0]:.1f}-{build[1][0]:.1f} / {serve[0][0]:.1f}-{serve[1][0]:.1f}"
+
+    def cell(key: str, text: Any) -> str:
+        return text(r) if key in r else unrun
+
+    loads = " / ".join(f"{a[0]:.1f}-{b[0]:.1f}" for a, b in (r.get("build_load", []), r.get("serve_load", [])) if a)
     cells = [
         f"{r['n']:,} x {r['dim']}",
         f"FAISS large profile ({built})",
-        f"{r['build_s']:,.0f}",
-        _gib(r["build_peak_rss_bytes"]),
-        _gib(r["serve_peak_rss_bytes"]),
-        _gib(r["disk_bytes"]),
-        f"{r['qps_1']:,.0f}",
-        f"{r['qps_8']:,.0f}",
-        f"{r['recall_at_10']:.3f} ({r['recall_queries']})",
-        f"{r['small_write_ms']:,.0f}",
-        f"{r['verify_s']:,.0f}",
+        cell("build_s", lambda r: f"{r['build_s']:,.0f}"),
+        cell("build_peak_rss_bytes", lambda r: _gib(r["build_peak_rss_bytes"])),
+        cell("serve_peak_rss_bytes", lambda r: _gib(r["serve_peak_rss_bytes"])),
+        cell("disk_bytes", lambda r: _gib(r["disk_bytes"])),
+        cell("qps_1", lambda r: f"{r['qps_1']:,.0f}"),
+        cell("qps_8", lambda r: f"{r['qps_8']:,.0f}"),
+        cell("recall_at_10", lambda r: f"{r['recall_at_10']:.3f} ({r['recall_queries']})"),
+        cell("small_write_ms", lambda r: f"{r['small_write_ms']:,.0f}"),
+        cell("verify_s", lambda r: f"{r['verify_s']:,.0f} ({_gib(r['verify_peak_rss_bytes'])})"),
         loads,
     ]
-    return "\n".join([head, "|" + "---|" * len(cells), "| " + " | ".join(cells) + " |"])
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [f"Measured on {r['cores']} CPU cores (shared) by `{r['command']}`, {r['date']}." for r in results]
+    head = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    return "\n".join([*lines, "", *head, *(row(r) for r in results)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,8 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-search-s", type=float, default=10.0)
     parser.add_argument("--max-search-s", type=float, default=60.0)
     parser.add_argument("--json", action="store_true", help="also print one JSON line of named fields")
-    parser.add_argument("--docs", type=Path, default=DOC, help="the doc whose section is written")
+    parser.add_argument("--docs", type=Path, nargs="*", default=DOCS, help="the docs whose section is written")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument("--not-run", metavar="REASON", help="run nothing: record the phases done, the others why not")
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # a child process runs one phase
     args = parser.parse_args(argv)
     args.work = args.work.resolve()
@@ -294,22 +313,28 @@ def main(argv: list[str] | None = None) -> int:
         (args.work / f"{args.phase}.json").write_text(json.dumps(run_phase(args.phase, args)))
         return 0
     env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONWARNINGS": "ignore"}
-    for name in PHASES:
+    given = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--not-run")]
+    for name in PHASES if not args.not_run else ():
         if (args.work / f"{name}.json").is_file():
             print(f"{name}: done before, skipped", file=sys.stderr)
             continue
         print(f"{name}: running ...", file=sys.stderr, flush=True)
-        cmd = [sys.executable, "-m", "benchmarks.store_10m", *(argv if argv is not None else sys.argv[1:])]
-        subprocess.run([*cmd, "--phase", name], env=env, cwd=Path(__file__).resolve().parent.parent, check=True)
+        cmd = [sys.executable, "-m", "benchmarks.store_10m", *given, "--phase", name]
+        subprocess.run(cmd, env=env, cwd=Path(__file__).resolve().parent.parent, check=True)
     result: dict[str, Any] = {"n": args.n, "dim": args.dim, "cores": os.cpu_count()}
     for name in PHASES:
-        result.update(json.loads((args.work / f"{name}.json").read_text()))
+        if (args.work / f"{name}.json").is_file():
+            result.update(json.loads((args.work / f"{name}.json").read_text()))
+    if args.not_run:
+        result["not_run"] = args.not_run
     result["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    result["command"] = "python -m benchmarks.store_10m " + shlex.join(argv if argv is not None else sys.argv[1:])
-    (args.work / "result.json").write_text(json.dumps(result, indent=1))
-    text = table(result)
-    if not args.no_write:
-        write_section(args.docs, f"Measured {result['date']} by:\n\n    {result['command']}\n\n{text}")
+    result["command"] = "python -m benchmarks.store_10m " + shlex.join(given)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"store_10m-{args.n}x{args.dim}.json").write_text(json.dumps(result, indent=1) + "\n")
+    results = [json.loads(p.read_text()) for p in RESULTS.glob("store_10m-*.json")]
+    text = table(sorted(results, key=lambda r: (r["n"], r["dim"])))
+    for doc in args.docs if not args.no_write else ():
+        write_section(doc, text)
     print(text)
     if args.json:
         print(json.dumps(result))
