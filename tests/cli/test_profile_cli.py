@@ -81,3 +81,23 @@ def test_an_unknown_profile_is_one_line(capsys: pytest.CaptureFixture[str], tmp_
     )
     assert code != 0 and "Traceback" not in err
     assert "store profile 'huge'" in err and not (tmp_path / "x").exists()
+
+
+def test_index_profile_large_builds_ivf_pq_codes_from_the_corpus(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    words = ["高血压", "糖尿病", "冠心病", "肺炎", "胃炎", "头痛", "发热", "咳嗽", "乏力", "失眠"]
+    with corpus.open("w", encoding="utf-8") as fh:
+        for i in range(COUNT):
+            text = " ".join(words[(i * k) % len(words)] for k in range(1, 6)) + f" 病例 {i}"
+            fh.write(json.dumps({"_id": f"d{i}", "text": text}, ensure_ascii=False) + "\n")
+    model = tmp_path / "model"
+    assert run_cli(capsys, "init", model, "--preset", "tiny", "--vocab-from", corpus)[0] == 0
+    code, _, err = run_cli(
+        capsys, "index", "--model", model, "--corpus", corpus, "--store", f"faiss:{tmp_path / 'store'}",
+        "--profile", "large", "--no-progress",
+    )  # fmt: skip
+    assert code == 0, err
+    index = _manifest_index(tmp_path / "store")
+    assert (index["type"], index["quantize"], index["train_size"]) == ("ivf", "pq", 65_536)
