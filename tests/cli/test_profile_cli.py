@@ -101,3 +101,22 @@ def test_index_profile_large_builds_ivf_pq_codes_from_the_corpus(
     assert code == 0, err
     index = _manifest_index(tmp_path / "store")
     assert (index["type"], index["quantize"], index["train_size"]) == ("ivf", "pq", 65_536)
+
+
+def test_copy_profile_large_into_qdrant_edge_keeps_vectors_on_disk_and_int8_codes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("qdrant_edge")
+    vectors = _source(tmp_path / "src")
+    code, out, err = run_cli(
+        capsys, "copy", "--from", f"faiss:{tmp_path / 'src'}", "--to", f"qdrant:{tmp_path / 'edge'}",
+        "--profile", "large", "--no-progress", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["index"]["on_disk"], report["index"]["quantize"], report["index"]["always_ram"]) == (
+        True, "sq8", True,
+    )  # fmt: skip
+    store = open_store(f"qdrant:{tmp_path / 'edge'}")
+    assert [h[0].id for h in store.search(vectors[:5], 1, payload=False)] == [f"d{i}" for i in range(5)]
+    store.close()
