@@ -115,7 +115,7 @@ def large_faiss(config: FaissIndexConfig, n: int, dim: int) -> FaissIndexConfig:
 
 def large_qdrant(config: QdrantCollectionConfig) -> QdrantCollectionConfig:
     """The large profile of a Qdrant collection: original vectors on disk, int8 codes in RAM."""
-    settings = {"on_disk": True, "quantize": QdrantQuantize.SQ8, "always_ram": True}
+    settings: dict[str, Any] = {"on_disk": True, "quantize": QdrantQuantize.SQ8, "always_ram": True}
     given = _given(config)
     return dataclasses.replace(config, **{k: v for k, v in settings.items() if k not in given})
 

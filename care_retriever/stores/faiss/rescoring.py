@@ -79,7 +79,7 @@ class VectorFile:
         # runs of consecutive row ids: [starts[i], ends[i]) in ``rows``
         breaks = np.flatnonzero(np.diff(rows) != 1) + 1
         starts, ends = np.concatenate([[0], breaks]), np.concatenate([breaks, [len(rows)]])
-        view = memoryview(out.reshape(-1).view(np.uint8))
+        view = out.reshape(-1).view(np.uint8).data
         for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
             if start < end:
                 want = (end - start) * row_bytes
