@@ -48,7 +48,7 @@ def test_auto_is_large_past_the_threshold_and_small_below() -> None:
 def test_large_faiss_settings_grow_with_n_and_options_given_win() -> None:
     small, big = (profile_config("large", FaissIndexConfig(), n=n, dim=768) for n in (10**6, 10**7))
     assert isinstance(big, FaissIndexConfig) and isinstance(small, FaissIndexConfig)
-    assert (big.index_type, big.quantize, big.pq_m) == (IndexType.IVF, Quantize.PQ, 96)
+    assert (big.index_type, big.quantize, big.pq_m, big.oversample) == (IndexType.IVF, Quantize.PQ, 96, 200.0)
     assert (small.nlist, big.nlist) == (512, 2048)
     assert big.train_size is not None and big.train_size >= 39 * big.nlist  # FAISS's k-means wants 39 a list
     given = FaissIndexConfig(nprobe=64, quantize="sq8")
