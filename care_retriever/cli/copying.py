@@ -12,9 +12,10 @@ from care_retriever.cli.dataclass_options import with_options
 from care_retriever.cli.panels import COMMON
 from care_retriever.stores.config import STORE_HELP, FaissIndexConfig, QdrantCollectionConfig
 from care_retriever.stores.copying import COPY_BATCH, COPY_CHECKPOINT_EVERY
+from care_retriever.stores.profiles import ProfileConfig
 
 
-@with_options(FaissIndexConfig, QdrantCollectionConfig)
+@with_options(FaissIndexConfig, QdrantCollectionConfig, ProfileConfig)
 def copy(
     target: Annotated[str, typer.Option("--to", help=f"The store to write: {STORE_HELP}.", rich_help_panel=COMMON)],
     source: Annotated[
@@ -56,13 +57,15 @@ def copy(
     The target records the source's model fingerprint, width and metric; one of another model is refused.
 
     The index options (--index-type, --quantize, ...) set a new target's index; without them, a target of the
-    source's kind takes the source's.
+    source's kind takes the source's. --profile large (or auto, past 2M documents of 768 dims) gives a new target
+    vectors on disk and compressed codes in RAM; the options given win over it.
 
     Re-running finishes a killed or failed copy and writes nothing when the target is up to date. A FAISS target's
     unfinished copy is resumed only by the same copy; any other write there is refused until it is finished or
     discarded (--discard-pending).
     """
     from care_retriever.cli.core import discard_pending_run
+    from care_retriever.cli.dataclass_options import values_for
     from care_retriever.cli.index_settings import store_index_config, store_options_given
     from care_retriever.errors import InputError
     from care_retriever.stores.config import StoreSpec
@@ -85,6 +88,7 @@ def copy(
         checkpoint_every=checkpoint_every,
         verify=verify,
         show_progress=progress and not json_out,
+        profile=values_for(ProfileConfig, values).profile,
     ).to_dict()
     if json_out:
         typer.echo(strict_json.dumps(report))

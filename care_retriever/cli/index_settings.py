@@ -22,6 +22,7 @@ from care_retriever.stores.config import (
     StoreSpec,
     qdrant_only_fields,
 )
+from care_retriever.stores.profiles import ProfileConfig
 
 QDRANT_ONLY_FLAGS_HELP = "qdrant:PATH | qdrant:http://host:6333"
 # FAISS's HNSW fields -> a Qdrant collection's
@@ -57,6 +58,7 @@ def settings_from_options(values: Mapping[str, Any]) -> IndexSettings:
         index=store_index_config(spec, values),
         encode=values_for(EncodeConfig, values),
         reader=values_for(CorpusConfig, values),
+        profile=values_for(ProfileConfig, values),
         **{k: v for k, v in values.items() if k in own},
     )
 

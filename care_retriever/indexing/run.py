@@ -57,6 +57,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
     from care_retriever.indexing.space import check_store_space
     from care_retriever.indexing.writer import DocumentStoreWriter
     from care_retriever.stores import open_store
+    from care_retriever.stores.profiles import profile_config
     from care_retriever.stores.training_sample import require_training_sample
 
     encoder: ShardedEncoder | None = None
@@ -84,18 +85,20 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
         if settings.prune:
             check_prune(target, corpus_ids, confirmed=settings.yes)
         embedder = load_document_tower(settings, device)
+        index = settings.index
+        assert index is not None  # IndexSettings gives the store kind's defaults
+        if target.manifest is None:  # a new store's settings from the corpus's size (the options given win)
+            index = profile_config(settings.profile.profile, index, n=total, dim=embedder.dim)
         # a new index that trains on its first vectors gets enough of them, or one line says what to do instead
-        require_training_sample(target, embedder.dim, settings.index, total, str(file))
+        require_training_sample(target, embedder.dim, index, total, str(file))
         # the disk holds what the run will write, or one line says so before anything is encoded
-        check_store_space(
-            target, total=total, corpus=file, dim=embedder.dim, sparse=settings.sparse, index=settings.index
-        )
+        check_store_space(target, total=total, corpus=file, dim=embedder.dim, sparse=settings.sparse, index=index)
         encoder = ShardedEncoder(embedder, group, settings.encode) if group.active else None
         writer = DocumentStoreWriter(
             embedder,
             target,
             encode=settings.encode,  # the typed configs, as the command line built them, whole
-            index=settings.index,
+            index=index,
             show_progress=settings.progress,
             encoder=encoder,
             sparse=settings.sparse,

@@ -11,6 +11,7 @@ from care_retriever.indexing.config import SPARSE, CorpusConfig, EncodeConfig
 from care_retriever.model.settings import COMMON_PANEL, CORPUS_PANEL, meta
 from care_retriever.model.towers.loading import TRUST_REMOTE_CODE_HELP
 from care_retriever.stores.config import STORE_HELP, FaissIndexConfig, QdrantCollectionConfig, StoreKind, StoreSpec
+from care_retriever.stores.profiles import ProfileConfig
 
 BACKENDS = ("auto", "nccl", "gloo")
 
@@ -35,6 +36,7 @@ class IndexSettings:
     reader: CorpusConfig = field(default_factory=CorpusConfig)  # how the corpus is read (--format, --id-field ...)
     # the store's settings (None: the defaults of the store's kind); kept in its manifest
     index: FaissIndexConfig | QdrantCollectionConfig | None = field(default=None, metadata=meta(cli=False))
+    profile: ProfileConfig = field(default_factory=ProfileConfig)  # a new store's settings by the corpus's size
     encode: EncodeConfig = field(default_factory=EncodeConfig)
     update: bool = field(
         default=False,
@@ -93,4 +95,5 @@ class IndexSettings:
 
 def index_options_classes() -> tuple[type, ...]:
     """The classes whose fields are the ``index`` command's options, in the order ``--help`` lists them."""
-    return (IndexSettings, StoreSpec, CorpusConfig, EncodeConfig, FaissIndexConfig, QdrantCollectionConfig)
+    stores = (FaissIndexConfig, QdrantCollectionConfig, ProfileConfig)
+    return (IndexSettings, StoreSpec, CorpusConfig, EncodeConfig, *stores)

@@ -83,17 +83,15 @@ QUANTIZE_HELP = (
     "(benchmarks/results); Qdrant: none | sq8 | binary (rescored on a server). Fixed when the store is created."
 )
 OVERSAMPLE_HELP = "Candidates from the codes per result wanted, rescored exactly (default by quantize)."
-# manifest key -> field, where they differ
-_FAISS_KEYS = {"type": "index_type"}
+TRAIN_SIZE_HELP = "Vectors a new IVF or quantized index trains on, held until then (default: the first batch)."
+_FAISS_KEYS = {"type": "index_type"}  # manifest key -> field, where they differ
 
 
 @dataclass(frozen=True)
 class FaissIndexConfig:
-    """A FAISS store's index: its kind and build/search parameters, and its quantization.
-
-    ``quantize`` None is "not asked": an existing store keeps its own, a new one has none (:attr:`quantization`);
-    ``oversample`` None: the store's own, or the quantization's default (:attr:`effective_oversample`).
-    """
+    """A FAISS store's index: its kind and build/search parameters, and its quantization. ``quantize`` None is
+    "not asked": an existing store keeps its own, a new one has none (:attr:`quantization`); ``oversample`` None:
+    the store's own, or the quantization's default (:attr:`effective_oversample`)."""
 
     cli_panel: ClassVar[str] = STORE_INDEX_PANEL
 
@@ -112,11 +110,12 @@ class FaissIndexConfig:
     pq_bits: int = field(default=8, metadata=meta("Bits per PQ code (ivfpq, quantize pq)."))
     quantize: Quantize | None = field(default=None, metadata=meta(QUANTIZE_HELP))
     oversample: float | None = field(default=None, metadata=meta(OVERSAMPLE_HELP))
+    train_size: int | None = field(default=None, metadata=meta(TRAIN_SIZE_HELP))
 
     def __post_init__(self) -> None:
         _set(self, "index_type", choice(IndexType, self.index_type, "FAISS index type"))
         for f in dataclasses.fields(self):
-            if f.type == "int":
+            if f.type == "int" or (f.name == "train_size" and self.train_size is not None):
                 count(getattr(self, f.name), f"FAISS index option {f.name} ({flag_of(f)})")
         if self.quantize is not None:
             _set(self, "quantize", choice(Quantize, self.quantize, "FAISS quantize"))
@@ -166,6 +165,8 @@ class FaissIndexConfig:
         }
         if self.pq_bits != _FAISS_DEFAULTS["pq_bits"]:  # older manifests have no pq_bits: theirs is the default
             out["pq_bits"] = self.pq_bits
+        if self.train_size is not None:  # nor train_size: they trained on their first batch
+            out["train_size"] = self.train_size
         if self.quantization is not Quantize.NONE:
             out["quantize"] = self.quantization.value
             out["oversample"] = self.effective_oversample

@@ -54,6 +54,7 @@ from care_retriever.stores.config import (
     StoreSpec,
     store_config,
 )
+from care_retriever.stores.profiles import StoreProfile, chosen_profile, profile_config
 from care_retriever.stores.runs import RunTag
 from care_retriever.stores.training_sample import require_training_sample
 
@@ -102,6 +103,7 @@ def copy_store(
     checkpoint_every: int = COPY_CHECKPOINT_EVERY,
     verify: bool = True,
     show_progress: bool = False,
+    profile: StoreProfile | str | None = None,
 ) -> CopyReport:
     """Copy every document of ``source`` with its stored vector into ``target``, encoding nothing.
 
@@ -111,7 +113,8 @@ def copy_store(
     ``quantize=sq8``; :class:`~care_retriever.stores.config.QdrantCollectionConfig`); None: the source's own where
     both are of one kind, else the target kind's defaults (an existing target keeps its own). ``sparse``: give the
     target a BM25 side (None: where the source has one). ``verify``: read the whole target afterwards
-    (:meth:`~care_retriever.stores.capabilities.Verification.verify`).
+    (:meth:`~care_retriever.stores.capabilities.Verification.verify`). ``profile``: a new target's settings from
+    the source's size (:mod:`~care_retriever.stores.profiles`; ``index``'s options win over it; None: none).
 
     A target holding another model's space, another width or another metric is refused in one line before
     anything is written.
@@ -150,7 +153,7 @@ def copy_store(
         copier = _Copier(reader, writer, manifest, report, batch)
         total = src.count()
         if copier.differs(want_sparse):
-            config = _target_config(src, dst, index)
+            config = _target_config(src, dst, index, profile, total)
             run = _run_tag(source_spec, src, manifest, config, want_sparse)
             copier.write(run, config, want_sparse, total, checkpoint_every, show_progress)
         else:
@@ -328,9 +331,17 @@ def _run_tag(spec: StoreSpec | None, src: VectorStore, manifest: Manifest, confi
     )
 
 
-def _target_config(src: VectorStore, dst: VectorStore, index: StoreConfig) -> StoreConfig:
-    """The settings the target is prepared with: those given, else a new target of the source's kind gets the
-    source's own (an existing target keeps its own; another kind's target its defaults)."""
+def _target_config(
+    src: VectorStore, dst: VectorStore, index: StoreConfig, profile: StoreProfile | str | None, n: int
+) -> StoreConfig:
+    """The settings the target is prepared with: a new target's profile for ``n`` documents where it resolves to
+    large (over the options given), else those given, else a new target of the source's kind gets the source's own
+    (an existing target keeps its own; another kind's target its defaults)."""
+    dim = src.require_manifest().dim
+    if dst.manifest is None and profile is not None and chosen_profile(profile, n, dim) is StoreProfile.LARGE:
+        given = index if index is not None else store_config(dst.backend, {})
+        assert given is not None
+        return profile_config(StoreProfile.LARGE, given, n=n, dim=dim)
     if index is not None or dst.manifest is not None or dst.backend != src.backend:
         return index
     return store_config(dst.backend, src.require_manifest().index)

@@ -155,20 +155,29 @@ def page(db: sqlite3.Connection, after: int, limit: int) -> list[tuple[int, Docu
     ]
 
 
-def read_all(db: sqlite3.Connection, path: Path) -> list[tuple[int, str, str, str, str, str]]:
-    """Every row (row id, id, text, title, metadata, content hash) after SQLite's own integrity check."""
+def read_blocks(
+    db: sqlite3.Connection, path: Path, size: int = 65_536
+) -> Iterator[list[tuple[int, str, str, str, str, str]]]:
+    """Every row (row id, id, text, title, metadata, content hash) after SQLite's own integrity check, ``size`` rows
+    at a time in row-id order: a store of any size is read in bounded memory."""
     try:
         problems = [r for (r,) in db.execute("PRAGMA integrity_check") if r != "ok"]
-        rows = db.execute("SELECT row_id, id, text, title, metadata, content_hash FROM documents").fetchall()
+        if problems:
+            raise StoreError(f"{path}: corrupted docstore ({problems[0]})")
+        last = -1
+        while rows := db.execute(
+            "SELECT row_id, id, text, title, metadata, content_hash FROM documents WHERE row_id > ? "
+            "ORDER BY row_id LIMIT ?",
+            (last, size),
+        ).fetchall():
+            yield rows
+            last = rows[-1][0]
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{path}: corrupted docstore ({exc})") from exc
-    if problems:
-        raise StoreError(f"{path}: corrupted docstore ({problems[0]})")
-    return rows
 
 
 def check_content(rows: Sequence[tuple[int, str, str, str, str, str]], path: Path) -> None:
-    """Each row read by :func:`read_all` parses and matches its content hash."""
+    """Each row read by :func:`read_blocks` parses and matches its content hash."""
     for _rid, did, text, title, meta, digest in rows:
         try:
             doc = Document(id=did, text=text, title=title, metadata=json.loads(meta))

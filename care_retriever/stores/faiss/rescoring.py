@@ -1,8 +1,9 @@
-"""Quantized stores (format 3): the full-precision vectors in vectors.f32, memory-mapped, and the rescoring of
+"""Quantized stores (format 3): the full-precision vectors in vectors.f32, on disk, and the rescoring of
 the candidates that the compressed codes return with exact inner products read from that file.
 
 vectors.f32 holds float32 rows at offset row id x 4 x dim; rows are written at their offsets (pwrite) and
-made durable before the docstore commits them, so every committed row has its vector.
+made durable before the docstore commits them, so every committed row has its vector; they are read back with
+positional reads (pread), not a memory map.
 """
 
 from __future__ import annotations
@@ -40,32 +41,52 @@ def check_vectors_file(folder: Path, dim: int, rows: np.ndarray, recorded: int |
         )
 
 
+class _ReadOnly:
+    """A file descriptor open for reading, closed when the last reader drops it."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
 class VectorFile:
-    """The read side: vectors.f32 memory-mapped read-only, rows = row ids; remapped when it grew."""
+    """The read side: rows of vectors.f32 (rows = row ids) read with positional reads, one per run of consecutive
+    rows. The rows go through the page cache into the caller's array: unlike a memory map, the file's pages never
+    count in this process's resident memory, which stays the codes' however many rows searches rescore."""
 
     def __init__(self) -> None:
-        self._vecs: np.ndarray | None = None
-        self._folder: Path | None = None
+        self._file: tuple[Path, _ReadOnly] | None = None
 
     def forget(self) -> None:
-        """Drop the mapping (the file may have grown or been replaced): the next read maps it again."""
-        self._vecs, self._folder = None, None
+        """Drop the open file (it may have been replaced): the next read opens it again. A read under way keeps
+        the file it holds."""
+        self._file = None
 
     def read(self, folder: Path, dim: int, rows: np.ndarray) -> np.ndarray:
         """Full-precision vectors of ``rows`` (row ids) from ``folder``'s vectors.f32."""
-        top = int(rows.max()) if len(rows) else -1
-        if self._vecs is None or self._folder != folder or top >= len(self._vecs):
-            # (Re)mapped when rows were written past the mapped length (writes extend the file).
-            count = (folder / VECTORS).stat().st_size // (4 * dim)
-            self._vecs = (
-                np.memmap(folder / VECTORS, dtype=np.float32, mode="r", shape=(count, dim))
-                if count
-                else np.zeros((0, dim), dtype=np.float32)
+        held = self._file
+        if held is None or held[0] != folder:
+            held = self._file = (folder, _ReadOnly(folder / VECTORS))
+        fd, row_bytes = held[1].fd, 4 * dim
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), dim), dtype=np.float32)
+        if len(rows) and int(rows.max()) >= os.fstat(fd).st_size // row_bytes:
+            raise StoreError(
+                f"{folder / VECTORS}: row {int(rows.max())} is past the end of the file; the file is truncated"
             )
-            self._folder = folder
-            if top >= count:
-                raise StoreError(f"{folder / VECTORS}: row {top} is past the end of the file; the file is truncated")
-        return np.asarray(self._vecs[rows])
+        # runs of consecutive row ids: [starts[i], ends[i]) in ``rows``
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        starts, ends = np.concatenate([[0], breaks]), np.concatenate([breaks, [len(rows)]])
+        view = out.reshape(-1).view(np.uint8).data
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            if start < end:
+                want = (end - start) * row_bytes
+                got = os.preadv(fd, [view[start * row_bytes : end * row_bytes]], int(rows[start]) * row_bytes)
+                if got != want:
+                    raise StoreError(f"{folder / VECTORS}: short read at row {int(rows[start])}; the file is truncated")
+        return out
 
 
 class VectorWriter:

@@ -59,6 +59,10 @@ class WriteSession:
         self.vector_writer = rescoring.VectorWriter()  # quantized stores: vectors.f32 rows at their offsets
         if quantization(manifest_config(manifest.index)) != "none":
             self.vector_writer.open(folder)
+        # A new index given a training sample size holds its first rows (never more than the sample and one batch)
+        # until the sample is full, then trains on it and adds them; every later batch is added as it comes.
+        self.train_size = manifest_config(manifest.index).train_size
+        self.held: list[tuple[np.ndarray, np.ndarray]] = []  # (row ids, vectors) waiting for the training
 
     def upsert(
         self, documents: Sequence[Document], vectors: np.ndarray, sparse_tokens: Sequence[list[str]] | None
@@ -70,12 +74,33 @@ class WriteSession:
         docstore.insert(self.db, row_ids.tolist(), documents)
         if self.manifest.sparse:  # the BM25 side, in the same SQLite transaction
             sparse.add(self.db, row_ids.tolist(), documents, sparse_tokens)
-        train_on_first_batch(self.index, vectors)
         # Quantized stores: full-precision rows at their offsets, made durable by commit().
         self.vector_writer.write(int(row_ids[0]), vectors)
-        self.index.add_with_ids(vectors, row_ids)
+        self._add(row_ids, vectors)
         self._record(journal.ADD, row_ids, vectors)
         self.count += len(documents) - removed
+
+    def _add(self, row_ids: np.ndarray, vectors: np.ndarray) -> None:
+        """Add a batch to the index: trained on it if it is the first, or held while a training sample fills."""
+        if self.train_size is None or (self.index.is_trained and not self.held):
+            train_on_first_batch(self.index, vectors)
+            self.index.add_with_ids(vectors, row_ids)
+            return
+        self.held.append((row_ids, vectors))
+        if sum(len(v) for _, v in self.held) >= self.train_size:
+            self.train_held()
+
+    def train_held(self) -> None:
+        """Train the index on the rows held (the first ``train_size`` of them) and add them: when the sample is
+        full, or when the write is published with fewer rows (too few to train on is one line)."""
+        if not self.held:
+            return
+        rows = np.concatenate([r for r, _ in self.held])
+        vectors = np.concatenate([v for _, v in self.held])  # at most the sample and one batch
+        self.held = []
+        assert self.train_size is not None
+        train_on_first_batch(self.index, vectors[: self.train_size])
+        self.index.add_with_ids(vectors, rows)
 
     def delete(self, ids: Sequence[str]) -> int:
         removed = self._remove_rows(ids)
@@ -91,6 +116,7 @@ class WriteSession:
             sparse.remove(self.db, existing)
         # HNSW cannot remove vectors: they stay as tombstones that searches skip.
         rows = np.asarray(existing, dtype=np.int64)
+        self.held = [(r[keep], v[keep]) for r, v in self.held if (keep := ~np.isin(r, rows)).any()]
         if supports_remove(manifest_config(self.manifest.index)):
             self.index.remove_ids(rows)
         else:
@@ -147,7 +173,8 @@ class StagedWrite(WriteSession):
         self.db.commit()
         files.write_index_atomic(self.index, self.folder / INDEX)
         self.count = docstore.count(self.db)
-        self.tombstones = int(self.index.ntotal - self.count)
+        # rows held for the training are in the docstore, not yet in the index (a resumed run writes them again)
+        self.tombstones = int(self.index.ntotal) + sum(len(r) for r, _ in self.held) - self.count
         journal.start_meta(self.db, self.folder / INDEX, self.count, self.tombstones)
         self.manifest.count = self.count
         self.manifest.index["tombstones"] = self.tombstones
@@ -220,6 +247,7 @@ class InPlaceWrite(WriteSession):
         """Append the delta, then commit the docstore with the delta's new length (the commit point); returns
         (inode of index.faiss, committed delta bytes) as it leaves them (a fold makes a new index.faiss)."""
         self._log_pages()
+        self.train_held()
         committed = self.opened_as[1]
         self.vector_writer.sync()  # the rows' full vectors are durable before the commit point
         if self.delta:

@@ -79,7 +79,7 @@ class FaissStore(Reading, Writing):
         self._claimed_run: RunTag | None = None  # the run the next prepare() belongs to (claim_run)
         # The read state: the published version this object serves (closed during a staged write, which reads
         # its staging version instead).
-        self._vector_file = rescoring.VectorFile()  # vectors.f32 memory-mapped read-only, rows = row ids
+        self._vector_file = rescoring.VectorFile()  # vectors.f32 read by row ids
         self._read_folder = self.path  # the published folder opened (the previous version's, mid-swap)
         self.manifest: Manifest | None = None
         self._read_index: faiss.Index | None = None
@@ -290,35 +290,24 @@ class FaissStore(Reading, Writing):
             # The manifest first (its fields were typed on open; here its bytes), then every file against it.
             integrity.check_manifest(self.path / MANIFEST)
             unchecked = integrity.check_files(self.path, manifest, journal.read_meta(db, self.path))
-            rows = docstore.read_all(db, self.path / DOCSTORE)
-            if len(rows) != self._count:
-                raise StoreError(
-                    f"{self.path}: count mismatch: the store records {self._count} documents, "
-                    f"the docstore has {len(rows)}"
-                )
-            docstore.check_content(rows, self.path / DOCSTORE)
             assert self._index is not None
             in_index = index_ids(self._index)
-            quantized = quantization(manifest_config(manifest.index)) != "none"
-            if quantized:  # every row's rescoring vector is there (norms below)
+            if quantization(manifest_config(manifest.index)) != "none":  # every row's rescoring vector is there
                 self._check_vectors_file(self._read_folder, in_index)
-            in_docstore = np.fromiter((r for r, *_ in rows), dtype=np.int64, count=len(rows))
-            missing = np.setdiff1d(in_docstore, in_index)
-            if len(missing) or len(in_index) != len(np.unique(in_index)):
-                raise StoreError(
-                    f"{self.path / INDEX}: {len(missing)} documents have no vector or vectors repeat "
-                    "an id; the store is corrupted"
-                )
-            if len(rows):
+            # The rows a block at a time (a store of any size is checked in bounded memory): each row's content
+            # hash, its vector, and the norm the store's model promises (its manifest's metric): unit for cosine, at
+            # most 1 for a model that cuts normalised vectors (the authors' released models).
+            contract = VectorContract.for_metric(manifest.metric)
+            in_docstore: list[np.ndarray] = []
+            for rows in docstore.read_blocks(db, self.path / DOCSTORE):
+                docstore.check_content(rows, self.path / DOCSTORE)
+                in_docstore.append(np.fromiter((r for r, *_ in rows), dtype=np.int64, count=len(rows)))
                 vectors = [v for v in self.vectors([r[1] for r in rows]) if v is not None]
-                if len(vectors) != len(rows):  # the id sets matched above: a row without a vector is corruption
+                if len(vectors) != len(rows):
                     raise StoreError(
                         f"{self.path / INDEX}: {len(rows) - len(vectors)} documents have no vector; "
                         "the store is corrupted"
                     )
-                # The norms the store's model promises (its manifest's metric): unit for cosine, at most 1 for a
-                # model that cuts normalised vectors (the authors' released models).
-                contract = VectorContract.for_metric(manifest.metric)
                 bad = contract.bad_norms(np.linalg.norm(np.stack(vectors), axis=1))
                 if bad.any():
                     raise StoreError(
@@ -326,6 +315,18 @@ class FaissStore(Reading, Writing):
                         f"{manifest.metric} model's are (first: {rows[int(np.argmax(bad))][1]!r}); the file is "
                         "corrupted"
                     )
+            stored = np.concatenate(in_docstore) if in_docstore else np.zeros(0, dtype=np.int64)
+            if len(stored) != self._count:
+                raise StoreError(
+                    f"{self.path}: count mismatch: the store records {self._count} documents, "
+                    f"the docstore has {len(stored)}"
+                )
+            missing = np.setdiff1d(stored, in_index)
+            if len(missing) or len(in_index) != len(np.unique(in_index)):
+                raise StoreError(
+                    f"{self.path / INDEX}: {len(missing)} documents have no vector or vectors repeat "
+                    "an id; the store is corrupted"
+                )
         return unchecked
 
     def footprint(self) -> dict[str, Any]:

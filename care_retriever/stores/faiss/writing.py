@@ -224,12 +224,15 @@ class Writing(OpenedVersion):
     def finalize(self) -> None:
         """Publish: swap the staging folder into place (bulk), or commit the in-place transaction."""
         session = self._require_session()
+        if isinstance(session, StagedWrite):  # rows held for a training sample that never filled
+            with self._lock, self._write_faults(session, "the index's training"):
+                session.train_held()
         self.commit()
         with self._lock:
             if isinstance(session, InPlaceWrite):
                 session.close()
                 self._session = None
-                self._vector_file.forget()  # remapped on the next search: the file may have grown
+                self._vector_file.forget()  # reopened on the next search: the file may have grown
                 self._writer_lock.release()
                 return
             with self._write_faults(session, "the new version of the store (publish)"):
