@@ -6,11 +6,17 @@ widening path (search 10 unfiltered, keep the hits whose metadata match, widen x
 exhausted). The first filtered search on the field builds its index (FAISS: a temp SQLite index per field); it is
 timed apart, as ``first_filter_s``.
 
+The vectors are clustered like real embeddings (:func:`benchmarks.large_index.generate`: unit vectors around
+``--clusters`` random centres) and the queries are noisy copies of stored rows (:func:`~benchmarks.large_index.
+make_queries`): uniform random vectors have no near neighbours, and on them any ANN index looks broken. A row's
+``bucket`` is its number modulo 20,000, independent of its cluster, so every filter keeps the same share of each
+cluster.
+
     python -m benchmarks.filter_speed --n 100000 [--json] [--workdir DIR] [--engines "faiss flat,edge hnsw"]
     python -m benchmarks.filter_speed --report DIR/results.jsonl   # rewrite docs/filters.md's measured table
 
-With ``--workdir`` each engine's store is kept in ``DIR/n{N}-d{dim}/`` and reused by later runs (a store that does
-not hold N documents is rebuilt), and every measured row is appended to ``DIR/results.jsonl``.
+With ``--workdir`` each engine's store is kept in ``DIR/n{N}-d{dim}-c{clusters}/`` and reused by later runs (a
+store that does not hold N documents is rebuilt), and every measured row is appended to ``DIR/results.jsonl``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.large_index import generate, make_queries
 from care_retriever.documents import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.base import Hit, VectorStore
@@ -52,9 +59,12 @@ ENGINES: dict[str, tuple[str, Any]] = {
 }
 
 
-def _unit(rows: int, dim: int, seed: int) -> np.ndarray:
-    vectors = np.random.default_rng(seed).normal(size=(rows, dim)).astype(np.float32)
-    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+def clustered(n: int, dim: int, clusters: int, queries: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` stored unit vectors around ``clusters`` centres and ``queries`` noisy copies of stored rows."""
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(Path(tmp) / "vectors.npy", n, dim, clusters, seed=0)
+        vectors = np.load(Path(tmp) / "vectors.npy")
+    return vectors, make_queries(vectors, queries, seed=0)
 
 
 def _build(kind: str, config: Any, folder: Path, vectors: np.ndarray) -> VectorStore:
@@ -136,8 +146,13 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _data(row: dict[str, Any]) -> str:
+    """The data a row was measured on (rows written before the data was clustered hold no ``data`` entry)."""
+    return row.get("data", "uniform random unit vectors (no near neighbours: an ANN index's recall is low on them)")
+
+
 def _section(n: int, rows: list[dict[str, Any]]) -> str:
-    """One N's table (the latest row of each engine and selectivity) and the machine, commands and dates."""
+    """One N's table (the latest row of each engine and selectivity) and the machine, data, commands and dates."""
     latest = {(r["engine"], r["selectivity"]): r for r in rows}
     order = list(ENGINES)
     kept = sorted(latest.values(), key=lambda r: (order.index(r["engine"]), -r["selectivity"]))
@@ -145,8 +160,8 @@ def _section(n: int, rows: list[dict[str, Any]]) -> str:
     missing = [name for name in ENGINES if name not in {r["engine"] for r in kept}]
     absent = f" Not measured at this N: {', '.join(missing)}." if missing else ""
     return (
-        f"N={n:,} stored vectors (dim {kept[0]['dim']}), on {kept[0]['machine']}; load = the 1-minute load "
-        "average while measuring (the cores are shared, so q/s are low bounds). Produced by "
+        f"N={n:,} stored vectors (dim {kept[0]['dim']}; {_data(kept[0])}), on {kept[0]['machine']}; load = the "
+        "1-minute load average while measuring (the cores are shared, so q/s are low bounds). Produced by "
         + "; ".join(commands)
         + f".{absent}\n\n"
         + _table(kept)
@@ -154,11 +169,11 @@ def _section(n: int, rows: list[dict[str, Any]]) -> str:
 
 
 def report(results: Path) -> str:
-    """Rewrite docs/filters.md's measured tables from a results file (one table per N, the largest first), with
-    the machine, dates, loads and commands that produced them."""
+    """Rewrite docs/filters.md's measured tables from a results file (one table per N and data, the largest N
+    first), with the machine, data, dates, loads and commands that produced them."""
     lines = [json.loads(line) for line in results.read_text("utf-8").splitlines() if line.strip()]
-    sizes = sorted({r["n"] for r in lines}, reverse=True)
-    text = "\n\n".join(_section(n, [r for r in lines if r["n"] == n]) for n in sizes)
+    groups = sorted({(r["n"], _data(r)) for r in lines}, key=lambda g: -g[0])
+    text = "\n\n".join(_section(n, [r for r in lines if (r["n"], _data(r)) == (n, data)]) for n, data in groups)
     doc = DOC.read_text("utf-8")
     block = f"{BEGIN}\n{text}\n{END}"
     if BEGIN in doc and END in doc:
@@ -172,7 +187,14 @@ def report(results: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=100_000, help="stored vectors")
-    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument(
+        "--dim",
+        type=int,
+        default=128,
+        help="vector width (default 128: 1M vectors and their five stores build in minutes on two cores; what a "
+        "filter costs, selecting the ids and restricting the search to them, does not grow with the width)",
+    )
+    parser.add_argument("--clusters", type=int, default=2000, help="centres the stored vectors gather around")
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--budget", type=float, default=10.0, help="seconds at most per measured cell")
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated: " + ", ".join(ENGINES))
@@ -184,11 +206,11 @@ def main(argv: list[str] | None = None) -> int:
         print(report(args.report))
         return 0
     command = shlex.join(["python", "-m", "benchmarks.filter_speed", *(argv if argv is not None else sys.argv[1:])])
-    vectors, queries = _unit(args.n, args.dim, 0), _unit(args.queries, args.dim, 1)
-    buckets = np.arange(args.n) % BUCKETS
+    vectors, queries = clustered(args.n, args.dim, args.clusters, args.queries)
+    buckets = np.arange(args.n) % BUCKETS  # by row number: independent of the clusters
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        base = args.workdir / f"n{args.n}-d{args.dim}" if args.workdir else Path(tmp)
+        base = args.workdir / f"n{args.n}-d{args.dim}-c{args.clusters}" if args.workdir else Path(tmp)
         for name in args.engines.split(","):
             kind, config = ENGINES[name]
             store, build = _reused_or_built(kind, config, base / name.replace(" ", "-"), vectors)
@@ -210,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = {
                     "n": args.n,
                     "dim": args.dim,
+                    "data": f"clustered: {args.clusters:,} centres, queries are noisy copies of stored rows",
                     "engine": name,
                     "selectivity": fraction,
                     "matching": len(allowed),
