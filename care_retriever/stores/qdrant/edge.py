@@ -261,11 +261,16 @@ class EdgeShard:
         return [_record(p) for p in points], (str(following) if following is not None else None)
 
     def search_params(self, hnsw_ef: int | None, oversample: float | None) -> Any:
+        """HNSW's ``ef``, rescoring of quantized codes, and ACORN for filtered searches: a graph search skips the
+        neighbours a filter refuses, so a filter allowing a fraction of the points leaves a sparser graph whose
+        walk misses allowed neighbours; ACORN also follows the refused neighbours' links. Qdrant uses it for filters
+        it estimates to allow at most 40% of the points (its default); a filter allowing fewer points than its
+        full-scan threshold is scanned through the payload index instead."""
         qe = _engine()
         quantization = (
             qe.QuantizationSearchParams(rescore=True, oversampling=oversample) if oversample is not None else None
         )
-        return qe.SearchParams(hnsw_ef=hnsw_ef, quantization=quantization)
+        return qe.SearchParams(hnsw_ef=hnsw_ef, quantization=quantization, acorn=qe.AcornSearchParams(enable=True))
 
     def dense_query(self, vector: Sequence[float]) -> Any:
         return _engine().Query.Nearest(list(vector))
