@@ -201,12 +201,14 @@ def phase_serve(work: Path, n: int, dim: int, k: int, search_s: tuple[float, flo
             out["recall_at_10"], out["recall_queries"] = float(np.mean(scores)), len(scores)
     out["serve_rss_bytes"] = rss_now()
     out["serve_peak_rss_bytes"] = peak_rss()
-    new = Chunks(n, dim)(0)[:10].copy()
-    documents = [Document(id=f"new-{i}", text=f"新病例 {i}") for i in range(10)]
-    started = time.perf_counter()
-    with store.transaction():
-        store.upsert(documents, new)
-    out["small_write_ms"] = (time.perf_counter() - started) * 1000
+    # two 10-document writes: the first after opening also reads the index for writing, the next one does not
+    for key, first in (("small_write_ms", 0), ("next_small_write_ms", 10)):
+        new = Chunks(n, dim)(0)[first : first + 10].copy()
+        documents = [Document(id=f"new-{first + i}", text=f"新病例 {first + i}") for i in range(10)]
+        started = time.perf_counter()
+        with store.transaction():
+            store.upsert(documents, new)
+        out[key] = (time.perf_counter() - started) * 1000
     store.close()
     out["serve_load"] = [list(load), list(os.getloadavg())]
     return out
@@ -256,9 +258,15 @@ def _gib(value: float) -> str:
 
 COLUMNS = (
     "N x dim", "store", "build s", "peak RSS building GiB", "peak RSS serving GiB", "disk GiB", "q/s, 1 thread",
-    "q/s, 8 threads", "CPU ms a query, 1 / 8 threads", "recall@10 vs exact (queries)", "10-doc write ms",
-    "verify s (peak RSS GiB)", "load avg build / serve",
+    "q/s, 8 threads", "CPU ms a query, 1 / 8 threads", "recall@10 vs exact (queries)",
+    "10-doc write ms, first after opening / next", "verify s (peak RSS GiB)", "load avg build / serve",
 )  # fmt: skip
+
+
+def small_writes(r: dict[str, Any]) -> str:
+    """The first 10-document write after opening, and the next where it was measured."""
+    nxt = r.get("next_small_write_ms")
+    return f"{r['small_write_ms']:,.0f}" + (f" / {nxt:,.0f}" if nxt is not None else " / not measured")
 
 
 def row(r: dict[str, Any]) -> str:
@@ -284,7 +292,7 @@ def row(r: dict[str, Any]) -> str:
         cell("qps_8", lambda r: f"{r['qps_8']:,.0f}"),
         cell("cpu_ms_per_query_1", lambda r: f"{r['cpu_ms_per_query_1']:.1f} / {r['cpu_ms_per_query_8']:.1f}"),
         cell("recall_at_10", lambda r: f"{r['recall_at_10']:.3f} ({r['recall_queries']})"),
-        cell("small_write_ms", lambda r: f"{r['small_write_ms']:,.0f}"),
+        cell("small_write_ms", small_writes),
         cell("verify_s", lambda r: f"{r['verify_s']:,.0f} ({_gib(r['verify_peak_rss_bytes'])})"),
         loads,
     ]

@@ -5,7 +5,7 @@
 * ``large``: vectors on disk, compressed codes in RAM. FAISS: IVF lists (:func:`ivf_lists`) over PQ codes of
   ``dim / 8`` bytes (SQ8 where 8 does not divide the dimension), trained on a sample of :func:`training_sample`
   rows, each search rescoring 200 x k candidates exactly from ``vectors.f32``. Qdrant: on-disk vectors and int8
-  codes kept in RAM.
+  codes kept in RAM; Qdrant Edge builds its graphs in segments of at most 1,000,000 KB of vectors.
 * ``auto``: ``large`` when the corpus's float32 vectors would pass :data:`LARGE_FROM_BYTES`, else ``small``.
 
 Memory of a FAISS ``large`` store of ``N`` vectors of ``dim`` dimensions (PQ codes; SQ8 codes take ``dim`` bytes a
@@ -39,6 +39,10 @@ from care_retriever.stores.config import FaissIndexConfig, IndexType, QdrantColl
 # (an HNSW graph or Qdrant's optimizer on top), which then passes a quarter of a 24 GiB machine's memory.
 LARGE_FROM_BYTES = 6 * 2**30
 LARGE_PQ_OVERSAMPLE = 200.0
+# Qdrant Edge builds one segment's graph at a time, its peak memory growing with the segment
+# (care_retriever/stores/qdrant/edge_memory.py): 1,000,000 KB (333,333 vectors of 768 dims) keeps 10M such points
+# under 20 GiB, where one segment of every point passes it at 1.4M; each search visits every segment.
+LARGE_EDGE_SEGMENT_KB = 1_000_000
 PROFILE_HELP = (
     "auto | small | large: large keeps the vectors on disk and compressed codes in RAM (FAISS IVF + PQ, Qdrant "
     "int8); auto picks large past 6 GiB of float32 vectors (2M at 768 dims). Options given win over it."
@@ -119,8 +123,14 @@ def large_faiss(config: FaissIndexConfig, n: int, dim: int) -> FaissIndexConfig:
 
 
 def large_qdrant(config: QdrantCollectionConfig) -> QdrantCollectionConfig:
-    """The large profile of a Qdrant collection: original vectors on disk, int8 codes in RAM."""
-    settings: dict[str, Any] = {"on_disk": True, "quantize": QdrantQuantize.SQ8, "always_ram": True}
+    """The large profile of a Qdrant collection: original vectors on disk, int8 codes in RAM, and on Qdrant Edge
+    segments of at most :data:`LARGE_EDGE_SEGMENT_KB` (their graphs built one at a time)."""
+    settings: dict[str, Any] = {
+        "on_disk": True,
+        "quantize": QdrantQuantize.SQ8,
+        "always_ram": True,
+        "max_segment_size": LARGE_EDGE_SEGMENT_KB,
+    }
     given = _given(config)
     return dataclasses.replace(config, **{k: v for k, v in settings.items() if k not in given})
 

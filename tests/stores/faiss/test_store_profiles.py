@@ -12,7 +12,13 @@ import numpy as np
 from care_retriever.documents import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.config import FaissIndexConfig, IndexType, QdrantCollectionConfig, QdrantQuantize, Quantize
-from care_retriever.stores.profiles import LARGE_FROM_BYTES, StoreProfile, chosen_profile, profile_config
+from care_retriever.stores.profiles import (
+    LARGE_EDGE_SEGMENT_KB,
+    LARGE_FROM_BYTES,
+    StoreProfile,
+    chosen_profile,
+    profile_config,
+)
 
 DIM = 32
 SETTINGS = FaissIndexConfig(index_type="ivf", nlist=16, nprobe=4, quantize="pq", pq_m=4, train_size=600)
@@ -61,7 +67,9 @@ def test_large_faiss_settings_grow_with_n_and_options_given_win() -> None:
 
 def test_large_qdrant_keeps_vectors_on_disk_and_int8_codes_in_ram() -> None:
     large = profile_config("large", QdrantCollectionConfig(), n=10**7, dim=768)
-    assert large == QdrantCollectionConfig(on_disk=True, quantize=QdrantQuantize.SQ8, always_ram=True)
+    assert large == QdrantCollectionConfig(
+        on_disk=True, quantize=QdrantQuantize.SQ8, always_ram=True, max_segment_size=LARGE_EDGE_SEGMENT_KB
+    )
     kept = profile_config("large", QdrantCollectionConfig(on_disk=False), n=10**7, dim=768)
     assert isinstance(kept, QdrantCollectionConfig) and kept.on_disk is False
 
