@@ -54,14 +54,14 @@ def test_auto_is_large_past_the_threshold_and_small_below() -> None:
 def test_large_faiss_settings_grow_with_n_and_options_given_win() -> None:
     small, big = (profile_config("large", FaissIndexConfig(), n=n, dim=768) for n in (10**6, 10**7))
     assert isinstance(big, FaissIndexConfig) and isinstance(small, FaissIndexConfig)
-    assert (big.index_type, big.quantize, big.pq_m, big.oversample) == (IndexType.IVF, Quantize.PQ, 96, 200.0)
+    assert (big.index_type, big.quantize, big.pq_m, big.oversample) == (IndexType.IVF, Quantize.PQ, 192, 40.0)
     assert (small.nlist, big.nlist) == (512, 2048)
     assert big.train_size is not None and big.train_size >= 39 * big.nlist  # FAISS's k-means wants 39 a list
     given = FaissIndexConfig(nprobe=64, quantize="sq8")
     mine = profile_config("large", given, n=10**7, dim=768)
     assert isinstance(mine, FaissIndexConfig)
     assert (mine.nprobe, mine.quantize, mine.index_type) == (64, Quantize.SQ8, IndexType.IVF)
-    odd = profile_config("large", FaissIndexConfig(), n=10**7, dim=100)  # 8 does not divide 100: SQ8 codes
+    odd = profile_config("large", FaissIndexConfig(), n=10**7, dim=102)  # 4 does not divide 102: SQ8 codes
     assert isinstance(odd, FaissIndexConfig) and odd.quantize is Quantize.SQ8
 
 
