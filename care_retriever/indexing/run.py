@@ -21,7 +21,7 @@ def run_index(settings: IndexSettings) -> dict[str, Any] | None:
 
     Rank 0 returns the report; the other ranks return None once rank 0 has released them.
     """
-    group, device = init_distributed(settings.backend, settings.device, settings.timeout_minutes)
+    group, device = init_distributed(settings.dist_backend, settings.device, settings.timeout_minutes)
     try:
         if group.rank != 0:
             serve_encoding(load_document_tower(settings, device), group, settings.encode)
