@@ -156,7 +156,8 @@ def test_copy_of_a_source_too_small_for_the_large_profile_names_the_profile(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """``copy --profile large`` of a 20-document source: the profile's PQ codes train on 256 vectors; the line says
-    so and what to type instead, and that copy then completes with nothing left of the refused one."""
+    so and what to type instead (``--quantize pq`` given keeps its own advice), and that copy then completes with
+    nothing left of the refused ones."""
     store = open_store(f"faiss:{tmp_path / 'src'}")
     store.prepare(DIM, "profile-cli-space", "profile-cli-model", metric="cosine")
     vectors = np.eye(20, DIM, dtype=np.float32)
@@ -171,6 +172,10 @@ def test_copy_of_a_source_too_small_for_the_large_profile_names_the_profile(
     assert "trains on the first 256 vectors written" in line and f"{source} holds 20 documents" in line, line
     assert "use --profile small or leave out --profile" in line and "leave out --quantize" not in line, line
     assert not [p.name for p in tmp_path.iterdir() if "large" in p.name]  # nothing created, nothing staged
+    # the same codes asked for explicitly: the option given is what the line names
+    code, _, err = run_cli(capsys, "copy", "--from", source, "--to", target, "--quantize", "pq", "--pq-m", "4")
+    assert code == 2 and "--quantize pq trains on" in err and "leave out --quantize" in err, err
+    assert "--profile" not in err
     code, _, err = run_cli(capsys, "copy", "--from", source, "--to", target, "--profile", "small", "--no-progress")
     assert code == 0, err
     assert _manifest_index(tmp_path / "large")["type"] == "flat"
