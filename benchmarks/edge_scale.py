@@ -27,11 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.marked_sections import write_marked
 from benchmarks.store_scale import recall_against, synthetic_dataset
 from benchmarks.store_scale_cell import disk_bytes, peak_rss, row_blocks, row_documents, rss_now, search_pass
 
 DOC = Path(__file__).resolve().parent / "results" / "scale.md"
-BEGIN, END = "<!-- edge_scale:start -->", "<!-- edge_scale:end -->"
+SECTION = "edge_scale"  # <!-- edge_scale:start --> ... <!-- edge_scale:end --> of DOC
 BLOCK = 10_000
 
 
@@ -170,13 +171,6 @@ def table(results: list[dict[str, Any]]) -> str:
     )
 
 
-def write_section(text: str) -> None:
-    """Replace the text between this benchmark's markers in benchmarks/results/scale.md."""
-    current = DOC.read_text(encoding="utf-8")
-    start, end = current.index(BEGIN) + len(BEGIN), current.index(END)
-    DOC.write_text(current[:start] + "\n" + text + current[end:], encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, help="datasets, stores and results (outside the repo)")
@@ -208,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if results:
         text = table(results)
         print(text)
-        write_section(text)
+        write_marked(DOC, SECTION, text)
     return 0
 
 

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NonInteractiveExampleWarning
 
 from benchmarks.filter_doors import Door, Ranked, opened_doors, tiny_model
+from benchmarks.marked_sections import write_marked
 from care_retriever.documents import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.base import VectorStore
@@ -39,7 +40,6 @@ from care_retriever.stores.filters import parse_filters
 
 TOP_K = 5
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "filters.md"
-BEGIN, END = "<!-- filter_agreement:begin -->", "<!-- filter_agreement:end -->"
 # what the text doors are asked (each encoded by the query tower of the run's model)
 QUERIES = ["高血压怎么办", "糖尿病饮食注意什么", "感冒发烧", "头痛失眠", "心内科门诊", "儿童咳嗽"]
 INTEGERS = [0, 1, -1, 2, 3, 2**31 - 1, 2**31, -(2**31), 2**53 - 1, -(2**53 - 1)]
@@ -234,17 +234,6 @@ def run_cases(
     return ran, found
 
 
-def write_section(text: str) -> None:
-    """Replace the marked section of docs/filters.md with ``text``."""
-    doc = DOCS.read_text("utf-8")
-    block = f"{BEGIN}\n{text.rstrip()}\n{END}"
-    if BEGIN in doc and END in doc:
-        doc = doc[: doc.index(BEGIN)] + block + doc[doc.index(END) + len(END) :]
-    else:
-        doc = doc.rstrip() + "\n\n" + block + "\n"
-    DOCS.write_text(doc, "utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=10_000, help="(corpus, filter, query) cases to run")
@@ -277,9 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         from benchmarks.core_common import machine_line
 
-        write_section(
+        write_marked(
+            DOCS,
+            "filter_agreement",
             f"`python -m benchmarks.filter_agreement --cases {args.cases}`: {summary} ({machine_line()}; load "
-            f"average {load} at the start)."
+            f"average {load} at the start).",
+            add=True,
         )
     return 1 if found else 0
 

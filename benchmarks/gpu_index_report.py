@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_index_sides import INDEX_SIDES
 from benchmarks.gpu_profile import markdown_rows
+from benchmarks.marked_sections import write_marked
 
 
 def describe_device(device: str) -> str:
@@ -90,16 +90,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def write_section(doc: Path, kind: str, text: str) -> None:
-    """Replace (or add) this device kind's section of ``doc`` between its markers, keeping the others."""
-    begin, end = f"<!-- gpu_index:{kind}:begin -->", f"<!-- gpu_index:{kind}:end -->"
-    block = f"{begin}\n{text}{end}"
-    current = doc.read_text(encoding="utf-8") if doc.is_file() else "# Indexing on GPUs\n\n"
-    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _m: block, current)
-    else:
-        updated = current.rstrip("\n") + "\n\n" + block + "\n"
-    doc.write_text(updated, encoding="utf-8")
+    """Replace (or add) this device kind's section of ``doc`` (``<!-- gpu_index:KIND:begin -->``), keeping the
+    others."""
+    write_marked(doc, f"gpu_index:{kind}", text, add=True, title="# Indexing on GPUs\n\n")
 
 
 def command_line(module: str, argv: list[str] | None) -> str:

@@ -35,10 +35,10 @@ from typing import Any
 
 from benchmarks.core_common import CLI, REPO, SAMPLE, machine_line, model_dir, table, verdict
 from benchmarks.core_memory import build_store
+from benchmarks.marked_sections import write_marked
 
 SHARED_TASKS = Path(os.environ.get("CARE_SHARED_DATA", "/work/shared/data")) / "tasks"
 DOC = REPO / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- query_backends:begin -->", "<!-- query_backends:end -->"
 P50_TARGET = 0.2  # int8 batch-1 p50 / torch fp32 p50
 PROCESS_TARGET = 0.5  # onnx search process / torch search process (peak RSS, cold start)
 NDCG_TOLERANCE = 0.005  # |nDCG@10 of an export - nDCG@10 of torch fp32|
@@ -244,16 +244,6 @@ def ndcg_rows(model: Path, n_queries: int | None, documents: str, export: bool) 
     return rows, f"{len(qids)} judged queries, {len(task.corpus_ids)} documents embedded once by {side} on torch"
 
 
-def write_section(text: str) -> None:
-    doc = DOC.read_text("utf-8")
-    block = f"{BEGIN}\n{text.rstrip()}\n{END}"
-    if BEGIN in doc and END in doc:
-        doc = doc[: doc.index(BEGIN)] + block + doc[doc.index(END) + len(END) :]
-    else:
-        doc = doc.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(doc, "utf-8")
-
-
 def load_line() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.1f} / {five:.1f} / {fifteen:.1f}"
@@ -356,7 +346,7 @@ def main() -> int:
     text = "\n".join(out)
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_marked(DOC, "query_backends", text, add=True)
     return 0
 
 

@@ -11,10 +11,11 @@ shows what the benchmarks last wrote.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from benchmarks.marked_sections import marked
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -36,15 +37,6 @@ PROVENANCE = ("Machine:", "Hardware:", "Measured", "Command:", "Tower:", "On thi
 def link(path: Path) -> str:
     relative = path.relative_to(REPO).as_posix()
     return f"[`{relative}`]({REPO_URL}{relative})"
-
-
-def marked(path: Path, name: str) -> str:
-    """The text a benchmark wrote between ``<!-- name:begin -->`` (or ``:start``) and ``<!-- name:end -->``."""
-    text = path.read_text("utf-8")
-    found = re.search(rf"<!-- {re.escape(name)}:(?:begin|start) -->\n(.*?)<!-- {re.escape(name)}:end -->", text, re.S)
-    if found is None:
-        raise SystemExit(f"{path}: no section marked {name!r}")
-    return found.group(1)
 
 
 def first_table(text: str) -> str:

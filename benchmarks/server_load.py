@@ -34,11 +34,12 @@ import time
 from pathlib import Path
 
 from benchmarks.core_common import CLI, REPO, SAMPLE, machine_line, model_dir, table
+from benchmarks.marked_sections import write_marked
 
 SHARED = Path(os.environ.get("CARE_SHARED_DATA", REPO.parent / "shared" / "data"))
 KUAKE_QUERIES = SHARED / "tasks" / "kuake-qtr-retrieval" / "queries.jsonl"
 DOC = REPO / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- server_load:begin -->", "<!-- server_load:end -->"
+SECTION = "server_load"
 # (options, environment): one thread per forward (`serve --threads`: torch, ONNX Runtime or OpenVINO) and
 # two forwards at once use both cores without pool threads spinning against each other (on a shared,
 # loaded machine two threads per forward made one query ~10x slower here); the last row is the server
@@ -329,25 +330,6 @@ def report(
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str, backend: str = "torch") -> None:
-    """One section per query backend (torch keeps the original markers), replaced in place on a re-run."""
-    begin, end = (
-        (BEGIN, END)
-        if backend == "torch"
-        else (f"<!-- server_load:{backend}:begin -->", f"<!-- server_load:{backend}:end -->")
-    )
-    body = DOC.read_text(encoding="utf-8") if DOC.is_file() else "# Benchmarks\n"
-    section = f"{begin}\n{text.rstrip()}\n{end}"
-    if begin in body and end in body:
-        body = body[: body.index(begin)] + section + body[body.index(end) + len(end) :]
-    elif END in body:  # right after the torch section
-        cut = body.index(END) + len(END)
-        body = body[:cut] + "\n\n" + section + body[cut:]
-    else:
-        body = body.rstrip() + "\n\n" + section + "\n"
-    DOC.write_text(body, encoding="utf-8")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -364,7 +346,10 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     if not args.no_write:
-        write_section(text, args.backend)
+        # one section per query backend, replaced on a re-run: torch keeps the original markers, another
+        # backend's section is added right after torch's
+        section = SECTION if args.backend == "torch" else f"{SECTION}:{args.backend}"
+        write_marked(DOC, section, text, add=True, after=SECTION, title="# Benchmarks\n")
     return 0
 
 

@@ -26,7 +26,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -245,11 +244,9 @@ def run_phase(name: str, args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------- the table
 def write_section(doc: Path, text: str) -> None:
     """Replace the text between this benchmark's markers in ``doc`` (which must hold them)."""
-    current = doc.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(current):
-        raise SystemExit(f"{doc}: no {BEGIN} ... {END} markers")
-    doc.write_text(pattern.sub(lambda _m: f"{BEGIN}\n{text}\n{END}", current), encoding="utf-8")
+    from benchmarks.marked_sections import write_marked
+
+    write_marked(doc, "store_10m", text)
 
 
 def _gib(value: float) -> str:

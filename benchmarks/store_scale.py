@@ -35,10 +35,11 @@ from typing import Any
 import numpy as np
 
 from benchmarks.large_index import exact_neighbours, generate, make_queries
+from benchmarks.marked_sections import write_marked
 from benchmarks.store_scale_cell import KINDS
 
 DOC = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "scale.md"
-BEGIN, END = "<!-- store_scale:start -->", "<!-- store_scale:end -->"
+SECTION = "store_scale"  # <!-- store_scale:start --> ... <!-- store_scale:end --> of --docs
 SHARED = Path(os.environ.get("CARE_SHARED_DATA") or "/work/shared/data")
 KUAKE = SHARED / "tasks" / "kuake-qtr-retrieval"
 
@@ -227,15 +228,6 @@ def collected(work: Path) -> list[dict[str, Any]]:
     return sorted((json.loads(p.read_text()) for p in (work / "results").glob("*/*.json")), key=key)
 
 
-def write_section(doc: Path, text: str) -> None:
-    """Replace the text between the markers of ``doc`` (which must hold them)."""
-    current = doc.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(current):
-        raise SystemExit(f"{doc}: no {BEGIN} ... {END} markers")
-    doc.write_text(pattern.sub(lambda _m: f"{BEGIN}\n{text}{END}", current), encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True, help="datasets, results and stores (outside the repo)")
@@ -262,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown kinds {unknown}; choose from {', '.join(KINDS)}")
     work = args.work.resolve()
     if args.not_run:
-        write_section(args.docs, table(collected(work), args.k, f"not run: {args.not_run}"))
+        write_marked(args.docs, SECTION, table(collected(work), args.k, f"not run: {args.not_run}"))
         return 0
     datasets = [synthetic_dataset(work, int(n), args.dim, args.queries, args.k) for n in args.n.split(",") if n]
     if args.kuake:
@@ -281,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             saved.write_text(json.dumps(result, indent=1))
             print(row(result), file=sys.stderr, flush=True)
             if not args.no_write:
-                write_section(args.docs, table(collected(work), args.k))
+                write_marked(args.docs, SECTION, table(collected(work), args.k))
     print(table(collected(work), args.k))
     return 0
 

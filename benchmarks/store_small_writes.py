@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -26,9 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.marked_sections import write_marked
+
 REPO = Path(__file__).resolve().parents[1]
 DIM = 32
-DOC = REPO / "docs" / "benchmarks.md"
+DOC = REPO / "docs" / "benchmarks.md"  # its section (h), between <!-- store_small_writes:begin --> and :end
 
 
 # ---------------------------------------------------------------------------- worker (either code version)
@@ -129,17 +130,6 @@ def section(rows: list[tuple[str, float]], args: argparse.Namespace, checks: lis
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    """Replace section (h) of docs/benchmarks.md, up to the next section or marker (or add it at the end)."""
-    body = DOC.read_text(encoding="utf-8") if DOC.is_file() else "# Core benchmarks\n\n"
-    section_h = re.compile(r"(?ms)^### \(h\).*?(?=^### \(|^<!-- |\Z)")
-    if section_h.search(body):
-        body = section_h.sub(lambda _m: text.rstrip() + "\n\n", body, count=1)
-    else:
-        body = body.rstrip() + "\n\n" + text.rstrip() + "\n"
-    DOC.write_text(body, encoding="utf-8")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
@@ -190,7 +180,7 @@ def main() -> int:
         figures = {f"{key}_ms": value * 1000 for key, value in medians.items()}
         print(json.dumps({"big": args.big, "small": args.small, "large": args.large, **figures}))
     if not args.no_write:
-        write_section(text)
+        write_marked(DOC, "store_small_writes", text, add=True, title="# Core benchmarks\n\n")
         print(f"wrote section (h) of {DOC}", file=sys.stderr)
     return 0 if write_ratio <= 2 else 1
 

@@ -67,7 +67,7 @@ def init_distributed(backend: str, device: str | None, timeout_minutes: float) -
         backend = "nccl" if torch.cuda.is_available() and wants_gpu else "gloo"
     if backend == "nccl":
         if not torch.cuda.is_available():
-            raise InputError("--backend nccl needs CUDA GPUs; use gloo on CPU")
+            raise InputError("--dist-backend nccl needs CUDA GPUs; use gloo on CPU")
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
     elif device is None:

@@ -21,7 +21,7 @@ def run_index(settings: IndexSettings) -> dict[str, Any] | None:
 
     Rank 0 returns the report; the other ranks return None once rank 0 has released them.
     """
-    group, device = init_distributed(settings.backend, settings.device, settings.timeout_minutes)
+    group, device = init_distributed(settings.dist_backend, settings.device, settings.timeout_minutes)
     try:
         if group.rank != 0:
             serve_encoding(load_document_tower(settings, device), group, settings.encode)
@@ -87,10 +87,11 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
         embedder = load_document_tower(settings, device)
         index = settings.index
         assert index is not None  # IndexSettings gives the store kind's defaults
-        if target.manifest is None:  # a new store's settings from the corpus's size (the options given win)
-            index = profile_config(settings.profile.profile, index, n=total, dim=embedder.dim)
+        profile = settings.profile.profile if target.manifest is None else None
+        if profile is not None:  # a new store's settings from the corpus's size (the options given win)
+            index = profile_config(profile, index, n=total, dim=embedder.dim)
         # a new index that trains on its first vectors gets enough of them, or one line says what to do instead
-        require_training_sample(target, embedder.dim, index, total, str(file))
+        require_training_sample(target, embedder.dim, index, total, str(file), profile)
         # the disk holds what the run will write, or one line says so before anything is encoded
         check_store_space(target, total=total, corpus=file, dim=embedder.dim, sparse=settings.sparse, index=index)
         encoder = ShardedEncoder(embedder, group, settings.encode) if group.active else None

@@ -13,7 +13,7 @@ from care_retriever.model.towers.loading import TRUST_REMOTE_CODE_HELP
 from care_retriever.stores.config import STORE_HELP, FaissIndexConfig, QdrantCollectionConfig, StoreKind, StoreSpec
 from care_retriever.stores.profiles import ProfileConfig
 
-BACKENDS = ("auto", "nccl", "gloo")
+DIST_BACKENDS = ("auto", "nccl", "gloo")  # torch.distributed's, not search's query backends
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,9 @@ class IndexSettings:
         default=None,
         metadata=meta("cpu | cuda | cuda:N (default: auto; cuda:LOCAL_RANK under torchrun).", panel=COMMON_PANEL),
     )
-    backend: str = field(
-        default="auto", metadata=meta("Backend under torchrun: auto (nccl on GPUs, else gloo), nccl, gloo.")
+    dist_backend: str = field(
+        default="auto",
+        metadata=meta("Process-group backend under torchrun: auto (nccl on GPUs, else gloo), nccl, gloo."),
     )
     timeout_minutes: float = field(
         default=120.0,
@@ -87,8 +88,8 @@ class IndexSettings:
             object.__setattr__(self, "index", wanted())
         elif not isinstance(self.index, wanted):
             raise InputError(f"{self.store} takes a {wanted.__name__}, got a {type(self.index).__name__}")
-        if self.backend not in BACKENDS:
-            raise InputError(f"Unknown --backend {self.backend!r}. Available backends: {list(BACKENDS)}")
+        if self.dist_backend not in DIST_BACKENDS:
+            raise InputError(f"Unknown --dist-backend {self.dist_backend!r}. Available backends: {list(DIST_BACKENDS)}")
         if not self.timeout_minutes > 0:
             raise InputError(f"--timeout-minutes must be > 0, got {self.timeout_minutes}")
 

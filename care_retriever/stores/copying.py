@@ -154,6 +154,8 @@ def copy_store(
         total = src.count()
         if copier.differs(want_sparse):
             config = _target_config(src, dst, index, profile, total)
+            # a new index that trains on its first vectors gets enough of them, or one line says what to do instead
+            require_training_sample(dst, manifest.dim, config, total, src.describe(), profile)
             run = _run_tag(source_spec, src, manifest, config, want_sparse)
             copier.write(run, config, want_sparse, total, checkpoint_every, show_progress)
         else:
@@ -214,8 +216,7 @@ class _Copier:
     ) -> None:
         """Prepare the target with the source's space as this copy's run (it resumes only its own staging copy),
         then upsert what it lacks, checkpointing; publish. An error mid-way says what the copy left behind."""
-        src, dst, manifest = self.src, self.dst, self.manifest
-        require_training_sample(dst, manifest.dim, config, total, src.describe())  # before anything is written
+        dst, manifest = self.dst, self.manifest
         trains = isinstance(dst, IndexBuilding) and dst.trains_on_first_vectors(config)
         dst.claim_run(run)
         dst.prepare(manifest.dim, manifest.space_fingerprint, manifest.model_name, config, metric=manifest.metric)

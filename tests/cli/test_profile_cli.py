@@ -120,3 +120,62 @@ def test_copy_profile_large_into_qdrant_edge_keeps_vectors_on_disk_and_int8_code
     store = open_store(f"qdrant:{tmp_path / 'edge'}")
     assert [h[0].id for h in store.search(vectors[:5], 1, payload=False)] == [f"d{i}" for i in range(5)]
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (("--profile", "large"), "--profile large (choosing --index-type ivf --nlist 16 --quantize pq)"),
+        (("--quantize", "pq", "--pq-m", "4"), "--quantize pq trains on"),
+    ],
+    ids=["profile-large", "quantize-pq-given"],
+)
+def test_index_of_a_corpus_too_small_for_its_codes_names_what_the_user_typed(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, options: tuple[str, ...], says: str
+) -> None:
+    """The large profile, not the user, chose the compressed codes: the line names the profile and the way out
+    (the small profile), not an option never given; an option given explicitly keeps its own advice."""
+    from tests.support.data import write_jsonl
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"_id": f"d{i}", "text": f"高血压 第{i}条"} for i in range(5)])
+    store = tmp_path / "store"
+    code, _, err = run_cli(
+        capsys, "index", "--model", tiny_model_dir, "--corpus", corpus, "--store", f"faiss:{store}", *options
+    )
+    line = err.strip()
+    assert code == 2 and "\n" not in line and "Traceback" not in line, err
+    assert says in line and f"{corpus} holds 5 documents" in line, line
+    if "--profile" in options:
+        assert "use --profile small or leave out --profile" in line and "--quantize" not in line.split(";")[1], line
+    else:
+        assert "leave out --quantize" in line and "--profile" not in line, line
+    assert not store.exists()
+
+
+def test_copy_of_a_source_too_small_for_the_large_profile_names_the_profile(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``copy --profile large`` of a 20-document source: the profile's PQ codes train on 256 vectors; the line says
+    so and what to type instead (``--quantize pq`` given keeps its own advice), and that copy then completes with
+    nothing left of the refused ones."""
+    store = open_store(f"faiss:{tmp_path / 'src'}")
+    store.prepare(DIM, "profile-cli-space", "profile-cli-model", metric="cosine")
+    vectors = np.eye(20, DIM, dtype=np.float32)
+    store.upsert([Document(id=f"d{i}", text=f"病例 {i}") for i in range(20)], vectors)
+    store.finalize()
+    store.close()
+    source, target = f"faiss:{tmp_path / 'src'}", f"faiss:{tmp_path / 'large'}"
+    code, _, err = run_cli(capsys, "copy", "--from", source, "--to", target, "--profile", "large", "--no-progress")
+    line = err.strip()
+    assert code == 2 and "\n" not in line and "Traceback" not in line, err
+    assert "--profile large (choosing --index-type ivf --nlist 16 --quantize pq)" in line, line
+    assert "trains on the first 256 vectors written" in line and f"{source} holds 20 documents" in line, line
+    assert "use --profile small or leave out --profile" in line and "leave out --quantize" not in line, line
+    assert not [p.name for p in tmp_path.iterdir() if "large" in p.name]  # nothing created, nothing staged
+    # the same codes asked for explicitly: the option given is what the line names
+    code, _, err = run_cli(capsys, "copy", "--from", source, "--to", target, "--quantize", "pq", "--pq-m", "4")
+    assert code == 2 and "--quantize pq trains on" in err and "leave out --quantize" in err, err
+    assert "--profile" not in err
+    code, _, err = run_cli(capsys, "copy", "--from", source, "--to", target, "--profile", "small", "--no-progress")
+    assert code == 0, err
+    assert _manifest_index(tmp_path / "large")["type"] == "flat"

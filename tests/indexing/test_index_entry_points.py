@@ -39,12 +39,14 @@ def test_both_entry_points_take_the_same_options(capsys, monkeypatch) -> None:
         "--ef-construction",
         "--ef-search",
         "--nprobe",
-        "--backend",
+        "--dist-backend",
         "--timeout-minutes",
         "--checkpoint-every",
         "--update",
         "--prune",
     } <= cli
+    # the process group's backend has its own name: --backend is search's and serve's query backend
+    assert "--backend" not in cli
 
 
 def _corpus(path: Path, n: int = 40) -> Path:
@@ -66,7 +68,7 @@ def _corpus(path: Path, n: int = 40) -> Path:
         (["--checkpoint-every", "0"], "--checkpoint-every must be an integer >= 1, got 0"),
         (["--pq-m", "0"], "FAISS index option pq_m (--pq-m) must be an integer >= 1, got 0"),
         (["--index-type", "lsh"], "Unknown FAISS index type 'lsh'. Available: ['flat', 'hnsw', 'ivf', 'ivfpq']"),
-        (["--backend", "mpi"], "Available backends: ['auto', 'nccl', 'gloo']"),
+        (["--dist-backend", "mpi"], "Unknown --dist-backend 'mpi'. Available backends: ['auto', 'nccl', 'gloo']"),
     ],
 )
 def test_both_entry_points_reject_bad_options_alike(

@@ -116,3 +116,17 @@ def test_a_chunked_build_holds_one_chunk_and_the_sample_not_every_vector(tmp_pat
     assert store.count() == len(vectors)
     assert peak < vectors.nbytes / 8, f"the writes' Python-side peak was {peak} bytes"
     store.close()
+
+
+def test_auto_turns_large_only_for_a_corpus_the_large_profile_can_train(tmp_path: Path) -> None:
+    """``auto`` never picks the large profile for a corpus too small to train its IVF lists and codes: at each
+    width, the fewest vectors that turn it large are at least what the large index needs to train."""
+    store = open_store(f"faiss:{tmp_path / 'new'}")
+    for dim in (8, 100, 384, 768, 1024, 4096):
+        fewest = LARGE_FROM_BYTES // (dim * 4) + 1
+        assert chosen_profile("auto", fewest - 1, dim) is StoreProfile.SMALL
+        large = profile_config("auto", FaissIndexConfig(), n=fewest, dim=dim)
+        assert isinstance(large, FaissIndexConfig) and large.trains_on_first_vectors
+        assert 0 < store.vectors_to_train(dim, large) <= fewest, dim
+    assert chosen_profile("auto", 65_535, 768) is StoreProfile.SMALL
+    store.close()
