@@ -44,7 +44,7 @@ def test_copy_profile_large_round_trip(capsys: pytest.CaptureFixture[str], tmp_p
     assert code == 0, err
     assert json.loads(out)["verified"] == COUNT
     index = _manifest_index(tmp_path / "large")
-    assert (index["type"], index["quantize"], index["pq_m"], index["nprobe"]) == ("ivf", "pq", DIM // 8, 8)
+    assert (index["type"], index["quantize"], index["pq_m"], index["nprobe"]) == ("ivf", "pq", DIM // 4, 8)
     assert (tmp_path / "large" / "vectors.f32").stat().st_size == COUNT * DIM * 4
     store = open_store(f"faiss:{tmp_path / 'large'}")
     hits = store.search(vectors[:20], 1, payload=True)
