@@ -155,8 +155,8 @@ def table(results: list[dict[str, Any]]) -> str:
     return (
         "\n".join(
             [
-                f"Qdrant Edge, vectors on disk + int8 codes in RAM. Measured {dates[0]} to {dates[-1]} on "
-                f"{results[0]['cores']} shared CPU cores (load average at start / end in each row), by:",
+                f"Measured {dates[0]} to {dates[-1]} on {results[0]['cores']} shared CPU cores (load average at "
+                "start / end in each row): Qdrant Edge, vectors on disk + int8 codes in RAM, by:",
                 "",
                 *[f"    {c}" for c in commands],
                 "",

@@ -156,6 +156,18 @@ SECTIONS: list[tuple[str, Callable[[], list[str]]]] = [
         "Store scale",
         log_section(SCALE_LOG, "store_scale", "Every store kind at 100,000 and 1,000,000 vectors."),
     ),
+    (
+        "Ten million documents: the large profile",
+        log_section(SCALE_LOG, "store_10m", "A FAISS store of `--profile large` from 100,000 to 10M x 768 vectors."),
+    ),
+    (
+        "Codes of the large profile",
+        log_section(SCALE_LOG, "large_codes", "How often the exact top 10 are among the best K candidates of codes."),
+    ),
+    (
+        "Qdrant Edge in the large layout",
+        log_section(SCALE_LOG, "edge_scale", "Vectors on disk, int8 codes in RAM, segments built one at a time."),
+    ),
     ("Filters", filters),
 ]
 
