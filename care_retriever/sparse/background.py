@@ -39,6 +39,11 @@ class BackgroundTokenizer:
         self._send_error: OSError | None = None
         self._failed = False
 
+    @property
+    def child_pid(self) -> int | None:
+        """The tokenising child's process id; None before the first submit, or once tokenising here."""
+        return self._proc.pid if self._proc is not None else None
+
     def _start(self) -> subprocess.Popen[bytes] | None:
         if self._proc is None and not self._failed:
             try:

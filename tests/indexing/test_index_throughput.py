@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -88,10 +90,11 @@ def test_submit_returns_while_the_child_tokenises() -> None:
 
 def test_a_child_that_dies_falls_back_to_tokenising_here(caplog: pytest.LogCaptureFixture) -> None:
     with BackgroundTokenizer() as tokenizer, caplog.at_level(logging.WARNING, logger="care_retriever"):
-        # the child dies from outside, as the OS would kill it: its process handle is private to the tokenizer
-        assert tokenizer._proc is not None
-        tokenizer._proc.kill()
-        tokenizer._proc.wait()
+        tokenizer.submit(TEXTS[:1])  # the child is started and answers
+        assert tokenizer.result() == tokenize(TEXTS[:1])
+        pid = tokenizer.child_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)  # the child dies from outside, as the OS would kill it
         tokenizer.submit(TEXTS[:50])
         assert tokenizer.result() == tokenize(TEXTS[:50])
         tokenizer.submit(TEXTS[50:60])  # no child any more: tokenised here, said once
