@@ -261,9 +261,10 @@ def exact_scan_rows(index: faiss.Index, config: FaissIndexConfig) -> int:
     return EXACT_SCAN_ROWS
 
 
-def search_params(index: faiss.Index, config: FaissIndexConfig, row_ids: np.ndarray | None) -> Any:
+def search_params(index: faiss.Index, config: FaissIndexConfig, row_ids: np.ndarray | None, candidates: int = 0) -> Any:
     """FAISS search parameters for ``index`` (efSearch / nprobe from the store's ``config``), restricted to
-    ``row_ids`` when given; None when the index's defaults do, False when no row is allowed."""
+    ``row_ids`` when given; None when the index's defaults do, False when no row is allowed. ``candidates``: an
+    HNSW search keeps at least that many on its list (a widened search's)."""
     inner = inner_index(index)
     selector, held = None, None
     if row_ids is not None:
@@ -272,7 +273,7 @@ def search_params(index: faiss.Index, config: FaissIndexConfig, row_ids: np.ndar
         selector, held = _selector(row_ids)
     if isinstance(inner, faiss.IndexHNSW):
         params = faiss.SearchParametersHNSW()
-        params.efSearch = config.ef_search
+        params.efSearch = max(config.ef_search, candidates)
         if row_ids is not None:  # as many allowed rows among the visited as an unfiltered search finds
             params.efSearch = max(config.ef_search, math.ceil(config.ef_search * index.ntotal / len(row_ids)))
     elif isinstance(inner, faiss.IndexIVF):
