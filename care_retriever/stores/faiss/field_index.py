@@ -70,8 +70,8 @@ class FieldIndexes:
 
     def fraction(self, node: FilterNode) -> float | None:
         """The share of the stored rows ``node`` lets through, estimated on a fixed random sample of them (every
-        row of a store holding no more than :data:`SAMPLE_ROWS`); None inside an open transaction or where too
-        few sampled rows are live."""
+        row of a store whose row ids stay below twice :data:`SAMPLE_ROWS`), drawn again when the docstore changes;
+        None inside an open transaction or where too few sampled rows are live."""
         if self.db.in_transaction:
             return None
         version = self._version()
