@@ -38,6 +38,7 @@ MAX_FIELDS = 16  # fields indexed at once per connection; the least recently fil
 # rows read by their primary key cost a fraction of a millisecond at any store size)
 SAMPLE_ROWS = 256
 MIN_SAMPLED = 32  # fewer live rows among those drawn (a store mostly deleted): no estimate
+MAX_ESTIMATES = 256  # filters whose estimate is kept for the docstore's version
 Query = tuple[str, list[Any]]
 
 
@@ -56,6 +57,7 @@ class FieldIndexes:
         self._seen: tuple[int, int] | None = None
         self._unbuilt: set[tuple[str, ...]] = set()  # fields whose index could not be built on this version
         self._sample: tuple[tuple[int, int], str] | None = None  # (version drawn on, its row ids as JSON)
+        self._estimates: dict[str, float | None] = {}  # each filter's share of the sample, while it is drawn
 
     def select(self, node: FilterNode) -> np.ndarray:
         """Row ids (ascending) of the documents whose metadata match ``node``, read through the field indexes
@@ -77,12 +79,18 @@ class FieldIndexes:
         version = self._version()
         if self._sample is None or self._sample[0] != version:
             self._sample = (version, self._draw_sample())
-        sql, args = filter_sql.condition(node)
-        live, matching = self.db.execute(
-            f"SELECT count(*), total({sql}) FROM documents WHERE row_id IN (SELECT value FROM json_each(?))",
-            [*args, self._sample[1]],
-        ).fetchone()
-        return None if live < min(MIN_SAMPLED, SAMPLE_ROWS) else float(matching) / live
+            self._estimates.clear()
+        key = repr(node)  # not the node itself: True == 1 as a key, but a filter tells the two apart
+        if key not in self._estimates:
+            if len(self._estimates) >= MAX_ESTIMATES:
+                self._estimates.clear()
+            sql, args = filter_sql.condition(node)
+            live, matching = self.db.execute(
+                f"SELECT count(*), total({sql}) FROM documents WHERE row_id IN (SELECT value FROM json_each(?))",
+                [*args, self._sample[1]],
+            ).fetchone()
+            self._estimates[key] = None if live < min(MIN_SAMPLED, SAMPLE_ROWS) else float(matching) / live
+        return self._estimates[key]
 
     def _draw_sample(self) -> str:
         """Row ids to estimate on, as a JSON list: all of a small store's, else :data:`SAMPLE_ROWS` drawn at

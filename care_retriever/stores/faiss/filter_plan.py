@@ -112,10 +112,9 @@ class Selection:
 def first_matches(ids: np.ndarray, keep: Callable[[np.ndarray], np.ndarray], wanted: int) -> list[np.ndarray | None]:
     """For each query's candidate row ids (best first, -1 past the last), the positions of its first ``wanted``
     candidates that match (``keep`` is asked once, for every query's candidates), or None where fewer match."""
-    held = np.unique(ids[ids >= 0])
-    matching = keep(held)
+    matching = set(keep(np.unique(ids[ids >= 0])).tolist())
     out: list[np.ndarray | None] = []
-    for row in ids:
-        positions = np.flatnonzero(np.isin(row, matching))[:wanted]
-        out.append(positions if len(positions) == wanted else None)
+    for row in ids.tolist():
+        positions = [j for j, r in enumerate(row) if r in matching][:wanted]
+        out.append(np.asarray(positions, dtype=np.int64) if len(positions) == wanted else None)
     return out

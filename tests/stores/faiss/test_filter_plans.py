@@ -181,6 +181,8 @@ def test_the_share_is_estimated_on_a_sample_redrawn_when_the_store_changes(tmp_p
         estimate = indexes.fraction(parse_filters(_below(share)))
         assert estimate is not None and abs(estimate - share / 100) < 0.1, (share, estimate)
     assert indexes.fraction(parse_filters({"b": 1000})) == 0.0
+    assert indexes.fraction(parse_filters({"b": 1})) > 0.0  # kept apart from True (== 1): a boolean matches none
+    assert indexes.fraction(parse_filters({"b": True})) == 0.0
     rows = np.arange(0, n + 50, 7)  # rows past the store's match nothing
     assert indexes.matching(parse_filters(_below(30)), rows).tolist() == [r for r in rows if r < n and r % 100 < 30]
     more = 2 * n  # rows past the sampled ones: the sample is drawn again over them all
