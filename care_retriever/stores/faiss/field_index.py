@@ -56,7 +56,7 @@ class FieldIndexes:
         self._made = 0
         self._seen: tuple[int, int] | None = None
         self._unbuilt: set[tuple[str, ...]] = set()  # fields whose index could not be built on this version
-        self._sample: tuple[tuple[int, int], str] | None = None  # (version drawn on, its row ids as JSON)
+        self._sample: tuple[tuple[int, int], str, bool] | None = None  # (version drawn on, row ids as JSON, all?)
         self._estimates: dict[str, float | None] = {}  # each filter's share of the sample, while it is drawn
 
     def select(self, node: FilterNode) -> np.ndarray:
@@ -78,7 +78,7 @@ class FieldIndexes:
             return None
         version = self._version()
         if self._sample is None or self._sample[0] != version:
-            self._sample = (version, self._draw_sample())
+            self._sample = (version, *self._draw_sample())
             self._estimates.clear()
         key = repr(node)  # not the node itself: True == 1 as a key, but a filter tells the two apart
         if key not in self._estimates:
@@ -89,19 +89,21 @@ class FieldIndexes:
                 f"SELECT count(*), total({sql}) FROM documents WHERE row_id IN (SELECT value FROM json_each(?))",
                 [*args, self._sample[1]],
             ).fetchone()
-            self._estimates[key] = None if live < min(MIN_SAMPLED, SAMPLE_ROWS) else float(matching) / live
+            every_row = self._sample[2]
+            self._estimates[key] = None if live < (1 if every_row else MIN_SAMPLED) else float(matching) / live
         return self._estimates[key]
 
-    def _draw_sample(self) -> str:
-        """Row ids to estimate on, as a JSON list: all of a small store's, else :data:`SAMPLE_ROWS` drawn at
-        random (a fixed seed: the same filter gets the same plan) from 0 to the largest row id."""
+    def _draw_sample(self) -> tuple[str, bool]:
+        """Row ids to estimate on, as a JSON list, and whether they are every row: all of a small store's, else
+        :data:`SAMPLE_ROWS` drawn at random (a fixed seed: the same filter gets the same plan) from 0 to the
+        largest row id."""
         (top,) = self.db.execute("SELECT max(row_id) FROM documents").fetchone()
         if top is None:
-            return "[]"
+            return "[]", True
         if top < 2 * SAMPLE_ROWS:
-            return json.dumps(list(range(top + 1)))
+            return json.dumps(list(range(top + 1))), True
         picks = np.unique(np.random.default_rng(0).integers(0, top + 1, SAMPLE_ROWS))
-        return json.dumps(picks.tolist())
+        return json.dumps(picks.tolist()), False
 
     def matching(self, node: FilterNode, rows: np.ndarray) -> np.ndarray:
         """The ``rows`` (row ids) that ``node`` lets through, ascending: each read by its primary key, so the cost

@@ -12,7 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
+from benchmarks.filter_agreement import CORPORA, FILTERS, check_case, corpus_documents
 from care_retriever.documents import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.base import VectorStore
@@ -58,7 +61,7 @@ def _below(share: int) -> dict[str, Any]:
 
 
 # (filter, the plan expected on a flat-like index, on an HNSW graph (its exact scan reaches sqrt(ef x m x N) rows))
-FILTERS = [
+PLANNED = [
     (_below(1), Plan.EXACT_SCAN, Plan.EXACT_SCAN),  # 20 rows
     (_below(10), Plan.SELECTOR, Plan.EXACT_SCAN),  # 200 rows: 300 candidates would be widened
     (_below(40), Plan.WIDENING, Plan.SELECTOR),  # 800 rows: 75 candidates, x 25 on a graph
@@ -97,7 +100,7 @@ def test_each_plan_is_chosen_by_the_share_and_returns_the_filtered_top_k(
     kind, store = kind_store
     monkeypatch.setattr(index_factory, "EXACT_SCAN_ROWS", SCAN_ROWS)
     queries = np.random.default_rng(3).normal(size=(8, DIM)).astype(np.float32)
-    for filters, flat_plan, graph_plan in FILTERS:
+    for filters, flat_plan, graph_plan in PLANNED:
         allowed = np.flatnonzero(np.arange(N) % 100 < filters["value"])
         expected = Plan.EXACT_SCAN if kind == "pq" else graph_plan if "hnsw" in kind else flat_plan
         assert store.filter_plan(filters, TOP_K) is expected, (kind, filters)
@@ -148,6 +151,42 @@ def test_a_widened_search_left_short_of_matches_falls_back_to_the_selector(
         assert sum(len(set(a) & set(b)) for a, b in zip(found, exact, strict=True)) >= 0.9 * TOP_K * len(queries)
     else:
         assert found == exact
+    store.close()
+
+
+# (exact-scan threshold, cost of a widened candidate): each forces one plan where the filter matches a row
+FORCED = {Plan.EXACT_SCAN: (10**6, math.inf), Plan.SELECTOR: (0, math.inf), Plan.WIDENING: (0, 0.0)}
+
+
+@settings(
+    max_examples=8,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+@given(metadata=CORPORA, data=st.data())
+def test_every_plan_gives_the_reference_answer_for_generated_filters(
+    tmp_path_factory: pytest.TempPathFactory, metadata: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    """The filter agreement suite's corpora and filter trees, answered under each plan forced in turn."""
+    documents, vectors = corpus_documents(metadata, seed=len(metadata), dim=DIM)
+    store = open_store(f"faiss:{tmp_path_factory.mktemp('generated') / 's'}")
+    store.prepare(DIM, "fp", "model")
+    store.upsert(documents, vectors)
+    store.finalize()
+    for i in range(6):
+        filters = data.draw(FILTERS, label=f"filter {i}")
+        query = np.random.default_rng(i).normal(size=DIM).astype(np.float32)
+        query /= np.linalg.norm(query)
+        for plan, (scan_rows, cost) in FORCED.items():
+            with pytest.MonkeyPatch.context() as forced:
+                forced.setattr(index_factory, "EXACT_SCAN_ROWS", scan_rows)
+                forced.setattr(filter_plan, "CANDIDATE_COST", cost)
+                expected = plan if store.count(filters) else Plan.EXACT_SCAN  # no row: nothing to search
+                assert store.filter_plan(filters, TOP_K) in (None, expected)  # None: a filter every row passes
+                assert check_case({plan.value: store}, documents, vectors, filters, query) == []
     store.close()
 
 
