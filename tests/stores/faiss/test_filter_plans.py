@@ -1,7 +1,8 @@
 """A filtered FAISS search chooses its plan by the filter's estimated share of the store: an exact scan of few
 matching rows, the index's search under an id selector in between, an unfiltered search widened for enough
 candidates where most rows match. Every plan returns the filtered top k of every index kind (the exact one where
-the index is exact; the selector's answer where the codes or the IVF lists decide the candidates), and a widened
+the index is exact; the selector's answer where the codes or the IVF lists decide the candidates), every plan forced
+in turn gives the reference answer for the filter agreement suite's generated corpora and filters, and a widened
 search whose candidates hold too few matches falls back to the selector instead of returning short."""
 
 from __future__ import annotations
