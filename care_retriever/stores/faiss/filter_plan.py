@@ -3,17 +3,18 @@ planner chooses by its cardinality estimate.
 
 - **Exact scan**: few rows match (up to :func:`~care_retriever.stores.faiss.index_factory.exact_scan_rows`):
   their vectors are scored exactly.
-- **Id selector**: the index searches with an id bitmap of the matching rows.
+- **Id selector**: the index searches with an id bitmap of the matching rows (a query it leaves short: an exact
+  scan of them).
 - **Widening**: most rows match. The index searches unfiltered for ``wanted x 2 + 10`` expected matches (the
   filter's estimated share of the store tells how many candidates that takes), keeps the candidates the filter
-  lets through, in the index's order, and the search under the id selector runs for any query left with fewer than
-  ``wanted`` of them. On flat, IVF and quantized codes the first ``wanted`` matching candidates are the ones the
-  selector's search returns; an HNSW search is approximate under either plan.
+  lets through, in the index's order, and a query left with fewer than ``wanted`` of them runs one of the plans
+  above. On flat, IVF and quantized codes the first ``wanted`` matching candidates are the ones the selector's
+  search returns; an HNSW search is approximate under either plan.
 
 Both selecting plans read every matching row id from the docstore, which costs more than the search itself once a
-filter matches hundreds of thousands of rows; widening reads only its candidates' metadata. It is chosen where it
-checks fewer candidates than the filter is estimated to match (its share of a fixed sample of the rows,
-:meth:`~care_retriever.stores.faiss.field_index.FieldIndexes.fraction`).
+filter matches hundreds of thousands of rows; widening reads only its candidates' metadata. It is chosen where its
+candidates are estimated to cost less than the matching rows (:func:`widening_candidates`; the filter's share is
+estimated on a fixed sample of the rows, :meth:`~care_retriever.stores.faiss.field_index.FieldIndexes.fraction`).
 
 Example:
     ```python
@@ -34,7 +35,7 @@ from care_retriever.stores.filters import FilterNode
 WIDENING_SURPLUS = 10  # matches expected beyond twice those wanted: few searches fall back to the selector
 # What one widened candidate costs, counted in matching row ids read from a field index: its metadata checked
 # (about one row read) and, on an HNSW graph, its share of a search whose candidate list grows with it (about 25
-# row reads a candidate, measured at 100k and 1M rows). Widening is chosen where it is estimated to cost less.
+# row reads). Widening is chosen where it is estimated to cost less.
 CANDIDATE_COST = 1.0
 HNSW_CANDIDATE_COST = 25.0
 
