@@ -38,6 +38,7 @@ WIDENING_SURPLUS = 10  # matches expected beyond twice those wanted: few searche
 # row reads). Widening is chosen where it is estimated to cost less.
 CANDIDATE_COST = 1.0
 HNSW_CANDIDATE_COST = 25.0
+MAX_CANDIDATES = 2048  # the most results FAISS's GPU indexes return a query; a filter needing more is selected
 
 
 class Plan(str, Enum):
@@ -51,7 +52,8 @@ class Plan(str, Enum):
 def widening_candidates(fraction: float | None, wanted: int, ntotal: int, *, graph: bool, scan_rows: int) -> int | None:
     """How many unfiltered candidates a widened search takes to expect ``2 x wanted + 10`` matches, or None where
     reading the filter's rows costs less: they are estimated fewer than the candidates (times what one costs), or
-    few enough for an exact scan of them, which costs less than a search of a flat index or IVF lists.
+    few enough for an exact scan of them, which costs less than a search of a flat index or IVF lists; or where it
+    would take more than :data:`MAX_CANDIDATES`.
 
     :param fraction: the filter's estimated share of the stored rows (None: not known).
     :param wanted: the results a query needs (with a quantized store: the candidates it rescores).
@@ -64,7 +66,7 @@ def widening_candidates(fraction: float | None, wanted: int, ntotal: int, *, gra
     matching = fraction * ntotal
     candidates = math.ceil((2 * wanted + WIDENING_SURPLUS) / fraction)
     cost = HNSW_CANDIDATE_COST if graph else CANDIDATE_COST
-    if candidates * cost >= matching or (not graph and matching <= scan_rows):
+    if candidates > MAX_CANDIDATES or candidates * cost >= matching or (not graph and matching <= scan_rows):
         return None
     return candidates
 

@@ -211,6 +211,19 @@ def test_a_widened_hnsw_search_skips_removed_rows(tmp_path: Path, vectors: np.nd
     store.close()
 
 
+def test_widening_is_chosen_where_its_candidates_cost_less_than_the_matching_rows() -> None:
+    wide = filter_plan.widening_candidates
+    assert wide(0.5, 10, 10**6, graph=False, scan_rows=20_000) == 60  # (2 x 10 + 10) / 0.5
+    assert wide(0.5, 10, 10**6, graph=True, scan_rows=64_000) == 60
+    assert wide(0.05, 10, 10**6, graph=False, scan_rows=20_000) == 600
+    assert wide(0.01, 10, 10**6, graph=False, scan_rows=20_000) is None  # 10,000 rows: an exact scan
+    assert wide(0.02, 10, 10**6, graph=True, scan_rows=64_000) is None  # 1,500 graph candidates cost more
+    assert wide(0.01, 10, 10**7, graph=False, scan_rows=20_000) is None  # over the candidates a GPU index returns
+    assert wide(0.02, 10, 10**7, graph=False, scan_rows=20_000) == 1500
+    assert wide(None, 10, 10**6, graph=False, scan_rows=20_000) is None
+    assert wide(0.0, 10, 10**6, graph=False, scan_rows=20_000) is None
+
+
 def test_the_share_is_estimated_on_a_sample_redrawn_when_the_store_changes(tmp_path: Path) -> None:
     db = docstore.connect(tmp_path / "docstore.sqlite")
     n = 20_000
