@@ -201,7 +201,12 @@ def reconstruct(
         ivf = faiss.extract_index_ivf(index)
         if ivf.direct_map.type == faiss.DirectMap.NoMap:
             ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
-    return [None if r < 0 else index.reconstruct(int(r)) for r in rows], id_order
+    rows = np.asarray(rows, dtype=np.int64)
+    held = np.flatnonzero(rows >= 0)
+    found: list[np.ndarray | None] = [None] * len(rows)
+    for i, vector in zip(held.tolist(), index.reconstruct_batch(rows[held]) if len(held) else [], strict=True):
+        found[i] = vector  # one call for all the rows: a call a row costs more than the reconstruction
+    return found, id_order
 
 
 def float_rows(index: faiss.Index) -> np.ndarray | None:
