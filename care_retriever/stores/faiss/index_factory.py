@@ -202,11 +202,11 @@ def reconstruct(
         if ivf.direct_map.type == faiss.DirectMap.NoMap:
             ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
     rows = np.asarray(rows, dtype=np.int64)
-    held = np.flatnonzero(rows >= 0)
-    found: list[np.ndarray | None] = [None] * len(rows)
-    for i, vector in zip(held.tolist(), index.reconstruct_batch(rows[held]) if len(held) else [], strict=True):
-        found[i] = vector  # one call for all the rows: a call a row costs more than the reconstruction
-    return found, id_order
+    stored = np.flatnonzero(rows >= 0)
+    vectors: list[np.ndarray | None] = [None] * len(rows)
+    for i, vector in zip(stored.tolist(), index.reconstruct_batch(rows[stored]) if len(stored) else [], strict=True):
+        vectors[i] = vector  # one call for all the rows: a call a row costs more than the reconstruction
+    return vectors, id_order
 
 
 def float_rows(index: faiss.Index) -> np.ndarray | None:
