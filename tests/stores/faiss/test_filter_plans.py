@@ -160,7 +160,7 @@ FORCED = {Plan.EXACT_SCAN: (10**6, math.inf), Plan.SELECTOR: (0, math.inf), Plan
 
 
 @settings(
-    max_examples=8,
+    max_examples=5,
     derandomize=True,
     deadline=None,
     database=None,
@@ -226,7 +226,7 @@ def test_widening_is_chosen_where_its_candidates_cost_less_than_the_matching_row
 
 def test_the_share_is_estimated_on_a_sample_redrawn_when_the_store_changes(tmp_path: Path) -> None:
     db = docstore.connect(tmp_path / "docstore.sqlite")
-    n = 20_000
+    n = 8_000
     docstore.insert(db, list(range(n)), [Document(f"d{i}", "x", metadata={"b": i % 100}) for i in range(n)])
     db.commit()
     indexes = FieldIndexes(db)
