@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Sized
@@ -33,6 +34,11 @@ from care_retriever.stores.faiss import filter_sql
 from care_retriever.stores.filters import Comparison, Constant, FilterNode
 
 MAX_FIELDS = 16  # fields indexed at once per connection; the least recently filtered one is dropped first
+# rows a filter's share of the store is estimated on: a decision between plans, not a count (a few hundred
+# rows read by their primary key cost a fraction of a millisecond at any store size)
+SAMPLE_ROWS = 256
+MIN_SAMPLED = 32  # fewer live rows among those drawn (a store mostly deleted): no estimate
+MAX_ESTIMATES = 256  # filters whose estimate is kept for the docstore's version
 Query = tuple[str, list[Any]]
 
 
@@ -50,6 +56,8 @@ class FieldIndexes:
         self._made = 0
         self._seen: tuple[int, int] | None = None
         self._unbuilt: set[tuple[str, ...]] = set()  # fields whose index could not be built on this version
+        self._sample: tuple[tuple[int, int], str, bool] | None = None  # (version drawn on, row ids as JSON, all?)
+        self._estimates: dict[str, float | None] = {}  # each filter's share of the sample, while it is drawn
 
     def select(self, node: FilterNode) -> np.ndarray:
         """Row ids (ascending) of the documents whose metadata match ``node``, read through the field indexes
@@ -61,6 +69,53 @@ class FieldIndexes:
             return np.zeros(0, dtype=np.int64)
         rows = np.sort(np.fromstring(joined, dtype=np.int64, sep=","))
         return rows[np.concatenate(([True], rows[1:] != rows[:-1]))]  # a list may match by two elements
+
+    def fraction(self, node: FilterNode) -> float | None:
+        """The share of the stored rows ``node`` lets through, estimated on a fixed random sample of them (every
+        row of a store whose row ids stay below twice :data:`SAMPLE_ROWS`), drawn again when the docstore changes;
+        None inside an open transaction or where too few sampled rows are live."""
+        if self.db.in_transaction:
+            return None
+        version = self._version()
+        if self._sample is None or self._sample[0] != version:
+            self._sample = (version, *self._draw_sample())
+            self._estimates.clear()
+        key = repr(node)  # not the node itself: True == 1 as a key, but a filter tells the two apart
+        if key not in self._estimates:
+            if len(self._estimates) >= MAX_ESTIMATES:
+                self._estimates.clear()
+            sql, args = filter_sql.condition(node)
+            live, matching = self.db.execute(
+                f"SELECT count(*), total({sql}) FROM documents WHERE row_id IN (SELECT value FROM json_each(?))",
+                [*args, self._sample[1]],
+            ).fetchone()
+            every_row = self._sample[2]
+            self._estimates[key] = None if live < (1 if every_row else MIN_SAMPLED) else float(matching) / live
+        return self._estimates[key]
+
+    def _draw_sample(self) -> tuple[str, bool]:
+        """Row ids to estimate on, as a JSON list, and whether they are every row: all of a small store's, else
+        :data:`SAMPLE_ROWS` drawn at random (a fixed seed: the same filter gets the same plan) from 0 to the
+        largest row id."""
+        (top,) = self.db.execute("SELECT max(row_id) FROM documents").fetchone()
+        if top is None:
+            return "[]", True
+        if top < 2 * SAMPLE_ROWS:
+            return json.dumps(list(range(top + 1))), True
+        picks = np.unique(np.random.default_rng(0).integers(0, top + 1, SAMPLE_ROWS))
+        return json.dumps(picks.tolist()), False
+
+    def matching(self, node: FilterNode, rows: np.ndarray) -> np.ndarray:
+        """The ``rows`` (row ids) that ``node`` lets through, ascending: each read by its primary key, so the cost
+        grows with ``rows``, not with the store or the filter's matches."""
+        if not len(rows):
+            return np.zeros(0, dtype=np.int64)
+        sql, args = filter_sql.condition(node)
+        (joined,) = self.db.execute(
+            f"SELECT group_concat(row_id) FROM documents WHERE row_id IN (SELECT value FROM json_each(?)) AND ({sql})",
+            [json.dumps(np.unique(rows).tolist()), *args],
+        ).fetchone()
+        return np.sort(np.fromstring(joined, dtype=np.int64, sep=",")) if joined else np.zeros(0, dtype=np.int64)
 
     def plan(self, node: FilterNode) -> list[str]:
         """SQLite's query plan of :meth:`select` for ``node`` (the detail column, one line per step)."""

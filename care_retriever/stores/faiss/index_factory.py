@@ -201,7 +201,12 @@ def reconstruct(
         ivf = faiss.extract_index_ivf(index)
         if ivf.direct_map.type == faiss.DirectMap.NoMap:
             ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
-    return [None if r < 0 else index.reconstruct(int(r)) for r in rows], id_order
+    rows = np.asarray(rows, dtype=np.int64)
+    stored = np.flatnonzero(rows >= 0)
+    vectors: list[np.ndarray | None] = [None] * len(rows)
+    for i, vector in zip(stored.tolist(), index.reconstruct_batch(rows[stored]) if len(stored) else [], strict=True):
+        vectors[i] = vector  # one call for all the rows: a call a row costs more than the reconstruction
+    return vectors, id_order
 
 
 def float_rows(index: faiss.Index) -> np.ndarray | None:
@@ -261,9 +266,10 @@ def exact_scan_rows(index: faiss.Index, config: FaissIndexConfig) -> int:
     return EXACT_SCAN_ROWS
 
 
-def search_params(index: faiss.Index, config: FaissIndexConfig, row_ids: np.ndarray | None) -> Any:
+def search_params(index: faiss.Index, config: FaissIndexConfig, row_ids: np.ndarray | None, candidates: int = 0) -> Any:
     """FAISS search parameters for ``index`` (efSearch / nprobe from the store's ``config``), restricted to
-    ``row_ids`` when given; None when the index's defaults do, False when no row is allowed."""
+    ``row_ids`` when given; None when the index's defaults do, False when no row is allowed. ``candidates``: an
+    HNSW search keeps at least that many on its list (a widened search's)."""
     inner = inner_index(index)
     selector, held = None, None
     if row_ids is not None:
@@ -272,7 +278,7 @@ def search_params(index: faiss.Index, config: FaissIndexConfig, row_ids: np.ndar
         selector, held = _selector(row_ids)
     if isinstance(inner, faiss.IndexHNSW):
         params = faiss.SearchParametersHNSW()
-        params.efSearch = config.ef_search
+        params.efSearch = max(config.ef_search, candidates)
         if row_ids is not None:  # as many allowed rows among the visited as an unfiltered search finds
             params.efSearch = max(config.ef_search, math.ceil(config.ef_search * index.ntotal / len(row_ids)))
     elif isinstance(inner, faiss.IndexIVF):

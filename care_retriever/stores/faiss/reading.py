@@ -18,6 +18,7 @@ from care_retriever.sparse.fusion import FUSIONS, FusionConfig
 from care_retriever.stores.base import Hit, Manifest
 from care_retriever.stores.faiss import docstore, rescoring, sparse
 from care_retriever.stores.faiss.field_index import FieldIndexes
+from care_retriever.stores.faiss.filter_plan import Plan, Selection, first_matches, widening_candidates
 from care_retriever.stores.faiss.index_factory import (
     exact_scan_rows,
     inner_index,
@@ -78,7 +79,7 @@ class Reading(OpenedVersion):
         fusion = fusion or FusionConfig()
         allowed = self._filtered_row_ids(filters)  # one filter query for both sides
         depth = max(fusion.candidates, top_k)
-        dense = self._dense_ranked(vectors, depth, allowed)
+        dense = self._dense_ranked(vectors, depth, None if allowed is None else Selection.of_rows(allowed))
         if self._current_tombstones():  # removed rows still in the index (HNSW): dropped before they are fused
             live = self._rows({r for row in dense for r, _ in row}, payload=False)
             dense = [[(r, s) for r, s in row if r in live][:depth] for row in dense]
@@ -140,16 +141,60 @@ class Reading(OpenedVersion):
         self, vectors: np.ndarray, top_k: int, filters: Filters | None = None, *, payload: bool = True
     ) -> list[list[Hit]]:
         self._follow_writes()
-        ranked = self._dense_ranked(vectors, top_k, self._filtered_row_ids(filters))
+        ranked = self._dense_ranked(vectors, top_k, self._selection(filters))
         docs = self._rows({r for row in ranked for r, _ in row}, payload=payload)
         return [docstore.hits(row, docs, top_k) for row in ranked]
 
+    def filter_plan(self, filters: Filters | None, top_k: int = 10) -> Plan | None:
+        """How a search for ``top_k`` hits under ``filters`` runs (None: unfiltered); a widened search may still
+        fall back to the id selector for a query left with too few matching candidates.
+
+        Usage example:
+        ```python
+        store.filter_plan({"field": "meta.year", "operator": ">=", "value": 2000}, top_k=10)
+        ```
+
+        :param filters: the filter, as :meth:`search` takes it.
+        :param top_k: the hits a query asks for.
+        """
+        self._follow_writes()
+        selection = self._selection(filters)
+        if selection is None or self._index is None:
+            return None
+        return self._plan(selection, self._wanted(top_k))[0]
+
+    def _wanted(self, top_k: int) -> int:
+        """The results a filtered search takes from the index: the candidates it rescores on quantized codes."""
+        assert self._index is not None
+        manifest = self._current_manifest()
+        if quantization(manifest_config(manifest.index)) == "none":
+            return min(top_k + self._current_tombstones(), self._index.ntotal)
+        oversample = float(self.oversample if self.oversample is not None else manifest.index.get("oversample", 1.0))
+        return rescoring.candidates_wanted(top_k, self._current_tombstones(), oversample, self._index.ntotal)
+
+    def _plan(self, selection: Selection, wanted: int) -> tuple[Plan, int]:
+        """The plan for ``selection`` (:mod:`.filter_plan`), and the candidates a widened search takes."""
+        assert self._index is not None
+        config = manifest_config(self._current_manifest().index)
+        inner, scan_rows = inner_index(self._index), exact_scan_rows(self._index, config)
+        exact_only = quantization(config) != "none" and not takes_search_params(inner)
+        if not exact_only:  # codes that take no id selector are scanned exactly, as they always were
+            graph = isinstance(inner, faiss.IndexHNSW)
+            candidates = widening_candidates(
+                selection.fraction, wanted, self._index.ntotal, graph=graph, scan_rows=scan_rows
+            )
+            if candidates is not None:
+                return Plan.WIDENING, candidates
+        if exact_only or len(selection.rows()) <= scan_rows:
+            return Plan.EXACT_SCAN, 0
+        return Plan.SELECTOR, 0
+
     def _dense_ranked(
-        self, vectors: np.ndarray, top_k: int, allowed: np.ndarray | None
+        self, vectors: np.ndarray, top_k: int, selection: Selection | None
     ) -> list[list[tuple[int, float]]]:
-        """Each vector's nearest (row id, score), best first, among the ``allowed`` rows (None: all): ``top_k``
-        plus as many as the index holds tombstones (removed rows an HNSW index still returns; the caller drops
-        them)."""
+        """Each vector's nearest (row id, score), best first, among the rows ``selection`` lets through (None:
+        all): ``top_k`` plus as many as the index holds tombstones (removed rows an HNSW index still returns; the
+        caller drops them)."""
         if self._index is None:
             self.require_manifest()
         assert self._index is not None
@@ -162,11 +207,37 @@ class Reading(OpenedVersion):
         if len(vectors) == 0 or self._index.ntotal == 0:
             return [[] for _ in range(len(vectors))]
         if quantization(manifest_config(manifest.index)) != "none":
-            return self._rescored(vectors, top_k, manifest, allowed)
+            return self._rescored(vectors, top_k, manifest, selection)
         k = min(top_k + self._current_tombstones(), self._index.ntotal)
-        if allowed is not None and len(allowed) <= exact_scan_rows(self._index, manifest_config(manifest.index)):
-            return self._exact_among(vectors, k, allowed)
-        params = search_params(self._index, manifest_config(manifest.index), allowed)
+        if selection is None:
+            return self._searched(vectors, k, None)
+        plan, candidates = self._plan(selection, k)
+        if plan is Plan.EXACT_SCAN:
+            return self._exact_among(vectors, k, selection.rows())
+        if plan is Plan.SELECTOR:
+            return self._selected(vectors, k, selection.rows())
+        found = self._searched(vectors, candidates, None, wide=True)
+        ids = np.asarray([[r for r, _ in row] + [-1] * (candidates - len(row)) for row in found], dtype=np.int64)
+        kept = first_matches(ids.reshape(len(found), -1), selection.keep, k)
+        short = [i for i, positions in enumerate(kept) if positions is None]
+        redone = iter(self._dense_ranked(vectors[short], top_k, Selection.of_rows(selection.rows())) if short else [])
+        return [next(redone) if at is None else [found[i][j] for j in at] for i, at in enumerate(kept)]
+
+    def _selected(self, vectors: np.ndarray, k: int, allowed: np.ndarray) -> list[list[tuple[int, float]]]:
+        """The index's search under an id selector of ``allowed``; a query it leaves short (a graph search whose
+        candidate list filled with refused rows, IVF lists holding few allowed rows) gets an exact scan of them."""
+        found = self._searched(vectors, k, allowed)
+        short = [i for i, row in enumerate(found) if len(row) < min(k, len(allowed))]
+        scanned = iter(self._exact_among(vectors[short], k, allowed) if short else [])
+        return [next(scanned) if len(row) < min(k, len(allowed)) else row for row in found]
+
+    def _searched(
+        self, vectors: np.ndarray, k: int, allowed: np.ndarray | None, *, wide: bool = False
+    ) -> list[list[tuple[int, float]]]:
+        """Each vector's ``k`` nearest (row id, score) from the index, among ``allowed`` rows (None: all); ``wide``:
+        an HNSW search's candidate list is at least ``k`` long."""
+        assert self._index is not None
+        params = search_params(self._index, manifest_config(self._current_manifest().index), allowed, k if wide else 0)
         if params is False:
             return [[] for _ in range(len(vectors))]
         scores, ids = search_with(self._searchable() if params is None else self._index, vectors, k, params)
@@ -189,29 +260,70 @@ class Reading(OpenedVersion):
         return [[(int(rows[j]), float(row[j])) for j in order] for row, order in zip(scores, best, strict=True)]
 
     def _rescored(
-        self, vectors: np.ndarray, top_k: int, manifest: Manifest, allowed: np.ndarray | None
+        self, vectors: np.ndarray, top_k: int, manifest: Manifest, selection: Selection | None
     ) -> list[list[tuple[int, float]]]:
         """Quantized stores: ``top_k x oversample`` candidates from the codes, re-scored with exact inner products
         from vectors.f32, best ``top_k`` (plus tombstones) returned. The scores are exact cosines."""
         assert self._index is not None
-        tombstones = self._current_tombstones()
-        want = top_k + tombstones
-        oversample = float(self.oversample if self.oversample is not None else manifest.index.get("oversample", 1.0))
-        if allowed is not None and (
-            len(allowed) <= exact_scan_rows(self._index, manifest_config(manifest.index))
-            or not takes_search_params(inner_index(self._index))
-        ):
+        want = top_k + self._current_tombstones()
+        k = self._wanted(top_k)
+        plan, widened = self._plan(selection, k) if selection is not None else (None, 0)
+        if plan is Plan.EXACT_SCAN:
             # A selective filter's rows, and any filter's on codes that take no id selector (sign bits, flat PQ),
             # are scored exactly instead (cost grows with the number of matches, not with the store).
-            candidates = [allowed] * len(vectors)
+            assert selection is not None
+            candidates = [selection.rows()] * len(vectors)
+        elif plan is Plan.WIDENING:  # the first k matching candidates: the ones the selector's search returns
+            assert selection is not None
+            params = search_params(self._index, manifest_config(manifest.index), None, widened)
+            _, ids = search_with(self._index, vectors, widened, params)
+            kept = first_matches(ids, selection.keep, k)
+            short = [i for i, at in enumerate(kept) if at is None]
+            redone = self._selected_candidates(vectors[short], k, selection.rows()) if short else []
+            fallback = iter(redone)
+            candidates = [next(fallback) if at is None else row[at] for row, at in zip(ids, kept, strict=True)]
         else:
-            k = rescoring.candidates_wanted(top_k, tombstones, oversample, self._index.ntotal)
-            params = search_params(self._index, manifest_config(manifest.index), allowed)
-            if params is False:
-                return [[] for _ in range(len(vectors))]
-            _, ids = search_with(self._index, vectors, k, params)
-            candidates = [row[row >= 0] for row in ids]
+            candidates = self._selected_candidates(vectors, k, None if selection is None else selection.rows())
         return rescoring.rescore(vectors, candidates, self._full_vectors, want)
+
+    def _selected_candidates(self, vectors: np.ndarray, k: int, allowed: np.ndarray | None) -> list[np.ndarray]:
+        """Each vector's ``k`` best row ids by the codes, among ``allowed`` rows (None: all; a query the search
+        leaves short: every allowed row, rescored)."""
+        assert self._index is not None
+        params = search_params(self._index, manifest_config(self._current_manifest().index), allowed)
+        if params is False:
+            return [np.zeros(0, dtype=np.int64) for _ in range(len(vectors))]
+        _, ids = search_with(self._index, vectors, k, params)
+        wanted = k if allowed is None else min(k, len(allowed))  # a query left short rescores every allowed row
+        return [row[row >= 0] if (row >= 0).sum() >= wanted or allowed is None else allowed for row in ids]
+
+    def _selection(self, filters: Filters | None) -> Selection | None:
+        """What ``filters`` lets through (None: no filter), its share of the store estimated now and its rows read
+        when a plan needs them."""
+        node: FilterNode | None = parse_filters(filters)
+        if node is None or node == Constant(True):
+            return None
+        if isinstance(node, Constant):
+            return Selection.of_rows(np.empty(0, dtype=np.int64))
+        with self._lock:
+            fraction = self._current_field_indexes().fraction(node)
+
+        def read_rows() -> np.ndarray:
+            with self._lock:
+                return self._current_field_indexes().select(node)
+
+        def keep(rows: np.ndarray) -> np.ndarray:
+            with self._lock:
+                return self._current_field_indexes().matching(node, rows)
+
+        return Selection(node, fraction, read_rows, keep)
+
+    def _current_field_indexes(self) -> FieldIndexes:
+        """The field indexes of the docstore connection open now (call under the lock)."""
+        db = self._require_db()
+        if self._field_indexes is None or self._field_indexes.db is not db:
+            self._field_indexes = FieldIndexes(db)  # a new connection: a new version opened
+        return self._field_indexes
 
     def _filtered_row_ids(self, filters: Filters | None) -> np.ndarray | None:
         """Row ids of the documents ``filters`` lets through (read by :func:`parse_filters`); None: no filter."""
@@ -220,11 +332,8 @@ class Reading(OpenedVersion):
             return None
         if isinstance(node, Constant):
             return np.empty(0, dtype=np.int64)
-        db = self._require_db()
         with self._lock:
-            if self._field_indexes is None or self._field_indexes.db is not db:
-                self._field_indexes = FieldIndexes(db)  # a new connection: a new version opened
-            return self._field_indexes.select(node)
+            return self._current_field_indexes().select(node)
 
     def _rows(self, row_ids: set[int], payload: bool = True) -> dict[int, Document]:
         """Stored documents by row id; without ``payload``, their ids alone (no text, no metadata parsing)."""

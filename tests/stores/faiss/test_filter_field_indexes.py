@@ -6,6 +6,7 @@ verify stays green and a store on a read-only file system filters the same."""
 from __future__ import annotations
 
 import hashlib
+import math
 import sqlite3
 import subprocess
 from collections.abc import Iterator
@@ -17,8 +18,9 @@ import pytest
 from care_retriever.documents import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.config import FaissIndexConfig
-from care_retriever.stores.faiss import docstore, index_factory
+from care_retriever.stores.faiss import docstore, filter_plan, index_factory
 from care_retriever.stores.faiss.field_index import FieldIndexes
+from care_retriever.stores.faiss.filter_plan import Plan
 from care_retriever.stores.faiss.index_factory import BITMAP_ROWS
 from care_retriever.stores.filter_matching import matches
 from care_retriever.stores.filters import parse_filters
@@ -183,6 +185,7 @@ def test_a_large_selection_searches_through_the_id_bitmap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quantize: str | None
 ) -> None:
     monkeypatch.setattr(index_factory, "EXACT_SCAN_ROWS", 0)  # every filter through the index's id selector
+    monkeypatch.setattr(filter_plan, "CANDIDATE_COST", math.inf)  # never an unfiltered search widened instead
     rng = np.random.default_rng(1)
     n = BITMAP_ROWS + 2000
     vectors = rng.normal(size=(n, DIM)).astype(np.float32)
@@ -194,7 +197,9 @@ def test_a_large_selection_searches_through_the_id_bitmap(
     queries = vectors[:5]
     allowed = np.flatnonzero(np.arange(n) % 7 != 3)  # BITMAP_ROWS or more rows, the ids past the first byte
     assert len(allowed) >= BITMAP_ROWS
-    found = store.search(queries, 10, {"field": "meta.b", "operator": "!=", "value": 3})
+    filters = {"field": "meta.b", "operator": "!=", "value": 3}
+    assert store.filter_plan(filters, 10) is Plan.SELECTOR
+    found = store.search(queries, 10, filters)
     for query, hits in zip(queries, found, strict=True):
         best = allowed[np.argsort(-(vectors[allowed] @ query), kind="stable")[:10]]
         assert {h.id for h in hits} <= {f"d{i}" for i in allowed}
@@ -205,6 +210,7 @@ def test_a_large_selection_searches_through_the_id_bitmap(
 
 def test_a_filtered_hnsw_graph_search_widens_with_the_filter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(index_factory, "EXACT_SCAN_ROWS", 0)  # no floor: the rows above the crossover use the graph
+    monkeypatch.setattr(filter_plan, "HNSW_CANDIDATE_COST", math.inf)  # the graph search under the id selector
     rng = np.random.default_rng(2)
     n, dim = 3000, 16
     vectors = rng.normal(size=(n, dim)).astype(np.float32)
@@ -215,7 +221,9 @@ def test_a_filtered_hnsw_graph_search_widens_with_the_filter(tmp_path: Path, mon
     store.finalize()
     allowed = np.flatnonzero(np.arange(n) % 25 < 7)  # 28% of the rows: above sqrt(16 x 8 x 3000) = 619
     queries = rng.normal(size=(40, dim)).astype(np.float32)
-    found = store.search(queries, 10, {"field": "meta.b", "operator": "<", "value": 7})
+    filters = {"field": "meta.b", "operator": "<", "value": 7}
+    assert store.filter_plan(filters, 10) is Plan.SELECTOR
+    found = store.search(queries, 10, filters)
     recall = np.mean(
         [
             len({h.id for h in hits} & {f"d{i}" for i in allowed[np.argsort(-(vectors[allowed] @ q))[:10]]}) / 10
