@@ -1,0 +1,233 @@
+"""The checksums of a Qdrant Edge shard's files, recorded in the store's manifest at each commit and checked by
+``verify``: part of the store (:mod:`edge_store`), kept in a file of its own.
+
+The engine's bookkeeping (id trackers, segment metadata, payload indexes, HNSW graphs, quantized codes, the
+write-ahead log) carries no checksum of its own, and a changed byte there can pass every per-point check
+(:mod:`edge_verify`) or crash the engine as it loads the shard. So each commit records, for every file of the
+shard, a checksum, its size and its modification time (``checksums``, ``sizes`` and ``sealed`` of the manifest,
+keyed by the path under the collection folder). Only files whose size or modification time changed since the last
+record are hashed again: the segments an optimize() built are written again only where points are deleted, so a
+small write hashes the few files of the segment it appends to.
+
+A checksum covers a file's content as read, not its layout on disk: blocks of zeros are skipped (a hole is read as
+zeros), and the engine preallocates its files (32 MiB pages and logs), so hashing reads the data extents only
+(``SEEK_DATA``) and a small write into a mostly empty page costs what it wrote. A copy that fills the holes with
+zeros keeps the same checksums.
+
+``care-retriever verify`` checks every file before the engine opens the shard (:func:`check_before_open`), so that a
+damaged file is named in one line rather than met by the engine. The engine also changes files as it opens a shard
+(it replays and removes the journals of its trackers, completes ``edge_config.json``, rewrites an optimized
+segment's ``id_tracker.versions`` after deletions, touches others): each open records what it changed, where the
+file was as the last commit left it (its size and modification time as recorded), and hashes, before the engine
+reads it, a file written since the last commit (:func:`before_open`, :func:`opened`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+from care_retriever.errors import StoreError
+from care_retriever.stores.base import Manifest
+from care_retriever.stores.qdrant.common import collection_folder, is_server
+from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
+
+BLOCK = 1 << 16  # the unit of the zero-skipping hash
+_ZEROS = bytes(BLOCK)
+SHARD_FOLDER = "shard"  # the shard's folder inside the collection's
+# The stored texts and dense vectors: each point's bytes there are checked against its content hash and vector
+# checksum (edge_verify), which name its document, and the engine reads them point by point, not as it opens.
+POINT_DATA = ("payload_storage/page_*.dat", "vector_storage/vectors/chunk_*.mmap")
+
+
+def file_checksum(path: Path) -> str:
+    """SHA-256 of a file's size and of each non-zero block with its offset: the content as read, holes and
+    zeros alike skipped."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        digest.update(size.to_bytes(8, "little"))
+        for start, end in _data_extents(fh.fileno(), size):
+            offset = start - start % BLOCK
+            fh.seek(offset)
+            while offset < end:
+                block = fh.read(BLOCK)
+                if not block:
+                    break
+                if block != _ZEROS[: len(block)]:
+                    digest.update(offset.to_bytes(8, "little"))
+                    digest.update(block)
+                offset += len(block)
+    return digest.hexdigest()
+
+
+def _data_extents(descriptor: int, size: int) -> Iterator[tuple[int, int]]:
+    """The (start, end) of each data extent, its end rounded up to a block (each block is read once); the rest of
+    the file at once where the file system cannot say."""
+    if not hasattr(os, "SEEK_DATA"):
+        yield 0, size
+        return
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(descriptor, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # no SEEK_DATA on this file system: read the rest
+                yield offset, size
+            return  # ENXIO: a hole up to the end
+        end = os.lseek(descriptor, start, os.SEEK_HOLE)
+        end += -end % BLOCK
+        yield start, min(end, size)
+        offset = end
+
+
+def shard_files(shard: Path) -> dict[str, os.stat_result]:
+    """Every file of the shard: its path under the collection folder -> its stat."""
+    return {p.relative_to(shard.parent).as_posix(): p.stat() for p in sorted(shard.rglob("*")) if p.is_file()}
+
+
+def written_in_place(manifest: Manifest, shard: Path, files: dict[str, os.stat_result]) -> set[str]:
+    """The files whose size and modification time may not show a write: the engine writes through memory maps,
+    and a file system need not update the time of such a write (tmpfs does not). They are: the shard's settings,
+    its open log segments, every ``segment.json``, the files of the appendable segments (those with a mutable id
+    tracker) and of every segment whose ``segment.json`` changed (its version: it took a write, a deletion)."""
+    found: set[str] = set()
+    for name in files:
+        parts = name.split("/")
+        if len(parts) < 4 or parts[1] != "segments":
+            if not (len(parts) == 3 and parts[1] == "wal" and parts[2].startswith("closed-")):
+                found.add(name)  # a closed log segment is never written again
+            continue
+        segment = "/".join(parts[:3])
+        if f"{segment}/mutable_id_tracker.mappings" in files or parts[-1] == "segment.json":
+            found.add(name)
+    changed = {
+        name.rsplit("/", 1)[0]
+        for name in found
+        if name.endswith("/segment.json") and file_checksum(shard.parent / name) != manifest.checksums.get(name)
+    }
+    return found | {name for name in files if "/".join(name.split("/")[:3]) in changed}
+
+
+def record(manifest: Manifest, shard: Path) -> int:
+    """Record each shard file's checksum, size and modification time in ``manifest``, hashing only the files
+    changed since the last record (:func:`written_in_place`: always); returns how many were hashed."""
+    files = shard_files(shard)
+    in_place = written_in_place(manifest, shard, files)
+    checksums, sizes, stamps = {}, {}, {}
+    hashed = 0
+    for name, stat in files.items():
+        previous = manifest.checksums.get(name)
+        if previous and name not in in_place and (manifest.sizes.get(name), manifest.sealed.get(name)) == _stamp(stat):
+            checksums[name] = previous
+        else:
+            checksums[name] = file_checksum(shard.parent / name)
+            hashed += 1
+        sizes[name], stamps[name] = stat.st_size, stat.st_mtime_ns
+    manifest.checksums, manifest.sizes, manifest.sealed = checksums, sizes, stamps
+    return hashed
+
+
+def first_damage(
+    manifest: Manifest, shard: Path, opened_damage: str | None = None, *, skip: tuple[str, ...] = ()
+) -> str | None:
+    """The first shard file that differs from what the last commit recorded (missing, added, resized or with
+    another checksum), in words; None when every file matches. ``opened_damage``: what :func:`opened` found in the
+    files the engine changed as it opened the shard; ``skip``: patterns of files left out."""
+    if opened_damage is not None:
+        return opened_damage
+    files = shard_files(shard)
+    for name in sorted(set(manifest.checksums) | set(files)):
+        if any(PurePosixPath(name).match(pattern) for pattern in skip):
+            continue
+        if name not in files:
+            return f"{name} is missing (recorded at the last commit)"
+        if name not in manifest.checksums:
+            return f"{name} was not written by a commit of this store"
+        if manifest.sizes.get(name) != files[name].st_size:
+            return f"{name} has {files[name].st_size} bytes; the last commit recorded {manifest.sizes.get(name)}"
+        if file_checksum(shard.parent / name) != manifest.checksums[name]:
+            return f"{name} no longer matches the checksum its last commit recorded"
+    return None
+
+
+def check_before_open(location: str, collection: str) -> None:
+    """``verify``'s first step for ``qdrant:location``: every file of the collection's shard (and its manifest) as
+    the last commit recorded them, before the engine reads any, or one line naming the first that differs. The
+    stored texts and vectors (:data:`POINT_DATA`) are left to the checks of each point, which name its document,
+    then hashed. Nothing to do for a server, a temporary store or a folder holding no shard (opening it says what it
+    is); a store whose manifest records no file checksums (an earlier release's) passes here: ``verify`` names
+    that."""
+    folder = Path(location) / collection_folder(collection)
+    if is_server(location) or location == ":memory:" or not (folder / SHARD_FOLDER).is_dir():
+        return
+    source = f"qdrant:{location} (collection {collection})"
+    check_manifest(folder / MANIFEST_FILE, source)
+    manifest = read_manifest(folder / MANIFEST_FILE, source)
+    found = first_damage(manifest, folder / SHARD_FOLDER, skip=POINT_DATA) if manifest.checksums else None
+    if found is not None:
+        raise damaged(source, found)
+
+
+def _stamp(stat: os.stat_result) -> tuple[int, int]:
+    return stat.st_size, stat.st_mtime_ns
+
+
+def before_open(manifest: Manifest, shard: Path) -> dict[str, tuple[tuple[int, int], str | None]]:
+    """Each shard file just before the engine opens the shard: its size and modification time, and its checksum
+    where a write may have changed it since the last commit (:func:`written_in_place`, or another size or time
+    than recorded)."""
+    found: dict[str, tuple[tuple[int, int], str | None]] = {}
+    files = shard_files(shard) if manifest.checksums else {}
+    in_place = written_in_place(manifest, shard, files)
+    for name, stat in files.items():
+        trusted = name not in in_place and _stamp(stat) == (manifest.sizes.get(name), manifest.sealed.get(name))
+        found[name] = (_stamp(stat), None if trusted else file_checksum(shard.parent / name))
+    return found
+
+
+def opened(
+    manifest: Manifest, before: dict[str, tuple[tuple[int, int], str | None]], shard: Path, manifest_file: Path | None
+) -> str | None:
+    """After the engine opened the shard: what it changed as it opened (journals replayed and removed, settings
+    and trackers rewritten, files created), recorded where the file was as the last commit left it; returns, in
+    words, the first it changed that had been written since the last commit with another content (``before``:
+    :func:`before_open`), else None. The manifest is rewritten at ``manifest_file`` (None: a copy read on a full
+    disk, recorded in memory only)."""
+    if not manifest.checksums:
+        return None
+    after, damage, changed = shard_files(shard), None, False
+    for name in sorted(set(before) | set(after)):
+        stamp, checksum = before.get(name, (None, None))
+        unchanged = name in after and _stamp(after[name]) == stamp
+        if unchanged and (checksum is None or file_checksum(shard.parent / name) == checksum):
+            continue  # left as it was: checked by verify as it is
+        if checksum is not None and checksum != manifest.checksums.get(name):
+            damage = damage or (
+                f"{name} no longer matches the checksum its last commit recorded (read before the engine's open)"
+                if name in manifest.checksums
+                else f"{name} was not written by a commit of this store (read before the engine's open)"
+            )
+            continue
+        changed = True
+        if name in after:
+            manifest.checksums[name] = file_checksum(shard.parent / name)
+            manifest.sizes[name], manifest.sealed[name] = _stamp(after[name])
+        else:
+            for record in (manifest.checksums, manifest.sizes, manifest.sealed):
+                record.pop(name, None)
+    if changed and manifest_file is not None:
+        with contextlib.suppress(OSError, StoreError):  # left unrecorded: the next commit records it
+            write_manifest(manifest_file, manifest)
+    return damage
+
+
+def damaged(source: str, found: str) -> StoreError:
+    return StoreError(
+        f"{source}: {found}: the shard changed after its last commit (damaged, or written by a process that "
+        "stopped before committing: then the same `care-retriever index` again commits it)"
+    )
