@@ -1,7 +1,8 @@
 """``care-retriever verify`` catches a flipped byte in every file of a store, for both store kinds: a small FAISS
 store after an in-place write (index, docstore, delta journal, manifest), and a small Qdrant Edge store with an
 optimized segment (HNSW graph, int8 codes), an appendable one holding later writes and a deletion, payload indexes,
-trackers with their journals, the write-ahead log, the shard's settings and the manifest. Each file gets a byte
+trackers with their journals, the write-ahead log, the shard's settings, the manifest, and the record of what the
+engine changed as it opened the shard since the last commit. Each file gets a byte
 flipped at its start, middle and end and at one seeded position among its non-zero bytes; each flip fails verify
 with one line naming the file (or, for a stored text or vector, its document), and is undone before the next."""
 
@@ -106,6 +107,10 @@ def test_every_file_of_a_qdrant_edge_store_fails_verify_when_a_byte_flips(tmp_pa
     point_data = [p for p in files if p.name.startswith(("page_", "chunk_")) and "storage" in p.parent.as_posix()]
     ordered = [p for p in files if p not in point_data and p not in empty] + point_data
     _every_flip_fails(capsys, f"qdrant:{folder}", collection, ordered, [repr(d.id) for d in DOCUMENTS])
+    # what the opens since the last commit changed (journals replayed, trackers rewritten) is kept beside the shard
+    added = sorted(p for p in collection.rglob("*") if p.is_file() and p not in files)
+    assert [p.name for p in added] == ["opened.json"], added
+    _every_flip_fails(capsys, f"qdrant:{folder}", collection, added, [])
     for path in empty:
         with open(path, "ab") as fh:
             fh.write(b"\x01")

@@ -27,18 +27,25 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any, NamedTuple
 
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
 from care_retriever.stores.qdrant.common import collection_folder, is_server
-from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
+from care_retriever.stores.qdrant.edge import TEMP_SEGMENTS
+from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest
 
 BLOCK = 1 << 16  # the unit of the zero-skipping hash
 _ZEROS = bytes(BLOCK)
+LOG_BLOCK = 1 << 20  # a log segment's blocks, each with its checksum in the manifest's block_checksums
+_LOG_ZEROS = bytes(LOG_BLOCK)
+ZERO_BLOCK = hashlib.sha256(_LOG_ZEROS).hexdigest()
 SHARD_FOLDER = "shard"  # the shard's folder inside the collection's
+OPENED = "opened.json"  # in the shard's folder: what opens changed since the last commit (opened())
 # The stored texts and dense vectors: each point's bytes there are checked against its content hash and vector
 # checksum (edge_verify), which name its document, and the engine reads them point by point, not as it opens.
 POINT_DATA = ("payload_storage/page_*.dat", "vector_storage/vectors/chunk_*.mmap")
@@ -65,6 +72,58 @@ def file_checksum(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _is_log(name: str) -> bool:
+    """An open segment of the write-ahead log: written by appending only."""
+    parts = name.split("/")
+    return len(parts) == 3 and parts[1] == "wal" and parts[2].startswith("open-")
+
+
+def log_blocks(path: Path, previous: list[str] | None = None) -> list[str]:
+    """The SHA-256 of each :data:`LOG_BLOCK` of a log segment (of a block of zeros: :data:`ZERO_BLOCK`; holes are
+    not read). The log is written by appending, so, given the blocks recorded before (``previous``) of the same
+    segment (its size and first block unchanged), only the last of them that held data and those after are read."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        count = -(-size // LOG_BLOCK)
+        with_data = {i for s, e in _data_extents(fh.fileno(), size) for i in range(s // LOG_BLOCK, -(-e // LOG_BLOCK))}
+
+        def block(index: int) -> str:
+            if index not in with_data:
+                return ZERO_BLOCK
+            fh.seek(index * LOG_BLOCK)
+            data = fh.read(LOG_BLOCK)
+            return ZERO_BLOCK if data == _LOG_ZEROS[: len(data)] else hashlib.sha256(data).hexdigest()
+
+        blocks = list(previous or [])
+        if len(blocks) != count or not blocks or block(0) != blocks[0]:
+            blocks = []
+        start = max((i for i, b in enumerate(blocks) if b != ZERO_BLOCK), default=0)
+        return blocks[:start] + [block(i) for i in range(start, count)]
+
+
+def _log_root(blocks: list[str], size: int) -> str:
+    """The checksum of a log segment: of its size and its blocks' checksums."""
+    return hashlib.sha256(size.to_bytes(8, "little") + "".join(blocks).encode()).hexdigest()
+
+
+def checksum_of(shard: Path, name: str) -> str:
+    """The checksum of the shard file ``name`` (its path under the collection folder), read whole."""
+    path = shard.parent / name
+    if _is_log(name):
+        return _log_root(log_blocks(path), path.stat().st_size)
+    return file_checksum(path)
+
+
+def _recorded(shard: Path, name: str, previous: list[str] | None) -> tuple[str, list[str]]:
+    """The checksum of ``name`` to record, and its blocks where it is a log segment (read from the last block
+    recorded with data: :func:`log_blocks`)."""
+    path = shard.parent / name
+    if not _is_log(name):
+        return file_checksum(path), []
+    blocks = log_blocks(path, previous)
+    return _log_root(blocks, path.stat().st_size), blocks
+
+
 def _data_extents(descriptor: int, size: int) -> Iterator[tuple[int, int]]:
     """The (start, end) of each data extent, its end rounded up to a block (each block is read once); the rest of
     the file at once where the file system cannot say."""
@@ -86,8 +145,18 @@ def _data_extents(descriptor: int, size: int) -> Iterator[tuple[int, int]]:
 
 
 def shard_files(shard: Path) -> dict[str, os.stat_result]:
-    """Every file of the shard: its path under the collection folder -> its stat."""
-    return {p.relative_to(shard.parent).as_posix(): p.stat() for p in sorted(shard.rglob("*")) if p.is_file()}
+    """Every file of the shard (but a build an optimize() left, which the next open removes): its path under the
+    collection folder -> its stat."""
+    return {
+        p.relative_to(shard.parent).as_posix(): p.stat()
+        for p in sorted(shard.rglob("*"))
+        if p.is_file() and p.relative_to(shard).parts[0] not in (TEMP_SEGMENTS, OPENED)
+    }
+
+
+def _segment(name: str) -> str | None:
+    parts = name.split("/")
+    return "/".join(parts[:3]) if len(parts) > 3 and parts[1] == "segments" else None
 
 
 def written_in_place(manifest: Manifest, shard: Path, files: dict[str, os.stat_result]) -> set[str]:
@@ -108,7 +177,7 @@ def written_in_place(manifest: Manifest, shard: Path, files: dict[str, os.stat_r
     changed = {
         name.rsplit("/", 1)[0]
         for name in found
-        if name.endswith("/segment.json") and file_checksum(shard.parent / name) != manifest.checksums.get(name)
+        if name.endswith("/segment.json") and checksum_of(shard, name) != manifest.checksums.get(name)
     }
     return found | {name for name in files if "/".join(name.split("/")[:3]) in changed}
 
@@ -125,10 +194,14 @@ def record(manifest: Manifest, shard: Path) -> int:
         if previous and name not in in_place and (manifest.sizes.get(name), manifest.sealed.get(name)) == _stamp(stat):
             checksums[name] = previous
         else:
-            checksums[name] = file_checksum(shard.parent / name)
+            checksums[name], blocks = _recorded(shard, name, manifest.block_checksums.get(name))
+            if blocks:
+                manifest.block_checksums[name] = blocks
             hashed += 1
         sizes[name], stamps[name] = stat.st_size, stat.st_mtime_ns
     manifest.checksums, manifest.sizes, manifest.sealed = checksums, sizes, stamps
+    manifest.block_checksums = {n: b for n, b in manifest.block_checksums.items() if n in files and _is_log(n)}
+    (shard / OPENED).unlink(missing_ok=True)  # what opens changed is recorded now
     return hashed
 
 
@@ -150,7 +223,7 @@ def first_damage(
             return f"{name} was not written by a commit of this store"
         if manifest.sizes.get(name) != files[name].st_size:
             return f"{name} has {files[name].st_size} bytes; the last commit recorded {manifest.sizes.get(name)}"
-        if file_checksum(shard.parent / name) != manifest.checksums[name]:
+        if checksum_of(shard, name) != manifest.checksums[name]:
             return f"{name} no longer matches the checksum its last commit recorded"
     return None
 
@@ -168,7 +241,13 @@ def check_before_open(location: str, collection: str) -> None:
     source = f"qdrant:{location} (collection {collection})"
     check_manifest(folder / MANIFEST_FILE, source)
     manifest = read_manifest(folder / MANIFEST_FILE, source)
-    found = first_damage(manifest, folder / SHARD_FOLDER, skip=POINT_DATA) if manifest.checksums else None
+    shard = folder / SHARD_FOLDER
+    found = _apply_opened(manifest, shard)[1] if manifest.checksums else None
+    if found is not None:
+        raise damaged(source, found)
+    if manifest.checksums and _build_left(shard):
+        _replaced_segments(manifest, shard, shard_files(shard))  # what a killed optimize() replaced: opened()
+    found = first_damage(manifest, shard, skip=POINT_DATA) if manifest.checksums else None
     if found is not None:
         raise damaged(source, found)
 
@@ -177,34 +256,53 @@ def _stamp(stat: os.stat_result) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
-def before_open(manifest: Manifest, shard: Path) -> dict[str, tuple[tuple[int, int], str | None]]:
+def _build_left(shard: Path) -> bool:
+    """Whether an optimize() killed mid-build left its segment in ``temp_segments/`` (the next open removes it)."""
+    return (shard / TEMP_SEGMENTS).is_dir() and any((shard / TEMP_SEGMENTS).iterdir())
+
+
+class Opening(NamedTuple):
+    """The shard's files just before the engine opens it (:func:`before_open`)."""
+
+    files: dict[str, tuple[tuple[int, int], str | None]]  # name -> (size, modification time), checksum or None
+    rebuilt: bool  # an optimize() was killed mid-build: it may have replaced segments since the last commit
+    changes: dict[str, list[Any] | None]  # what earlier opens changed since the last commit (opened.json)
+    damage: str | None  # opened.json was changed
+
+
+def before_open(manifest: Manifest, shard: Path) -> Opening:
     """Each shard file just before the engine opens the shard: its size and modification time, and its checksum
     where a write may have changed it since the last commit (:func:`written_in_place`, or another size or time
-    than recorded)."""
+    than recorded); and whether an optimize() was killed mid-build. What earlier opens changed since the last
+    commit (``opened.json``) is applied to ``manifest`` first."""
+    changes, damage = _apply_opened(manifest, shard) if manifest.checksums else ({}, None)
     found: dict[str, tuple[tuple[int, int], str | None]] = {}
     files = shard_files(shard) if manifest.checksums else {}
     in_place = written_in_place(manifest, shard, files)
     for name, stat in files.items():
         trusted = name not in in_place and _stamp(stat) == (manifest.sizes.get(name), manifest.sealed.get(name))
-        found[name] = (_stamp(stat), None if trusted else file_checksum(shard.parent / name))
-    return found
+        found[name] = (_stamp(stat), None if trusted else checksum_of(shard, name))
+    return Opening(found, _build_left(shard), changes, damage)
 
 
-def opened(
-    manifest: Manifest, before: dict[str, tuple[tuple[int, int], str | None]], shard: Path, manifest_file: Path | None
-) -> str | None:
+def opened(manifest: Manifest, opening: Opening, shard: Path, writable: bool) -> str | None:
     """After the engine opened the shard: what it changed as it opened (journals replayed and removed, settings
-    and trackers rewritten, files created), recorded where the file was as the last commit left it; returns, in
-    words, the first it changed that had been written since the last commit with another content (``before``:
-    :func:`before_open`), else None. The manifest is rewritten at ``manifest_file`` (None: a copy read on a full
-    disk, recorded in memory only)."""
+    and trackers rewritten, files created), recorded in ``manifest`` where the file was as the last commit left
+    it; returns, in words, the first it changed that had been written since the last commit with another content
+    (``opening``: :func:`before_open`), else None. Where an optimize() was killed mid-build, the segments it
+    finished (new since the last commit) are recorded as they are, and those it replaced dropped: their points are
+    checked one by one. What changed is kept in ``opened.json`` beside the shard's files (``writable``; not for a
+    copy read on a full disk), never in the manifest, which only a write changes; the next commit records all."""
     if not manifest.checksums:
         return None
-    after, damage, changed = shard_files(shard), None, False
+    before, after, damage = opening.files, shard_files(shard), opening.damage
+    changes = dict(opening.changes)
+    if opening.rebuilt:
+        changes.update(_replaced_segments(manifest, shard, after))
     for name in sorted(set(before) | set(after)):
         stamp, checksum = before.get(name, (None, None))
         unchanged = name in after and _stamp(after[name]) == stamp
-        if unchanged and (checksum is None or file_checksum(shard.parent / name) == checksum):
+        if unchanged and (checksum is None or checksum_of(shard, name) == checksum):
             continue  # left as it was: checked by verify as it is
         if checksum is not None and checksum != manifest.checksums.get(name):
             damage = damage or (
@@ -213,17 +311,73 @@ def opened(
                 else f"{name} was not written by a commit of this store (read before the engine's open)"
             )
             continue
-        changed = True
-        if name in after:
-            manifest.checksums[name] = file_checksum(shard.parent / name)
-            manifest.sizes[name], manifest.sealed[name] = _stamp(after[name])
-        else:
-            for record in (manifest.checksums, manifest.sizes, manifest.sealed):
-                record.pop(name, None)
-    if changed and manifest_file is not None:
-        with contextlib.suppress(OSError, StoreError):  # left unrecorded: the next commit records it
-            write_manifest(manifest_file, manifest)
+        changes[name] = [checksum_of(shard, name), *_stamp(after[name])] if name in after else None
+        _apply(manifest, name, changes[name])
+    if writable and changes != opening.changes:
+        with contextlib.suppress(OSError):  # left unkept: a later open finds these files changed
+            _write_opened(shard, manifest, changes)
     return damage
+
+
+def _apply(manifest: Manifest, name: str, entry: list[Any] | None) -> None:
+    """Record one file as an open left it: [checksum, size, modification time], or None (removed)."""
+    if entry is None:
+        for record in (manifest.checksums, manifest.sizes, manifest.sealed):
+            record.pop(name, None)
+    else:
+        manifest.checksums[name], manifest.sizes[name], manifest.sealed[name] = entry
+
+
+def _opened_bytes(commit: float, changes: dict[str, list[Any] | None]) -> bytes:
+    body = json.dumps({"commit": commit, "files": changes}, sort_keys=True)
+    return json.dumps(
+        {"commit": commit, "files": changes, "sha256": hashlib.sha256(body.encode()).hexdigest()}, sort_keys=True
+    ).encode()
+
+
+def _write_opened(shard: Path, manifest: Manifest, changes: dict[str, list[Any] | None]) -> None:
+    temporary = shard / (OPENED + ".tmp")
+    temporary.write_bytes(_opened_bytes(manifest.updated_at, changes))
+    os.replace(temporary, shard / OPENED)
+
+
+def _apply_opened(manifest: Manifest, shard: Path) -> tuple[dict[str, list[Any] | None], str | None]:
+    """Apply to ``manifest`` what earlier opens changed since its commit (``opened.json``); returns those changes,
+    and the damage in words where the file was changed (its own checksum). A file from before the last commit is
+    ignored (the commit recorded everything)."""
+    try:
+        raw = (shard / OPENED).read_bytes()
+    except FileNotFoundError:
+        return {}, None
+    try:
+        data = json.loads(raw)
+        changes = data["files"]
+        intact = raw == _opened_bytes(data["commit"], changes)
+    except (ValueError, KeyError, TypeError):
+        intact = False
+    if not intact:
+        return {}, f"{shard.name}/{OPENED} no longer matches its own checksum"
+    if data["commit"] != manifest.updated_at:
+        return {}, None
+    for name, entry in changes.items():
+        _apply(manifest, name, entry)
+    return changes, None
+
+
+def _replaced_segments(
+    manifest: Manifest, shard: Path, files: dict[str, os.stat_result]
+) -> dict[str, list[Any] | None]:
+    """After an optimize() killed mid-build: the segments it finished, new since the last commit, are recorded as
+    they are (their points are checked one by one), and those it replaced dropped; returns what changed."""
+    recorded = {_segment(n) for n in manifest.checksums} - {None}
+    present = {_segment(n) for n in files} - {None}
+    changes: dict[str, list[Any] | None] = {n: None for n in manifest.checksums if _segment(n) in recorded - present}
+    for name, stat in files.items():
+        if _segment(name) in present - recorded:
+            changes[name] = [checksum_of(shard, name), *_stamp(stat)]
+    for name, entry in changes.items():
+        _apply(manifest, name, entry)
+    return changes
 
 
 def damaged(source: str, found: str) -> StoreError:

@@ -94,8 +94,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
                 raise StoreError(
                     f"{self.describe()} is open in another process (or object): one owner per folder at a time"
                 ) from exc
-            written = None if self._read_copy else folder / MANIFEST_FILE
-            self._opened_damage = edge_files.opened(self.manifest, before, shard_folder, written)
+            self._opened_damage = edge_files.opened(self.manifest, before, shard_folder, self._read_copy is None)
 
     @property
     def folder(self) -> Path:
@@ -376,11 +375,13 @@ class EdgeStore(EdgeSearch, QdrantStore):
             logger.warning(line)  # written before vectors or files had checksums: the rest was checked
         if record_checksums and (unrecorded or not manifest.checksums or not checked):
             with self._lock, self._write_faults("the checksums"):
+                recorded = bool(unrecorded or not manifest.checksums)  # else only the manifest's own checksum
                 if unrecorded:
                     shard.set_payload(unrecorded)
-                shard.flush()
-                self._record_files(manifest)
-                self._write_manifest(manifest)
+                if recorded:
+                    shard.flush()
+                    self._record_files(manifest)
+                self._write_manifest(manifest if recorded else self._read_manifest())
         elif not checked:
             raise unchecked_manifest(source)
         return count
