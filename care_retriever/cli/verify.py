@@ -26,7 +26,7 @@ def verify(
     from care_retriever.stores.capabilities import Verification
     from care_retriever.stores.config import StoreKind, StoreSpec
     from care_retriever.stores.qdrant.common import DEFAULT_COLLECTION
-    from care_retriever.stores.qdrant.edge_files import check_before_open
+    from care_retriever.stores.qdrant.edge_opening import check_before_open
 
     spec = StoreSpec.parse(store)
     if spec.kind is StoreKind.QDRANT:  # an Edge shard's files before its engine reads them: a damaged one can crash it

@@ -14,30 +14,26 @@ zeros), and the engine preallocates its files (32 MiB pages and logs), so hashin
 (``SEEK_DATA``) and a small write into a mostly empty page costs what it wrote. A copy that fills the holes with
 zeros keeps the same checksums.
 
-``care-retriever verify`` checks every file before the engine opens the shard (:func:`check_before_open`), so that a
+``care-retriever verify`` checks every file before the engine opens the shard (:mod:`edge_opening`), so that a
 damaged file is named in one line rather than met by the engine. The engine also changes files as it opens a shard
 (it replays and removes the journals of its trackers, completes ``edge_config.json``, rewrites an optimized
 segment's ``id_tracker.versions`` after deletions, touches others): each open records what it changed, where the
 file was as the last commit left it (its size and modification time as recorded), and hashes, before the engine
-reads it, a file written since the last commit (:func:`before_open`, :func:`opened`).
+reads it, a file written since the last commit (:mod:`edge_opening`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any, NamedTuple
+from stat import S_ISREG
 
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
-from care_retriever.stores.qdrant.common import collection_folder, is_server
 from care_retriever.stores.qdrant.edge import TEMP_SEGMENTS
-from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest
 
 BLOCK = 1 << 16  # the unit of the zero-skipping hash
 _ZEROS = bytes(BLOCK)
@@ -45,7 +41,7 @@ LOG_BLOCK = 1 << 20  # a log segment's blocks, each with its checksum in the man
 _LOG_ZEROS = bytes(LOG_BLOCK)
 ZERO_BLOCK = hashlib.sha256(_LOG_ZEROS).hexdigest()
 SHARD_FOLDER = "shard"  # the shard's folder inside the collection's
-OPENED = "opened.json"  # in the shard's folder: what opens changed since the last commit (opened())
+OPENED = "opened.json"  # in the shard's folder: what opens changed since the last commit (edge_opening)
 # The stored texts and dense vectors: each point's bytes there are checked against its content hash and vector
 # checksum (edge_verify), which name its document, and the engine reads them point by point, not as it opens.
 POINT_DATA = ("payload_storage/page_*.dat", "vector_storage/vectors/chunk_*.mmap")
@@ -114,6 +110,12 @@ def checksum_of(shard: Path, name: str) -> str:
     return file_checksum(path)
 
 
+def current_checksum(shard: Path, name: str, manifest: Manifest) -> str:
+    """The checksum of ``name`` now, a log segment read from the last block with data ``manifest`` records (an
+    open never writes the log: damage before that block stays a difference for ``verify``, which reads it whole)."""
+    return _recorded(shard, name, manifest.block_checksums.get(name))[0]
+
+
 def _recorded(shard: Path, name: str, previous: list[str] | None) -> tuple[str, list[str]]:
     """The checksum of ``name`` to record, and its blocks where it is a log segment (read from the last block
     recorded with data: :func:`log_blocks`)."""
@@ -145,16 +147,21 @@ def _data_extents(descriptor: int, size: int) -> Iterator[tuple[int, int]]:
 
 
 def shard_files(shard: Path) -> dict[str, os.stat_result]:
-    """Every file of the shard (but a build an optimize() left, which the next open removes): its path under the
-    collection folder -> its stat."""
-    return {
-        p.relative_to(shard.parent).as_posix(): p.stat()
-        for p in sorted(shard.rglob("*"))
-        if p.is_file() and p.relative_to(shard).parts[0] not in (TEMP_SEGMENTS, OPENED)
-    }
+    """Every file of the shard (but a build an optimize() left, which the next open removes, and ``opened.json``):
+    its path under the collection folder -> its stat, in path order."""
+    found = {}
+    for folder, subfolders, names in os.walk(shard):
+        at_top = folder == str(shard)
+        subfolders[:] = [d for d in subfolders if not (at_top and d == TEMP_SEGMENTS)]
+        prefix = Path(folder).relative_to(shard.parent).as_posix()
+        for name in names:
+            info = os.stat(os.path.join(folder, name))
+            if S_ISREG(info.st_mode) and not (at_top and name == OPENED):
+                found[f"{prefix}/{name}"] = info
+    return dict(sorted(found.items()))
 
 
-def _segment(name: str) -> str | None:
+def segment_of(name: str) -> str | None:
     parts = name.split("/")
     return "/".join(parts[:3]) if len(parts) > 3 and parts[1] == "segments" else None
 
@@ -191,7 +198,11 @@ def record(manifest: Manifest, shard: Path) -> int:
     hashed = 0
     for name, stat in files.items():
         previous = manifest.checksums.get(name)
-        if previous and name not in in_place and (manifest.sizes.get(name), manifest.sealed.get(name)) == _stamp(stat):
+        if (
+            previous
+            and name not in in_place
+            and (manifest.sizes.get(name), manifest.sealed.get(name)) == stamp_of(stat)
+        ):
             checksums[name] = previous
         else:
             checksums[name], blocks = _recorded(shard, name, manifest.block_checksums.get(name))
@@ -209,12 +220,18 @@ def first_damage(
     manifest: Manifest, shard: Path, opened_damage: str | None = None, *, skip: tuple[str, ...] = ()
 ) -> str | None:
     """The first shard file that differs from what the last commit recorded (missing, added, resized or with
-    another checksum), in words; None when every file matches. ``opened_damage``: what :func:`opened` found in the
-    files the engine changed as it opened the shard; ``skip``: patterns of files left out."""
+    another checksum), in words, those written since the record first; None when every file matches.
+    ``opened_damage``: what :func:`opened` found in the files the engine changed as it opened the shard; ``skip``:
+    patterns of files left out."""
     if opened_damage is not None:
         return opened_damage
     files = shard_files(shard)
-    for name in sorted(set(manifest.checksums) | set(files)):
+
+    def written_since(name: str) -> bool:  # checked first: where a change is likeliest
+        stat = files.get(name)
+        return stat is None or stamp_of(stat) != (manifest.sizes.get(name), manifest.sealed.get(name))
+
+    for name in sorted(set(manifest.checksums) | set(files), key=lambda n: (not written_since(n), n)):
         if any(PurePosixPath(name).match(pattern) for pattern in skip):
             continue
         if name not in files:
@@ -228,156 +245,8 @@ def first_damage(
     return None
 
 
-def check_before_open(location: str, collection: str) -> None:
-    """``verify``'s first step for ``qdrant:location``: every file of the collection's shard (and its manifest) as
-    the last commit recorded them, before the engine reads any, or one line naming the first that differs. The
-    stored texts and vectors (:data:`POINT_DATA`) are left to the checks of each point, which name its document,
-    then hashed. Nothing to do for a server, a temporary store or a folder holding no shard (opening it says what it
-    is); a store whose manifest records no file checksums (an earlier release's) passes here: ``verify`` names
-    that."""
-    folder = Path(location) / collection_folder(collection)
-    if is_server(location) or location == ":memory:" or not (folder / SHARD_FOLDER).is_dir():
-        return
-    source = f"qdrant:{location} (collection {collection})"
-    check_manifest(folder / MANIFEST_FILE, source)
-    manifest = read_manifest(folder / MANIFEST_FILE, source)
-    shard = folder / SHARD_FOLDER
-    found = _apply_opened(manifest, shard)[1] if manifest.checksums else None
-    if found is not None:
-        raise damaged(source, found)
-    if manifest.checksums and _build_left(shard):
-        _replaced_segments(manifest, shard, shard_files(shard))  # what a killed optimize() replaced: opened()
-    found = first_damage(manifest, shard, skip=POINT_DATA) if manifest.checksums else None
-    if found is not None:
-        raise damaged(source, found)
-
-
-def _stamp(stat: os.stat_result) -> tuple[int, int]:
+def stamp_of(stat: os.stat_result) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
-
-
-def _build_left(shard: Path) -> bool:
-    """Whether an optimize() killed mid-build left its segment in ``temp_segments/`` (the next open removes it)."""
-    return (shard / TEMP_SEGMENTS).is_dir() and any((shard / TEMP_SEGMENTS).iterdir())
-
-
-class Opening(NamedTuple):
-    """The shard's files just before the engine opens it (:func:`before_open`)."""
-
-    files: dict[str, tuple[tuple[int, int], str | None]]  # name -> (size, modification time), checksum or None
-    rebuilt: bool  # an optimize() was killed mid-build: it may have replaced segments since the last commit
-    changes: dict[str, list[Any] | None]  # what earlier opens changed since the last commit (opened.json)
-    damage: str | None  # opened.json was changed
-
-
-def before_open(manifest: Manifest, shard: Path) -> Opening:
-    """Each shard file just before the engine opens the shard: its size and modification time, and its checksum
-    where a write may have changed it since the last commit (:func:`written_in_place`, or another size or time
-    than recorded); and whether an optimize() was killed mid-build. What earlier opens changed since the last
-    commit (``opened.json``) is applied to ``manifest`` first."""
-    changes, damage = _apply_opened(manifest, shard) if manifest.checksums else ({}, None)
-    found: dict[str, tuple[tuple[int, int], str | None]] = {}
-    files = shard_files(shard) if manifest.checksums else {}
-    in_place = written_in_place(manifest, shard, files)
-    for name, stat in files.items():
-        trusted = name not in in_place and _stamp(stat) == (manifest.sizes.get(name), manifest.sealed.get(name))
-        found[name] = (_stamp(stat), None if trusted else checksum_of(shard, name))
-    return Opening(found, _build_left(shard), changes, damage)
-
-
-def opened(manifest: Manifest, opening: Opening, shard: Path, writable: bool) -> str | None:
-    """After the engine opened the shard: what it changed as it opened (journals replayed and removed, settings
-    and trackers rewritten, files created), recorded in ``manifest`` where the file was as the last commit left
-    it; returns, in words, the first it changed that had been written since the last commit with another content
-    (``opening``: :func:`before_open`), else None. Where an optimize() was killed mid-build, the segments it
-    finished (new since the last commit) are recorded as they are, and those it replaced dropped: their points are
-    checked one by one. What changed is kept in ``opened.json`` beside the shard's files (``writable``; not for a
-    copy read on a full disk), never in the manifest, which only a write changes; the next commit records all."""
-    if not manifest.checksums:
-        return None
-    before, after, damage = opening.files, shard_files(shard), opening.damage
-    changes = dict(opening.changes)
-    if opening.rebuilt:
-        changes.update(_replaced_segments(manifest, shard, after))
-    for name in sorted(set(before) | set(after)):
-        stamp, checksum = before.get(name, (None, None))
-        unchanged = name in after and _stamp(after[name]) == stamp
-        if unchanged and (checksum is None or checksum_of(shard, name) == checksum):
-            continue  # left as it was: checked by verify as it is
-        if checksum is not None and checksum != manifest.checksums.get(name):
-            damage = damage or (
-                f"{name} no longer matches the checksum its last commit recorded (read before the engine's open)"
-                if name in manifest.checksums
-                else f"{name} was not written by a commit of this store (read before the engine's open)"
-            )
-            continue
-        changes[name] = [checksum_of(shard, name), *_stamp(after[name])] if name in after else None
-        _apply(manifest, name, changes[name])
-    if writable and changes != opening.changes:
-        with contextlib.suppress(OSError):  # left unkept: a later open finds these files changed
-            _write_opened(shard, manifest, changes)
-    return damage
-
-
-def _apply(manifest: Manifest, name: str, entry: list[Any] | None) -> None:
-    """Record one file as an open left it: [checksum, size, modification time], or None (removed)."""
-    if entry is None:
-        for record in (manifest.checksums, manifest.sizes, manifest.sealed):
-            record.pop(name, None)
-    else:
-        manifest.checksums[name], manifest.sizes[name], manifest.sealed[name] = entry
-
-
-def _opened_bytes(commit: float, changes: dict[str, list[Any] | None]) -> bytes:
-    body = json.dumps({"commit": commit, "files": changes}, sort_keys=True)
-    return json.dumps(
-        {"commit": commit, "files": changes, "sha256": hashlib.sha256(body.encode()).hexdigest()}, sort_keys=True
-    ).encode()
-
-
-def _write_opened(shard: Path, manifest: Manifest, changes: dict[str, list[Any] | None]) -> None:
-    temporary = shard / (OPENED + ".tmp")
-    temporary.write_bytes(_opened_bytes(manifest.updated_at, changes))
-    os.replace(temporary, shard / OPENED)
-
-
-def _apply_opened(manifest: Manifest, shard: Path) -> tuple[dict[str, list[Any] | None], str | None]:
-    """Apply to ``manifest`` what earlier opens changed since its commit (``opened.json``); returns those changes,
-    and the damage in words where the file was changed (its own checksum). A file from before the last commit is
-    ignored (the commit recorded everything)."""
-    try:
-        raw = (shard / OPENED).read_bytes()
-    except FileNotFoundError:
-        return {}, None
-    try:
-        data = json.loads(raw)
-        changes = data["files"]
-        intact = raw == _opened_bytes(data["commit"], changes)
-    except (ValueError, KeyError, TypeError):
-        intact = False
-    if not intact:
-        return {}, f"{shard.name}/{OPENED} no longer matches its own checksum"
-    if data["commit"] != manifest.updated_at:
-        return {}, None
-    for name, entry in changes.items():
-        _apply(manifest, name, entry)
-    return changes, None
-
-
-def _replaced_segments(
-    manifest: Manifest, shard: Path, files: dict[str, os.stat_result]
-) -> dict[str, list[Any] | None]:
-    """After an optimize() killed mid-build: the segments it finished, new since the last commit, are recorded as
-    they are (their points are checked one by one), and those it replaced dropped; returns what changed."""
-    recorded = {_segment(n) for n in manifest.checksums} - {None}
-    present = {_segment(n) for n in files} - {None}
-    changes: dict[str, list[Any] | None] = {n: None for n in manifest.checksums if _segment(n) in recorded - present}
-    for name, stat in files.items():
-        if _segment(name) in present - recorded:
-            changes[name] = [checksum_of(shard, name), *_stamp(stat)]
-    for name, entry in changes.items():
-        _apply(manifest, name, entry)
-    return changes
 
 
 def damaged(source: str, found: str) -> StoreError:

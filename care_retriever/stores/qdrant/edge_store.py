@@ -44,6 +44,7 @@ from care_retriever.stores.qdrant.common import (
 )
 from care_retriever.stores.qdrant.edge_files import SHARD_FOLDER
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, read_manifest, write_manifest
+from care_retriever.stores.qdrant.edge_opening import before_open, opened
 from care_retriever.stores.qdrant.edge_payload import index_metadata
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
@@ -82,19 +83,19 @@ class EdgeStore(EdgeSearch, QdrantStore):
             legacy.refuse_foreign_folder(self.root, collection)
         folder = self.root / collection
         self._read_copy: Path | None = None  # on a full disk: the copy read instead (edge_readonly), no writes
-        self._opened_damage: str | None = None  # the files the engine rewrites as it opens (edge_files.opened)
+        self._opened_damage: str | None = None  # the files the engine rewrites as it opens (edge_opening.opened)
         if (folder / SHARD_FOLDER).is_dir():  # reading opens what exists; creating anything waits for prepare
             self._read_copy = edge_readonly.read_copy(folder, location, collection)
             shard_folder = (self._read_copy or folder) / SHARD_FOLDER
             self.manifest = self._read_manifest()
-            before = edge_files.before_open(self.manifest, shard_folder)  # what the engine's open changes
+            before = before_open(self.manifest, shard_folder)  # what the engine's open changes
             try:
                 self.shard = edge.EdgeShard.load(shard_folder)
             except edge.ShardBusy as exc:
                 raise StoreError(
                     f"{self.describe()} is open in another process (or object): one owner per folder at a time"
                 ) from exc
-            self._opened_damage = edge_files.opened(self.manifest, before, shard_folder, self._read_copy is None)
+            self._opened_damage = opened(self.manifest, before, shard_folder, self._read_copy is None)
 
     @property
     def folder(self) -> Path:

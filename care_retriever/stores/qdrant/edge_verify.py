@@ -112,7 +112,7 @@ def check_shard(
 ) -> tuple[int, dict[str, dict[str, str]], bool]:
     """``verify`` of an open shard: its settings, the manifest's own checksum (:func:`check_manifest`), every
     point (:func:`check_every_point`), the count, then every file against the checksums its last commit recorded
-    (:mod:`edge_files`; ``opened_damage``: what :func:`edge_files.opened` found). A damaged point is named by
+    (:mod:`edge_files`; ``opened_damage``: what :func:`edge_opening.opened` found). A damaged point is named by
     its document; a damaged file the engine trips on while reading, by the file. Returns the points checked, those
     without a vector checksum, and whether the manifest had its own checksum."""
     recorded = QdrantCollectionConfig.from_manifest(manifest.index).resolved().given()

@@ -15,7 +15,7 @@ import pytest
 from care_retriever.documents import Document
 from care_retriever.errors import StoreError
 from care_retriever.stores.config import QdrantCollectionConfig
-from care_retriever.stores.qdrant import edge_files
+from care_retriever.stores.qdrant import edge_files, edge_opening
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, read_manifest, write_manifest
 from care_retriever.stores.qdrant.edge_store import EdgeStore
 
@@ -148,4 +148,4 @@ def test_a_store_written_without_file_checksums_verifies_and_records_them_on_req
         fh.seek(0)
         fh.write(bytes([old ^ 0x01]))
     with pytest.raises(StoreError, match=r"id_tracker\.mappings no longer matches"):
-        edge_files.check_before_open(str(folder), "care")
+        edge_opening.check_before_open(str(folder), "care")
