@@ -31,7 +31,7 @@ def verify(
     spec = StoreSpec.parse(store)
     if spec.kind is StoreKind.QDRANT:  # an Edge shard's files before its engine reads them: a damaged one can crash it
         named = collection if collection is not None else spec.collection
-        check_before_open(spec.location, DEFAULT_COLLECTION if named is None else named)
+        check_before_open(spec.location, DEFAULT_COLLECTION if named is None else named, record_checksums)
     opened = open_store(spec, collection=collection, create=False)
     try:
         target = Verification.require(opened, "verify")

@@ -156,7 +156,7 @@ def shard_files(shard: Path) -> dict[str, os.stat_result]:
         prefix = Path(folder).relative_to(shard.parent).as_posix()
         for name in names:
             info = os.stat(os.path.join(folder, name))
-            if S_ISREG(info.st_mode) and not (at_top and name == OPENED):
+            if S_ISREG(info.st_mode) and not (at_top and name.startswith(OPENED)):
                 found[f"{prefix}/{name}"] = info
     return dict(sorted(found.items()))
 
@@ -217,12 +217,17 @@ def record(manifest: Manifest, shard: Path) -> int:
 
 
 def first_damage(
-    manifest: Manifest, shard: Path, opened_damage: str | None = None, *, skip: tuple[str, ...] = ()
+    manifest: Manifest,
+    shard: Path,
+    opened_damage: str | None = None,
+    *,
+    skip: tuple[str, ...] = (),
+    unwritten: bool = False,
 ) -> str | None:
     """The first shard file that differs from what the last commit recorded (missing, added, resized or with
     another checksum), in words, those written since the record first; None when every file matches.
     ``opened_damage``: what :func:`opened` found in the files the engine changed as it opened the shard; ``skip``:
-    patterns of files left out."""
+    patterns of files left out; ``unwritten``: only the files not written since the record."""
     if opened_damage is not None:
         return opened_damage
     files = shard_files(shard)
@@ -232,7 +237,7 @@ def first_damage(
         return stat is None or stamp_of(stat) != (manifest.sizes.get(name), manifest.sealed.get(name))
 
     for name in sorted(set(manifest.checksums) | set(files), key=lambda n: (not written_since(n), n)):
-        if any(PurePosixPath(name).match(pattern) for pattern in skip):
+        if any(PurePosixPath(name).match(pattern) for pattern in skip) or (unwritten and written_since(name)):
             continue
         if name not in files:
             return f"{name} is missing (recorded at the last commit)"
@@ -250,7 +255,9 @@ def stamp_of(stat: os.stat_result) -> tuple[int, int]:
 
 
 def damaged(source: str, found: str) -> StoreError:
+    """The line for a shard that differs from what its last commit recorded."""
     return StoreError(
-        f"{source}: {found}: the shard changed after its last commit (damaged, or written by a process that "
-        "stopped before committing: then the same `care-retriever index` again commits it)"
+        f"{source}: {found}: the shard changed after its last commit, damaged or by a writer that stopped before "
+        "committing; not checked: what changed since (`care-retriever verify --record-checksums` records it as it "
+        "is once every point passes; the same `index` again commits it)"
     )

@@ -10,13 +10,13 @@ since the last commit, so that damage there is still named.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import care_retriever.faults as faults
 from care_retriever.stores.base import Manifest
 from care_retriever.stores.qdrant.common import collection_folder, is_server
 from care_retriever.stores.qdrant.edge import TEMP_SEGMENTS
@@ -36,26 +36,29 @@ from care_retriever.stores.qdrant.edge_files import (
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest
 
 
-def check_before_open(location: str, collection: str) -> None:
+def check_before_open(location: str, collection: str, record: bool = False) -> None:
     """``verify``'s first step for ``qdrant:location``: every file of the collection's shard (and its manifest) as
     the last commit recorded them, before the engine reads any, or one line naming the first that differs. The
     stored texts and vectors (:data:`POINT_DATA`) are left to the checks of each point, which name its document,
     then hashed. Nothing to do for a server, a temporary store or a folder holding no shard (opening it says what
     it is); a store whose manifest records no file checksums (an earlier release's) passes here: ``verify`` names
-    that."""
+    that. With ``record`` (``verify --record-checksums``), only the manifest is checked here."""
     folder = Path(location) / collection_folder(collection)
     if is_server(location) or location == ":memory:" or not (folder / SHARD_FOLDER).is_dir():
         return
     source = f"qdrant:{location} (collection {collection})"
     check_manifest(folder / MANIFEST_FILE, source)
     manifest = read_manifest(folder / MANIFEST_FILE, source)
+    if record:
+        return
     shard = folder / SHARD_FOLDER
-    found = _apply_opened(manifest, shard)[1] if manifest.checksums else None
+    _, found, interrupted = _apply_opened(manifest, shard) if manifest.checksums else ({}, None, False)
     if found is not None:
         raise damaged(source, found)
     if manifest.checksums and _build_left(shard):
         _replaced_segments(manifest, shard, shard_files(shard))  # what a killed optimize() replaced: opened()
-    found = first_damage(manifest, shard, skip=POINT_DATA) if manifest.checksums else None
+    # after an open that stopped before recording what the engine changed, the files written since are its
+    found = first_damage(manifest, shard, skip=POINT_DATA, unwritten=interrupted) if manifest.checksums else None
     if found is not None:
         raise damaged(source, found)
 
@@ -72,14 +75,17 @@ class Opening(NamedTuple):
     rebuilt: bool  # an optimize() was killed mid-build: it may have replaced segments since the last commit
     changes: dict[str, list[Any] | None]  # what earlier opens changed since the last commit (opened.json)
     damage: str | None  # opened.json was changed
+    interrupted: bool  # an earlier open stopped between the engine's open and recording what it changed
 
 
-def before_open(manifest: Manifest, shard: Path) -> Opening:
+def before_open(manifest: Manifest, shard: Path, writable: bool) -> Opening:
     """Each shard file just before the engine opens the shard: its size and modification time, and its checksum
     where a write may have changed it since the last commit (:func:`written_in_place`, or another size or time
     than recorded); and whether an optimize() was killed mid-build. What earlier opens changed since the last
-    commit (``opened.json``) is applied to ``manifest`` first."""
-    changes, damage = _apply_opened(manifest, shard) if manifest.checksums else ({}, None)
+    commit (``opened.json``) is applied to ``manifest`` first; then ``opened.json`` says an open is under way
+    (``writable``: not for a copy read on a full disk), so that an open that stops before :func:`opened` has
+    recorded what the engine changed is known to the next."""
+    changes, damage, interrupted = _apply_opened(manifest, shard) if manifest.checksums else ({}, None, False)
     found: dict[str, tuple[tuple[int, int], str | None]] = {}
     files = shard_files(shard) if manifest.checksums else {}
     in_place = written_in_place(manifest, shard, files)
@@ -92,19 +98,29 @@ def before_open(manifest: Manifest, shard: Path) -> Opening:
             stamp_of(stat),
             None if trusted else current_checksum(shard, name, manifest),
         )
-    return Opening(found, _build_left(shard), changes, damage)
+    if writable and manifest.checksums:
+        with faults.writing(shard / OPENED, "what opening the shard changes", unchanged="the store is unchanged"):
+            _write_opened(shard, manifest, changes, opening=True)
+    return Opening(found, _build_left(shard), changes, damage, interrupted)
 
 
-def opened(manifest: Manifest, opening: Opening, shard: Path, writable: bool) -> str | None:
+class Opened(NamedTuple):
+    """What :func:`opened` found."""
+
+    damage: str | None  # the first file written since the last commit with another content, in words
+    changes: dict[str, list[Any] | None] | None  # what opens changed since the last commit (opened.json)
+
+
+def opened(manifest: Manifest, opening: Opening, shard: Path, writable: bool) -> Opened:
     """After the engine opened the shard: what it changed as it opened (journals replayed and removed, settings
     and trackers rewritten, files created), recorded in ``manifest`` where the file was as the last commit left
-    it; returns, in words, the first it changed that had been written since the last commit with another content
-    (``opening``: :func:`before_open`), else None. Where an optimize() was killed mid-build, the segments it
-    finished (new since the last commit) are recorded as they are, and those it replaced dropped: their points are
-    checked one by one. What changed is kept in ``opened.json`` beside the shard's files (``writable``; not for a
-    copy read on a full disk), never in the manifest, which only a write changes; the next commit records all."""
+    it; names the first it changed that had been written since the last commit with another content (``opening``:
+    :func:`before_open`). Where an optimize() was killed mid-build, the segments it finished (new since the last
+    commit) are recorded as they are, and those it replaced dropped: their points are checked one by one. What
+    changed is kept in ``opened.json`` beside the shard's files (``writable``: not for a copy read on a full disk),
+    never in the manifest, which only a write changes; the next commit records it all."""
     if not manifest.checksums:
-        return None
+        return Opened(None, None)
     before, after, damage = opening.files, shard_files(shard), opening.damage
     changes = dict(opening.changes)
     if opening.rebuilt:
@@ -114,7 +130,7 @@ def opened(manifest: Manifest, opening: Opening, shard: Path, writable: bool) ->
         unchanged = name in after and stamp_of(after[name]) == stamp
         if unchanged and (checksum is None or current_checksum(shard, name, manifest) == checksum):
             continue  # left as it was: checked by verify as it is
-        if checksum is not None and checksum != manifest.checksums.get(name):
+        if checksum is not None and checksum != manifest.checksums.get(name) and not opening.interrupted:
             damage = damage or (
                 f"{name} no longer matches the checksum its last commit recorded (read before the engine's open)"
                 if name in manifest.checksums
@@ -123,10 +139,10 @@ def opened(manifest: Manifest, opening: Opening, shard: Path, writable: bool) ->
             continue
         changes[name] = [checksum_of(shard, name), *stamp_of(after[name])] if name in after else None
         _apply(manifest, name, changes[name])
-    if writable and changes != opening.changes:
-        with contextlib.suppress(OSError):  # left unkept: a later open finds these files changed
-            _write_opened(shard, manifest, changes)
-    return damage
+    if writable:
+        with faults.writing(shard / OPENED, "what opening the shard changed", unchanged="the store is unchanged"):
+            _write_opened(shard, manifest, changes, opening=False)
+    return Opened(damage, changes)
 
 
 def _apply(manifest: Manifest, name: str, entry: list[Any] | None) -> None:
@@ -138,40 +154,42 @@ def _apply(manifest: Manifest, name: str, entry: list[Any] | None) -> None:
         manifest.checksums[name], manifest.sizes[name], manifest.sealed[name] = entry
 
 
-def _opened_bytes(commit: float, changes: dict[str, list[Any] | None]) -> bytes:
-    body = json.dumps({"commit": commit, "files": changes}, sort_keys=True)
-    return json.dumps(
-        {"commit": commit, "files": changes, "sha256": hashlib.sha256(body.encode()).hexdigest()}, sort_keys=True
-    ).encode()
+def _opened_bytes(commit: float, changes: dict[str, list[Any] | None], opening: bool) -> bytes:
+    fields = {"commit": commit, "files": changes, "opening": opening}
+    body = json.dumps(fields, sort_keys=True)
+    return json.dumps({**fields, "sha256": hashlib.sha256(body.encode()).hexdigest()}, sort_keys=True).encode()
 
 
-def _write_opened(shard: Path, manifest: Manifest, changes: dict[str, list[Any] | None]) -> None:
-    temporary = shard / (OPENED + ".tmp")
-    temporary.write_bytes(_opened_bytes(manifest.updated_at, changes))
-    os.replace(temporary, shard / OPENED)
+def _write_opened(shard: Path, manifest: Manifest, changes: dict[str, list[Any] | None], *, opening: bool) -> None:
+    temporary = shard / (OPENED + ".tmp")  # (shard_files() lists neither)
+    try:
+        temporary.write_bytes(_opened_bytes(manifest.updated_at, changes, opening))
+        os.replace(temporary, shard / OPENED)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
-def _apply_opened(manifest: Manifest, shard: Path) -> tuple[dict[str, list[Any] | None], str | None]:
+def _apply_opened(manifest: Manifest, shard: Path) -> tuple[dict[str, list[Any] | None], str | None, bool]:
     """Apply to ``manifest`` what earlier opens changed since its commit (``opened.json``); returns those changes,
-    and the damage in words where the file was changed (its own checksum). A file from before the last commit is
-    ignored (the commit recorded everything)."""
+    the damage in words where the file was changed (its own checksum), and whether the last open stopped before
+    recording what it changed. A file from before the last commit is ignored (the commit recorded everything)."""
     try:
         raw = (shard / OPENED).read_bytes()
     except FileNotFoundError:
-        return {}, None
+        return {}, None, False
     try:
         data = json.loads(raw)
         changes = data["files"]
-        intact = raw == _opened_bytes(data["commit"], changes)
+        intact = raw == _opened_bytes(data["commit"], changes, data["opening"])
     except (ValueError, KeyError, TypeError):
         intact = False
     if not intact:
-        return {}, f"{shard.name}/{OPENED} no longer matches its own checksum"
+        return {}, f"{shard.name}/{OPENED} no longer matches its own checksum", False
     if data["commit"] != manifest.updated_at:
-        return {}, None
+        return {}, None, False
     for name, entry in changes.items():
         _apply(manifest, name, entry)
-    return changes, None
+    return changes, None, bool(data["opening"])
 
 
 def _replaced_segments(

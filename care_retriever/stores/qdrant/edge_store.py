@@ -44,7 +44,7 @@ from care_retriever.stores.qdrant.common import (
 )
 from care_retriever.stores.qdrant.edge_files import SHARD_FOLDER
 from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, read_manifest, write_manifest
-from care_retriever.stores.qdrant.edge_opening import before_open, opened
+from care_retriever.stores.qdrant.edge_opening import Opened, before_open, opened
 from care_retriever.stores.qdrant.edge_payload import index_metadata
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
@@ -83,19 +83,23 @@ class EdgeStore(EdgeSearch, QdrantStore):
             legacy.refuse_foreign_folder(self.root, collection)
         folder = self.root / collection
         self._read_copy: Path | None = None  # on a full disk: the copy read instead (edge_readonly), no writes
-        self._opened_damage: str | None = None  # the files the engine rewrites as it opens (edge_opening.opened)
+        self._opened: Opened | None = None  # what the engine changed as it opened the shard (edge_opening)
         if (folder / SHARD_FOLDER).is_dir():  # reading opens what exists; creating anything waits for prepare
             self._read_copy = edge_readonly.read_copy(folder, location, collection)
             shard_folder = (self._read_copy or folder) / SHARD_FOLDER
             self.manifest = self._read_manifest()
-            before = before_open(self.manifest, shard_folder)  # what the engine's open changes
+            before = before_open(self.manifest, shard_folder, self._read_copy is None)  # what the open changes
             try:
                 self.shard = edge.EdgeShard.load(shard_folder)
             except edge.ShardBusy as exc:
                 raise StoreError(
                     f"{self.describe()} is open in another process (or object): one owner per folder at a time"
                 ) from exc
-            self._opened_damage = opened(self.manifest, before, shard_folder, self._read_copy is None)
+            try:
+                self._opened = opened(self.manifest, before, shard_folder, self._read_copy is None)
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def folder(self) -> Path:
@@ -251,7 +255,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
 
     def _record_files(self, manifest: Manifest) -> None:  # what the open found is what this commit records
         edge_files.record(manifest, self.require_shard().path)
-        self._opened_damage = None
+        self._opened = None
 
     @contextlib.contextmanager
     def _write_faults(self, what: str) -> Iterator[None]:
@@ -364,22 +368,18 @@ class EdgeStore(EdgeSearch, QdrantStore):
             }
 
     def verify(self, *, record_checksums: bool = False) -> int:
-        """The shard's settings, the manifest's checksum, every point and the count (``edge_verify``), every file
-        against its last commit's checksums (``edge_files``). What an earlier release's store lacks is named in one
-        line unless ``record_checksums``: then, every other check passed, it is recorded as it is."""
-        manifest, source = self.require_manifest(), self.describe()
+        """Every check of ``edge_verify.check_shard``; what an earlier release left out: named, or recorded as is."""
+        manifest, source, shard = self.require_manifest(), self.describe(), self.require_shard()
         with self._lock:  # every check reads one state of the shard
-            shard = self.require_shard()
-            found = edge_verify.check_shard(source, manifest, shard, self.folder / MANIFEST_FILE, self._opened_damage)
-        count, unrecorded, checked = found
+            found = edge_verify.check_shard(source, manifest, shard, self.folder, self._opened, record_checksums)
+        count, unrecorded, checked, stale = found
         for line in [] if record_checksums else edge_verify.unrecorded_lines(source, unrecorded, manifest):
             logger.warning(line)  # written before vectors or files had checksums: the rest was checked
-        if record_checksums and (unrecorded or not manifest.checksums or not checked):
+        if record_checksums and (unrecorded or not manifest.checksums or not checked or stale):
             with self._lock, self._write_faults("the checksums"):
-                recorded = bool(unrecorded or not manifest.checksums)  # else only the manifest's own checksum
-                if unrecorded:
-                    shard.set_payload(unrecorded)
+                recorded = bool(unrecorded or not manifest.checksums or stale)  # else only the manifest's checksum
                 if recorded:
+                    shard.set_payload(unrecorded)  # (none: nothing set)
                     shard.flush()
                     self._record_files(manifest)
                 self._write_manifest(manifest if recorded else self._read_manifest())

@@ -24,7 +24,8 @@ from care_retriever.stores.config import QdrantCollectionConfig
 from care_retriever.stores.qdrant import common, edge_files
 from care_retriever.stores.qdrant.common import document_of, point_id
 from care_retriever.stores.qdrant.edge import EdgeRecord, EdgeShard, EngineError
-from care_retriever.stores.qdrant.edge_manifest import check_manifest
+from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest
+from care_retriever.stores.qdrant.edge_opening import Opened
 from care_retriever.vectors import VectorContract
 
 VECTOR_CHECKSUM = "vector_checksum"  # payload field: BLAKE2b-128 of the stored float32 vector's bytes
@@ -108,25 +109,31 @@ def recorded_as_stored(shard: Any, points: Sequence[Any]) -> None:
 
 
 def check_shard(
-    source: str, manifest: Manifest, shard: EdgeShard, manifest_file: Path, opened_damage: str | None
-) -> tuple[int, dict[str, dict[str, str]], bool]:
+    source: str, manifest: Manifest, shard: EdgeShard, folder: Path, opened: Opened | None, record: bool
+) -> tuple[int, dict[str, dict[str, str]], bool, bool]:
     """``verify`` of an open shard: its settings, the manifest's own checksum (:func:`check_manifest`), every
     point (:func:`check_every_point`), the count, then every file against the checksums its last commit recorded
-    (:mod:`edge_files`; ``opened_damage``: what :func:`edge_opening.opened` found). A damaged point is named by
-    its document; a damaged file the engine trips on while reading, by the file. Returns the points checked, those
-    without a vector checksum, and whether the manifest had its own checksum."""
+    (:mod:`edge_files`; ``opened``: what :func:`edge_opening.opened` found). A damaged point is named by
+    its document; a damaged file the engine trips on while reading, by the file. A count or a file that differs
+    from the last commit's, every point having passed, may be a writer's that stopped before its commit: named
+    (files "not checked"), or, with ``record``, to be recorded as it is. Returns the points checked, those without
+    a vector checksum, whether the manifest had its own checksum, and whether the shard is to be recorded."""
     recorded = QdrantCollectionConfig.from_manifest(manifest.index).resolved().given()
     check_settings(source, shard.recorded_settings(), recorded)
-    checked = check_manifest(manifest_file, source)  # after the settings: those name the difference
-    changed = edge_files.first_damage(manifest, shard.path, opened_damage) if manifest.checksums else None
+    checked = check_manifest(folder / MANIFEST_FILE, source)  # after the settings: those name the difference
+    damage = opened.damage if opened is not None else None
+    changed = edge_files.first_damage(manifest, shard.path, damage) if manifest.checksums else None
     try:
         count, unrecorded = check_every_point(source, manifest, _every_point(shard))
-        check_count(source, manifest.count, count, shard.count())
+        check_count(source, count, shard.count())
     except EngineError as exc:
         raise (edge_files.damaged(source, changed) if changed else exc) from exc
-    if changed:
-        raise edge_files.damaged(source, changed)
-    return count, unrecorded, checked
+    stale = count != manifest.count or changed is not None
+    if stale and not record:
+        counts = f"the shard holds {count} points; its manifest records {manifest.count} (the last commit's count)"
+        raise edge_files.damaged(source, counts if count != manifest.count else str(changed))
+    manifest.count = count
+    return count, unrecorded, checked, stale
 
 
 def _every_point(shard: EdgeShard) -> Iterator[list[EdgeRecord]]:
@@ -162,15 +169,10 @@ def unrecorded_vectors(records: Sequence[Any]) -> dict[str, dict[str, str]]:
     }
 
 
-def check_count(source: str, recorded: int, read: int, counted: int) -> None:
-    """The points read (every one checked), the engine's own count and the manifest's (the last commit's) agree."""
+def check_count(source: str, read: int, counted: int) -> None:
+    """The points read (every one checked) are the engine's own count."""
     if read != counted:
         raise StoreError(f"{source}: the engine counts {counted} points, but reading every point found {read}")
-    if read != recorded:
-        raise StoreError(
-            f"{source}: the shard holds {read} points; its manifest records {recorded} (the last commit's count): "
-            "the shard changed after its last commit"
-        )
 
 
 def unrecorded_lines(source: str, unrecorded: dict[str, Any], manifest: Manifest) -> list[str]:
