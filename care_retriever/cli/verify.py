@@ -24,8 +24,15 @@ def verify(
     from care_retriever.errors import StoreError
     from care_retriever.stores import open_store
     from care_retriever.stores.capabilities import Verification
+    from care_retriever.stores.config import StoreKind, StoreSpec
+    from care_retriever.stores.qdrant.common import DEFAULT_COLLECTION
+    from care_retriever.stores.qdrant.edge_opening import check_before_open
 
-    opened = open_store(store, collection=collection, create=False)
+    spec = StoreSpec.parse(store)
+    if spec.kind is StoreKind.QDRANT:  # an Edge shard's files before its engine reads them: a damaged one can crash it
+        named = collection if collection is not None else spec.collection
+        check_before_open(spec.location, DEFAULT_COLLECTION if named is None else named, record_checksums)
+    opened = open_store(spec, collection=collection, create=False)
     try:
         target = Verification.require(opened, "verify")
         if record_checksums and not target.keeps_checksums:

@@ -45,6 +45,10 @@ class ShardBusy(StoreError):
     """The shard's folder is open in another process (or another object of this one)."""
 
 
+class EngineError(StoreError):
+    """The engine refused or failed a call (a damaged file can make it panic): its first line."""
+
+
 @dataclass(frozen=True)
 class EdgePoint:
     """A point as the store writes it: dense vector, optional BM25 terms (ids, weights), payload."""
@@ -378,7 +382,8 @@ class EdgeShard:
 
 
 def _call(call: Any, path: Path) -> Any:
-    """Run an engine call; its errors as an OSError (a file-system fault), :class:`ShardBusy` or StoreError."""
+    """Run an engine call; its errors as an OSError (a file-system fault), :class:`ShardBusy` or
+    :class:`EngineError`."""
     try:
         return call()
     except (KeyboardInterrupt, SystemExit, GeneratorExit):
@@ -392,4 +397,4 @@ def _call(call: Any, path: Path) -> Any:
         fault = os_error(exc)
         if fault is not None and fault.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise fault from exc
-        raise StoreError(f"{path}: Qdrant Edge: {text.splitlines()[0] if text else type(exc).__name__}") from exc
+        raise EngineError(f"{path}: Qdrant Edge: {text.splitlines()[0] if text else type(exc).__name__}") from exc

@@ -4,9 +4,10 @@ field takes a date string."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from care_retriever.documents import Document
 from care_retriever.stores.filters import is_filter_field, parse_date
 
 # the payload index of a metadata value's type (bool before int: a bool is an int to isinstance). Every number gets a
@@ -48,3 +49,16 @@ def reindexed_kind(indexed: str | None, value: Any) -> str | None:
     if indexed in NUMERIC_KINDS and isinstance(value, str) and parse_date(value) is not None:
         return "keyword"
     return None
+
+
+def index_metadata(shard: Any, documents: Sequence[Document]) -> None:
+    """A payload index in ``shard`` (an ``edge.EdgeShard``) for each metadata field filters can match
+    (:func:`metadata_fields`), created the first time the field is seen, replaced when a value needs another
+    (:func:`reindexed_kind`)."""
+    indexed = shard.payload_indexes()
+    for document in documents:
+        for key, value in metadata_fields(document.metadata):
+            kind = reindexed_kind(indexed.get(key), value)
+            if kind is not None:
+                shard.index_field(key, kind)
+                indexed[key] = kind

@@ -31,7 +31,7 @@ from care_retriever.documents import Document, check_metadata_keys
 from care_retriever.errors import StoreError, WriteError
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
-from care_retriever.stores.qdrant import edge, edge_memory, edge_readonly, edge_space, edge_verify, legacy
+from care_retriever.stores.qdrant import edge, edge_files, edge_memory, edge_readonly, edge_space, edge_verify, legacy
 from care_retriever.stores.qdrant.common import (
     DEFAULT_COLLECTION,
     QdrantOptions,
@@ -42,15 +42,16 @@ from care_retriever.stores.qdrant.common import (
     is_server,
     point_id,
 )
-from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest, read_manifest, write_manifest
-from care_retriever.stores.qdrant.edge_payload import metadata_fields, reindexed_kind
+from care_retriever.stores.qdrant.edge_files import SHARD_FOLDER
+from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, read_manifest, write_manifest
+from care_retriever.stores.qdrant.edge_opening import Opened, before_open, opened
+from care_retriever.stores.qdrant.edge_payload import index_metadata
 from care_retriever.stores.qdrant.edge_search import EdgeSearch
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, folder_bytes, require_space
-from care_retriever.stores.qdrant.edge_verify import check_settings, damage, unchecked_manifest
+from care_retriever.stores.qdrant.edge_verify import damage, unchecked_manifest
 
 logger = logging.getLogger("care_retriever")
 
-SHARD_FOLDER = "shard"
 # settings of a server only: Edge has one shard and no replicas
 SERVER_ONLY = ("shards", "replicas")
 BATCH = 256
@@ -82,15 +83,23 @@ class EdgeStore(EdgeSearch, QdrantStore):
             legacy.refuse_foreign_folder(self.root, collection)
         folder = self.root / collection
         self._read_copy: Path | None = None  # on a full disk: the copy read instead (edge_readonly), no writes
+        self._opened: Opened | None = None  # what the engine changed as it opened the shard (edge_opening)
         if (folder / SHARD_FOLDER).is_dir():  # reading opens what exists; creating anything waits for prepare
             self._read_copy = edge_readonly.read_copy(folder, location, collection)
+            shard_folder = (self._read_copy or folder) / SHARD_FOLDER
+            self.manifest = self._read_manifest()
+            before = before_open(self.manifest, shard_folder, self._read_copy is None)  # what the open changes
             try:
-                self.shard = edge.EdgeShard.load((self._read_copy or folder) / SHARD_FOLDER)
+                self.shard = edge.EdgeShard.load(shard_folder)
             except edge.ShardBusy as exc:
                 raise StoreError(
                     f"{self.describe()} is open in another process (or object): one owner per folder at a time"
                 ) from exc
-            self.manifest = self._read_manifest()
+            try:
+                self._opened = opened(self.manifest, before, shard_folder, self._read_copy is None)
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def folder(self) -> Path:
@@ -163,6 +172,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
             self.shard = edge.EdgeShard.create(self.folder / SHARD_FOLDER, settings)
             self.shard.index_field("doc_id", "keyword")
             self.shard.flush()
+            self._record_files(manifest)
             self._write_manifest(manifest)
         self.manifest = manifest
 
@@ -191,7 +201,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         ]
         with self._lock, self._write_faults("the points"):
             shard = self.require_shard()
-            self._index_metadata(shard, documents)
+            index_metadata(shard, documents)
             for start in range(0, len(points), BATCH):
                 batch = points[start : start + BATCH]
                 # the log, the vectors and the payloads: each point's bytes about three times over
@@ -200,17 +210,6 @@ class EdgeStore(EdgeSearch, QdrantStore):
                 edge_verify.recorded_as_stored(shard, batch)
             self._unindexed_kb += vectors.size * 4 / 1024
             self._uncommitted += len(vectors)
-
-    def _index_metadata(self, shard: edge.EdgeShard, documents: Sequence[Document]) -> None:
-        """A payload index for each metadata field filters can match (:func:`metadata_fields`), created the first
-        time the field is seen, replaced when a value needs another (:func:`reindexed_kind`)."""
-        indexed = shard.payload_indexes()
-        for document in documents:
-            for key, value in metadata_fields(document.metadata):
-                kind = reindexed_kind(indexed.get(key), value)
-                if kind is not None:
-                    shard.index_field(key, kind)
-                    indexed[key] = kind
 
     def delete(self, ids: Sequence[str]) -> int:
         existing = [r.payload["doc_id"] for r in self._records(list(ids), ["doc_id"], False)]
@@ -229,6 +228,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
             shard.flush()
             manifest.count, self._uncommitted = shard.count(), 0
             manifest.updated_at = time.time()
+            self._record_files(manifest)
             self._write_manifest(manifest)
         limit = QdrantCollectionConfig.from_manifest(manifest.index).max_segment_size
         if limit is not None and self._unindexed_kb >= limit:
@@ -249,7 +249,13 @@ class EdgeStore(EdgeSearch, QdrantStore):
             require_space(self.folder, folder_bytes(self.folder / SHARD_FOLDER / "segments"))  # rebuilt beside the old
             if shard.optimize():
                 shard.flush()
+                self._record_files(manifest)  # the new segments' files, hashed once
+                self._write_manifest(manifest)
             self._unindexed_kb = 0.0
+
+    def _record_files(self, manifest: Manifest) -> None:  # what the open found is what this commit records
+        edge_files.record(manifest, self.require_shard().path)
+        self._opened = None
 
     @contextlib.contextmanager
     def _write_faults(self, what: str) -> Iterator[None]:
@@ -362,28 +368,23 @@ class EdgeStore(EdgeSearch, QdrantStore):
             }
 
     def verify(self, *, record_checksums: bool = False) -> int:
-        """The shard's settings and the manifest's own checksum, then every point (``edge_verify``). A manifest
-        written before manifests had a checksum is named in one line (its fingerprint, model and metric could not
-        be checked) unless ``record_checksums``: then, every other check passed, it is rewritten with one."""
-        manifest = self.require_manifest()
-        with self._lock:
-            actual = self.require_shard().recorded_settings()
-        recorded = QdrantCollectionConfig.from_manifest(manifest.index).resolved().given()
-        check_settings(self.describe(), actual, recorded)
-        # after the settings: those name the difference
-        checked = check_manifest(self.folder / MANIFEST_FILE, self.describe())
-        count, unrecorded = edge_verify.check_every_point(self.describe(), manifest, self.scroll(True, True))
-        if unrecorded and not record_checksums:  # written before vectors had checksums: texts and norms checked
-            logger.warning(edge_verify.unrecorded_line(self.describe(), len(unrecorded)))
-        elif unrecorded:
-            with self._lock, self._write_faults("the vector checksums"):
-                self.require_shard().set_payload(unrecorded)
-                self.require_shard().flush()
-        if not checked:
-            if not record_checksums:
-                raise unchecked_manifest(self.describe())
-            with self._lock:
-                self._write_manifest(self._read_manifest())
+        """Every check of ``edge_verify.check_shard``; what an earlier release left out: named, or recorded as is."""
+        manifest, source, shard = self.require_manifest(), self.describe(), self.require_shard()
+        with self._lock:  # every check reads one state of the shard
+            found = edge_verify.check_shard(source, manifest, shard, self.folder, self._opened, record_checksums)
+        count, unrecorded, checked, stale = found
+        for line in [] if record_checksums else edge_verify.unrecorded_lines(source, unrecorded, manifest):
+            logger.warning(line)  # written before vectors or files had checksums: the rest was checked
+        if record_checksums and (unrecorded or not manifest.checksums or not checked or stale):
+            with self._lock, self._write_faults("the checksums"):
+                recorded = bool(unrecorded or not manifest.checksums or stale)  # else only the manifest's checksum
+                if recorded:
+                    shard.set_payload(unrecorded)  # (none: nothing set)
+                    shard.flush()
+                    self._record_files(manifest)
+                self._write_manifest(manifest if recorded else self._read_manifest())
+        elif not checked:
+            raise unchecked_manifest(source)
         return count
 
     def close(self) -> None:

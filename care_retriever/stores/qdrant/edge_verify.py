@@ -11,7 +11,8 @@ them: ``verify`` names the point, and ``index`` treats it as not stored, so that
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,12 @@ import numpy as np
 from care_retriever.documents import Document
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Manifest
-from care_retriever.stores.qdrant import common
+from care_retriever.stores.config import QdrantCollectionConfig
+from care_retriever.stores.qdrant import common, edge_files
 from care_retriever.stores.qdrant.common import document_of, point_id
+from care_retriever.stores.qdrant.edge import EdgeRecord, EdgeShard, EngineError
+from care_retriever.stores.qdrant.edge_manifest import MANIFEST_FILE, check_manifest
+from care_retriever.stores.qdrant.edge_opening import Opened
 from care_retriever.vectors import VectorContract
 
 VECTOR_CHECKSUM = "vector_checksum"  # payload field: BLAKE2b-128 of the stored float32 vector's bytes
@@ -103,6 +108,45 @@ def recorded_as_stored(shard: Any, points: Sequence[Any]) -> None:
         shard.set_payload(fixes)
 
 
+def check_shard(
+    source: str, manifest: Manifest, shard: EdgeShard, folder: Path, opened: Opened | None, record: bool
+) -> tuple[int, dict[str, dict[str, str]], bool, bool]:
+    """``verify`` of an open shard: its settings, the manifest's own checksum (:func:`check_manifest`), every
+    point (:func:`check_every_point`), the count, then every file against the checksums its last commit recorded
+    (:mod:`edge_files`; ``opened``: what :func:`edge_opening.opened` found). A damaged point is named by
+    its document; a damaged file the engine trips on while reading, by the file. A count or a file that differs
+    from the last commit's, every point having passed, may be a writer's that stopped before its commit: named
+    (files "not checked"), or, with ``record``, to be recorded as it is. Returns the points checked, those without
+    a vector checksum, whether the manifest had its own checksum, and whether the shard is to be recorded."""
+    recorded = QdrantCollectionConfig.from_manifest(manifest.index).resolved().given()
+    check_settings(source, shard.recorded_settings(), recorded)
+    checked = check_manifest(folder / MANIFEST_FILE, source)  # after the settings: those name the difference
+    damage = opened.damage if opened is not None else None
+    changed = edge_files.first_damage(manifest, shard.path, damage) if manifest.checksums else None
+    try:
+        count, unrecorded = check_every_point(source, manifest, _every_point(shard))
+        check_count(source, count, shard.count())
+    except EngineError as exc:
+        raise (edge_files.damaged(source, changed) if changed else exc) from exc
+    stale = count != manifest.count or changed is not None
+    if stale and not record:
+        counts = f"the shard holds {count} points; its manifest records {manifest.count} (the last commit's count)"
+        raise edge_files.damaged(source, counts if count != manifest.count else str(changed))
+    manifest.count = count
+    return count, unrecorded, checked, stale
+
+
+def _every_point(shard: EdgeShard) -> Iterator[list[EdgeRecord]]:
+    """Every point with its whole payload and its vector, a batch at a time."""
+    offset: str | None = None
+    while True:
+        records, offset = shard.scroll(offset, 256, True, True)
+        if records:
+            yield records
+        if offset is None:
+            return
+
+
 def check_every_point(
     source: str, manifest: Manifest, batches: Iterable[Sequence[Any]]
 ) -> tuple[int, dict[str, dict[str, str]]]:
@@ -125,11 +169,28 @@ def unrecorded_vectors(records: Sequence[Any]) -> dict[str, dict[str, str]]:
     }
 
 
-def unrecorded_line(source: str, count: int) -> str:
-    return (
-        f"{source}: {count} points have no vector checksum (written by an earlier release): their texts and norms "
-        "were checked; `care-retriever verify --record-checksums` records their vectors' checksums as they are"
-    )
+def check_count(source: str, read: int, counted: int) -> None:
+    """The points read (every one checked) are the engine's own count."""
+    if read != counted:
+        raise StoreError(f"{source}: the engine counts {counted} points, but reading every point found {read}")
+
+
+def unrecorded_lines(source: str, unrecorded: dict[str, Any], manifest: Manifest) -> list[str]:
+    """What a store written by an earlier release lacks, one line each: its points' vector checksums
+    (``unrecorded``: :func:`unrecorded_vectors`), its files' checksums (none in ``manifest``)."""
+    fix = "`care-retriever verify --record-checksums` records them as they are"
+    lines = []
+    if unrecorded:
+        lines.append(
+            f"{source}: {len(unrecorded)} points have no vector checksum (written by an earlier release): their "
+            f"texts and norms were checked; {fix}"
+        )
+    if not manifest.checksums:
+        lines.append(
+            f"{source}: its manifest records no checksums of the shard's files (written by an earlier release): "
+            f"every point was checked, not the engine's bookkeeping; {fix}"
+        )
+    return lines
 
 
 def unchecked_manifest(source: str) -> StoreError:

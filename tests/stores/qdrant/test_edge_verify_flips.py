@@ -119,9 +119,9 @@ def test_changed_metadata_and_a_renamed_payload_field_fail_verify_by_name(edge_f
     assert _verify_fails(edge_folder) is None
 
 
-def test_an_engine_panic_on_a_damaged_tracker_is_one_line(edge_folder: Path) -> None:
+def test_an_engine_panic_on_a_damaged_tracker_is_one_line_naming_the_file(edge_folder: Path) -> None:
     # this byte of the payload tracker is a record's offset: the engine asserts on it (a Rust panic, which pyo3
-    # raises as a BaseException)
+    # raises as a BaseException); the file's checksum names it
     assert _verify_fails(edge_folder) is None  # opened once: the tracker's journal is folded into it
     tracker = _file(edge_folder, "payload_storage/tracker.dat")
     with open(tracker, "r+b") as fh:
@@ -135,5 +135,5 @@ def test_an_engine_panic_on_a_damaged_tracker_is_one_line(edge_folder: Path) -> 
         with open(tracker, "r+b") as fh:
             fh.seek(14)
             fh.write(bytes([old]))
-    assert line is not None and "\n" not in line and "Qdrant Edge: assertion failed" in line, line
+    assert line is not None and "\n" not in line and "payload_storage/tracker.dat no longer matches" in line, line
     assert _verify_fails(edge_folder) is None
