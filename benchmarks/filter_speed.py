@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.large_index import generate, make_queries
+from benchmarks.marked_sections import write_marked
 from care_retriever.documents import Document
 from care_retriever.stores import open_store
 from care_retriever.stores.base import Hit, VectorStore
@@ -51,7 +52,6 @@ BUCKETS = 20_000
 SELECTIVITIES = (0.5, 0.25, 0.05, 0.005, 0.0005)
 TOP_K = 10
 DOC = Path(__file__).resolve().parents[1] / "docs" / "filters.md"
-BEGIN, END = "<!-- filter_speed:begin -->", "<!-- filter_speed:end -->"
 ENGINES: dict[str, tuple[str, Any]] = {
     "faiss flat": ("faiss", FaissIndexConfig()),
     "faiss hnsw": ("faiss", FaissIndexConfig(index_type="hnsw")),
@@ -186,13 +186,7 @@ def report(results: Path) -> str:
     lines = [json.loads(line) for line in results.read_text("utf-8").splitlines() if line.strip()]
     groups = sorted({(r["n"], _data(r)) for r in lines}, key=lambda g: -g[0])
     text = "\n\n".join(_section(n, [r for r in lines if (r["n"], _data(r)) == (n, data)]) for n, data in groups)
-    doc = DOC.read_text("utf-8")
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in doc and END in doc:
-        doc = doc[: doc.index(BEGIN)] + block + doc[doc.index(END) + len(END) :]
-    else:
-        doc = doc.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(doc, "utf-8")
+    write_marked(DOC, "filter_speed", text, add=True)
     return text
 
 

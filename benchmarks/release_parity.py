@@ -25,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.marked_sections import write_marked
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "release"
 DOC = REPO / "docs" / "models.md"
-BEGIN, END = "<!-- release-parity:begin -->", "<!-- release-parity:end -->"
 TASKS = {"retrieval": "retrieval", "medteb_reranking": "rerank", "medteb_sts_v1": "sts"}
 
 
@@ -112,9 +113,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def write(doc: Path, text: str) -> None:
-    content = doc.read_text("utf-8")
-    start, end = content.index(BEGIN), content.index(END)
-    doc.write_text(content[: start + len(BEGIN)] + "\n" + text + "\n" + content[end:], encoding="utf-8")
+    write_marked(doc, "release-parity", text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -127,7 +127,7 @@ def _write(settings: IndexSettings, group: Dist, device: str | None) -> dict[str
         "skipped_invalid": skipped.count,  # rows --skip-invalid skipped (the reading above counted them)
         "first_skipped": skipped.first or None,
         "world_size": group.world,
-        "backend": group.backend or "single-process",
+        "dist_backend": group.backend or "single-process",  # --dist-backend as run
         "batch_size": limits.texts,  # as run (rank 0's; lowered where a batch ran out of memory)
         "max_batch_tokens": limits.tokens,
         **tower_runtime(embedder),

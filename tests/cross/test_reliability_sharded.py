@@ -86,7 +86,7 @@ def test_two_gloo_processes_equal_one(tiny_model_dir: Path, tmp_path: Path) -> N
     # the report on stdout says whether the run had finished; stderr names threads left alive (ENTRY)
     assert done.returncode == 0, f"stdout: {done.stdout[-800:]!r}\nstderr: {done.stderr[-3000:]}"
     report = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
-    assert (report["world_size"], report["backend"], report["added"], report["count"]) == (2, "gloo", 257, 257)
+    assert (report["world_size"], report["dist_backend"], report["added"], report["count"]) == (2, "gloo", 257, 257)
 
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir)
     single = tmp_path / "single"

@@ -185,7 +185,7 @@ def test_torchrun_world_of_one_equals_the_cli(capsys, tiny_model_dir: Path, tmp_
 
     skip = {"store", "seconds", "docs_per_second", "tokens_per_second"}
     assert {k: v for k, v in sharded.items() if k not in skip} == {k: v for k, v in single.items() if k not in skip}
-    assert (single["world_size"], single["backend"], single["added"]) == (1, "single-process", 40)
+    assert (single["world_size"], single["dist_backend"], single["added"]) == (1, "single-process", 40)
 
     embedder = AsymmetricEmbedder.from_pretrained(tiny_model_dir, load="query")
     queries = embedder.embed_queries(["高血压饮食", "宝宝发烧", "失眠怎么办"])
