@@ -297,16 +297,18 @@ class Reading(OpenedVersion):
         wanted = k if allowed is None else min(k, len(allowed))  # a query left short rescores every allowed row
         return [row[row >= 0] if (row >= 0).sum() >= wanted or allowed is None else allowed for row in ids]
 
-    def _selection(self, filters: Filters | None) -> Selection | None:
-        """What ``filters`` lets through (None: no filter), its share of the store estimated now and its rows read
-        when a plan needs them."""
+    def _selection(self, filters: Filters | None, *, estimate: bool = True) -> Selection | None:
+        """What ``filters`` lets through (None: no filter), its share of the store estimated now (``estimate``;
+        else never widened) and its rows read when a plan needs them."""
         node: FilterNode | None = parse_filters(filters)
         if node is None or node == Constant(True):
             return None
         if isinstance(node, Constant):
             return Selection.of_rows(np.empty(0, dtype=np.int64))
-        with self._lock:
-            fraction = self._current_field_indexes().fraction(node)
+        fraction = None
+        if estimate:
+            with self._lock:
+                fraction = self._current_field_indexes().fraction(node)
 
         def read_rows() -> np.ndarray:
             with self._lock:
@@ -327,13 +329,8 @@ class Reading(OpenedVersion):
 
     def _filtered_row_ids(self, filters: Filters | None) -> np.ndarray | None:
         """Row ids of the documents ``filters`` lets through (read by :func:`parse_filters`); None: no filter."""
-        node: FilterNode | None = parse_filters(filters)
-        if node is None or node == Constant(True):
-            return None
-        if isinstance(node, Constant):
-            return np.empty(0, dtype=np.int64)
-        with self._lock:
-            return self._current_field_indexes().select(node)
+        selection = self._selection(filters, estimate=False)
+        return None if selection is None else selection.rows()
 
     def _rows(self, row_ids: set[int], payload: bool = True) -> dict[int, Document]:
         """Stored documents by row id; without ``payload``, their ids alone (no text, no metadata parsing)."""
