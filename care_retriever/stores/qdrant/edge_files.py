@@ -45,6 +45,9 @@ OPENED = "opened.json"  # in the shard's folder: what opens changed since the la
 # The stored texts and dense vectors: each point's bytes there are checked against its content hash and vector
 # checksum (edge_verify), which name its document, and the engine reads them point by point, not as it opens.
 POINT_DATA = ("payload_storage/page_*.dat", "vector_storage/vectors/chunk_*.mmap")
+LOG_TEMPORARY = "tmp-"  # in wal/: a segment the log is making (renamed open-N when made)
+LOG_MAGIC = b"wal\0"  # a log segment's first bytes; its header ends with a 4-byte seed, then come its entries
+LOG_HEADER = 8
 
 
 def file_checksum(path: Path) -> str:
@@ -147,18 +150,53 @@ def _data_extents(descriptor: int, size: int) -> Iterator[tuple[int, int]]:
 
 
 def shard_files(shard: Path) -> dict[str, os.stat_result]:
-    """Every file of the shard (but a build an optimize() left, which the next open removes, and ``opened.json``):
-    its path under the collection folder -> its stat, in path order."""
+    """Every file of the shard (but a build an optimize() left, which the next open removes, ``opened.json``, and
+    a log segment still being made, ``wal/tmp-*``): its path under the collection folder -> its stat, in path
+    order. The log makes its next segment ahead, on a thread of its own, as ``tmp-open-N`` renamed ``open-N``
+    (and removes a ``tmp-`` file as it opens), so such a file can come and go at any moment while the shard is
+    open."""
     found = {}
     for folder, subfolders, names in os.walk(shard):
         at_top = folder == str(shard)
         subfolders[:] = [d for d in subfolders if not (at_top and d == TEMP_SEGMENTS)]
         prefix = Path(folder).relative_to(shard.parent).as_posix()
+        in_log = prefix.endswith("/wal") and prefix.count("/") == 1
         for name in names:
-            info = os.stat(os.path.join(folder, name))
-            if S_ISREG(info.st_mode) and not (at_top and name.startswith(OPENED)):
+            if (at_top and name.startswith(OPENED)) or (in_log and name.startswith(LOG_TEMPORARY)):
+                continue
+            try:
+                info = os.stat(os.path.join(folder, name))
+            except FileNotFoundError:  # renamed since the listing: the log's next segment, listed by name next time
+                continue
+            if S_ISREG(info.st_mode):
                 found[f"{prefix}/{name}"] = info
     return dict(sorted(found.items()))
+
+
+def made_ahead(shard: Path, name: str) -> bool:
+    """Whether ``name`` is a log segment that holds no entry: the segment the log made ahead of need (its header,
+    then zeros). It may appear after a commit listed the shard's files, and carries nothing to replay."""
+    if not _is_log(name):
+        return False
+    path = shard.parent / name
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if fh.read(len(LOG_MAGIC)) != LOG_MAGIC:
+                return False
+            for start, end in _data_extents(fh.fileno(), size):
+                offset = max(start, LOG_HEADER)
+                fh.seek(offset)
+                while offset < end:
+                    block = fh.read(min(BLOCK, end - offset))
+                    if not block:
+                        break
+                    if block.strip(b"\0"):
+                        return False
+                    offset += len(block)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def segment_of(name: str) -> str | None:
@@ -242,6 +280,8 @@ def first_damage(
         if name not in files:
             return f"{name} is missing (recorded at the last commit)"
         if name not in manifest.checksums:
+            if made_ahead(shard, name):
+                continue  # the log's next segment, made after the commit listed the files
             return f"{name} was not written by a commit of this store"
         if manifest.sizes.get(name) != files[name].st_size:
             return f"{name} has {files[name].st_size} bytes; the last commit recorded {manifest.sizes.get(name)}"

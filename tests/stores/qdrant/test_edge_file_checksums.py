@@ -149,3 +149,30 @@ def test_a_store_written_without_file_checksums_verifies_and_records_them_on_req
         fh.write(bytes([old ^ 0x01]))
     with pytest.raises(StoreError, match=r"id_tracker\.mappings no longer matches"):
         edge_opening.check_before_open(str(folder), "care")
+
+
+def test_the_log_segment_being_made_is_never_recorded_and_one_made_after_a_commit_is_no_damage(
+    tmp_path: Path,
+) -> None:
+    # The log makes its next segment ahead, on a thread of its own (tmp-open-N, then renamed open-N), so a commit
+    # can list the shard while a segment is half made, and the segment can appear after the commit's listing.
+    folder = tmp_path / "edge"
+    wal = folder / "care" / edge_files.SHARD_FOLDER / "wal"
+    with EdgeStore(str(folder)) as store:
+        store.prepare(DIM, "fp", "model")
+        store.upsert(DOCUMENTS[:5], VECTORS[:5])
+        (wal / "tmp-open-7").write_bytes(b"wal\0" + bytes(60))
+        store.commit()
+    recorded = read_manifest(folder / "care" / MANIFEST_FILE, "test").checksums
+    assert "shard/wal/open-1" in recorded and not [n for n in recorded if "tmp-" in n], sorted(recorded)
+    empty = next(p for p in sorted(wal.glob("open-*")) if edge_files.made_ahead(wal.parent, f"shard/wal/{p.name}"))
+    shutil.copyfile(empty, wal / "open-9")  # made ahead after the commit listed the files: holds no entry
+    edge_opening.check_before_open(str(folder), "care")
+    with open(wal / "open-9", "r+b") as fh:  # an entry in it: not the log's empty segment, named
+        fh.seek(edge_files.LOG_HEADER)
+        fh.write((5).to_bytes(8, "little") + b"hello")
+    with pytest.raises(StoreError, match=r"wal/open-9 was not written by a commit of this store"):
+        edge_opening.check_before_open(str(folder), "care")
+    (wal / "open-9").unlink()
+    with EdgeStore(str(folder)) as store:
+        assert store.verify() == 5
