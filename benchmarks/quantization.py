@@ -19,8 +19,9 @@ found: recall@10 against exact search). The pair is a random-weight one of the `
 saved CARE model given (its document tower encodes the corpus, its query tower the queries). The random
 tower's rows and each model's rows are kept apart in the JSON: a run replaces only what it measured.
 
-Writes ``--json`` (default docs/quantization.json) and the marked section of benchmarks/results/scale.md. A part
-that is skipped keeps its previous results from the JSON (each row says when it was measured).
+Writes ``--json`` (default benchmarks/results/quantization.json) and the marked section of
+benchmarks/results/scale.md. A part that is skipped keeps its previous results from the JSON (each row says when it
+was measured).
 
 This module is the command; its parts are modules of their own: the settings compared
 (``benchmarks/quantization_settings.py``), the synthetic part (``quantization_synthetic.py``), the dev tasks
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--skip-tasks", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=REPO / "docs" / "quantization.json")
+    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "quantization.json")
     parser.add_argument("--docs", type=Path, default=REPO / "benchmarks" / "results" / "scale.md")
     parser.add_argument("--workdir", type=Path, help="scratch folder (default: a temp folder)")
     parser.add_argument("--worker", choices=SETTINGS, help=argparse.SUPPRESS)

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-START, END = "<!-- quantization:start -->", "<!-- quantization:end -->"
+from benchmarks.marked_sections import write_marked
+
+SECTION = "quantization"  # the section of the scale log it writes: <!-- quantization:start --> ... :end -->
 
 
 def render_dev(dev: dict[str, Any]) -> list[str]:
@@ -49,7 +51,7 @@ def render_dev(dev: dict[str, Any]) -> list[str]:
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [START, ""]
+    lines: list[str] = [""]  # a blank line after the start marker
     syn = result.get("synthetic")
     if syn and syn.get("rows"):
         base = next((r for r in syn["rows"] if r["setting"] == "none"), None)
@@ -88,15 +90,10 @@ def render(result: dict[str, Any]) -> str:
         lines += render_dev(dev)
     listed = [c for part in (syn, *devs) if part for c in part.get("commands", [part.get("command")]) if c]
     commands = list(dict.fromkeys(listed))
-    lines += ["", "Measured by " + " and ".join(f"`{c}`" for c in commands) + ".", "", END]
+    lines += ["", "Measured by " + " and ".join(f"`{c}`" for c in commands) + "."]
     return "\n".join(lines)
 
 
 def write_docs(path: Path, section: str) -> None:
-    text = path.read_text("utf-8") if path.exists() else ""
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text, "utf-8")
+    """Write the report into ``path``'s quantization section (added at the end where it has none)."""
+    write_marked(path, SECTION, section + "\n", add=True)

@@ -16,6 +16,7 @@ from care_retriever.documents import Document
 from care_retriever.errors import StoreError
 from care_retriever.stores import open_store
 from care_retriever.stores.faiss import DOCSTORE, INDEX, MANIFEST, FaissStore
+from care_retriever.stores.faiss import files as faiss_files
 from care_retriever.stores.qdrant import QdrantStore
 
 
@@ -96,7 +97,9 @@ def test_corrupted_checkpoint_names_the_staging_folder(embedder, docs, tmp_path:
         DocumentStoreWriter(embedder, f"faiss:{folder}", show_progress=False).write(docs)
 
 
-def test_resume_reconciles_a_docstore_ahead_of_its_index(embedder, docs, tmp_path: Path) -> None:
+def test_resume_reconciles_a_docstore_ahead_of_its_index(
+    embedder, docs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A kill between the docstore commit and the index write: rows without vectors are dropped and re-encoded."""
     folder = tmp_path / "s"
     vectors = embedder.embed_documents([d.embedding_text() for d in docs])
@@ -105,9 +108,13 @@ def test_resume_reconciles_a_docstore_ahead_of_its_index(embedder, docs, tmp_pat
     store.upsert(docs[:2], vectors[:2])
     store.commit()
     store.upsert(docs[2:4], vectors[2:4])
-    # a kill between the docstore's commit and the index write, made by running only the first half of commit()
-    assert store._db is not None
-    store._db.commit()  # the index file still holds 2 vectors
+
+    def killed(*args: object) -> None:  # the process dies as the checkpoint writes its index
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(faiss_files, "write_index_atomic", killed)
+        store.commit()  # the docstore is committed; the index file still holds 2 vectors
     store.close()
     report = DocumentStoreWriter(embedder, f"faiss:{folder}", show_progress=False).write(docs)
     assert (report.unchanged, report.added, report.count) == (2, 4, 6)

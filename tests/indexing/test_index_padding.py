@@ -99,14 +99,14 @@ def test_a_new_store_that_trains_on_its_first_vectors_gets_the_first_chunk_first
             encode=EncodeConfig(chunk_size=256, checkpoint_every=256),
         )
         calls: list[list[str]] = []
-        # the texts of each encode call in the order the writer hands them over: only its encode step sees them
-        original = writer._encode
+        # the texts of each encode call, in the order the writer hands them to the embedder
+        original = embedder.embed_documents
 
-        def recording(texts, *args, _original=original, _calls=calls):
-            _calls.append(texts)
-            return _original(texts, *args)
+        def recording(texts, *args, _original=original, _calls=calls, **kwargs):
+            _calls.append(list(texts))
+            return _original(texts, *args, **kwargs)
 
-        monkeypatch.setattr(writer, "_encode", recording)
+        monkeypatch.setattr(embedder, "embed_documents", recording)
         writer.write(docs)
         writer.store.close()
         encoded.append(calls[0])
