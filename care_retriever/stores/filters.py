@@ -14,9 +14,10 @@ AND-ed. What the comparisons mean, the same on FAISS, Qdrant Edge, a Qdrant serv
 * ``== None`` matches a field that is missing, null or an empty list; ``!= x`` and ``not in`` are the negations of
   ``==`` and ``in``, so they match documents without the field (as Haystack's FilterDocumentsTest asks).
 * ``>``, ``>=``, ``<``, ``<=`` take a number (stored numbers compare numerically) or an ISO 8601 date string
-  (``2021-03-01``, ``2021-03-01T08:00:00``, ``...+08:00`` or ``Z``; stored strings of that form compare as instants,
-  a date without a zone being UTC; a stored list holding a number is not compared as dates). Any other string, a
-  list or a boolean is refused; ``None`` matches nothing. ``==`` compares strings as strings, dates included.
+  (``2021-03-01``, ``2021-03-01 08:00``, ``2021-03-01T08:00:00.000125``, a zone ``Z`` or ``+08:00`` after the
+  seconds; stored strings of that form compare as instants to the microsecond, a date without a zone being UTC; a
+  stored list holding a number is not compared as dates). Any other string, a list or a boolean is refused;
+  ``None`` matches nothing. ``==`` compares strings as strings, dates included.
 
 Every store reads its filters through :func:`parse_filters`, and the service's request schema checks them with it
 too (:mod:`care_retriever.search.service_schema`), so a bad filter is the same one line from every door.
@@ -37,7 +38,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from care_retriever.errors import InputError
@@ -50,8 +51,12 @@ LOGICAL = ("AND", "OR", "NOT")
 ORDERINGS = (">", ">=", "<", "<=")
 # One step of a field path: letters (any script), digits, "_", "-".
 FIELD_STEP = re.compile(r"^[\w\-]+$")
-# The ISO 8601 dates ordering comparisons take (and stored strings compare as): a date, an optional time, a zone.
-ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?(Z|[+-]\d{2}:\d{2})?$")
+# The ISO 8601 dates ordering comparisons take (and stored strings compare as): a date, an optional time to the
+# minute, second or microsecond, a zone after the seconds; the spellings every engine reads as the same instant
+# (Qdrant reads no zone after a bare date or minutes).
+ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})?)?)?", re.ASCII)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
 MAX_DEPTH = 32  # nesting of logical nodes: deeper is refused rather than recursed into
 
 
@@ -107,13 +112,26 @@ def is_filter_field(name: object) -> bool:
 def parse_date(value: str) -> datetime | None:
     """``value`` as a datetime in UTC (a string naming no zone being UTC) when it is an ISO 8601 date of the form
     filters compare and its instant falls within years 1 to 9999, else None."""
-    if not ISO_DATE.match(value):
+    if not ISO_DATE.fullmatch(value):
         return None
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
         return parsed.astimezone(timezone.utc) if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
     except (ValueError, OverflowError):  # no such date, or an instant before year 1 or after 9999 in UTC
         return None
+
+
+def instant(date: datetime) -> int:
+    """The microseconds from 1970-01-01 UTC to ``date`` (aware): the number every engine orders dates by, exact
+    (no float)."""
+    return (date - _EPOCH) // _MICROSECOND
+
+
+def date_instant(value: object) -> int | None:
+    """:func:`instant` of ``value`` where it is a date filters compare (:func:`parse_date`), else None: how a FAISS
+    store's docstore reads a stored string (an SQL function of its connections)."""
+    date = parse_date(value) if isinstance(value, str) else None
+    return None if date is None else instant(date)
 
 
 def _path(field: object, *, short: bool) -> tuple[str, ...]:
@@ -178,7 +196,7 @@ def _comparison(field: object, operator: object, value: object, *, short: bool =
                 raise InputError(
                     f"filter {name!r}: {operator!r} compares numbers or ISO 8601 dates (2021-03-01, "
                     f"2021-03-01T08:00:00+08:00), got the string {scalar!r}"
-                    + (" (no such instant within years 1 to 9999 in UTC)" if ISO_DATE.match(scalar) else "")
+                    + (" (no such instant within years 1 to 9999 in UTC)" if ISO_DATE.fullmatch(scalar) else "")
                 )
             return Comparison(path, str(operator), date)
         return Comparison(path, str(operator), scalar)

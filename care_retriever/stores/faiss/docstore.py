@@ -12,6 +12,7 @@ from typing import Any
 from care_retriever.documents import Document
 from care_retriever.errors import StoreError
 from care_retriever.stores.base import Hit
+from care_retriever.stores.faiss import filter_sql
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -30,6 +31,7 @@ CHUNK = 500  # ids bound in one IN (...) query: well under SQLite's limit on bou
 def connect(path: Path) -> sqlite3.Connection:
     try:
         db = sqlite3.connect(str(path), check_same_thread=False, isolation_level="DEFERRED")
+        filter_sql.add_functions(db)
         db.execute(SCHEMA)
         db.execute("PRAGMA synchronous=FULL")
         return db
@@ -44,6 +46,7 @@ def open_published(path: Path, *, writable: bool) -> sqlite3.Connection:
         db = sqlite3.connect(str(path), check_same_thread=False, isolation_level="DEFERRED")
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{path}: corrupted docstore ({exc})") from exc
+    filter_sql.add_functions(db)
     try:
         db.execute(f"PRAGMA query_only={0 if writable else 1}")
         db.execute("PRAGMA synchronous=FULL")

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from care_retriever.stores.faiss import filter_sql
-from care_retriever.stores.filters import Comparison, Constant, FilterNode
+from care_retriever.stores.filters import Comparison, Constant, FilterNode, instant
 
 MAX_FIELDS = 16  # fields indexed at once per connection; the least recently filtered one is dropped first
 # rows a filter's share of the store is estimated on: a decision between plans, not a count (a few hundred
@@ -61,7 +61,7 @@ class FieldIndexes:
 
     def select(self, node: FilterNode) -> np.ndarray:
         """Row ids (ascending) of the documents whose metadata match ``node``, read through the field indexes
-        where the tree allows it (a full scan where it does not: ``NOT``, ``== None``, dates)."""
+        where the tree allows it (a full scan where it does not: ``NOT``, ``== None``)."""
         sql, args = self._query(node)
         # one string of ids parsed in C: a tuple a row costs more than the query at large selections
         (joined,) = self.db.execute(f"SELECT group_concat(row_id) FROM ({sql})", args).fetchone()
@@ -167,12 +167,15 @@ class FieldIndexes:
         where = filter_sql.json_path(path)
         try:
             self._writing_temp(
-                f"CREATE TEMP TABLE {name} (row_id INTEGER NOT NULL, type TEXT NOT NULL, value)",
+                f"CREATE TEMP TABLE {name} (row_id INTEGER NOT NULL, type TEXT NOT NULL, value, instant INTEGER)",
                 # a scalar field is one row (key NULL), a list one row per element (key its index); an object's
-                # members (key their name) match no comparison of the field and are left out
-                f"INSERT INTO temp.{name} SELECT d.row_id, e.type, e.value FROM documents AS d, "
+                # members (key their name) match no comparison of the field and are left out. A string that is a
+                # date filters compare also keeps its instant, which date ranges read.
+                f"INSERT INTO temp.{name} SELECT d.row_id, e.type, e.value, CASE WHEN e.type = 'text' AND e.value "
+                f"GLOB '{filter_sql.DATE_PREFIX}' THEN {filter_sql.INSTANT}(e.value) END FROM documents AS d, "
                 f"json_each(d.metadata, ?) AS e WHERE typeof(e.key) != 'text'",
                 f"CREATE INDEX temp.{name}_type_value ON {name} (type, value)",
+                f"CREATE INDEX temp.{name}_instant ON {name} (instant) WHERE instant IS NOT NULL",
                 args=[where],
             )
         except sqlite3.OperationalError:
@@ -228,11 +231,17 @@ class FieldIndexes:
         """The rows whose field (or an element of its list) compares as ``node`` asks: exactly the matches, since
         the table holds a scalar field's value and a list's elements (objects and their members are left out)."""
         values = list(node.value) if node.operator == "in" else [node.value]
-        if any(v is None for v in values) or isinstance(node.value, datetime):
-            return None  # missing fields match (== None), or dates compare as instants: no range of the index
+        if any(v is None for v in values):
+            return None  # a missing field matches (== None): no row of the index stands for it
         table = self._table(node.path)
         if table is None:
             return None
+        if isinstance(node.value, datetime):  # a date in range, but not in a list that holds a number
+            sql = (
+                f"SELECT row_id FROM temp.{table} WHERE instant {node.operator} ? EXCEPT "
+                f"SELECT row_id FROM temp.{table} WHERE type IN ('integer', 'real')"
+            )
+            return Candidates(sql, [instant(node.value)], exact=True)
         if node.operator in (">", ">=", "<", "<="):
             sql = f"SELECT row_id FROM temp.{table} WHERE type IN ('integer', 'real') AND value {node.operator} ?"
             return Candidates(sql, [node.value], exact=True)

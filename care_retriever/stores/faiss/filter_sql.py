@@ -11,15 +11,22 @@ Example:
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 
-from care_retriever.stores.filters import Comparison, Constant, FilterNode
+from care_retriever.stores.filters import Comparison, Constant, FilterNode, date_instant, instant
 
 META = "documents.metadata"
-DATE_PREFIX = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*"
-# Dates compared as UTC text of one width: strftime reads ISO 8601 with a zone and writes it in UTC.
-DATE_FORMAT = "%Y-%m-%d %H:%M:%f"
+DATE_PREFIX = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*"  # what a stored date starts with: read no further
+# A stored string's instant in microseconds (NULL where it is no date filters compare): the filter language's own
+# reading of a date, so a FAISS store orders the same spellings, to the same microsecond, as the reference does.
+INSTANT = "care_instant"
+
+
+def add_functions(db: sqlite3.Connection) -> None:
+    """Give a docstore connection the SQL functions filter conditions call (:data:`INSTANT`)."""
+    db.create_function(INSTANT, 1, date_instant, deterministic=True)
 
 
 def json_path(path: tuple[str, ...]) -> str:
@@ -71,8 +78,8 @@ def _ordered(path: str, operator: str, bound: object) -> tuple[str, list[object]
     """The field (or one of its list's elements) compares with ``bound``: numbers numerically, ISO dates as UTC
     instants (a stored string that is no date never matches, nor a list holding a number: Qdrant's rule)."""
     if isinstance(bound, datetime):
-        utc = bound.astimezone(timezone.utc).isoformat(sep=" ", timespec="milliseconds")[:23]  # year 1: "0001"
-        test = f"COALESCE(strftime('{DATE_FORMAT}', {{x}}) {operator} ?, 0)"
+        utc = instant(bound)
+        test = f"COALESCE({INSTANT}({{x}}) {operator} ?, 0)"
         scalar = f"(json_extract({META}, ?) GLOB '{DATE_PREFIX}' AND {test.format(x=f'json_extract({META}, ?)')})"
         element = f"(e.type = 'text' AND e.value GLOB '{DATE_PREFIX}' AND {test.format(x='e.value')})"
         sql = (
