@@ -169,13 +169,11 @@ class FieldIndexes:
             self._writing_temp(
                 f"CREATE TEMP TABLE {name} (row_id INTEGER NOT NULL, type TEXT NOT NULL, value, instant INTEGER)",
                 # a scalar field is one row (key NULL), a list one row per element (key its index); an object's
-                # members (key their name) match no comparison of the field and are left out. A string that is a
-                # date filters compare also keeps its instant, which date ranges read.
-                f"INSERT INTO temp.{name} SELECT d.row_id, e.type, e.value, CASE WHEN e.type = 'text' AND e.value "
-                f"GLOB '{filter_sql.DATE_PREFIX}' THEN {filter_sql.INSTANT}(e.value) END FROM documents AS d, "
+                # members (key their name) match no comparison of the field and are left out. The instants of
+                # its dates are read on the field's first date range (:meth:`_instants`).
+                f"INSERT INTO temp.{name} SELECT d.row_id, e.type, e.value, NULL FROM documents AS d, "
                 f"json_each(d.metadata, ?) AS e WHERE typeof(e.key) != 'text'",
                 f"CREATE INDEX temp.{name}_type_value ON {name} (type, value)",
-                f"CREATE INDEX temp.{name}_instant ON {name} (instant) WHERE instant IS NOT NULL",
                 args=[where],
             )
         except sqlite3.OperationalError:
@@ -188,6 +186,26 @@ class FieldIndexes:
         self._tables[path] = name
         self._seen = self._version()
         return name
+
+    def _instants(self, table: str) -> bool:
+        """Whether ``table`` keeps the instant of each of its dates (indexed), read now on the field's first date
+        range, so that a field filtered only by equality never parses its dates; False where SQLite refused (the
+        range then reads every row)."""
+        index = f"{table}_instant"
+        if self.db.execute("SELECT 1 FROM sqlite_temp_master WHERE name = ?", [index]).fetchone():
+            return True
+        try:
+            self._writing_temp(
+                f"UPDATE temp.{table} SET instant = {filter_sql.INSTANT}(value) "
+                f"WHERE type = 'text' AND value GLOB '{filter_sql.DATE_PREFIX}'",
+                f"CREATE INDEX temp.{index} ON {table} (instant) WHERE instant IS NOT NULL",
+            )
+        except sqlite3.OperationalError:
+            self.db.rollback()
+            return False
+        finally:
+            self._seen = self._version()  # the temp schema's writes are no change of the docstore
+        return True
 
     def _writing_temp(self, *statements: str, args: list[Any] | None = None) -> None:
         """Run statements that write the temp schema only; a reader's connection (query_only) allows them for
@@ -237,6 +255,8 @@ class FieldIndexes:
         if table is None:
             return None
         if isinstance(node.value, datetime):  # a date in range, but not in a list that holds a number
+            if not self._instants(table):
+                return None
             sql = (
                 f"SELECT row_id FROM temp.{table} WHERE instant {node.operator} ? EXCEPT "
                 f"SELECT row_id FROM temp.{table} WHERE type IN ('integer', 'real')"
