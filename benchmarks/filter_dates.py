@@ -5,7 +5,7 @@ keeps) against the same condition evaluated over every row (:func:`~care_retriev
 the path with no index), side by side in one run, with their counts checked equal. The first filter on the field
 builds its index; it is timed apart.
 
-    python -m benchmarks.filter_dates --n 1000000          # the table, into docs/filters.md (--no-write: prints)
+    python -m benchmarks.filter_dates --n 1000000    # the table, into benchmarks/results/filter_dates.md
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from care_retriever.stores.faiss.field_index import FieldIndexes
 from care_retriever.stores.filters import FilterNode, parse_filters
 
 REPO = Path(__file__).resolve().parents[1]
-FILTERS = REPO / "docs" / "filters.md"
+LOG = REPO / "benchmarks" / "results" / "filter_dates.md"
+TITLE = "# Date ranges on FAISS (benchmarks/filter_dates.py)\n"
 SHARES = (0.5, 0.05, 0.005, 0.0005)
 START = datetime(2000, 1, 1, tzinfo=timezone.utc)
 STEP = timedelta(seconds=37, microseconds=125)  # rows a few seconds apart, at microsecond precision
@@ -88,7 +89,8 @@ def measure(n: int, repeats: int) -> list[dict]:
 
 def table(rows: list[dict], command: str) -> str:
     lines = [
-        f"N={rows[0]['n']:,} docstore rows with an ISO 8601 `date` ({machine_line()}). Produced by `{command}`. "
+        f"Measured on {rows[0]['n']:,} docstore rows with an ISO 8601 `date` ({machine_line()}) by `{command}`.",
+        "",
         f"The first date range on the field built its index and instants in {rows[0]['first_filter_s']:.2f} s.",
         "",
         "| matching | through the field index, ms | every row scanned, ms | ratio |",
@@ -112,7 +114,7 @@ def main() -> int:
     text = table(measure(args.n, args.repeats), command)
     print(text)
     if not args.no_write:
-        write_marked(FILTERS, "filter_dates", text, add=True, after="filter_speed")
+        write_marked(LOG, "filter_dates", text, add=True, title=TITLE)
     return 0
 
 
