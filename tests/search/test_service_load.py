@@ -303,8 +303,10 @@ def test_load_with_hostile_clients_gets_no_5xx_and_no_mixed_up_answers(
 
 def test_sigterm_lets_requests_in_flight_finish(tiny_model_dir: Path, store: str, direct: CareRetriever) -> None:
     """Requests waiting in a batch when SIGTERM arrives are answered in full; new connections are refused."""
+    # The batch waits 6 s for more queries: time, on a loaded machine, for all four to queue and for the server
+    # to close its door before the batch runs.
     server = start_serve(
-        tiny_model_dir, store, "--max-batch-size", "64", "--max-wait-ms", "1500", "--shutdown-timeout", "20"
+        tiny_model_dir, store, "--max-batch-size", "64", "--max-wait-ms", "6000", "--shutdown-timeout", "20"
     )
     bodies = [{"query": q, "top_k": 4} for q in sample_queries()[:4]]
     try:
@@ -318,9 +320,15 @@ def test_sigterm_lets_requests_in_flight_finish(tiny_model_dir: Path, store: str
             else:
                 pytest.fail("the requests never queued")
             server.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.5)
-            with pytest.raises(httpx.TransportError):
-                httpx.get(f"{server.url}/health", timeout=2)
+            deadline = time.monotonic() + 5
+            while True:  # new connections are refused once the server has the signal
+                try:
+                    httpx.get(f"{server.url}/health", timeout=2)
+                except httpx.TransportError:
+                    break
+                assert time.monotonic() < deadline, "new connections were still accepted 5 s after SIGTERM"
+                time.sleep(0.05)
+            assert not any(f.done() for f in futures)  # the four were in flight when the door closed
             responses = [f.result(timeout=30) for f in futures]
         assert [r.status_code for r in responses] == [200] * 4
         for body, r in zip(bodies, responses, strict=True):
