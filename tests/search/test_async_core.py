@@ -48,13 +48,13 @@ async def heartbeat_gaps(work) -> tuple[float, list[float], object]:
 async def test_heartbeat_keeps_ticking_while_a_document_batch_encodes(
     embedder: AsymmetricEmbedder, corpus_texts: list[str]
 ) -> None:
-    texts = corpus_texts * 2  # long enough (~1 s on a laptop core) that a blocked loop would show a long gap
+    texts = corpus_texts * 4  # long enough (~0.4 s here) that a blocked loop would show a long gap
     encoder = AsyncEncoder(document_encoder=lambda: embedder)
     elapsed, gaps, vectors = await heartbeat_gaps(encoder.embed_documents(texts, batch_size=32))
     assert elapsed > 0.2, f"the batch took {elapsed:.3f} s: too short to tell a blocked loop from a free one"
     # Blocked, the loop would not wake for the whole batch (one gap ~ elapsed). Free, the heartbeat wakes every
-    # few tens of ms; a quarter of the batch's time leaves room for a machine shared with other jobs.
-    assert len(gaps) >= 5 and max(gaps) < max(elapsed / 4, 0.2), (elapsed, max(gaps), len(gaps))
+    # few tens of ms; half the batch's time leaves room for a machine shared with other jobs.
+    assert len(gaps) >= 5 and max(gaps) < max(elapsed / 2, 0.2), (elapsed, gaps)
     assert encoder.stats.document_calls == 1 and encoder.stats.documents == len(texts)
     expected = embedder.embed_documents(texts[:8], batch_size=8)
     np.testing.assert_allclose(np.asarray(vectors)[:8], expected, atol=1e-5)
@@ -91,7 +91,7 @@ async def test_a_heartbeat_ticks_while_queries_encode(embedder: AsymmetricEmbedd
     encoder = AsyncEncoder(query_encoder=lambda: embedder, max_batch_size=8)
     elapsed, gaps, _ = await heartbeat_gaps(asyncio.gather(*(encoder.embed_queries([q]) for q in queries)))
     assert encoder.stats.query_batches >= len(queries) // 8
-    assert len(gaps) >= 3 and max(gaps) < max(elapsed / 3, 0.1), (elapsed, max(gaps), len(gaps))
+    assert len(gaps) >= 3 and max(gaps) < max(elapsed / 2, 0.1), (elapsed, gaps)
 
 
 def test_each_loop_gets_its_own_batcher(embedder: AsymmetricEmbedder) -> None:

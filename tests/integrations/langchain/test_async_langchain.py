@@ -114,7 +114,7 @@ async def test_concurrent_aembed_query_calls_share_forward_passes(
 
 
 async def test_aembed_documents_keeps_the_loop_running(embeddings: CareEmbeddings) -> None:
-    texts = [f"{d['title']}\n{d['text']}" for d in corpus_rows(300)] * 2
+    texts = [f"{d['title']}\n{d['text']}" for d in corpus_rows(300)] * 4
     beats: list[float] = []
     done = asyncio.Event()
 
@@ -131,7 +131,8 @@ async def test_aembed_documents_keeps_the_loop_running(embeddings: CareEmbedding
     done.set()
     await beat
     assert elapsed > 0.2 and len(vectors) == len(texts)
-    assert max(np.diff(beats)) < max(elapsed / 4, 0.2), (elapsed, max(np.diff(beats)))  # blocked: ~elapsed
+    gaps = np.diff(beats)
+    assert len(gaps) >= 5 and max(gaps) < max(elapsed / 2, 0.2), (elapsed, gaps)  # blocked: one gap, ~elapsed
     np.testing.assert_allclose(vectors[:4], embeddings.embed_documents(texts[:4]), atol=1e-5)
 
 
