@@ -10,6 +10,9 @@ line before any work (reads and small in-place writes need no rename and work th
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import weakref
 from pathlib import Path
 
 from care_retriever.errors import InputError
@@ -40,3 +43,11 @@ def require_swappable(real: Path, what: str) -> None:
             f"{real}: {what} holds the current directory, which a bulk write would rename away from under it; "
             f"run the command from outside it (from {real.parent})"
         )
+
+
+def temporary_folder(owner: object, prefix: str) -> Path:
+    """A new folder in the system's temporary folder, removed when ``owner`` is collected or at exit, so that an
+    owner never closed (a script that just ends) leaves nothing behind; closing ``owner`` may remove it sooner."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    weakref.finalize(owner, shutil.rmtree, folder, ignore_errors=True)
+    return folder

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from care_retriever import faults
 from care_retriever.errors import WriteError
+from care_retriever.paths import temporary_folder
 from care_retriever.stores.qdrant.edge_space import OPEN_SHARD, SPACE_MARGIN, folder_bytes, room_to_open
 
 logger = logging.getLogger("care_retriever")
@@ -60,10 +61,10 @@ def _no_room(location: str, collection: str, folder: Path, how: str) -> WriteErr
     )
 
 
-def read_copy(folder: Path, location: str, collection: str) -> Path | None:
+def read_copy(folder: Path, location: str, collection: str, owner: object) -> Path | None:
     """None where the disk of the collection ``folder`` has room to open its shard. Otherwise a temporary copy of
-    the folder on another disk (``TMPDIR``, or the system's temporary folder) to read instead; one line where that
-    disk lacks room too."""
+    the folder on another disk (``TMPDIR``, or the system's temporary folder) to read instead, removed with
+    ``owner`` at the latest; one line where that disk lacks room too."""
     if room_to_open(folder):
         return None
     scratch = Path(tempfile.gettempdir())
@@ -74,7 +75,7 @@ def read_copy(folder: Path, location: str, collection: str) -> Path | None:
     )
     if scratch.stat().st_dev == folder.stat().st_dev or shutil.disk_usage(scratch).free < needed:
         raise _no_room(location, collection, folder, how)
-    holder = Path(tempfile.mkdtemp(prefix="care-qdrant-read-"))
+    holder = temporary_folder(owner, "care-qdrant-read-")
     try:
         shutil.copytree(folder, holder / folder.name, symlinks=True, copy_function=_copy_sparse)
     except BaseException:

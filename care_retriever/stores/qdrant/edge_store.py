@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +28,7 @@ import numpy as np
 import care_retriever.faults as faults
 from care_retriever.documents import Document, check_metadata_keys
 from care_retriever.errors import StoreError, WriteError
+from care_retriever.paths import temporary_folder
 from care_retriever.stores.base import LocalFootprint, Manifest, check_metric, default_versions
 from care_retriever.stores.config import QdrantCollectionConfig, QdrantQuantize, as_qdrant_config
 from care_retriever.stores.qdrant import edge, edge_files, edge_memory, edge_readonly, edge_space, edge_verify, legacy
@@ -77,7 +77,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self._unindexed_kb = 0.0  # vectors written since the last optimize() (max_segment_size)
         self._uncommitted = 0  # points upserted since the last commit (at most: some may replace others)
         self._temporary = location == ":memory:"
-        self.root = Path(tempfile.mkdtemp(prefix="care-qdrant-edge-")) if self._temporary else Path(location)
+        self.root = temporary_folder(self, "care-qdrant-edge-") if self._temporary else Path(location)
         if not self._temporary:
             faults.require_folder(self.root, f"the Qdrant Edge store qdrant:{location}")  # a file there stays
             legacy.refuse_foreign_folder(self.root, collection)
@@ -85,7 +85,7 @@ class EdgeStore(EdgeSearch, QdrantStore):
         self._read_copy: Path | None = None  # on a full disk: the copy read instead (edge_readonly), no writes
         self._opened: Opened | None = None  # what the engine changed as it opened the shard (edge_opening)
         if (folder / SHARD_FOLDER).is_dir():  # reading opens what exists; creating anything waits for prepare
-            self._read_copy = edge_readonly.read_copy(folder, location, collection)
+            self._read_copy = edge_readonly.read_copy(folder, location, collection, self)
             shard_folder = (self._read_copy or folder) / SHARD_FOLDER
             self.manifest = self._read_manifest()
             before = before_open(self.manifest, shard_folder, self._read_copy is None)  # what the open changes
