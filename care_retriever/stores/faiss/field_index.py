@@ -7,8 +7,10 @@ the exact condition of :mod:`.filter_sql` decides each candidate. The candidates
 the answer is the one a full scan gives.
 
 Why temp tables, not indexes in the docstore: they never change the store's file, so a read-only open filters the
-same way and the docstore's checksums, verify and copies are untouched. They are dropped when the docstore
-changes (a write on this connection, or another connection's commit, which SQLite's ``data_version`` counts).
+same way and the docstore's checksums, verify and copies are untouched. When the docstore changes (a write on
+this connection, or another connection's commit, which SQLite's ``data_version`` counts), the next filter brings
+them up to it by reading the rows added since and dropping the entries of rows deleted: a small write into a large
+store does not cost a rebuild.
 
 Example:
     ```python
@@ -23,7 +25,7 @@ import contextlib
 import json
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Sized
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -56,6 +58,7 @@ class FieldIndexes:
         self._made = 0
         self._seen: tuple[int, int] | None = None
         self._unbuilt: set[tuple[str, ...]] = set()  # fields whose index could not be built on this version
+        self._read_upto: tuple[int, int] | None = None  # the indexes hold the rows up to this row id (how many)
         self._sample: tuple[tuple[int, int], str, bool] | None = None  # (version drawn on, row ids as JSON, all?)
         self._estimates: dict[str, float | None] = {}  # each filter's share of the sample, while it is drawn
 
@@ -139,17 +142,68 @@ class FieldIndexes:
         return list(self._tables)
 
     def _usable(self) -> bool:
-        """Whether the indexes may be read (dropped first if the docstore changed since they were built). Never
-        inside an open transaction: its rows are not committed, and building would have to commit it."""
+        """Whether the indexes may be read (brought up to the docstore first if it changed since they were last
+        read). Never inside an open transaction: its rows are not committed, and refreshing would commit it."""
         if self.db.in_transaction:
             return False
         if self._seen is not None and self._seen != self._version():
-            self._drop_all()
+            self._refresh()
         return True
 
     def _version(self) -> tuple[int, int]:
         (data_version,) = self.db.execute("PRAGMA data_version").fetchone()
         return int(data_version), self.db.total_changes
+
+    def _refresh(self) -> None:
+        """Bring every index up to the docstore as it is now, reading only what changed. A docstore row is added
+        (its row id above all before it) or deleted, never changed in place, so the rows past the last row id
+        read are the new ones, and the count of the rows up to it tells whether any were deleted."""
+        self._unbuilt.clear()
+        if self._read_upto is None or not self._tables:
+            self._drop_all()
+            return
+        last, kept = self._read_upto
+        foreign = False
+        try:
+            with self._temp_writes():
+                (total,) = self.db.execute("SELECT count(*) FROM documents").fetchone()
+                (added,) = self.db.execute("SELECT count(*) FROM documents WHERE row_id > ?", [last]).fetchone()
+                foreign = total - added > kept  # a row under a row id already read: not written by this store
+                for path, table in [] if foreign else self._tables.items():
+                    if total - added < kept:  # rows were deleted: their entries go
+                        self.db.execute(
+                            f"DELETE FROM temp.{table} WHERE NOT EXISTS "
+                            f"(SELECT 1 FROM main.documents AS d WHERE d.row_id = temp.{table}.row_id)"
+                        )
+                    if added:
+                        self.db.execute(*self._fill(table, path, above=last))
+                (top,) = self.db.execute("SELECT max(row_id) FROM documents").fetchone()
+                self._read_upto = (last if top is None else max(last, int(top)), total)
+        except sqlite3.OperationalError:
+            foreign = True
+        if foreign:
+            self._drop_all()
+
+    def _now(self) -> tuple[int, int]:
+        """(the highest row id, the number of rows) of the docstore; (-1, 0) when it is empty."""
+        top, rows = self.db.execute("SELECT max(row_id), count(*) FROM documents").fetchone()
+        return (-1 if top is None else int(top)), int(rows)
+
+    def _fill(self, table: str, path: tuple[str, ...], *, above: int = -1, upto: int | None = None) -> Query:
+        """The INSERT of the field's entries of the rows in (``above``, ``upto``] into ``table``: a scalar field is
+        one entry (key NULL), a list one per element (key its index); an object's members (key their name) match
+        no comparison of the field and are left out. A table that keeps instants (:meth:`_instants`) gets those
+        of the new entries too."""
+        instant = "NULL"
+        if self._keeps_instants(table):
+            date = f"e.type = 'text' AND e.value GLOB '{filter_sql.DATE_PREFIX}'"
+            instant = f"CASE WHEN {date} THEN {filter_sql.INSTANT}(e.value) END"
+        bound, args = ("", []) if upto is None else (" AND d.row_id <= ?", [upto])
+        return (
+            f"INSERT INTO temp.{table} SELECT d.row_id, e.type, e.value, {instant} FROM documents AS d, "
+            f"json_each(d.metadata, ?) AS e WHERE typeof(e.key) != 'text' AND d.row_id > ?{bound}",
+            [filter_sql.json_path(path), above, *args],
+        )
 
     def _table(self, path: tuple[str, ...]) -> str | None:
         """The temp table indexing ``path``, built on first use; None where SQLite refused to build it (the
@@ -161,68 +215,78 @@ class FieldIndexes:
             return None
         if len(self._tables) >= MAX_FIELDS:
             _, oldest = self._tables.popitem(last=False)
-            self._writing_temp(f"DROP TABLE IF EXISTS temp.{oldest}")
+            with self._temp_writes():
+                self.db.execute(f"DROP TABLE IF EXISTS temp.{oldest}")
         name = f"care_field_{self._made}"
         self._made += 1
-        where = filter_sql.json_path(path)
         try:
-            self._writing_temp(
-                f"CREATE TEMP TABLE {name} (row_id INTEGER NOT NULL, type TEXT NOT NULL, value, instant INTEGER)",
-                # a scalar field is one row (key NULL), a list one row per element (key its index); an object's
-                # members (key their name) match no comparison of the field and are left out. The instants of
-                # its dates are read on the field's first date range (:meth:`_instants`).
-                f"INSERT INTO temp.{name} SELECT d.row_id, e.type, e.value, NULL FROM documents AS d, "
-                f"json_each(d.metadata, ?) AS e WHERE typeof(e.key) != 'text'",
-                f"CREATE INDEX temp.{name}_type_value ON {name} (type, value)",
-                args=[where],
-            )
+            with self._temp_writes():
+                self.db.execute(
+                    f"CREATE TEMP TABLE {name} (row_id INTEGER NOT NULL, type TEXT NOT NULL, value, instant INTEGER)"
+                )
+                # the rows the other indexes hold (they are refreshed together), or all of them for the first
+                upto = None if self._read_upto is None else self._read_upto[0]
+                self.db.execute(*self._fill(name, path, upto=upto))
+                self.db.execute(f"CREATE INDEX temp.{name}_type_value ON {name} (type, value)")
+                if self._read_upto is None:
+                    self._read_upto = self._now()
         except sqlite3.OperationalError:
-            self.db.rollback()
-            with contextlib.suppress(sqlite3.OperationalError):
-                self._writing_temp(f"DROP TABLE IF EXISTS temp.{name}")
             self._unbuilt.add(path)
-            self._seen = self._version()
             return None
         self._tables[path] = name
-        self._seen = self._version()
         return name
+
+    def _keeps_instants(self, table: str) -> bool:
+        index = f"{table}_instant"
+        return bool(self.db.execute("SELECT 1 FROM sqlite_temp_master WHERE name = ?", [index]).fetchone())
 
     def _instants(self, table: str) -> bool:
         """Whether ``table`` keeps the instant of each of its dates (indexed), read now on the field's first date
         range, so that a field filtered only by equality never parses its dates; False where SQLite refused (the
         range then reads every row)."""
-        index = f"{table}_instant"
-        if self.db.execute("SELECT 1 FROM sqlite_temp_master WHERE name = ?", [index]).fetchone():
+        if self._keeps_instants(table):
             return True
         try:
-            self._writing_temp(
-                f"UPDATE temp.{table} SET instant = {filter_sql.INSTANT}(value) "
-                f"WHERE type = 'text' AND value GLOB '{filter_sql.DATE_PREFIX}'",
-                f"CREATE INDEX temp.{index} ON {table} (instant) WHERE instant IS NOT NULL",
-            )
+            with self._temp_writes():
+                self.db.execute(
+                    f"UPDATE temp.{table} SET instant = {filter_sql.INSTANT}(value) "
+                    f"WHERE type = 'text' AND value GLOB '{filter_sql.DATE_PREFIX}'"
+                )
+                self.db.execute(f"CREATE INDEX temp.{table}_instant ON {table} (instant) WHERE instant IS NOT NULL")
         except sqlite3.OperationalError:
-            self.db.rollback()
             return False
-        finally:
-            self._seen = self._version()  # the temp schema's writes are no change of the docstore
         return True
 
-    def _writing_temp(self, *statements: str, args: list[Any] | None = None) -> None:
-        """Run statements that write the temp schema only; a reader's connection (query_only) allows them for
-        the while, since the store's file is not written."""
+    @contextlib.contextmanager
+    def _temp_writes(self) -> Iterator[None]:
+        """One transaction that writes the temp schema only, and reads the docstore as it is at one moment (the
+        version the indexes are then up to); a reader's connection (query_only) allows it for the while, since the
+        store's file is not written. Rolled back whole on an error."""
         (query_only,) = self.db.execute("PRAGMA query_only").fetchone()
         self.db.execute("PRAGMA query_only=0")
+        data_version = None
         try:
-            for statement in statements:
-                self.db.execute(statement, (args or []) if "?" in statement else [])
+            self.db.execute("BEGIN")
+            self.db.execute("SELECT 1 FROM documents LIMIT 1").fetchall()  # the moment the docstore is read at
+            (data_version,) = self.db.execute("PRAGMA data_version").fetchone()
+            try:
+                yield
+            except BaseException:
+                self.db.rollback()
+                raise
             self.db.commit()
         finally:
             self.db.execute(f"PRAGMA query_only={int(query_only)}")
+            if data_version is not None:  # also after a refused build: the next change lets it try again
+                self._seen = (int(data_version), self.db.total_changes)
 
     def _drop_all(self) -> None:
-        self._writing_temp(*(f"DROP TABLE IF EXISTS temp.{name}" for name in self._tables.values()))
+        with self._temp_writes():
+            for name in self._tables.values():
+                self.db.execute(f"DROP TABLE IF EXISTS temp.{name}")
         self._tables.clear()
         self._unbuilt.clear()
+        self._read_upto = None
         self._seen = None
 
     def _candidates(self, node: FilterNode) -> Candidates | None:
