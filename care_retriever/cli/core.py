@@ -276,7 +276,7 @@ def info(
     collection: Annotated[str | None, typer.Option(help="Qdrant collection name.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Describe a store: backend, model fingerprint, dim, metric, count, index, versions."""
+    """Describe a store: engine, model fingerprint, dim, metric, count, index, versions."""
     from care_retriever.stores import open_store
 
     target = open_store(store, collection=collection, create=False)
@@ -294,6 +294,7 @@ def info(
     if json_out:
         typer.echo(strict_json.dumps(data, indent=2))
         return
+    labels = {"backend": "engine"}  # the manifest's name for it (--json prints the manifest's names)
     for key in (
         "store",
         "backend",
@@ -306,7 +307,7 @@ def info(
         "sparse",
         "versions",
     ):
-        typer.echo(f"{key:>18}: {data[key]}")
+        typer.echo(f"{labels.get(key, key):>18}: {data[key]}")
     if "collection" in data:
         typer.echo(f"{'collection':>18}: {data['collection']}")
     if "footprint" in data:

@@ -74,6 +74,8 @@ def test_init_index_search_json_info(
     code, out, _ = run(capsys, "info", "--store", store, "--json")
     info = json.loads(out)
     assert code == 0 and info["count"] == 6 and info["backend"] == backend and info["dim"] == 32
+    code, out, _ = run(capsys, "info", "--store", store)
+    assert code == 0 and f"engine: {backend}\n" in out and "count: 6\n" in out
     code, out, _ = run(
         capsys,
         "index",
