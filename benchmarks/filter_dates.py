@@ -1,9 +1,10 @@
 """How fast does a FAISS store select the rows of a date range? N docstore rows, each with an ISO 8601 ``date`` a
-few seconds apart; ranges matching 50%, 5%, 0.5% and 0.05% of them. For each: the selection a filtered search reads
-(:meth:`~care_retriever.stores.faiss.field_index.FieldIndexes.select`, through the field's index and the instants it
-keeps) against the same condition evaluated over every row (:func:`~care_retriever.stores.faiss.filter_sql.condition`,
-the path with no index), side by side in one run, with their counts checked equal. The first filter on the field
-builds its index; it is timed apart.
+few seconds apart; ranges matching 50%, 5%, 0.5% and 0.05% of them, each also written as a ``NOT``. For each: the
+selection a filtered search reads (:meth:`~care_retriever.stores.faiss.field_index.FieldIndexes.select`, through
+the field's index and the instants it keeps) against the same condition evaluated over every row
+(:func:`~care_retriever.stores.faiss.filter_sql.condition`, the path with no index), side by side in one run, with
+their counts checked equal. The first filter on the field builds its index; it is timed apart, and so is the first
+filter after a small write.
 
     python -m benchmarks.filter_dates --n 1000000    # the table, into benchmarks/results/filter_dates.md
 """
@@ -83,6 +84,15 @@ def measure(n: int, repeats: int) -> list[dict]:
                 raise SystemExit(f"share {share}: the index selects {indexed} rows, the scan {scan}")
             row = {"n": n, "share": share, "matching": indexed, "first_filter_s": first, "index_ms": indexed_s * 1e3}
             rows.append({**row, "scan_ms": scan_s * 1e3, "speedup": scan_s / indexed_s})
+            # the same rows as every row but those before the bound: a NOT, through the index or over every row
+            negated = parse_filters(
+                {"operator": "NOT", "conditions": [{"field": "meta.date", "operator": "<", "value": bound}]}
+            )
+            indexed_s, indexed = best_of(partial(_selected, indexes, negated), repeats)
+            scan_s, scan = best_of(partial(_scanned, db, negated), repeats)
+            if not indexed == scan == rows[-1]["matching"]:
+                raise SystemExit(f"NOT, share {share}: the index selects {indexed} rows, the scan {scan}")
+            rows[-1].update(not_index_ms=indexed_s * 1e3, not_scan_ms=scan_s * 1e3)
         rows[0]["after_writes"] = after_writes(db, Path(folder), indexes, node)
         db.close()
     return rows
@@ -124,13 +134,15 @@ def table(rows: list[dict], command: str) -> str:
         "|---|---|---|",
         *(f"| {w['what']} | {w['kept_ms']:.0f} | {w['rebuilt_s']:.2f} |" for w in rows[0]["after_writes"]),
         "",
-        "| matching | through the field index, ms | every row scanned, ms | ratio |",
-        "|---|---|---|---|",
+        "The same rows as `NOT` (every row but those before the bound) in the last two columns.",
+        "",
+        "| matching | through the field index, ms | every row scanned, ms | ratio | NOT, index ms | NOT, scan ms |",
+        "|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['share']:.2%} ({row['matching']:,}) | {row['index_ms']:.2f} | {row['scan_ms']:.0f} | "
-            f"{row['speedup']:.0f}x |"
+            f"{row['speedup']:.0f}x | {row['not_index_ms']:.0f} | {row['not_scan_ms']:.0f} |"
         )
     return "\n".join(lines)
 

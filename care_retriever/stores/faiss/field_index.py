@@ -64,7 +64,7 @@ class FieldIndexes:
 
     def select(self, node: FilterNode) -> np.ndarray:
         """Row ids (ascending) of the documents whose metadata match ``node``, read through the field indexes
-        where the tree allows it (a full scan where it does not: ``NOT``, ``== None``)."""
+        where the tree allows it (a full scan where it does not: ``== None``, and a ``NOT`` over one)."""
         sql, args = self._query(node)
         # one string of ids parsed in C: a tuple a row costs more than the query at large selections
         (joined,) = self.db.execute(f"SELECT group_concat(row_id) FROM ({sql})", args).fetchone()
@@ -296,9 +296,16 @@ class FieldIndexes:
             return None if node.matches else Candidates("SELECT NULL WHERE 0", [], exact=True)
         if isinstance(node, Comparison):
             return self._comparison(node)
-        if node.operator == "NOT":
-            return None
         parts = [self._candidates(child) for child in node.conditions]
+        if node.operator == "NOT":  # not all of them: every row but those the conditions exactly select
+            if not parts or any(p is None or not p.exact for p in parts):
+                return None  # all rows but a superset of the matches would lose rows that match
+            return Candidates(
+                "SELECT row_id FROM documents WHERE row_id NOT IN "
+                f"({' INTERSECT '.join(f'SELECT * FROM ({p.sql})' for p in parts if p is not None)})",
+                [a for p in parts if p is not None for a in p.args],
+                exact=True,
+            )
         known = [p for p in parts if p is not None]
         if not known or (node.operator == "OR" and len(known) < len(parts)):
             return None
