@@ -303,10 +303,10 @@ def test_load_with_hostile_clients_gets_no_5xx_and_no_mixed_up_answers(
 
 def test_sigterm_lets_requests_in_flight_finish(tiny_model_dir: Path, store: str, direct: CareRetriever) -> None:
     """Requests waiting in a batch when SIGTERM arrives are answered in full; new connections are refused."""
-    # The batch waits 6 s for more queries: time, on a loaded machine, for all four to queue and for the server
+    # The batch waits 10 s for more queries: time, on a loaded machine, for all four to queue and for the server
     # to close its door before the batch runs.
     server = start_serve(
-        tiny_model_dir, store, "--max-batch-size", "64", "--max-wait-ms", "6000", "--shutdown-timeout", "20"
+        tiny_model_dir, store, "--max-batch-size", "64", "--max-wait-ms", "10000", "--shutdown-timeout", "30"
     )
     bodies = [{"query": q, "top_k": 4} for q in sample_queries()[:4]]
     try:
