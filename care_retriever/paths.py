@@ -5,6 +5,9 @@ resolved. Two names of one folder (a link and its target) then share one writer 
 link's target, so the link stays a link. A bulk write publishes by renaming its staging folder over the store
 folder; a folder that cannot be renamed (a mount point) or that holds the current directory is refused in one
 line before any work (reads and small in-place writes need no rename and work there).
+
+A store that works in a temporary folder of its own (``qdrant::memory:``, a read copy) gets it from
+:func:`temporary_folder`, which removes it with the store, even one never closed.
 """
 
 from __future__ import annotations

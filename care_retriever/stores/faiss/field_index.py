@@ -298,12 +298,13 @@ class FieldIndexes:
             return self._comparison(node)
         parts = [self._candidates(child) for child in node.conditions]
         if node.operator == "NOT":  # not all of them: every row but those the conditions exactly select
-            if not parts or any(p is None or not p.exact for p in parts):
+            exact = [p for p in parts if p is not None and p.exact]
+            if not parts or len(exact) < len(parts):
                 return None  # all rows but a superset of the matches would lose rows that match
             return Candidates(
                 "SELECT row_id FROM documents WHERE row_id NOT IN "
-                f"({' INTERSECT '.join(f'SELECT * FROM ({p.sql})' for p in parts if p is not None)})",
-                [a for p in parts if p is not None for a in p.args],
+                f"({' INTERSECT '.join(f'SELECT * FROM ({p.sql})' for p in exact)})",
+                [a for p in exact for a in p.args],
                 exact=True,
             )
         known = [p for p in parts if p is not None]
